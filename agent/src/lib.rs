@@ -1,0 +1,78 @@
+//! The `isthmus` binary's library: command-line handling, discovery output, and (later) the daemon.
+
+pub mod cli;
+pub mod table;
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use isthmus_topology::{DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, RecordedNvml, SystemNvml};
+
+use cli::{Command, HostArgs, OutputFormat};
+
+/// Point libhwloc at the host root. Must run before any thread exists: it changes the process environment.
+pub fn prepare_environment(host: &HostArgs) {
+    let root = HostRoot::new(&host.host_root);
+    for (key, value) in isthmus_topology::hwloc::hwloc_env(&root) {
+        // An operator's own HWLOC_COMPONENTS wins.
+        if key == "HWLOC_COMPONENTS" && std::env::var_os(key).is_some() {
+            continue;
+        }
+        // SAFETY: called from `main` before any other thread is started (no runtime, no logging thread yet), so no
+        // concurrent reader of the environment exists.
+        unsafe { std::env::set_var(key, value) };
+    }
+}
+
+/// The NVML source the flags ask for.
+pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource>> {
+    if host.nvml.no_nvml {
+        return Ok(Box::new(NoNvml("disabled by --no-nvml".into())));
+    }
+    if let Some(path) = &host.nvml.nvml_replay {
+        let q = std::fs::read_to_string(path).with_context(|| format!("reading NVML recording {}", path.display()))?;
+        let nvlink = match &host.nvml.nvlink_replay {
+            Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading NVLink recording {}", p.display()))?),
+            None => None,
+        };
+        return Ok(Box::new(RecordedNvml::parse(path.display().to_string(), &q, nvlink.as_deref())));
+    }
+    Ok(Box::new(SystemNvml::new()))
+}
+
+/// Discover the node described by `host`.
+pub fn discover(host: &HostArgs, ib_counters: bool) -> Result<NodeTopology> {
+    let root = HostRoot::new(&host.host_root);
+    if !host.host_root.is_dir() {
+        anyhow::bail!("host root {} is not a directory", host.host_root.display());
+    }
+    let nvml = nvml_source(host)?;
+    Ok(isthmus_topology::discover(&root, nvml.as_ref(), DiscoverOptions { use_hwloc: !host.no_hwloc, ib_counters }))
+}
+
+/// Serialise the model in a machine format.
+pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String> {
+    Ok(match format {
+        OutputFormat::Table => table::render(topo),
+        OutputFormat::Json => {
+            let mut s = serde_json::to_string_pretty(topo)?;
+            s.push('\n');
+            s
+        }
+        OutputFormat::Yaml => serde_yaml_ng::to_string(topo)?,
+    })
+}
+
+/// Run a parsed command.
+pub fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Discover { host, output, no_counters } => {
+            let topo = discover(&host, !no_counters)?;
+            let text = render_model(&topo, output)?;
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes()).context("writing to stdout")?;
+            stdout.flush().context("writing to stdout")?;
+        }
+    }
+    Ok(())
+}

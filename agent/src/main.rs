@@ -1,0 +1,17 @@
+//! `isthmus`: the node agent binary.
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = isthmus_agent::cli::Cli::parse();
+    if let Some(host) = cli.command.host() {
+        isthmus_agent::prepare_environment(host);
+    }
+    match isthmus_agent::run(cli.command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("isthmus: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

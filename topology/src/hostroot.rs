@@ -1,0 +1,186 @@
+//! The host root: every read of `/sys`, `/proc`, `/dev` and `/etc` goes through it, so the same code runs on a node
+//! (`/`), in a pod with the host mounted at `/host`, and in tests on a recorded tree.
+
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use crate::warning::{Warning, WarningSource};
+
+/// An I/O error that carries the path it happened on.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct ReadError {
+    /// The host path (as seen from inside the host root, e.g. `/sys/bus/pci/devices`).
+    pub path: String,
+    /// What went wrong.
+    #[source]
+    pub source: io::Error,
+}
+
+impl ReadError {
+    /// Whether the file or directory is simply absent (as opposed to unreadable).
+    pub fn is_not_found(&self) -> bool {
+        self.source.kind() == io::ErrorKind::NotFound
+    }
+
+    /// Turn the error into a model warning attributed to `source`.
+    pub fn warning(&self, source: WarningSource) -> Warning {
+        Warning::new(source, Some(&self.path), self.source.to_string())
+    }
+}
+
+/// Host files larger than this are not host metadata; reading stops there.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// A directory that stands for the host's `/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoot {
+    root: PathBuf,
+}
+
+impl HostRoot {
+    /// A host root at `root` (`/` for the machine we run on).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The directory that stands for `/`.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Whether this root is the running system's own `/`.
+    pub fn is_system_root(&self) -> bool {
+        self.root == Path::new("/")
+    }
+
+    /// Map a host path such as `/sys/class/infiniband` into the root. `..` components cannot leave the root.
+    pub fn join(&self, host_path: impl AsRef<Path>) -> PathBuf {
+        let mut out = self.root.clone();
+        let mut depth = 0usize;
+        for comp in host_path.as_ref().components() {
+            match comp {
+                Component::Normal(c) => {
+                    out.push(c);
+                    depth += 1;
+                }
+                Component::ParentDir if depth > 0 => {
+                    out.pop();
+                    depth -= 1;
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn err(host_path: &Path, source: io::Error) -> ReadError {
+        ReadError { path: host_path.display().to_string(), source }
+    }
+
+    /// Read a small text file, with trailing whitespace removed. Invalid UTF-8 is replaced, never fatal.
+    pub fn read_string(&self, host_path: impl AsRef<Path>) -> Result<String, ReadError> {
+        let host_path = host_path.as_ref();
+        let bytes = self.read_bytes(host_path)?;
+        Ok(String::from_utf8_lossy(&bytes).trim_end().to_owned())
+    }
+
+    /// Read a small file's raw bytes (at most 1 MiB).
+    pub fn read_bytes(&self, host_path: impl AsRef<Path>) -> Result<Vec<u8>, ReadError> {
+        use std::io::Read;
+        let host_path = host_path.as_ref();
+        let file = fs::File::open(self.join(host_path)).map_err(|e| Self::err(host_path, e))?;
+        let mut buf = Vec::new();
+        file.take(MAX_FILE_BYTES)
+            .read_to_end(&mut buf)
+            .map_err(|e| Self::err(host_path, e))?;
+        Ok(buf)
+    }
+
+    /// The sorted names of the entries of a directory.
+    pub fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>, ReadError> {
+        let host_path = host_path.as_ref();
+        let rd = fs::read_dir(self.join(host_path)).map_err(|e| Self::err(host_path, e))?;
+        let mut names = Vec::new();
+        for entry in rd {
+            let entry = entry.map_err(|e| Self::err(host_path, e))?;
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// The target of a symbolic link, as written in the link.
+    pub fn read_link(&self, host_path: impl AsRef<Path>) -> Result<PathBuf, ReadError> {
+        let host_path = host_path.as_ref();
+        fs::read_link(self.join(host_path)).map_err(|e| Self::err(host_path, e))
+    }
+
+    /// Resolve a symbolic link to a host path (absolute, inside the root), lexically: `..` is applied to the link's
+    /// directory. Absolute link targets are taken as host paths.
+    pub fn resolve_link(&self, host_path: impl AsRef<Path>) -> Result<PathBuf, ReadError> {
+        let host_path = host_path.as_ref();
+        let target = self.read_link(host_path)?;
+        let base = host_path.parent().unwrap_or(Path::new("/"));
+        Ok(normalize(&base.join(target)))
+    }
+
+    /// The last component of a symbolic link's target (e.g. the driver name behind `.../driver`).
+    pub fn link_name(&self, host_path: impl AsRef<Path>) -> Result<String, ReadError> {
+        let target = self.read_link(host_path)?;
+        Ok(target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+    }
+
+    /// Whether a host path exists (any file type, links not followed).
+    pub fn exists(&self, host_path: impl AsRef<Path>) -> bool {
+        fs::symlink_metadata(self.join(host_path)).is_ok()
+    }
+}
+
+/// Lexically normalise an absolute host path (resolve `.` and `..`).
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for comp in path.components() {
+        match comp {
+            Component::Normal(c) => out.push(c),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_stays_inside_the_root() {
+        let r = HostRoot::new("/host");
+        assert_eq!(r.join("/sys/class"), PathBuf::from("/host/sys/class"));
+        assert_eq!(r.join("/../../etc/passwd"), PathBuf::from("/host/etc/passwd"));
+        assert_eq!(r.join("/sys/../../proc"), PathBuf::from("/host/proc"));
+    }
+
+    #[test]
+    fn resolves_relative_links_lexically() -> Result<(), ReadError> {
+        let dir = tempfile::tempdir().map_err(|e| HostRoot::err(Path::new("/"), e))?;
+        let root = HostRoot::new(dir.path());
+        fs::create_dir_all(dir.path().join("sys/devices/pci0000:00/0000:00:01.0")).map_err(|e| HostRoot::err(Path::new("/"), e))?;
+        fs::create_dir_all(dir.path().join("sys/bus/pci/devices")).map_err(|e| HostRoot::err(Path::new("/"), e))?;
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:00/0000:00:01.0",
+            dir.path().join("sys/bus/pci/devices/0000:00:01.0"),
+        )
+        .map_err(|e| HostRoot::err(Path::new("/"), e))?;
+        let resolved = root.resolve_link("/sys/bus/pci/devices/0000:00:01.0")?;
+        assert_eq!(resolved, PathBuf::from("/sys/devices/pci0000:00/0000:00:01.0"));
+        assert_eq!(root.list_dir("/sys/bus/pci/devices")?, vec!["0000:00:01.0".to_owned()]);
+        let missing = root.read_string("/nope").err();
+        assert!(missing.is_some_and(|e| e.is_not_found() && e.path == "/nope"));
+        Ok(())
+    }
+}

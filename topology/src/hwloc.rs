@@ -1,0 +1,253 @@
+//! CPUs, NUMA nodes, caches and PCI locality through libhwloc (the `hwlocality` crate).
+//!
+//! hwloc reads the host root through `HWLOC_FSROOT`, which it only honours from the environment at load time. The
+//! binary sets it once at start-up, before any thread exists ([`hwloc_env`]); this probe refuses to run when the
+//! environment points elsewhere, so it can never describe the wrong machine.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hwlocality::Topology;
+use hwlocality::bitmap::BitmapIndex;
+use hwlocality::object::TopologyObject;
+use hwlocality::object::attributes::ObjectAttributes;
+use hwlocality::object::types::ObjectType;
+use hwlocality::topology::builder::{BuildFlags, TypeFilter};
+
+use crate::cpuset::CpuSet;
+use crate::hostroot::HostRoot;
+use crate::model::{Cache, Core, HugePages, NumaDistance, NumaNode, Package};
+
+/// Why hwloc could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum HwlocError {
+    /// `HWLOC_FSROOT` does not match the host root we were asked to describe.
+    #[error("HWLOC_FSROOT is {found:?} but the host root is {expected:?}; hwloc would describe another machine")]
+    FsRootMismatch {
+        /// What the environment says.
+        found: Option<String>,
+        /// The host root.
+        expected: String,
+    },
+    /// libhwloc failed to configure or load the topology.
+    #[error("hwloc: {0}")]
+    Load(String),
+    /// The topology loaded but is unusable (no PU).
+    #[error("hwloc found no processing unit")]
+    Empty,
+}
+
+/// What hwloc reports about CPUs and memory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HwlocFacts {
+    /// Packages with their cores.
+    pub packages: Vec<Package>,
+    /// NUMA nodes with memory, huge pages and distances.
+    pub numa_nodes: Vec<NumaNode>,
+    /// Last-level caches.
+    pub caches: Vec<Cache>,
+    /// All PUs.
+    pub cpuset: CpuSet,
+    /// Allowed PUs (cgroup), when narrower.
+    pub allowed_cpuset: Option<CpuSet>,
+    /// `Architecture` info.
+    pub architecture: Option<String>,
+    /// First package's `CPUModel`.
+    pub cpu_model: Option<String>,
+    /// PCI address → (NUMA node ids, local CPUs) for the PCI devices hwloc kept.
+    pub pci_locality: BTreeMap<String, (Vec<u32>, CpuSet)>,
+}
+
+/// Environment variables hwloc needs to read `root` instead of `/`: `HWLOC_FSROOT`, and for a recorded tree
+/// `HWLOC_COMPONENTS=linux,stop` so that no backend (x86 CPUID, ...) reads the machine we actually run on.
+pub fn hwloc_env(root: &HostRoot) -> Vec<(&'static str, String)> {
+    if root.is_system_root() {
+        return Vec::new();
+    }
+    let abs = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().to_path_buf());
+    vec![("HWLOC_FSROOT", abs.display().to_string()), ("HWLOC_COMPONENTS", "linux,stop".to_owned())]
+}
+
+fn check_fsroot(root: &HostRoot) -> Result<(), HwlocError> {
+    let found = std::env::var("HWLOC_FSROOT").ok();
+    let expected = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().to_path_buf());
+    let ok = match &found {
+        None => root.is_system_root(),
+        Some(f) => std::fs::canonicalize(f).map(|p| p == expected).unwrap_or(false),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(HwlocError::FsRootMismatch { found, expected: expected.display().to_string() })
+    }
+}
+
+fn ids(it: impl Iterator<Item = BitmapIndex>) -> CpuSet {
+    CpuSet::from_ids(it.map(|i| usize::from(i) as u32))
+}
+
+fn cpuset_of(obj: &TopologyObject) -> CpuSet {
+    obj.cpuset().map(|c| ids(c.iter_set())).unwrap_or_default()
+}
+
+fn info(obj: &TopologyObject, key: &str) -> Option<String> {
+    obj.info(key).map(|v| v.to_string_lossy().trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+/// Load the topology of `root` with hwloc.
+pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
+    check_fsroot(root)?;
+    let topo = Topology::builder()
+        .with_flags(BuildFlags::INCLUDE_DISALLOWED)
+        .map_err(|e| HwlocError::Load(e.to_string()))?
+        .with_io_type_filter(TypeFilter::KeepImportant)
+        .map_err(|e| HwlocError::Load(e.to_string()))?
+        .build()
+        .map_err(|e| HwlocError::Load(e.to_string()))?;
+    facts_from(&topo)
+}
+
+fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
+    let cpuset = ids(topo.complete_cpuset().iter_set());
+    if topo.objects_with_type(ObjectType::PU).len() == 0 || cpuset.is_empty() {
+        return Err(HwlocError::Empty);
+    }
+    let allowed = ids(topo.allowed_cpuset().iter_set());
+    let root = topo.root_object();
+    let mut facts = HwlocFacts {
+        allowed_cpuset: (allowed != cpuset && !allowed.is_empty()).then_some(allowed),
+        cpuset,
+        architecture: info(root, "Architecture"),
+        ..HwlocFacts::default()
+    };
+
+    facts.packages = packages(topo, &mut facts.cpu_model);
+    facts.numa_nodes = numa_nodes(topo);
+    facts.caches = last_level_caches(topo);
+    for obj in topo.pci_devices() {
+        let Some(ObjectAttributes::PCIDevice(p)) = obj.attributes() else { continue };
+        let addr = format!("{:04x}:{:02x}:{:02x}.{:x}", p.domain(), p.bus_id(), p.bus_device(), p.function());
+        if let Some(anc) = obj.first_non_io_ancestor() {
+            let nodes = anc
+                .nodeset()
+                .map(|n| n.iter_set().map(|i| usize::from(i) as u32).collect())
+                .unwrap_or_default();
+            facts.pci_locality.insert(addr, (nodes, cpuset_of(anc)));
+        }
+    }
+    Ok(facts)
+}
+
+fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
+    let mut packages: Vec<Package> = Vec::new();
+    let pkg_objs: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::Package).collect();
+    for (i, pkg) in pkg_objs.iter().enumerate() {
+        if cpu_model.is_none() {
+            *cpu_model = info(pkg, "CPUModel");
+        }
+        packages.push(Package { id: pkg.os_index().unwrap_or(i) as u32, cpuset: cpuset_of(pkg), cores: Vec::new() });
+    }
+    if packages.is_empty() {
+        // Some platforms report no package: the machine is one package.
+        packages.push(Package { id: 0, cpuset: cpuset_of(topo.root_object()), cores: Vec::new() });
+    }
+    for core in topo.objects_with_type(ObjectType::Core) {
+        let set = cpuset_of(core);
+        let Some(first) = set.first() else { continue };
+        let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) else { continue };
+        pkg.cores.push(Core { logical: core.logical_index() as u32, id: core.os_index().unwrap_or(0) as u32, cpuset: set });
+    }
+    if topo.objects_with_type(ObjectType::Core).len() == 0 {
+        // No core level (some virtual machines): every PU is its own core, as hwloc and Slurm then assume.
+        for (logical, pu) in topo.objects_with_type(ObjectType::PU).enumerate() {
+            let set = cpuset_of(pu);
+            let Some(first) = set.first() else { continue };
+            if let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) {
+                pkg.cores.push(Core { logical: logical as u32, id: first, cpuset: set });
+            }
+        }
+    }
+    packages.sort_by_key(|p| p.id);
+    for p in &mut packages {
+        p.cores.sort_by_key(|c| c.logical);
+    }
+    packages
+}
+
+fn numa_nodes(topo: &Topology) -> Vec<NumaNode> {
+    let objs: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::NUMANode).collect();
+    let mut nodes: Vec<NumaNode> = objs
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let (memory_bytes, hugepages) = match n.attributes() {
+                Some(ObjectAttributes::NUMANode(a)) => {
+                    let mem = a.local_memory().map_or(0, |m| m.get());
+                    // hwloc lists the normal page size first; the others are huge page pools.
+                    let pages = a
+                        .page_types()
+                        .iter()
+                        .skip(1)
+                        .map(|t| HugePages { page_size_bytes: t.size().get(), count: t.count() })
+                        .collect();
+                    (mem, pages)
+                }
+                _ => (0, Vec::new()),
+            };
+            NumaNode {
+                id: n.os_index().unwrap_or(i) as u32,
+                cpuset: cpuset_of(n),
+                memory_bytes,
+                hugepages,
+                distances: Vec::new(),
+            }
+        })
+        .collect();
+
+    if let Ok(matrices) = topo.distances(None) {
+        // The OS-provided NUMA latency matrix ("NUMALatency").
+        let numa_matrix = matrices.iter().find(|m| {
+            m.num_objects() > 0 && m.objects().all(|o| o.is_some_and(|o| o.object_type() == ObjectType::NUMANode))
+        });
+        if let Some(m) = numa_matrix {
+            let ids: Vec<Option<u32>> = m.objects().map(|o| o.and_then(|o| o.os_index()).map(|i| i as u32)).collect();
+            let n = ids.len();
+            let values = m.distances();
+            for (row, from) in ids.iter().enumerate() {
+                let Some(from) = from else { continue };
+                let Some(node) = nodes.iter_mut().find(|x| x.id == *from) else { continue };
+                for (col, to) in ids.iter().enumerate() {
+                    if let (Some(to), Some(v)) = (to, values.get(row * n + col)) {
+                        node.distances.push(NumaDistance { node: *to, value: u32::try_from(*v).unwrap_or(u32::MAX) });
+                    }
+                }
+                node.distances.sort_by_key(|d| d.node);
+            }
+        }
+    }
+    nodes.sort_by_key(|n| n.id);
+    nodes
+}
+
+fn last_level_caches(topo: &Topology) -> Vec<Cache> {
+    for (ty, level) in [(ObjectType::L3Cache, 3u8), (ObjectType::L2Cache, 2u8)] {
+        let caches: Vec<Cache> = topo
+            .objects_with_type(ty)
+            .filter_map(|c| match c.attributes() {
+                Some(ObjectAttributes::Cache(a)) => {
+                    Some(Cache { level, size_bytes: a.size().map_or(0, |s| s.get()), cpuset: cpuset_of(c) })
+                }
+                _ => None,
+            })
+            .collect();
+        if !caches.is_empty() {
+            return caches;
+        }
+    }
+    Vec::new()
+}
+
+/// Whether `path` looks like it holds a Linux host tree hwloc can read.
+pub fn looks_like_host_root(path: &Path) -> bool {
+    path.join("sys").is_dir() || path.join("proc").is_dir()
+}

@@ -1,0 +1,209 @@
+//! InfiniBand and RoCE devices and ports from `/sys/class/infiniband`.
+
+use std::collections::BTreeMap;
+
+use crate::hostroot::HostRoot;
+use crate::model::{IbDevice, IbPort};
+use crate::pci_ids::normalize_pci_address;
+use crate::warning::{Warning, WarningSource};
+
+const IB_CLASS: &str = "/sys/class/infiniband";
+const VERBS_CLASS: &str = "/sys/class/infiniband_verbs";
+
+/// Parse `4: ACTIVE` into (4, "ACTIVE").
+pub fn parse_state(s: &str) -> Option<(u8, String)> {
+    let (id, name) = s.trim().split_once(':')?;
+    let id = id.trim().parse().ok()?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| (id, name.to_owned()))
+}
+
+/// Parse a rate such as `400 Gb/sec (4X NDR)` or `2.5 Gb/sec (1X SDR)` into Mb/s.
+pub fn parse_rate_mbps(s: &str) -> Option<u64> {
+    let mut it = s.split_whitespace();
+    let number = it.next()?;
+    let unit = it.next()?;
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) || frac.len() > 3 {
+        return None;
+    }
+    let whole: u64 = whole.parse().ok()?;
+    let frac_value: u64 = if frac.is_empty() { 0 } else { format!("{frac:0<3}").parse().ok()? };
+    let mbps_per_gbps = match unit {
+        "Gb/sec" | "Gb/s" => 1000,
+        "Mb/sec" | "Mb/s" => return whole.checked_add(u64::from(frac_value >= 500)),
+        _ => return None,
+    };
+    whole.checked_mul(mbps_per_gbps)?.checked_add(frac_value)
+}
+
+/// Parse a LID (`0x80`; plain decimal accepted too).
+pub fn parse_lid(s: &str) -> Option<u32> {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(h) if !h.is_empty() && h.len() <= 8 => u32::from_str_radix(h, 16).ok(),
+        Some(_) => None,
+        None => s.parse().ok(),
+    }
+}
+
+/// Parse a counter value; `N/A (no PMA)` and other text give `None`.
+pub fn parse_counter(s: &str) -> Option<u64> {
+    s.trim().parse().ok()
+}
+
+fn opt(root: &HostRoot, path: &str) -> Option<String> {
+    root.read_string(path).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+fn read_counters(root: &HostRoot, dir: &str, prefix: &str, port: &mut IbPort) {
+    for name in root.list_dir(dir).unwrap_or_default() {
+        let Ok(text) = root.read_string(format!("{dir}/{name}")) else { continue };
+        match parse_counter(&text) {
+            Some(v) => {
+                port.counters.insert(format!("{prefix}{name}"), v);
+            }
+            None => port.counters_unavailable.push(format!("{prefix}{name}")),
+        }
+    }
+}
+
+fn uverbs_by_ibdev(root: &HostRoot) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for name in root.list_dir(VERBS_CLASS).unwrap_or_default() {
+        if !name.starts_with("uverbs") {
+            continue;
+        }
+        if let Some(ibdev) = opt(root, &format!("{VERBS_CLASS}/{name}/ibdev")) {
+            map.insert(ibdev, format!("/dev/infiniband/{name}"));
+        }
+    }
+    map
+}
+
+fn probe_port(root: &HostRoot, dev_dir: &str, port_no: u32, with_counters: bool, warnings: &mut Vec<Warning>) -> IbPort {
+    let dir = format!("{dev_dir}/ports/{port_no}");
+    let state = opt(root, &format!("{dir}/state"));
+    let phys = opt(root, &format!("{dir}/phys_state"));
+    let rate = opt(root, &format!("{dir}/rate"));
+    let parsed_state = state.as_deref().and_then(parse_state);
+    let parsed_phys = phys.as_deref().and_then(parse_state);
+    if state.is_some() && parsed_state.is_none() {
+        warnings.push(Warning::new(WarningSource::Infiniband, Some(&format!("{dir}/state")), format!("unparsable state {state:?}")));
+    }
+    let rate_mbps = rate.as_deref().and_then(parse_rate_mbps);
+    if rate.is_some() && rate_mbps.is_none() {
+        warnings.push(Warning::new(WarningSource::Infiniband, Some(&format!("{dir}/rate")), format!("unparsable rate {rate:?}")));
+    }
+    let netdev = root
+        .list_dir(format!("{dir}/gid_attrs/ndevs"))
+        .ok()
+        .and_then(|n| n.first().and_then(|first| opt(root, &format!("{dir}/gid_attrs/ndevs/{first}"))));
+    let mut port = IbPort {
+        port: port_no,
+        state_id: parsed_state.as_ref().map(|s| s.0),
+        state: parsed_state.map(|s| s.1),
+        phys_state_id: parsed_phys.as_ref().map(|s| s.0),
+        phys_state: parsed_phys.map(|s| s.1),
+        rate_mbps,
+        rate,
+        link_layer: opt(root, &format!("{dir}/link_layer")),
+        lid: opt(root, &format!("{dir}/lid")).as_deref().and_then(parse_lid),
+        sm_lid: opt(root, &format!("{dir}/sm_lid")).as_deref().and_then(parse_lid),
+        gid: opt(root, &format!("{dir}/gids/0")),
+        netdev,
+        counters: BTreeMap::new(),
+        counters_unavailable: Vec::new(),
+    };
+    if with_counters {
+        read_counters(root, &format!("{dir}/counters"), "", &mut port);
+        read_counters(root, &format!("{dir}/hw_counters"), "hw_", &mut port);
+    }
+    port
+}
+
+/// Read every InfiniBand/RoCE device and its ports. `with_counters` also reads the traffic/error counters.
+pub fn probe(root: &HostRoot, with_counters: bool, warnings: &mut Vec<Warning>) -> Vec<IbDevice> {
+    let names = match root.list_dir(IB_CLASS) {
+        Ok(n) => n,
+        Err(e) => {
+            if !e.is_not_found() {
+                warnings.push(e.warning(WarningSource::Infiniband));
+            }
+            return Vec::new();
+        }
+    };
+    let uverbs = uverbs_by_ibdev(root);
+    let mut out = Vec::new();
+    for name in names {
+        let dir = format!("{IB_CLASS}/{name}");
+        let pci_address = root
+            .resolve_link(format!("{dir}/device"))
+            .ok()
+            .and_then(|p| p.file_name().and_then(|f| normalize_pci_address(&f.to_string_lossy())));
+        if pci_address.is_none() {
+            warnings.push(Warning::new(WarningSource::Infiniband, Some(&format!("{dir}/device")), "no PCI function behind this device"));
+        }
+        let mut ports: Vec<u32> = root
+            .list_dir(format!("{dir}/ports"))
+            .unwrap_or_else(|e| {
+                warnings.push(e.warning(WarningSource::Infiniband));
+                Vec::new()
+            })
+            .iter()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        ports.sort_unstable();
+        out.push(IbDevice {
+            pci_address,
+            hca_type: opt(root, &format!("{dir}/hca_type")),
+            fw_ver: opt(root, &format!("{dir}/fw_ver")),
+            board_id: opt(root, &format!("{dir}/board_id")),
+            node_guid: opt(root, &format!("{dir}/node_guid")),
+            sys_image_guid: opt(root, &format!("{dir}/sys_image_guid")),
+            uverbs: uverbs.get(&name).cloned(),
+            ports: ports.into_iter().map(|p| probe_port(root, &dir, p, with_counters, warnings)).collect(),
+            name,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_sysfs_values() {
+        assert_eq!(parse_state("4: ACTIVE"), Some((4, "ACTIVE".to_owned())));
+        assert_eq!(parse_state("5: LinkUp\n"), Some((5, "LinkUp".to_owned())));
+        assert_eq!(parse_state("ACTIVE"), None);
+        assert_eq!(parse_rate_mbps("400 Gb/sec (4X NDR)"), Some(400_000));
+        assert_eq!(parse_rate_mbps("2.5 Gb/sec (1X SDR)"), Some(2_500));
+        assert_eq!(parse_rate_mbps("13.64 Gb/sec (1X FDR)"), Some(13_640));
+        assert_eq!(parse_rate_mbps("200 Gb/sec (2X NDR)"), Some(200_000));
+        assert_eq!(parse_rate_mbps("fast"), None);
+        assert_eq!(parse_rate_mbps("-1 Gb/sec"), None);
+        assert_eq!(parse_lid("0x80"), Some(128));
+        assert_eq!(parse_lid("0x"), None);
+        assert_eq!(parse_counter("N/A (no PMA)"), None);
+        assert_eq!(parse_counter("2305398749324830\n"), Some(2305398749324830));
+    }
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(s in ".*") {
+            let _ = parse_state(&s);
+            let _ = parse_rate_mbps(&s);
+            let _ = parse_lid(&s);
+            let _ = parse_counter(&s);
+        }
+
+        #[test]
+        fn rates_in_gbps_parse(whole in 0u64..100_000, frac in 0u64..100) {
+            let text = format!("{whole}.{frac:02} Gb/sec (4X)");
+            prop_assert_eq!(parse_rate_mbps(&text), Some(whole * 1000 + frac * 10));
+        }
+    }
+}

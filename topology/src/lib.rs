@@ -1,0 +1,26 @@
+//! The isthmus hardware model and the probes that fill it from a host root.
+//!
+//! Everything isthmus produces (gres.conf, NodeResourceTopology objects, metrics) is a rendering of one
+//! [`NodeTopology`], discovered by [`discover()`] from a [`HostRoot`].
+
+pub mod accel;
+pub mod cpuset;
+pub mod discover;
+pub mod hostroot;
+pub mod hwloc;
+pub mod infiniband;
+pub mod links;
+pub mod model;
+pub mod nvidia;
+pub mod nvml;
+pub mod pci;
+pub mod pci_ids;
+pub mod sysfs_cpu;
+pub mod warning;
+
+pub use cpuset::CpuSet;
+pub use discover::{DiscoverOptions, discover};
+pub use hostroot::HostRoot;
+pub use model::*;
+pub use nvml::{NoNvml, NvmlSource, RecordedNvml, SystemNvml};
+pub use warning::{Warning, WarningSource};

@@ -1,0 +1,226 @@
+//! CPUs and NUMA nodes read straight from sysfs: the fallback when libhwloc cannot load a topology.
+
+use std::collections::BTreeMap;
+
+use crate::cpuset::CpuSet;
+use crate::hostroot::HostRoot;
+use crate::hwloc::HwlocFacts;
+use crate::model::{Core, HugePages, NumaDistance, NumaNode, Package};
+use crate::warning::{Warning, WarningSource};
+
+const CPU_DIR: &str = "/sys/devices/system/cpu";
+const NODE_DIR: &str = "/sys/devices/system/node";
+
+/// Parse a NUMA node's `meminfo` and return `MemTotal` in bytes (`Node 0 MemTotal:  47925628 kB`).
+pub fn parse_node_meminfo_total(text: &str) -> Option<u64> {
+    parse_meminfo_field(text, "MemTotal")
+}
+
+/// Parse one field of `/proc/meminfo` or a node's `meminfo` and return it in bytes.
+pub fn parse_meminfo_field(text: &str, field: &str) -> Option<u64> {
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else { continue };
+        // "Node 0 MemTotal" or "MemTotal"
+        if key.split_whitespace().last() != Some(field) {
+            continue;
+        }
+        let mut it = value.split_whitespace();
+        let n: u64 = it.next()?.parse().ok()?;
+        return match it.next() {
+            Some("kB") => n.checked_mul(1024),
+            None => Some(n),
+            Some(_) => None,
+        };
+    }
+    None
+}
+
+/// Parse a node's `distance` file (`10 21 21 21`).
+pub fn parse_distances(text: &str) -> Option<Vec<u32>> {
+    text.split_whitespace().map(|v| v.parse().ok()).collect()
+}
+
+/// Parse a `hugepages-2048kB` directory name into bytes.
+pub fn parse_hugepage_dir(name: &str) -> Option<u64> {
+    let kb: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+fn node_ids(root: &HostRoot) -> Vec<u32> {
+    let mut ids: Vec<u32> = root
+        .list_dir(NODE_DIR)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| n.strip_prefix("node")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Read every NUMA node's cpulist, memory, huge pages and distances from sysfs.
+pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode> {
+    let ids = node_ids(root);
+    let mut nodes = Vec::new();
+    for &id in &ids {
+        let dir = format!("{NODE_DIR}/node{id}");
+        let cpuset = match root.read_string(format!("{dir}/cpulist")) {
+            Ok(s) => CpuSet::parse_list(&s).unwrap_or_else(|e| {
+                warnings.push(Warning::new(WarningSource::Numa, Some(&format!("{dir}/cpulist")), e.to_string()));
+                CpuSet::new()
+            }),
+            Err(e) => {
+                warnings.push(e.warning(WarningSource::Numa));
+                CpuSet::new()
+            }
+        };
+        let memory_bytes = match root.read_string(format!("{dir}/meminfo")) {
+            Ok(s) => parse_node_meminfo_total(&s).unwrap_or_else(|| {
+                warnings.push(Warning::new(WarningSource::Numa, Some(&format!("{dir}/meminfo")), "no MemTotal"));
+                0
+            }),
+            Err(e) => {
+                warnings.push(e.warning(WarningSource::Numa));
+                0
+            }
+        };
+        nodes.push(NumaNode { id, cpuset, memory_bytes, hugepages: hugepages(root, &dir, warnings), distances: distances(root, &dir, &ids, warnings) });
+    }
+    nodes
+}
+
+/// Huge page pools of one node directory.
+pub fn hugepages(root: &HostRoot, node_dir: &str, warnings: &mut Vec<Warning>) -> Vec<HugePages> {
+    let mut out = Vec::new();
+    for name in root.list_dir(format!("{node_dir}/hugepages")).unwrap_or_default() {
+        let Some(size) = parse_hugepage_dir(&name) else { continue };
+        let path = format!("{node_dir}/hugepages/{name}/nr_hugepages");
+        match root.read_string(&path).map(|s| s.trim().parse::<u64>()) {
+            Ok(Ok(count)) => out.push(HugePages { page_size_bytes: size, count }),
+            Ok(Err(e)) => warnings.push(Warning::new(WarningSource::Numa, Some(&path), e.to_string())),
+            Err(e) => warnings.push(e.warning(WarningSource::Numa)),
+        }
+    }
+    out.sort_by_key(|h| h.page_size_bytes);
+    out
+}
+
+/// Distances of one node directory to the listed nodes (the kernel prints them in node id order).
+pub fn distances(root: &HostRoot, node_dir: &str, ids: &[u32], warnings: &mut Vec<Warning>) -> Vec<NumaDistance> {
+    let path = format!("{node_dir}/distance");
+    match root.read_string(&path) {
+        Ok(s) => match parse_distances(&s) {
+            Some(v) if v.len() == ids.len() => {
+                ids.iter().zip(v).map(|(&node, value)| NumaDistance { node, value }).collect()
+            }
+            _ => {
+                warnings.push(Warning::new(WarningSource::Numa, Some(&path), format!("expected {} distances, got {s:?}", ids.len())));
+                Vec::new()
+            }
+        },
+        Err(e) => {
+            warnings.push(e.warning(WarningSource::Numa));
+            Vec::new()
+        }
+    }
+}
+
+/// Read packages and cores from `/sys/devices/system/cpu/cpuN/topology`.
+pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
+    let mut cpus: Vec<u32> = root
+        .list_dir(CPU_DIR)
+        .unwrap_or_else(|e| {
+            warnings.push(e.warning(WarningSource::Cpu));
+            Vec::new()
+        })
+        .iter()
+        .filter_map(|n| n.strip_prefix("cpu")?.parse().ok())
+        .collect();
+    cpus.sort_unstable();
+    let online = root.read_string(format!("{CPU_DIR}/online")).ok().and_then(|s| CpuSet::parse_list(&s).ok());
+
+    // package id -> core id -> threads
+    let mut tree: BTreeMap<u32, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
+    for cpu in cpus {
+        if online.as_ref().is_some_and(|o| !o.contains(cpu)) {
+            continue;
+        }
+        let dir = format!("{CPU_DIR}/cpu{cpu}/topology");
+        let read = |f: &str| root.read_string(format!("{dir}/{f}")).ok().and_then(|s| s.trim().parse::<i64>().ok());
+        let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) else {
+            warnings.push(Warning::new(WarningSource::Cpu, Some(&dir), "no readable physical_package_id/core_id"));
+            continue;
+        };
+        let pkg = u32::try_from(pkg).unwrap_or(0);
+        let core = u32::try_from(core).unwrap_or(cpu);
+        tree.entry(pkg).or_default().entry(core).or_default().push(cpu);
+    }
+
+    let mut packages = Vec::new();
+    let mut logical = 0u32;
+    for (pkg, cores) in tree {
+        let mut core_list: Vec<Core> = cores
+            .into_iter()
+            .map(|(id, threads)| Core { logical: 0, id, cpuset: CpuSet::from_ids(threads) })
+            .collect();
+        // Topology order: by first CPU, as hwloc orders cores.
+        core_list.sort_by_key(|c| c.cpuset.first());
+        for c in &mut core_list {
+            c.logical = logical;
+            logical += 1;
+        }
+        let cpuset = core_list.iter().fold(CpuSet::new(), |acc, c| acc.union(&c.cpuset));
+        packages.push(Package { id: pkg, cpuset, cores: core_list });
+    }
+    let cpuset = packages.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpuset));
+    let cpu_model = root.read_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == "model name").map(|(_, v)| v.trim().to_owned()))
+    });
+    HwlocFacts {
+        packages,
+        numa_nodes: numa_nodes(root, warnings),
+        caches: Vec::new(),
+        cpuset,
+        allowed_cpuset: None,
+        architecture: None,
+        cpu_model,
+        pci_locality: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_meminfo() {
+        assert_eq!(parse_node_meminfo_total("Node 0 MemTotal:       47925628 kB\nNode 0 MemFree: 1 kB\n"), Some(47925628 * 1024));
+        assert_eq!(parse_meminfo_field("MemTotal:  16 kB\nHugepagesize: 2048 kB", "Hugepagesize"), Some(2048 * 1024));
+        assert_eq!(parse_meminfo_field("HugePages_Total: 4", "HugePages_Total"), Some(4));
+        assert_eq!(parse_node_meminfo_total("garbage"), None);
+        assert_eq!(parse_node_meminfo_total("Node 0 MemTotal: 99999999999999999999 kB"), None);
+    }
+
+    #[test]
+    fn parses_distances_and_hugepage_dirs() {
+        assert_eq!(parse_distances("10 21\n"), Some(vec![10, 21]));
+        assert_eq!(parse_distances("10 x"), None);
+        assert_eq!(parse_hugepage_dir("hugepages-1048576kB"), Some(1 << 30));
+        assert_eq!(parse_hugepage_dir("hugepages-x"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn meminfo_parser_never_panics(s in ".*") {
+            let _ = parse_node_meminfo_total(&s);
+            let _ = parse_meminfo_field(&s, "MemTotal");
+        }
+
+        #[test]
+        fn distance_parser_never_panics(s in ".*") {
+            let _ = parse_distances(&s);
+            let _ = parse_hugepage_dir(&s);
+        }
+    }
+}
