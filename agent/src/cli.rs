@@ -43,7 +43,12 @@ pub struct NvmlArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct HostArgs {
     /// Directory that stands for the host's `/` (e.g. `/host` in a pod, or a recorded tree).
-    #[arg(long, env = "ISTHMUS_HOST_ROOT", default_value = "/", value_name = "DIR")]
+    #[arg(
+        long,
+        env = "ISTHMUS_HOST_ROOT",
+        default_value = "/",
+        value_name = "DIR"
+    )]
     pub host_root: PathBuf,
     /// Read CPUs and NUMA nodes from sysfs only, without libhwloc.
     #[arg(long)]

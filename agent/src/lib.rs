@@ -6,7 +6,9 @@ pub mod table;
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use isthmus_topology::{DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, RecordedNvml, SystemNvml};
+use isthmus_topology::{
+    DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, RecordedNvml, SystemNvml,
+};
 
 use cli::{Command, HostArgs, OutputFormat};
 
@@ -30,12 +32,20 @@ pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource>> {
         return Ok(Box::new(NoNvml("disabled by --no-nvml".into())));
     }
     if let Some(path) = &host.nvml.nvml_replay {
-        let q = std::fs::read_to_string(path).with_context(|| format!("reading NVML recording {}", path.display()))?;
+        let q = std::fs::read_to_string(path)
+            .with_context(|| format!("reading NVML recording {}", path.display()))?;
         let nvlink = match &host.nvml.nvlink_replay {
-            Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading NVLink recording {}", p.display()))?),
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading NVLink recording {}", p.display()))?,
+            ),
             None => None,
         };
-        return Ok(Box::new(RecordedNvml::parse(path.display().to_string(), &q, nvlink.as_deref())));
+        return Ok(Box::new(RecordedNvml::parse(
+            path.display().to_string(),
+            &q,
+            nvlink.as_deref(),
+        )));
     }
     Ok(Box::new(SystemNvml::new()))
 }
@@ -47,7 +57,14 @@ pub fn discover(host: &HostArgs, ib_counters: bool) -> Result<NodeTopology> {
         anyhow::bail!("host root {} is not a directory", host.host_root.display());
     }
     let nvml = nvml_source(host)?;
-    Ok(isthmus_topology::discover(&root, nvml.as_ref(), DiscoverOptions { use_hwloc: !host.no_hwloc, ib_counters }))
+    Ok(isthmus_topology::discover(
+        &root,
+        nvml.as_ref(),
+        DiscoverOptions {
+            use_hwloc: !host.no_hwloc,
+            ib_counters,
+        },
+    ))
 }
 
 /// Serialise the model in a machine format.
@@ -66,11 +83,17 @@ pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String>
 /// Run a parsed command.
 pub fn run(command: Command) -> Result<()> {
     match command {
-        Command::Discover { host, output, no_counters } => {
+        Command::Discover {
+            host,
+            output,
+            no_counters,
+        } => {
             let topo = discover(&host, !no_counters)?;
             let text = render_model(&topo, output)?;
             let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes()).context("writing to stdout")?;
+            stdout
+                .write_all(text.as_bytes())
+                .context("writing to stdout")?;
             stdout.flush().context("writing to stdout")?;
         }
     }

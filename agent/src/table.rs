@@ -10,14 +10,27 @@ pub fn human_bytes(b: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     const MIB: f64 = (1u64 << 20) as f64;
     let f = b as f64;
-    if f >= GIB { format!("{:.1} GiB", f / GIB) } else { format!("{:.1} MiB", f / MIB) }
+    if f >= GIB {
+        format!("{:.1} GiB", f / GIB)
+    } else if f >= MIB {
+        format!("{:.1} MiB", f / MIB)
+    } else {
+        format!("{:.1} KiB", f / 1024.0)
+    }
 }
 
 /// Left-aligned columns separated by two spaces.
 fn columns(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> =
-        (0..n).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     let mut out = String::new();
     for r in rows {
         let mut line = String::new();
@@ -52,13 +65,25 @@ pub fn labels(topo: &NodeTopology) -> Vec<String> {
 }
 
 fn device_row(d: &Device, topo: &NodeTopology, labels: &[String]) -> Vec<String> {
-    let label = topo.links.devices.iter().position(|a| a == &d.pci_address).map_or_else(String::new, |i| labels[i].clone());
+    let label = topo
+        .links
+        .devices
+        .iter()
+        .position(|a| a == &d.pci_address)
+        .map_or_else(String::new, |i| labels[i].clone());
     let nearest = d
         .nearest_hcas
         .iter()
         .map(|h| {
-            let names = topo.device(h).map(|x| x.ib_devices.join("+")).unwrap_or_default();
-            if names.is_empty() { h.clone() } else { format!("{h} ({names})") }
+            let names = topo
+                .device(h)
+                .map(|x| x.ib_devices.join("+"))
+                .unwrap_or_default();
+            if names.is_empty() {
+                h.clone()
+            } else {
+                format!("{h} ({names})")
+            }
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -79,9 +104,21 @@ fn device_row(d: &Device, topo: &NodeTopology, labels: &[String]) -> Vec<String>
         d.model.clone(),
         d.index.map_or_else(|| "-".to_owned(), |i| i.to_string()),
         d.driver.clone().unwrap_or_else(|| "-".into()),
-        if d.local_cpuset.is_empty() { "-".into() } else { d.local_cpuset.to_string() },
-        if d.device_nodes.is_empty() { "-".into() } else { d.device_nodes.join(",") },
-        if nearest.is_empty() { "-".into() } else { nearest },
+        if d.local_cpuset.is_empty() {
+            "-".into()
+        } else {
+            d.local_cpuset.to_string()
+        },
+        if d.device_nodes.is_empty() {
+            "-".into()
+        } else {
+            d.device_nodes.join(",")
+        },
+        if nearest.is_empty() {
+            "-".into()
+        } else {
+            nearest
+        },
         if extra.is_empty() { "-".into() } else { extra },
     ]
 }
@@ -90,9 +127,24 @@ fn device_row(d: &Device, topo: &NodeTopology, labels: &[String]) -> Vec<String>
 pub fn render(topo: &NodeTopology) -> String {
     let m = &topo.machine;
     let mut out = String::new();
-    let ident: Vec<&str> =
-        [m.vendor.as_deref(), m.product.as_deref(), m.architecture.as_deref(), m.cpu_model.as_deref()].into_iter().flatten().collect();
-    let _ = writeln!(out, "Machine: {}", if ident.is_empty() { "unknown".to_owned() } else { ident.join(" · ") });
+    let ident: Vec<&str> = [
+        m.vendor.as_deref(),
+        m.product.as_deref(),
+        m.architecture.as_deref(),
+        m.cpu_model.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let _ = writeln!(
+        out,
+        "Machine: {}",
+        if ident.is_empty() {
+            "unknown".to_owned()
+        } else {
+            ident.join(" · ")
+        }
+    );
     let _ = writeln!(
         out,
         "  {} packages, {} cores, {} CPUs ({} threads/core), {} NUMA nodes, {} memory; CPU facts from {}",
@@ -112,37 +164,91 @@ pub fn render(topo: &NodeTopology) -> String {
     }
     let nvml = match &topo.nvml {
         NvmlStatus::NotNeeded => "not needed (no NVIDIA GPU)".to_owned(),
-        NvmlStatus::Available { driver_version, source } => {
-            format!("available from {source}, driver {}", driver_version.as_deref().unwrap_or("?"))
+        NvmlStatus::Available {
+            driver_version,
+            source,
+        } => {
+            format!(
+                "available from {source}, driver {}",
+                driver_version.as_deref().unwrap_or("?")
+            )
         }
         NvmlStatus::Unavailable { reason } => format!("unavailable ({reason})"),
     };
     let _ = writeln!(out, "  NVML: {nvml}");
 
     out.push_str("\nNUMA nodes\n");
-    let mut rows = vec![vec!["NODE".into(), "CPUS".into(), "MEMORY".into(), "HUGEPAGES".into(), "DISTANCES".into()]];
+    let mut rows = vec![vec![
+        "NODE".into(),
+        "CPUS".into(),
+        "MEMORY".into(),
+        "HUGEPAGES".into(),
+        "DISTANCES".into(),
+    ]];
     for n in &topo.numa_nodes {
-        let huge: Vec<String> =
-            n.hugepages.iter().map(|h| format!("{}x{}", h.count, human_bytes(h.page_size_bytes).replace(".0 ", ""))).collect();
+        let huge: Vec<String> = n
+            .hugepages
+            .iter()
+            .map(|h| {
+                format!(
+                    "{}x{}",
+                    h.count,
+                    human_bytes(h.page_size_bytes).replace(".0 ", "")
+                )
+            })
+            .collect();
         rows.push(vec![
             n.id.to_string(),
-            if n.cpuset.is_empty() { "-".into() } else { n.cpuset.to_string() },
+            if n.cpuset.is_empty() {
+                "-".into()
+            } else {
+                n.cpuset.to_string()
+            },
             human_bytes(n.memory_bytes),
-            if huge.is_empty() { "-".into() } else { huge.join(" ") },
-            n.distances.iter().map(|d| d.value.to_string()).collect::<Vec<_>>().join(" "),
+            if huge.is_empty() {
+                "-".into()
+            } else {
+                huge.join(" ")
+            },
+            n.distances
+                .iter()
+                .map(|d| d.value.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
         ]);
     }
     out.push_str(&columns(&rows));
 
     let labels = labels(topo);
-    let header = ["", "KIND", "PCI", "VENDOR", "MODEL", "INDEX", "DRIVER", "LOCAL CPUS", "DEVICE NODES", "NEAREST HCA", "ID"];
+    let header = [
+        "",
+        "KIND",
+        "PCI",
+        "VENDOR",
+        "MODEL",
+        "INDEX",
+        "DRIVER",
+        "LOCAL CPUS",
+        "DEVICE NODES",
+        "NEAREST HCA",
+        "ID",
+    ];
     let mut groups: Vec<Option<u32>> = topo.devices.iter().map(|d| d.numa_node).collect();
     groups.sort();
     groups.dedup();
     for g in groups {
-        let _ = writeln!(out, "\nDevices on {}", g.map_or_else(|| "no NUMA node".to_owned(), |n| format!("NUMA node {n}")));
+        let _ = writeln!(
+            out,
+            "\nDevices on {}",
+            g.map_or_else(|| "no NUMA node".to_owned(), |n| format!("NUMA node {n}"))
+        );
         let mut rows = vec![header.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()];
-        rows.extend(topo.devices.iter().filter(|d| d.numa_node == g).map(|d| device_row(d, topo, &labels)));
+        rows.extend(
+            topo.devices
+                .iter()
+                .filter(|d| d.numa_node == g)
+                .map(|d| device_row(d, topo, &labels)),
+        );
         out.push_str(&columns(&rows));
     }
     if topo.devices.is_empty() {
@@ -151,7 +257,21 @@ pub fn render(topo: &NodeTopology) -> String {
 
     if !topo.infiniband.is_empty() {
         out.push_str("\nInfiniBand / RoCE ports\n");
-        let mut rows = vec![["DEVICE", "PCI", "PORT", "STATE", "PHYS", "RATE", "LINK", "LID", "NODE GUID"].map(String::from).to_vec()];
+        let mut rows = vec![
+            [
+                "DEVICE",
+                "PCI",
+                "PORT",
+                "STATE",
+                "PHYS",
+                "RATE",
+                "LINK",
+                "LID",
+                "NODE GUID",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
         for d in &topo.infiniband {
             for p in &d.ports {
                 rows.push(vec![
@@ -160,7 +280,8 @@ pub fn render(topo: &NodeTopology) -> String {
                     p.port.to_string(),
                     p.state.clone().unwrap_or_else(|| "-".into()),
                     p.phys_state.clone().unwrap_or_else(|| "-".into()),
-                    p.rate_mbps.map_or_else(|| "-".into(), |r| format!("{} Gb/s", r as f64 / 1000.0)),
+                    p.rate_mbps
+                        .map_or_else(|| "-".into(), |r| format!("{} Gb/s", r as f64 / 1000.0)),
                     p.link_layer.clone().unwrap_or_else(|| "-".into()),
                     p.lid.map_or_else(|| "-".into(), |l| l.to_string()),
                     d.node_guid.clone().unwrap_or_else(|| "-".into()),
@@ -172,9 +293,17 @@ pub fn render(topo: &NodeTopology) -> String {
 
     if topo.links.devices.len() > 1 {
         out.push_str("\nLink matrix\n");
-        let mut rows = vec![std::iter::once(String::new()).chain(labels.iter().cloned()).collect::<Vec<_>>()];
+        let mut rows = vec![
+            std::iter::once(String::new())
+                .chain(labels.iter().cloned())
+                .collect::<Vec<_>>(),
+        ];
         for (i, row) in topo.links.links.iter().enumerate() {
-            rows.push(std::iter::once(labels[i].clone()).chain(row.iter().map(|l| l.code())).collect());
+            rows.push(
+                std::iter::once(labels[i].clone())
+                    .chain(row.iter().map(|l| l.code()))
+                    .collect(),
+            );
         }
         out.push_str(&columns(&rows));
         out.push_str("  X = self, NV# = NVLinks, PIX = same PCIe switch, PXB = several switches, PHB = same host bridge,\n");
@@ -204,7 +333,10 @@ mod tests {
 
     #[test]
     fn columns_align() {
-        let t = columns(&[vec!["a".into(), "bb".into()], vec!["ccc".into(), "d".into()]]);
+        let t = columns(&[
+            vec!["a".into(), "bb".into()],
+            vec!["ccc".into(), "d".into()],
+        ]);
         assert_eq!(t, "  a    bb\n  ccc  d\n");
     }
 }

@@ -70,7 +70,8 @@ impl CpuSet {
             if word.is_empty() {
                 continue;
             }
-            let bits = u32::from_str_radix(word, 16).map_err(|_| CpuListError::MaskWord(word.to_owned()))?;
+            let bits = u32::from_str_radix(word, 16)
+                .map_err(|_| CpuListError::MaskWord(word.to_owned()))?;
             for bit in 0..32u64 {
                 if bits & (1 << bit) != 0 {
                     let id = i as u64 * 32 + bit;
@@ -130,7 +131,9 @@ fn parse_id(s: &str, element: &str) -> Result<u32, CpuListError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(CpuListError::Element(element.to_owned()));
     }
-    let v: u64 = s.parse().map_err(|_| CpuListError::Element(element.to_owned()))?;
+    let v: u64 = s
+        .parse()
+        .map_err(|_| CpuListError::Element(element.to_owned()))?;
     if v > u64::from(MAX_CPU_ID) {
         return Err(CpuListError::TooLarge(v));
     }
@@ -202,7 +205,10 @@ mod tests {
     fn parses_masks() -> Result<(), CpuListError> {
         assert_eq!(CpuSet::parse_mask("00000000,0000ff00")?.to_string(), "8-15");
         assert_eq!(CpuSet::parse_mask("00000001,00000001")?.to_string(), "0,32");
-        assert_eq!(CpuSet::parse_mask("0x000000aa,aaaaaaaa")?.to_string(), "1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39");
+        assert_eq!(
+            CpuSet::parse_mask("0x000000aa,aaaaaaaa")?.to_string(),
+            "1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39"
+        );
         assert!(CpuSet::parse_mask("zz").is_err());
         Ok(())
     }

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use crate::cpuset::CpuSet;
 use crate::hostroot::HostRoot;
 use crate::hwloc::{self, HwlocFacts};
-use crate::model::{CpuSource, DeviceKind, Machine, MODEL_VERSION, NodeTopology, NvidiaInfo, NvmlStatus};
+use crate::model::{
+    CpuSource, DeviceKind, MODEL_VERSION, Machine, NodeTopology, NvidiaInfo, NvmlStatus,
+};
 use crate::nvml::NvmlSource;
 use crate::pci_ids::vendor;
 use crate::warning::{Warning, WarningSource};
@@ -22,7 +24,10 @@ pub struct DiscoverOptions {
 
 impl Default for DiscoverOptions {
     fn default() -> Self {
-        Self { use_hwloc: true, ib_counters: true }
+        Self {
+            use_hwloc: true,
+            ib_counters: true,
+        }
     }
 }
 
@@ -47,7 +52,10 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
             }
         }
         if dev.local_cpuset.is_empty() {
-            if let Some(n) = dev.numa_node.and_then(|id| facts.numa_nodes.iter().find(|n| n.id == id)) {
+            if let Some(n) = dev
+                .numa_node
+                .and_then(|id| facts.numa_nodes.iter().find(|n| n.id == id))
+            {
                 dev.local_cpuset = n.cpuset.clone();
             }
         }
@@ -55,7 +63,11 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
             let matching: Vec<u32> = facts
                 .numa_nodes
                 .iter()
-                .filter(|n| !n.cpuset.is_empty() && dev.local_cpuset.includes(&n.cpuset) && n.cpuset.includes(&dev.local_cpuset))
+                .filter(|n| {
+                    !n.cpuset.is_empty()
+                        && dev.local_cpuset.includes(&n.cpuset)
+                        && n.cpuset.includes(&dev.local_cpuset)
+                })
                 .map(|n| n.id)
                 .collect();
             if let [only] = matching.as_slice() {
@@ -69,11 +81,18 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     accel::enrich(root, &mut devices, &mut warnings);
 
     for ibdev in &ib {
-        let Some(addr) = &ibdev.pci_address else { continue };
+        let Some(addr) = &ibdev.pci_address else {
+            continue;
+        };
         if let Some(dev) = devices.iter_mut().find(|d| &d.pci_address == addr) {
             dev.ib_devices.push(ibdev.name.clone());
             if let Some(uverbs) = &ibdev.uverbs {
-                dev.index = dev.index.or_else(|| uverbs.trim_start_matches("/dev/infiniband/uverbs").parse().ok());
+                dev.index = dev.index.or_else(|| {
+                    uverbs
+                        .trim_start_matches("/dev/infiniband/uverbs")
+                        .parse()
+                        .ok()
+                });
                 dev.device_nodes.push(uverbs.clone());
             }
         }
@@ -102,16 +121,28 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     }
 }
 
-fn cpu_facts(root: &HostRoot, opts: DiscoverOptions, warnings: &mut Vec<Warning>) -> (HwlocFacts, CpuSource) {
+fn cpu_facts(
+    root: &HostRoot,
+    opts: DiscoverOptions,
+    warnings: &mut Vec<Warning>,
+) -> (HwlocFacts, CpuSource) {
     if opts.use_hwloc {
         match hwloc::probe(root) {
             Ok(f) => return (f, CpuSource::Hwloc),
-            Err(e) => warnings.push(Warning::new(WarningSource::Hwloc, None, format!("{e}; falling back to sysfs"))),
+            Err(e) => warnings.push(Warning::new(
+                WarningSource::Hwloc,
+                None,
+                format!("{e}; falling back to sysfs"),
+            )),
         }
     }
     let mut facts = sysfs_cpu::probe(root, warnings);
     if facts.packages.is_empty() {
-        warnings.push(Warning::new(WarningSource::Cpu, Some("/sys/devices/system/cpu"), "no CPU topology found"));
+        warnings.push(Warning::new(
+            WarningSource::Cpu,
+            Some("/sys/devices/system/cpu"),
+            "no CPU topology found",
+        ));
     }
     if facts.numa_nodes.is_empty() && !facts.cpuset.is_empty() {
         // No NUMA in sysfs (kernel without NUMA): one node holding everything.
@@ -120,37 +151,75 @@ fn cpu_facts(root: &HostRoot, opts: DiscoverOptions, warnings: &mut Vec<Warning>
             .ok()
             .and_then(|m| sysfs_cpu::parse_meminfo_field(&m, "MemTotal"))
             .unwrap_or(0);
-        facts.numa_nodes.push(crate::model::NumaNode { id: 0, cpuset: facts.cpuset.clone(), memory_bytes: memory, hugepages: Vec::new(), distances: Vec::new() });
+        facts.numa_nodes.push(crate::model::NumaNode {
+            id: 0,
+            cpuset: facts.cpuset.clone(),
+            memory_bytes: memory,
+            hugepages: Vec::new(),
+            distances: Vec::new(),
+        });
     }
     (facts, CpuSource::Sysfs)
 }
 
-fn nvml_enrich(root: &HostRoot, nvml: &dyn NvmlSource, devices: &mut [crate::model::Device], warnings: &mut Vec<Warning>) -> NvmlStatus {
-    let has_nvidia_gpu = devices.iter().any(|d| d.kind == DeviceKind::Gpu && d.vendor_id == vendor::NVIDIA);
+fn nvml_enrich(
+    root: &HostRoot,
+    nvml: &dyn NvmlSource,
+    devices: &mut [crate::model::Device],
+    warnings: &mut Vec<Warning>,
+) -> NvmlStatus {
+    let has_nvidia_gpu = devices
+        .iter()
+        .any(|d| d.kind == DeviceKind::Gpu && d.vendor_id == vendor::NVIDIA);
     if !has_nvidia_gpu {
         return NvmlStatus::NotNeeded;
     }
     let snapshot = match nvml.snapshot() {
         Ok(s) => s,
         Err(e) => {
-            warnings.push(Warning::new(WarningSource::Nvml, None, format!("{}; GPUs described from sysfs/procfs only", e.0)));
+            warnings.push(Warning::new(
+                WarningSource::Nvml,
+                None,
+                format!("{}; GPUs described from sysfs/procfs only", e.0),
+            ));
             return NvmlStatus::Unavailable { reason: e.0 };
         }
     };
     for gpu in &snapshot.gpus {
-        let Some(dev) = devices.iter_mut().find(|d| d.pci_address == gpu.pci_address) else {
-            warnings.push(Warning::new(WarningSource::Nvml, None, format!("NVML reports GPU {} that is not on the PCI bus", gpu.pci_address)));
+        let Some(dev) = devices
+            .iter_mut()
+            .find(|d| d.pci_address == gpu.pci_address)
+        else {
+            warnings.push(Warning::new(
+                WarningSource::Nvml,
+                None,
+                format!(
+                    "NVML reports GPU {} that is not on the PCI bus",
+                    gpu.pci_address
+                ),
+            ));
             continue;
         };
         let info = dev.nvidia.get_or_insert_with(NvidiaInfo::default);
         if let (Some(proc_minor), Some(nvml_minor)) = (info.minor, gpu.minor) {
             if proc_minor != nvml_minor {
-                warnings.push(Warning::new(WarningSource::Nvml, None, format!("GPU {}: procfs minor {proc_minor} but NVML minor {nvml_minor}", gpu.pci_address)));
+                warnings.push(Warning::new(
+                    WarningSource::Nvml,
+                    None,
+                    format!(
+                        "GPU {}: procfs minor {proc_minor} but NVML minor {nvml_minor}",
+                        gpu.pci_address
+                    ),
+                ));
             }
         }
         if let (Some(a), Some(b)) = (&info.uuid, &gpu.uuid) {
             if a != b {
-                warnings.push(Warning::new(WarningSource::Nvml, None, format!("GPU {}: procfs UUID {a} but NVML UUID {b}", gpu.pci_address)));
+                warnings.push(Warning::new(
+                    WarningSource::Nvml,
+                    None,
+                    format!("GPU {}: procfs UUID {a} but NVML UUID {b}", gpu.pci_address),
+                ));
             }
         }
         info.nvml_index = Some(gpu.index);
@@ -166,7 +235,11 @@ fn nvml_enrich(root: &HostRoot, nvml: &dyn NvmlSource, devices: &mut [crate::mod
                 dev.index = Some(minor);
                 dev.device_nodes.push(format!("/dev/nvidia{minor}"));
                 if !root.exists(format!("/dev/nvidia{minor}")) {
-                    warnings.push(Warning::new(WarningSource::Nvidia, Some(&format!("/dev/nvidia{minor}")), "device node missing"));
+                    warnings.push(Warning::new(
+                        WarningSource::Nvidia,
+                        Some(&format!("/dev/nvidia{minor}")),
+                        "device node missing",
+                    ));
                 }
             }
         }
@@ -180,20 +253,34 @@ fn nvml_enrich(root: &HostRoot, nvml: &dyn NvmlSource, devices: &mut [crate::mod
         }
     }
     NvmlStatus::Available {
-        driver_version: snapshot.driver_version.or_else(|| nvidia::driver_version(root)),
+        driver_version: snapshot
+            .driver_version
+            .or_else(|| nvidia::driver_version(root)),
         source: nvml.describe(),
     }
 }
 
 fn dmi(root: &HostRoot, file: &str) -> Option<String> {
-    root.read_string(format!("/sys/class/dmi/id/{file}")).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+    root.read_string(format!("/sys/class/dmi/id/{file}"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
 }
 
 fn machine(root: &HostRoot, facts: &HwlocFacts, cpu_source: CpuSource) -> Machine {
     let cores: usize = facts.packages.iter().map(|p| p.cores.len()).sum();
-    let threads_per_core = facts.packages.iter().flat_map(|p| &p.cores).map(|c| c.cpuset.len()).max().unwrap_or(0);
+    let threads_per_core = facts
+        .packages
+        .iter()
+        .flat_map(|p| &p.cores)
+        .map(|c| c.cpuset.len())
+        .max()
+        .unwrap_or(0);
     let cpuset = if facts.cpuset.is_empty() {
-        facts.packages.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpuset))
+        facts
+            .packages
+            .iter()
+            .fold(CpuSet::new(), |acc, p| acc.union(&p.cpuset))
     } else {
         facts.cpuset.clone()
     };
@@ -201,8 +288,8 @@ fn machine(root: &HostRoot, facts: &HwlocFacts, cpu_source: CpuSource) -> Machin
         cpu_source,
         architecture: facts.architecture.clone(),
         cpu_model: facts.cpu_model.clone(),
-        vendor: dmi(root, "sys_vendor"),
-        product: dmi(root, "product_name"),
+        vendor: dmi(root, "sys_vendor").or_else(|| facts.dmi.0.clone()),
+        product: dmi(root, "product_name").or_else(|| facts.dmi.1.clone()),
         packages: facts.packages.len(),
         cores,
         cpus: cpuset.len(),
@@ -210,6 +297,8 @@ fn machine(root: &HostRoot, facts: &HwlocFacts, cpu_source: CpuSource) -> Machin
         threads_per_core,
         cpuset,
         allowed_cpuset: facts.allowed_cpuset.clone(),
+        allowed_numa_nodes: facts.allowed_numa_nodes.clone(),
+        top_level_groups: facts.top_level_groups,
         memory_bytes: facts.numa_nodes.iter().map(|n| n.memory_bytes).sum(),
     }
 }

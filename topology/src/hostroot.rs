@@ -76,14 +76,20 @@ impl HostRoot {
     }
 
     fn err(host_path: &Path, source: io::Error) -> ReadError {
-        ReadError { path: host_path.display().to_string(), source }
+        ReadError {
+            path: host_path.display().to_string(),
+            source,
+        }
     }
 
     /// Read a small text file, with trailing whitespace removed. Invalid UTF-8 is replaced, never fatal.
     pub fn read_string(&self, host_path: impl AsRef<Path>) -> Result<String, ReadError> {
         let host_path = host_path.as_ref();
         let bytes = self.read_bytes(host_path)?;
-        Ok(String::from_utf8_lossy(&bytes).trim_end().to_owned())
+        // Some sysfs attributes carry trailing NUL bytes after the newline.
+        Ok(String::from_utf8_lossy(&bytes)
+            .trim_end_matches(|c: char| c.is_whitespace() || c == '\0')
+            .to_owned())
     }
 
     /// Read a small file's raw bytes (at most 1 MiB).
@@ -129,7 +135,10 @@ impl HostRoot {
     /// The last component of a symbolic link's target (e.g. the driver name behind `.../driver`).
     pub fn link_name(&self, host_path: impl AsRef<Path>) -> Result<String, ReadError> {
         let target = self.read_link(host_path)?;
-        Ok(target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+        Ok(target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default())
     }
 
     /// Whether a host path exists (any file type, links not followed).
@@ -161,7 +170,10 @@ mod tests {
     fn join_stays_inside_the_root() {
         let r = HostRoot::new("/host");
         assert_eq!(r.join("/sys/class"), PathBuf::from("/host/sys/class"));
-        assert_eq!(r.join("/../../etc/passwd"), PathBuf::from("/host/etc/passwd"));
+        assert_eq!(
+            r.join("/../../etc/passwd"),
+            PathBuf::from("/host/etc/passwd")
+        );
         assert_eq!(r.join("/sys/../../proc"), PathBuf::from("/host/proc"));
     }
 
@@ -169,16 +181,24 @@ mod tests {
     fn resolves_relative_links_lexically() -> Result<(), ReadError> {
         let dir = tempfile::tempdir().map_err(|e| HostRoot::err(Path::new("/"), e))?;
         let root = HostRoot::new(dir.path());
-        fs::create_dir_all(dir.path().join("sys/devices/pci0000:00/0000:00:01.0")).map_err(|e| HostRoot::err(Path::new("/"), e))?;
-        fs::create_dir_all(dir.path().join("sys/bus/pci/devices")).map_err(|e| HostRoot::err(Path::new("/"), e))?;
+        fs::create_dir_all(dir.path().join("sys/devices/pci0000:00/0000:00:01.0"))
+            .map_err(|e| HostRoot::err(Path::new("/"), e))?;
+        fs::create_dir_all(dir.path().join("sys/bus/pci/devices"))
+            .map_err(|e| HostRoot::err(Path::new("/"), e))?;
         std::os::unix::fs::symlink(
             "../../../devices/pci0000:00/0000:00:01.0",
             dir.path().join("sys/bus/pci/devices/0000:00:01.0"),
         )
         .map_err(|e| HostRoot::err(Path::new("/"), e))?;
         let resolved = root.resolve_link("/sys/bus/pci/devices/0000:00:01.0")?;
-        assert_eq!(resolved, PathBuf::from("/sys/devices/pci0000:00/0000:00:01.0"));
-        assert_eq!(root.list_dir("/sys/bus/pci/devices")?, vec!["0000:00:01.0".to_owned()]);
+        assert_eq!(
+            resolved,
+            PathBuf::from("/sys/devices/pci0000:00/0000:00:01.0")
+        );
+        assert_eq!(
+            root.list_dir("/sys/bus/pci/devices")?,
+            vec!["0000:00:01.0".to_owned()]
+        );
         let missing = root.read_string("/nope").err();
         assert!(missing.is_some_and(|e| e.is_not_found() && e.path == "/nope"));
         Ok(())

@@ -22,7 +22,9 @@ use crate::model::{Cache, Core, HugePages, NumaDistance, NumaNode, Package};
 #[derive(Debug, thiserror::Error)]
 pub enum HwlocError {
     /// `HWLOC_FSROOT` does not match the host root we were asked to describe.
-    #[error("HWLOC_FSROOT is {found:?} but the host root is {expected:?}; hwloc would describe another machine")]
+    #[error(
+        "HWLOC_FSROOT is {found:?} but the host root is {expected:?}; hwloc would describe another machine"
+    )]
     FsRootMismatch {
         /// What the environment says.
         found: Option<String>,
@@ -54,6 +56,12 @@ pub struct HwlocFacts {
     pub architecture: Option<String>,
     /// First package's `CPUModel`.
     pub cpu_model: Option<String>,
+    /// DMI system vendor and product hwloc found.
+    pub dmi: (Option<String>, Option<String>),
+    /// Number of Group objects at the first level below the machine (boards, in Slurm's terms), 0 when none.
+    pub top_level_groups: usize,
+    /// Allowed NUMA nodes (cgroup), when narrower than all nodes.
+    pub allowed_numa_nodes: Option<Vec<u32>>,
     /// PCI address → (NUMA node ids, local CPUs) for the PCI devices hwloc kept.
     pub pci_locality: BTreeMap<String, (Vec<u32>, CpuSet)>,
 }
@@ -65,7 +73,10 @@ pub fn hwloc_env(root: &HostRoot) -> Vec<(&'static str, String)> {
         return Vec::new();
     }
     let abs = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().to_path_buf());
-    vec![("HWLOC_FSROOT", abs.display().to_string()), ("HWLOC_COMPONENTS", "linux,stop".to_owned())]
+    vec![
+        ("HWLOC_FSROOT", abs.display().to_string()),
+        ("HWLOC_COMPONENTS", "linux,stop".to_owned()),
+    ]
 }
 
 fn check_fsroot(root: &HostRoot) -> Result<(), HwlocError> {
@@ -73,12 +84,17 @@ fn check_fsroot(root: &HostRoot) -> Result<(), HwlocError> {
     let expected = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().to_path_buf());
     let ok = match &found {
         None => root.is_system_root(),
-        Some(f) => std::fs::canonicalize(f).map(|p| p == expected).unwrap_or(false),
+        Some(f) => std::fs::canonicalize(f)
+            .map(|p| p == expected)
+            .unwrap_or(false),
     };
     if ok {
         Ok(())
     } else {
-        Err(HwlocError::FsRootMismatch { found, expected: expected.display().to_string() })
+        Err(HwlocError::FsRootMismatch {
+            found,
+            expected: expected.display().to_string(),
+        })
     }
 }
 
@@ -91,7 +107,9 @@ fn cpuset_of(obj: &TopologyObject) -> CpuSet {
 }
 
 fn info(obj: &TopologyObject, key: &str) -> Option<String> {
-    obj.info(key).map(|v| v.to_string_lossy().trim().to_owned()).filter(|v| !v.is_empty())
+    obj.info(key)
+        .map(|v| v.to_string_lossy().trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// Load the topology of `root` with hwloc.
@@ -108,7 +126,8 @@ pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
 }
 
 fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
-    let cpuset = ids(topo.complete_cpuset().iter_set());
+    // Online PUs, disallowed ones included (INCLUDE_DISALLOWED); offline CPUs are only in the complete cpuset.
+    let cpuset = ids(topo.cpuset().iter_set());
     if topo.objects_with_type(ObjectType::PU).len() == 0 || cpuset.is_empty() {
         return Err(HwlocError::Empty);
     }
@@ -118,15 +137,42 @@ fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
         allowed_cpuset: (allowed != cpuset && !allowed.is_empty()).then_some(allowed),
         cpuset,
         architecture: info(root, "Architecture"),
+        dmi: (info(root, "DMISysVendor"), info(root, "DMIProductName")),
         ..HwlocFacts::default()
     };
+    if let Some(first) = root.normal_children().next() {
+        if first.object_type() == ObjectType::Group && !is_io_locality_group(first) {
+            facts.top_level_groups = topo.num_objects_at_depth(first.depth());
+        }
+    }
+    let all_nodes: Vec<u32> = topo
+        .complete_nodeset()
+        .iter_set()
+        .map(|i| usize::from(i) as u32)
+        .collect();
+    let allowed_nodes: Vec<u32> = topo
+        .allowed_nodeset()
+        .iter_set()
+        .map(|i| usize::from(i) as u32)
+        .collect();
+    if allowed_nodes != all_nodes && !allowed_nodes.is_empty() {
+        facts.allowed_numa_nodes = Some(allowed_nodes);
+    }
 
     facts.packages = packages(topo, &mut facts.cpu_model);
     facts.numa_nodes = numa_nodes(topo);
     facts.caches = last_level_caches(topo);
     for obj in topo.pci_devices() {
-        let Some(ObjectAttributes::PCIDevice(p)) = obj.attributes() else { continue };
-        let addr = format!("{:04x}:{:02x}:{:02x}.{:x}", p.domain(), p.bus_id(), p.bus_device(), p.function());
+        let Some(ObjectAttributes::PCIDevice(p)) = obj.attributes() else {
+            continue;
+        };
+        let addr = format!(
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            p.domain(),
+            p.bus_id(),
+            p.bus_device(),
+            p.function()
+        );
         if let Some(anc) = obj.first_non_io_ancestor() {
             let nodes = anc
                 .nodeset()
@@ -138,6 +184,24 @@ fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
     Ok(facts)
 }
 
+/// hwloc's `HWLOC_GROUP_KIND_IO` (private.h): a Group hwloc inserted only to attach PCI devices to their locality.
+const HWLOC_GROUP_KIND_IO: u32 = 1000;
+
+/// Whether a Group exists only because of I/O locality. Slurm loads its topology without I/O, so such groups are
+/// not boards to it.
+fn is_io_locality_group(obj: &TopologyObject) -> bool {
+    match obj.attributes() {
+        Some(ObjectAttributes::Group(g)) => {
+            let g: *const hwlocality::object::attributes::GroupAttributes = g;
+            // SAFETY: `GroupAttributes` is a `#[repr(transparent)]` newtype of `hwloc_group_attr_s` (documented in
+            // hwlocality), so the pointer cast reads the same, initialised, immutably borrowed memory.
+            let raw = unsafe { &*g.cast::<hwlocality_sys::hwloc_group_attr_s>() };
+            raw.kind == HWLOC_GROUP_KIND_IO
+        }
+        _ => false,
+    }
+}
+
 fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
     let mut packages: Vec<Package> = Vec::new();
     let pkg_objs: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::Package).collect();
@@ -145,17 +209,31 @@ fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
         if cpu_model.is_none() {
             *cpu_model = info(pkg, "CPUModel");
         }
-        packages.push(Package { id: pkg.os_index().unwrap_or(i) as u32, cpuset: cpuset_of(pkg), cores: Vec::new() });
+        packages.push(Package {
+            id: pkg.os_index().unwrap_or(i) as u32,
+            cpuset: cpuset_of(pkg),
+            cores: Vec::new(),
+        });
     }
     if packages.is_empty() {
         // Some platforms report no package: the machine is one package.
-        packages.push(Package { id: 0, cpuset: cpuset_of(topo.root_object()), cores: Vec::new() });
+        packages.push(Package {
+            id: 0,
+            cpuset: cpuset_of(topo.root_object()),
+            cores: Vec::new(),
+        });
     }
     for core in topo.objects_with_type(ObjectType::Core) {
         let set = cpuset_of(core);
         let Some(first) = set.first() else { continue };
-        let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) else { continue };
-        pkg.cores.push(Core { logical: core.logical_index() as u32, id: core.os_index().unwrap_or(0) as u32, cpuset: set });
+        let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) else {
+            continue;
+        };
+        pkg.cores.push(Core {
+            logical: core.logical_index() as u32,
+            id: core.os_index().unwrap_or(0) as u32,
+            cpuset: set,
+        });
     }
     if topo.objects_with_type(ObjectType::Core).len() == 0 {
         // No core level (some virtual machines): every PU is its own core, as hwloc and Slurm then assume.
@@ -163,11 +241,16 @@ fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
             let set = cpuset_of(pu);
             let Some(first) = set.first() else { continue };
             if let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) {
-                pkg.cores.push(Core { logical: logical as u32, id: first, cpuset: set });
+                pkg.cores.push(Core {
+                    logical: logical as u32,
+                    id: first,
+                    cpuset: set,
+                });
             }
         }
     }
-    packages.sort_by_key(|p| p.id);
+    // Topology (logical) order: by first CPU, as hwloc and Slurm's abstract ids number them.
+    packages.sort_by_key(|p| p.cpuset.first());
     for p in &mut packages {
         p.cores.sort_by_key(|c| c.logical);
     }
@@ -188,7 +271,10 @@ fn numa_nodes(topo: &Topology) -> Vec<NumaNode> {
                         .page_types()
                         .iter()
                         .skip(1)
-                        .map(|t| HugePages { page_size_bytes: t.size().get(), count: t.count() })
+                        .map(|t| HugePages {
+                            page_size_bytes: t.size().get(),
+                            count: t.count(),
+                        })
                         .collect();
                     (mem, pages)
                 }
@@ -207,18 +293,28 @@ fn numa_nodes(topo: &Topology) -> Vec<NumaNode> {
     if let Ok(matrices) = topo.distances(None) {
         // The OS-provided NUMA latency matrix ("NUMALatency").
         let numa_matrix = matrices.iter().find(|m| {
-            m.num_objects() > 0 && m.objects().all(|o| o.is_some_and(|o| o.object_type() == ObjectType::NUMANode))
+            m.num_objects() > 0
+                && m.objects()
+                    .all(|o| o.is_some_and(|o| o.object_type() == ObjectType::NUMANode))
         });
         if let Some(m) = numa_matrix {
-            let ids: Vec<Option<u32>> = m.objects().map(|o| o.and_then(|o| o.os_index()).map(|i| i as u32)).collect();
+            let ids: Vec<Option<u32>> = m
+                .objects()
+                .map(|o| o.and_then(|o| o.os_index()).map(|i| i as u32))
+                .collect();
             let n = ids.len();
             let values = m.distances();
             for (row, from) in ids.iter().enumerate() {
                 let Some(from) = from else { continue };
-                let Some(node) = nodes.iter_mut().find(|x| x.id == *from) else { continue };
+                let Some(node) = nodes.iter_mut().find(|x| x.id == *from) else {
+                    continue;
+                };
                 for (col, to) in ids.iter().enumerate() {
                     if let (Some(to), Some(v)) = (to, values.get(row * n + col)) {
-                        node.distances.push(NumaDistance { node: *to, value: u32::try_from(*v).unwrap_or(u32::MAX) });
+                        node.distances.push(NumaDistance {
+                            node: *to,
+                            value: u32::try_from(*v).unwrap_or(u32::MAX),
+                        });
                     }
                 }
                 node.distances.sort_by_key(|d| d.node);
@@ -234,9 +330,11 @@ fn last_level_caches(topo: &Topology) -> Vec<Cache> {
         let caches: Vec<Cache> = topo
             .objects_with_type(ty)
             .filter_map(|c| match c.attributes() {
-                Some(ObjectAttributes::Cache(a)) => {
-                    Some(Cache { level, size_bytes: a.size().map_or(0, |s| s.get()), cpuset: cpuset_of(c) })
-                }
+                Some(ObjectAttributes::Cache(a)) => Some(Cache {
+                    level,
+                    size_bytes: a.size().map_or(0, |s| s.get()),
+                    cpuset: cpuset_of(c),
+                }),
                 _ => None,
             })
             .collect();

@@ -24,11 +24,19 @@ pub fn parse_rate_mbps(s: &str) -> Option<u64> {
     let number = it.next()?;
     let unit = it.next()?;
     let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) || frac.len() > 3 {
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+        || frac.len() > 3
+    {
         return None;
     }
     let whole: u64 = whole.parse().ok()?;
-    let frac_value: u64 = if frac.is_empty() { 0 } else { format!("{frac:0<3}").parse().ok()? };
+    let frac_value: u64 = if frac.is_empty() {
+        0
+    } else {
+        format!("{frac:0<3}").parse().ok()?
+    };
     let mbps_per_gbps = match unit {
         "Gb/sec" | "Gb/s" => 1000,
         "Mb/sec" | "Mb/s" => return whole.checked_add(u64::from(frac_value >= 500)),
@@ -53,12 +61,17 @@ pub fn parse_counter(s: &str) -> Option<u64> {
 }
 
 fn opt(root: &HostRoot, path: &str) -> Option<String> {
-    root.read_string(path).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+    root.read_string(path)
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
 }
 
 fn read_counters(root: &HostRoot, dir: &str, prefix: &str, port: &mut IbPort) {
     for name in root.list_dir(dir).unwrap_or_default() {
-        let Ok(text) = root.read_string(format!("{dir}/{name}")) else { continue };
+        let Ok(text) = root.read_string(format!("{dir}/{name}")) else {
+            continue;
+        };
         match parse_counter(&text) {
             Some(v) => {
                 port.counters.insert(format!("{prefix}{name}"), v);
@@ -81,7 +94,13 @@ fn uverbs_by_ibdev(root: &HostRoot) -> BTreeMap<String, String> {
     map
 }
 
-fn probe_port(root: &HostRoot, dev_dir: &str, port_no: u32, with_counters: bool, warnings: &mut Vec<Warning>) -> IbPort {
+fn probe_port(
+    root: &HostRoot,
+    dev_dir: &str,
+    port_no: u32,
+    with_counters: bool,
+    warnings: &mut Vec<Warning>,
+) -> IbPort {
     let dir = format!("{dev_dir}/ports/{port_no}");
     let state = opt(root, &format!("{dir}/state"));
     let phys = opt(root, &format!("{dir}/phys_state"));
@@ -89,16 +108,27 @@ fn probe_port(root: &HostRoot, dev_dir: &str, port_no: u32, with_counters: bool,
     let parsed_state = state.as_deref().and_then(parse_state);
     let parsed_phys = phys.as_deref().and_then(parse_state);
     if state.is_some() && parsed_state.is_none() {
-        warnings.push(Warning::new(WarningSource::Infiniband, Some(&format!("{dir}/state")), format!("unparsable state {state:?}")));
+        warnings.push(Warning::new(
+            WarningSource::Infiniband,
+            Some(&format!("{dir}/state")),
+            format!("unparsable state {state:?}"),
+        ));
     }
     let rate_mbps = rate.as_deref().and_then(parse_rate_mbps);
     if rate.is_some() && rate_mbps.is_none() {
-        warnings.push(Warning::new(WarningSource::Infiniband, Some(&format!("{dir}/rate")), format!("unparsable rate {rate:?}")));
+        warnings.push(Warning::new(
+            WarningSource::Infiniband,
+            Some(&format!("{dir}/rate")),
+            format!("unparsable rate {rate:?}"),
+        ));
     }
     let netdev = root
         .list_dir(format!("{dir}/gid_attrs/ndevs"))
         .ok()
-        .and_then(|n| n.first().and_then(|first| opt(root, &format!("{dir}/gid_attrs/ndevs/{first}"))));
+        .and_then(|n| {
+            n.first()
+                .and_then(|first| opt(root, &format!("{dir}/gid_attrs/ndevs/{first}")))
+        });
     let mut port = IbPort {
         port: port_no,
         state_id: parsed_state.as_ref().map(|s| s.0),
@@ -108,8 +138,12 @@ fn probe_port(root: &HostRoot, dev_dir: &str, port_no: u32, with_counters: bool,
         rate_mbps,
         rate,
         link_layer: opt(root, &format!("{dir}/link_layer")),
-        lid: opt(root, &format!("{dir}/lid")).as_deref().and_then(parse_lid),
-        sm_lid: opt(root, &format!("{dir}/sm_lid")).as_deref().and_then(parse_lid),
+        lid: opt(root, &format!("{dir}/lid"))
+            .as_deref()
+            .and_then(parse_lid),
+        sm_lid: opt(root, &format!("{dir}/sm_lid"))
+            .as_deref()
+            .and_then(parse_lid),
         gid: opt(root, &format!("{dir}/gids/0")),
         netdev,
         counters: BTreeMap::new(),
@@ -140,9 +174,16 @@ pub fn probe(root: &HostRoot, with_counters: bool, warnings: &mut Vec<Warning>) 
         let pci_address = root
             .resolve_link(format!("{dir}/device"))
             .ok()
-            .and_then(|p| p.file_name().and_then(|f| normalize_pci_address(&f.to_string_lossy())));
+            .and_then(|p| {
+                p.file_name()
+                    .and_then(|f| normalize_pci_address(&f.to_string_lossy()))
+            });
         if pci_address.is_none() {
-            warnings.push(Warning::new(WarningSource::Infiniband, Some(&format!("{dir}/device")), "no PCI function behind this device"));
+            warnings.push(Warning::new(
+                WarningSource::Infiniband,
+                Some(&format!("{dir}/device")),
+                "no PCI function behind this device",
+            ));
         }
         let mut ports: Vec<u32> = root
             .list_dir(format!("{dir}/ports"))
@@ -162,7 +203,10 @@ pub fn probe(root: &HostRoot, with_counters: bool, warnings: &mut Vec<Warning>) 
             node_guid: opt(root, &format!("{dir}/node_guid")),
             sys_image_guid: opt(root, &format!("{dir}/sys_image_guid")),
             uverbs: uverbs.get(&name).cloned(),
-            ports: ports.into_iter().map(|p| probe_port(root, &dir, p, with_counters, warnings)).collect(),
+            ports: ports
+                .into_iter()
+                .map(|p| probe_port(root, &dir, p, with_counters, warnings))
+                .collect(),
             name,
         });
     }

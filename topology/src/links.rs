@@ -13,14 +13,26 @@ pub fn pcie_relation(a: &Device, b: &Device) -> Link {
         _ => !a.local_cpuset.is_empty() && a.local_cpuset == b.local_cpuset,
     };
     let (Some(root_a), Some(root_b)) = (a.pci_path.first(), b.pci_path.first()) else {
-        return if same_numa { Link::NumaNode } else { Link::System };
+        return if same_numa {
+            Link::NumaNode
+        } else {
+            Link::System
+        };
     };
     if root_a != root_b {
-        return if same_numa { Link::NumaNode } else { Link::System };
+        return if same_numa {
+            Link::NumaNode
+        } else {
+            Link::System
+        };
     }
     let bridges_a = &a.pci_path[1..];
     let bridges_b = &b.pci_path[1..];
-    let common = bridges_a.iter().zip(bridges_b).take_while(|(x, y)| x == y).count();
+    let common = bridges_a
+        .iter()
+        .zip(bridges_b)
+        .take_while(|(x, y)| x == y)
+        .count();
     if common == 0 {
         return Link::HostBridge;
     }
@@ -35,15 +47,21 @@ fn nvlink_count(a: &Device, b: &Device) -> u32 {
     a.nvidia
         .as_ref()
         .map(|n| {
-            n.nvlinks.iter().filter(|l| l.active && l.remote_pci_address.as_deref() == Some(b.pci_address.as_str())).count()
-                as u32
+            n.nvlinks
+                .iter()
+                .filter(|l| {
+                    l.active && l.remote_pci_address.as_deref() == Some(b.pci_address.as_str())
+                })
+                .count() as u32
         })
         .unwrap_or(0)
 }
 
 /// Build the matrix over every device but NVSwitches, and fill each accelerator's `nearest_hcas`.
 pub fn build(devices: &mut [Device]) -> LinkMatrix {
-    let members: Vec<usize> = (0..devices.len()).filter(|&i| devices[i].kind != DeviceKind::Nvswitch).collect();
+    let members: Vec<usize> = (0..devices.len())
+        .filter(|&i| devices[i].kind != DeviceKind::Nvswitch)
+        .collect();
     let mut links = Vec::with_capacity(members.len());
     for &i in &members {
         let row: Vec<Link> = members
@@ -58,16 +76,31 @@ pub fn build(devices: &mut [Device]) -> LinkMatrix {
             .collect();
         links.push(row);
     }
-    let hcas: Vec<usize> = (0..members.len()).filter(|&k| devices[members[k]].kind == DeviceKind::Hca).collect();
+    let hcas: Vec<usize> = (0..members.len())
+        .filter(|&k| devices[members[k]].kind == DeviceKind::Hca)
+        .collect();
     for (row, &i) in members.iter().enumerate() {
         if !devices[i].kind.is_accelerator() || hcas.is_empty() {
             continue;
         }
-        let best = hcas.iter().map(|&k| links[row][k].rank()).min().unwrap_or(u32::MAX);
-        devices[i].nearest_hcas =
-            hcas.iter().filter(|&&k| links[row][k].rank() == best).map(|&k| devices[members[k]].pci_address.clone()).collect();
+        let best = hcas
+            .iter()
+            .map(|&k| links[row][k].rank())
+            .min()
+            .unwrap_or(u32::MAX);
+        devices[i].nearest_hcas = hcas
+            .iter()
+            .filter(|&&k| links[row][k].rank() == best)
+            .map(|&k| devices[members[k]].pci_address.clone())
+            .collect();
     }
-    LinkMatrix { devices: members.iter().map(|&i| devices[i].pci_address.clone()).collect(), links }
+    LinkMatrix {
+        devices: members
+            .iter()
+            .map(|&i| devices[i].pci_address.clone())
+            .collect(),
+        links,
+    }
 }
 
 #[cfg(test)]
@@ -99,12 +132,49 @@ mod tests {
 
     #[test]
     fn relations_follow_the_pcie_tree() {
-        let gpu = dev("0000:19:00.0", DeviceKind::Gpu, &["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"], Some(0));
-        let hca = dev("0000:1a:00.0", DeviceKind::Hca, &["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:02.0"], Some(0));
-        let deep = dev("0000:1f:00.0", DeviceKind::Hca, &["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:03.0", "0000:1e:00.0", "0000:1f:01.0"], Some(0));
-        let other_rp = dev("0000:18:00.0", DeviceKind::Hca, &["pci0000:15", "0000:15:02.0"], Some(0));
-        let other_rc = dev("0000:3c:00.0", DeviceKind::Hca, &["pci0000:37", "0000:37:01.0"], Some(0));
-        let far = dev("0000:9c:00.0", DeviceKind::Hca, &["pci0000:97", "0000:97:01.0"], Some(1));
+        let gpu = dev(
+            "0000:19:00.0",
+            DeviceKind::Gpu,
+            &["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"],
+            Some(0),
+        );
+        let hca = dev(
+            "0000:1a:00.0",
+            DeviceKind::Hca,
+            &["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:02.0"],
+            Some(0),
+        );
+        let deep = dev(
+            "0000:1f:00.0",
+            DeviceKind::Hca,
+            &[
+                "pci0000:15",
+                "0000:15:01.0",
+                "0000:16:00.0",
+                "0000:17:03.0",
+                "0000:1e:00.0",
+                "0000:1f:01.0",
+            ],
+            Some(0),
+        );
+        let other_rp = dev(
+            "0000:18:00.0",
+            DeviceKind::Hca,
+            &["pci0000:15", "0000:15:02.0"],
+            Some(0),
+        );
+        let other_rc = dev(
+            "0000:3c:00.0",
+            DeviceKind::Hca,
+            &["pci0000:37", "0000:37:01.0"],
+            Some(0),
+        );
+        let far = dev(
+            "0000:9c:00.0",
+            DeviceKind::Hca,
+            &["pci0000:97", "0000:97:01.0"],
+            Some(1),
+        );
         assert_eq!(pcie_relation(&gpu, &gpu), Link::SelfLink);
         assert_eq!(pcie_relation(&gpu, &hca), Link::SameSwitch);
         assert_eq!(pcie_relation(&gpu, &deep), Link::MultipleSwitches);
@@ -114,7 +184,10 @@ mod tests {
 
         let mut all = vec![gpu, hca, far];
         let m = build(&mut all);
-        assert_eq!(m.get("0000:19:00.0", "0000:1a:00.0"), Some(Link::SameSwitch));
+        assert_eq!(
+            m.get("0000:19:00.0", "0000:1a:00.0"),
+            Some(Link::SameSwitch)
+        );
         assert_eq!(all[0].nearest_hcas, vec!["0000:1a:00.0".to_owned()]);
         assert!(all[1].nearest_hcas.is_empty(), "HCAs get no nearest HCA");
     }

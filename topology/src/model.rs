@@ -17,7 +17,7 @@ pub struct NodeTopology {
     pub version: u32,
     /// The machine as a whole.
     pub machine: Machine,
-    /// CPU packages (sockets), by OS index.
+    /// CPU packages (sockets), in topology order (by first CPU).
     pub packages: Vec<Package>,
     /// NUMA nodes, by OS index.
     pub numa_nodes: Vec<NumaNode>,
@@ -77,6 +77,12 @@ pub struct Machine {
     /// CPUs this agent may run on (cgroup / affinity), when narrower than `cpuset`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_cpuset: Option<CpuSet>,
+    /// NUMA nodes this agent may allocate from (cgroup), when narrower than all nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_numa_nodes: Option<Vec<u32>>,
+    /// Group objects directly below the machine (hwloc), which Slurm counts as boards; 0 when none.
+    #[serde(default)]
+    pub top_level_groups: usize,
     /// Total memory of all NUMA nodes, bytes.
     pub memory_bytes: u64,
 }
@@ -183,7 +189,10 @@ impl DeviceKind {
 
     /// Whether the device computes (as opposed to networking or switching).
     pub fn is_accelerator(self) -> bool {
-        matches!(self, Self::Gpu | Self::Npu | Self::Mlu | Self::Hpu | Self::Fpga)
+        matches!(
+            self,
+            Self::Gpu | Self::Npu | Self::Mlu | Self::Hpu | Self::Fpga
+        )
     }
 }
 

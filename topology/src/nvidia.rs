@@ -26,7 +26,9 @@ pub struct ProcGpuInfo {
 pub fn parse_information(text: &str) -> ProcGpuInfo {
     let mut info = ProcGpuInfo::default();
     for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else { continue };
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
         let value = value.trim();
         let known = |v: &str| (!v.is_empty() && !v.contains('?')).then(|| v.to_owned());
         match key.trim() {
@@ -49,12 +51,19 @@ pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warnin
         .filter(|p| root.exists(p))
         .map(|p| (*p).to_owned())
         .collect();
-    for dev in devices.iter_mut().filter(|d| d.kind == DeviceKind::Gpu && d.vendor_id == crate::pci_ids::vendor::NVIDIA) {
+    for dev in devices
+        .iter_mut()
+        .filter(|d| d.kind == DeviceKind::Gpu && d.vendor_id == crate::pci_ids::vendor::NVIDIA)
+    {
         let path = format!("/proc/driver/nvidia/gpus/{}/information", dev.pci_address);
         let info = match root.read_string(&path) {
             Ok(text) => parse_information(&text),
             Err(e) => {
-                let msg = if e.is_not_found() { "no driver information (nvidia driver not loaded?)".to_owned() } else { e.source.to_string() };
+                let msg = if e.is_not_found() {
+                    "no driver information (nvidia driver not loaded?)".to_owned()
+                } else {
+                    e.source.to_string()
+                };
                 warnings.push(Warning::new(WarningSource::Nvidia, Some(&path), msg));
                 ProcGpuInfo::default()
             }
@@ -63,23 +72,47 @@ pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warnin
             dev.model = model.clone();
         }
         if info.excluded {
-            warnings.push(Warning::new(WarningSource::Nvidia, Some(&path), "GPU is excluded by the driver"));
+            warnings.push(Warning::new(
+                WarningSource::Nvidia,
+                Some(&path),
+                "GPU is excluded by the driver",
+            ));
         }
         if let Some(minor) = info.minor {
             dev.index = Some(minor);
             let node = format!("/dev/nvidia{minor}");
             if !root.exists(&node) {
-                warnings.push(Warning::new(WarningSource::Nvidia, Some(&node), "device node missing"));
+                warnings.push(Warning::new(
+                    WarningSource::Nvidia,
+                    Some(&node),
+                    "device node missing",
+                ));
             }
-            dev.device_nodes = std::iter::once(node).chain(control_nodes.iter().cloned()).collect();
+            dev.device_nodes = std::iter::once(node)
+                .chain(control_nodes.iter().cloned())
+                .collect();
         }
-        dev.nvidia = Some(NvidiaInfo { uuid: info.uuid, minor: info.minor, vbios: info.vbios, ..NvidiaInfo::default() });
+        dev.nvidia = Some(NvidiaInfo {
+            uuid: info.uuid,
+            minor: info.minor,
+            vbios: info.vbios,
+            ..NvidiaInfo::default()
+        });
     }
 }
 
 impl Default for NvidiaInfo {
     fn default() -> Self {
-        Self { uuid: None, minor: None, nvml_index: None, serial: None, memory_bytes: None, vbios: None, mig_enabled: None, nvlinks: Vec::new() }
+        Self {
+            uuid: None,
+            minor: None,
+            nvml_index: None,
+            serial: None,
+            memory_bytes: None,
+            vbios: None,
+            mig_enabled: None,
+            nvlinks: Vec::new(),
+        }
     }
 }
 
@@ -108,11 +141,16 @@ mod tests {
     fn parses_the_driver_format() {
         let i = parse_information(SAMPLE);
         assert_eq!(i.model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
-        assert_eq!(i.uuid.as_deref(), Some("GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa"));
+        assert_eq!(
+            i.uuid.as_deref(),
+            Some("GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa")
+        );
         assert_eq!(i.bus_location.as_deref(), Some("0000:19:00.0"));
         assert_eq!(i.minor, Some(0));
         assert!(!i.excluded);
-        let unknown = parse_information("GPU UUID: \t GPU-????????-????\nVideo BIOS: \t ??.??.??.??.??\nBlacklisted: Yes\n");
+        let unknown = parse_information(
+            "GPU UUID: \t GPU-????????-????\nVideo BIOS: \t ??.??.??.??.??\nBlacklisted: Yes\n",
+        );
         assert_eq!(unknown.uuid, None);
         assert_eq!(unknown.vbios, None);
         assert!(unknown.excluded);

@@ -86,15 +86,27 @@ impl NvmlSource for SystemNvml {
 
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
         let nvml = self.nvml()?;
-        let count = nvml.device_count().map_err(|e| NvmlUnavailable(e.to_string()))?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| NvmlUnavailable(e.to_string()))?;
         let mut gpus = Vec::new();
         for index in 0..count {
-            let Ok(dev) = nvml.device_by_index(index) else { continue };
-            let Some(pci_address) = dev.pci_info().ok().and_then(|p| normalize_pci_address(&p.bus_id)) else { continue };
+            let Ok(dev) = nvml.device_by_index(index) else {
+                continue;
+            };
+            let Some(pci_address) = dev
+                .pci_info()
+                .ok()
+                .and_then(|p| normalize_pci_address(&p.bus_id))
+            else {
+                continue;
+            };
             let cpu_affinity = dev.cpu_affinity(1024).ok().map(|words| {
                 let bits = usize::BITS as usize;
                 CpuSet::from_ids(words.iter().enumerate().flat_map(|(w, word)| {
-                    (0..bits).filter(move |b| word & (1 << b) != 0).map(move |b| (w * bits + b) as u32)
+                    (0..bits)
+                        .filter(move |b| word & (1 << b) != 0)
+                        .map(move |b| (w * bits + b) as u32)
                 }))
             });
             let mut nvlinks = Vec::new();
@@ -105,7 +117,10 @@ impl NvmlSource for SystemNvml {
                         link,
                         active,
                         remote_pci_address: if active {
-                            wrapper.remote_pci_info().ok().and_then(|p| normalize_pci_address(&p.bus_id))
+                            wrapper
+                                .remote_pci_info()
+                                .ok()
+                                .and_then(|p| normalize_pci_address(&p.bus_id))
                         } else {
                             None
                         },
@@ -128,7 +143,10 @@ impl NvmlSource for SystemNvml {
                 nvlinks,
             });
         }
-        Ok(NvmlSnapshot { driver_version: nvml.sys_driver_version().ok(), gpus })
+        Ok(NvmlSnapshot {
+            driver_version: nvml.sys_driver_version().ok(),
+            gpus,
+        })
     }
 }
 
@@ -151,7 +169,10 @@ impl RecordedNvml {
                 }
             }
         }
-        Self { name: name.into(), snapshot }
+        Self {
+            name: name.into(),
+            snapshot,
+        }
     }
 }
 
@@ -175,12 +196,21 @@ impl NvmlSource for NoNvml {
     }
 
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
-        Err(NvmlUnavailable(if self.0.is_empty() { "disabled".to_owned() } else { self.0.clone() }))
+        Err(NvmlUnavailable(if self.0.is_empty() {
+            "disabled".to_owned()
+        } else {
+            self.0.clone()
+        }))
     }
 }
 
 /// `nvidia-smi -q` as nested `Section/Key` → value per GPU section, plus the header fields.
-pub fn parse_nvidia_smi_sections(text: &str) -> (BTreeMap<String, String>, Vec<(String, BTreeMap<String, String>)>) {
+pub fn parse_nvidia_smi_sections(
+    text: &str,
+) -> (
+    BTreeMap<String, String>,
+    Vec<(String, BTreeMap<String, String>)>,
+) {
     let mut header = BTreeMap::new();
     let mut gpus: Vec<(String, BTreeMap<String, String>)> = Vec::new();
     let mut stack: Vec<(usize, String)> = Vec::new();
@@ -203,10 +233,19 @@ pub fn parse_nvidia_smi_sections(text: &str) -> (BTreeMap<String, String>, Vec<(
         while stack.last().is_some_and(|(i, _)| *i >= indent) {
             stack.pop();
         }
-        let Some((_, map)) = gpus.last_mut() else { continue };
-        match line.split_once(" : ").or_else(|| line.trim_end().strip_suffix(" :").map(|k| (k, ""))) {
+        let Some((_, map)) = gpus.last_mut() else {
+            continue;
+        };
+        match line
+            .split_once(" : ")
+            .or_else(|| line.trim_end().strip_suffix(" :").map(|k| (k, "")))
+        {
             Some((k, v)) => {
-                let key: Vec<&str> = stack.iter().map(|(_, s)| s.as_str()).chain(std::iter::once(k.trim())).collect();
+                let key: Vec<&str> = stack
+                    .iter()
+                    .map(|(_, s)| s.as_str())
+                    .chain(std::iter::once(k.trim()))
+                    .collect();
                 map.insert(key.join("/"), v.trim().to_owned());
             }
             None => stack.push((indent, line.trim().to_owned())),
@@ -216,7 +255,8 @@ pub fn parse_nvidia_smi_sections(text: &str) -> (BTreeMap<String, String>, Vec<(
 }
 
 fn present(v: Option<&String>) -> Option<String> {
-    v.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty() && s != "N/A" && !s.contains('?'))
+    v.map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s != "N/A" && !s.contains('?'))
 }
 
 /// Parse `nvidia-smi -q` into what NVML would have answered.
@@ -233,10 +273,12 @@ pub fn parse_nvidia_smi_query(text: &str) -> NvmlSnapshot {
                 serial: present(m.get("Serial Number")),
                 pci_address,
                 minor: present(m.get("Minor Number")).and_then(|v| v.parse().ok()),
-                memory_total_bytes: present(m.get("FB Memory Usage/Total")).and_then(|v| parse_mib(&v)),
+                memory_total_bytes: present(m.get("FB Memory Usage/Total"))
+                    .and_then(|v| parse_mib(&v)),
                 vbios: present(m.get("VBIOS Version")),
                 cpu_affinity: None,
-                mig_enabled: present(m.get("MIG Mode/Current")).map(|v| v.eq_ignore_ascii_case("enabled")),
+                mig_enabled: present(m.get("MIG Mode/Current"))
+                    .map(|v| v.eq_ignore_ascii_case("enabled")),
                 nvlinks: Vec::new(),
             })
         })
@@ -245,7 +287,10 @@ pub fn parse_nvidia_smi_query(text: &str) -> NvmlSnapshot {
     for (i, g) in gpus.iter_mut().enumerate() {
         g.index = i as u32;
     }
-    NvmlSnapshot { driver_version: present(header.get("Driver Version")), gpus }
+    NvmlSnapshot {
+        driver_version: present(header.get("Driver Version")),
+        gpus,
+    }
 }
 
 /// `81559 MiB` → bytes.
@@ -261,14 +306,27 @@ pub fn parse_nvlink_status(text: &str) -> BTreeMap<u32, Vec<NvLink>> {
     for line in text.lines() {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("GPU ") {
-            current = rest.split(':').next().and_then(|i| i.trim().parse::<u32>().ok());
+            current = rest
+                .split(':')
+                .next()
+                .and_then(|i| i.trim().parse::<u32>().ok());
             continue;
         }
-        let (Some(gpu), Some(rest)) = (current, t.strip_prefix("Link ")) else { continue };
-        let Some((n, state)) = rest.split_once(':') else { continue };
-        let Ok(link) = n.trim().parse::<u32>() else { continue };
+        let (Some(gpu), Some(rest)) = (current, t.strip_prefix("Link ")) else {
+            continue;
+        };
+        let Some((n, state)) = rest.split_once(':') else {
+            continue;
+        };
+        let Ok(link) = n.trim().parse::<u32>() else {
+            continue;
+        };
         let active = !state.contains("inactive");
-        out.entry(gpu).or_default().push(NvLink { link, active, remote_pci_address: None });
+        out.entry(gpu).or_default().push(NvLink {
+            link,
+            active,
+            remote_pci_address: None,
+        });
     }
     out
 }
@@ -290,7 +348,10 @@ mod tests {
         assert_eq!(s.gpus[1].minor, Some(1));
         assert_eq!(s.gpus[1].memory_total_bytes, Some(81559 << 20));
         assert_eq!(s.gpus[1].mig_enabled, Some(false));
-        assert_eq!(s.gpus[1].uuid.as_deref(), Some("GPU-47daa2ad-a218-6286-252b-af45f0dfaf00"));
+        assert_eq!(
+            s.gpus[1].uuid.as_deref(),
+            Some("GPU-47daa2ad-a218-6286-252b-af45f0dfaf00")
+        );
     }
 
     #[test]
@@ -310,7 +371,10 @@ mod tests {
         }
         let n = SystemNvml::new();
         assert!(n.snapshot().is_err());
-        assert!(n.snapshot().is_err(), "a second call reuses the failed init");
+        assert!(
+            n.snapshot().is_err(),
+            "a second call reuses the failed init"
+        );
     }
 
     proptest! {

@@ -5,20 +5,25 @@ use std::collections::BTreeSet;
 use crate::cpuset::CpuSet;
 use crate::hostroot::HostRoot;
 use crate::model::{Device, PcieLink};
-use crate::pci_ids::{classify, normalize_pci_address, parse_hex_u16, parse_hex_u32};
+use crate::pci_ids::{classify, is_candidate, normalize_pci_address, parse_hex_u16, parse_hex_u32};
 use crate::warning::{Warning, WarningSource};
 
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 
 /// Parse a sysfs `numa_node` file: `-1` (or garbage) means none.
 pub fn parse_numa_node(s: &str) -> Option<u32> {
-    s.trim().parse::<i64>().ok().and_then(|v| u32::try_from(v).ok())
+    s.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
 }
 
 /// The PCIe chain of a device from its resolved sysfs path: `/sys/devices/pci0000:15/0000:15:01.0/0000:19:00.0` →
 /// `["pci0000:15", "0000:15:01.0"]` (the device itself excluded).
 pub fn pci_path_from_sysfs(resolved: &str) -> Vec<String> {
-    let Some(rest) = resolved.split("/devices/").nth(1) else { return Vec::new() };
+    let Some(rest) = resolved.split("/devices/").nth(1) else {
+        return Vec::new();
+    };
     let mut parts: Vec<String> = rest
         .split('/')
         .filter(|p| p.starts_with("pci") || normalize_pci_address(p).is_some())
@@ -29,14 +34,22 @@ pub fn pci_path_from_sysfs(resolved: &str) -> Vec<String> {
 }
 
 /// Enumerate the PCI functions isthmus reports. `rdma_functions` are functions carrying an InfiniBand/RoCE device.
-pub fn probe(root: &HostRoot, rdma_functions: &BTreeSet<String>, warnings: &mut Vec<Warning>) -> Vec<Device> {
+pub fn probe(
+    root: &HostRoot,
+    rdma_functions: &BTreeSet<String>,
+    warnings: &mut Vec<Warning>,
+) -> Vec<Device> {
     let names = match root.list_dir(PCI_DEVICES) {
         Ok(n) => n,
         Err(e) => {
             if !e.is_not_found() {
                 warnings.push(e.warning(WarningSource::Pci));
             } else {
-                warnings.push(Warning::new(WarningSource::Pci, Some(PCI_DEVICES), "no PCI bus in sysfs"));
+                warnings.push(Warning::new(
+                    WarningSource::Pci,
+                    Some(PCI_DEVICES),
+                    "no PCI bus in sysfs",
+                ));
             }
             return Vec::new();
         }
@@ -44,37 +57,78 @@ pub fn probe(root: &HostRoot, rdma_functions: &BTreeSet<String>, warnings: &mut 
     let mut devices = Vec::new();
     for name in names {
         let Some(addr) = normalize_pci_address(&name) else {
-            warnings.push(Warning::new(WarningSource::Pci, Some(&format!("{PCI_DEVICES}/{name}")), "not a PCI address"));
+            warnings.push(Warning::new(
+                WarningSource::Pci,
+                Some(&format!("{PCI_DEVICES}/{name}")),
+                "not a PCI address",
+            ));
             continue;
         };
         let dir = format!("{PCI_DEVICES}/{name}");
-        let hex16 = |f: &str| root.read_string(format!("{dir}/{f}")).ok().and_then(|s| parse_hex_u16(&s));
-        let (Some(vendor_id), Some(device_id)) = (hex16("vendor"), hex16("device")) else {
-            warnings.push(Warning::new(WarningSource::Pci, Some(&dir), "unreadable vendor/device id"));
+        let hex16 = |f: &str| {
+            root.read_string(format!("{dir}/{f}"))
+                .ok()
+                .and_then(|s| parse_hex_u16(&s))
+        };
+        let (Some(vendor_id), Some(class)) = (
+            hex16("vendor"),
+            root.read_string(format!("{dir}/class"))
+                .ok()
+                .and_then(|s| parse_hex_u32(&s)),
+        ) else {
+            warnings.push(Warning::new(
+                WarningSource::Pci,
+                Some(&dir),
+                "unreadable vendor id or class",
+            ));
             continue;
         };
-        let Some(class) = root.read_string(format!("{dir}/class")).ok().and_then(|s| parse_hex_u32(&s)) else {
-            warnings.push(Warning::new(WarningSource::Pci, Some(&dir), "unreadable class"));
+        let has_rdma = rdma_functions.contains(&addr);
+        // The device id only matters for functions we report (it names the model).
+        if !is_candidate(vendor_id, class, has_rdma) {
+            continue;
+        }
+        let Some(device_id) = hex16("device") else {
+            warnings.push(Warning::new(
+                WarningSource::Pci,
+                Some(&format!("{dir}/device")),
+                "unreadable device id",
+            ));
             continue;
         };
-        let Some(c) = classify(vendor_id, device_id, class, rdma_functions.contains(&addr)) else { continue };
+        let Some(c) = classify(vendor_id, device_id, class, has_rdma) else {
+            continue;
+        };
 
-        let numa_node = root.read_string(format!("{dir}/numa_node")).ok().and_then(|s| parse_numa_node(&s));
+        let numa_node = root
+            .read_string(format!("{dir}/numa_node"))
+            .ok()
+            .and_then(|s| parse_numa_node(&s));
         let local_cpuset = match root.read_string(format!("{dir}/local_cpulist")) {
             Ok(s) => CpuSet::parse_list(&s).ok(),
-            Err(_) => root.read_string(format!("{dir}/local_cpus")).ok().and_then(|s| CpuSet::parse_mask(&s).ok()),
+            Err(_) => root
+                .read_string(format!("{dir}/local_cpus"))
+                .ok()
+                .and_then(|s| CpuSet::parse_mask(&s).ok()),
         }
         .unwrap_or_default();
-        let driver = root.link_name(format!("{dir}/driver")).ok().filter(|d| !d.is_empty());
+        let driver = root
+            .link_name(format!("{dir}/driver"))
+            .ok()
+            .filter(|d| !d.is_empty());
         let pci_path = root
             .resolve_link(&dir)
             .map(|p| pci_path_from_sysfs(&p.display().to_string()))
             .unwrap_or_default();
         let pcie_link = match (
             root.read_string(format!("{dir}/current_link_speed")),
-            root.read_string(format!("{dir}/current_link_width")).ok().and_then(|w| w.trim().parse::<u32>().ok()),
+            root.read_string(format!("{dir}/current_link_width"))
+                .ok()
+                .and_then(|w| w.trim().parse::<u32>().ok()),
         ) {
-            (Ok(speed), Some(width)) if !speed.contains("Unknown") && width > 0 => Some(PcieLink { speed, width }),
+            (Ok(speed), Some(width)) if !speed.contains("Unknown") && width > 0 => {
+                Some(PcieLink { speed, width })
+            }
             _ => None,
         };
         devices.push(Device {
@@ -109,7 +163,10 @@ mod tests {
     #[test]
     fn chain_from_sysfs_path() {
         let p = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0";
-        assert_eq!(pci_path_from_sysfs(p), vec!["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"]);
+        assert_eq!(
+            pci_path_from_sysfs(p),
+            vec!["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0"]
+        );
         assert!(pci_path_from_sysfs("/nowhere").is_empty());
         assert_eq!(parse_numa_node("-1\n"), None);
         assert_eq!(parse_numa_node("1"), Some(1));

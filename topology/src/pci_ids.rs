@@ -110,12 +110,22 @@ pub fn model_name(vendor_id: u16, device_id: u16) -> String {
         .iter()
         .find(|(v, d, _)| *v == vendor_id && *d == device_id)
         .map(|(_, _, m)| (*m).to_owned())
-        .unwrap_or_else(|| format!("{} device {vendor_id:04x}:{device_id:04x}", vendor_name(vendor_id)))
+        .unwrap_or_else(|| {
+            format!(
+                "{} device {vendor_id:04x}:{device_id:04x}",
+                vendor_name(vendor_id)
+            )
+        })
 }
 
 /// PCI base class + subclass (the upper 16 bits of the 24-bit class code).
 fn class16(class: u32) -> u16 {
     (class >> 8) as u16
+}
+
+/// Whether a function with this vendor and class could be reported (the device id does not change the kind).
+pub fn is_candidate(vendor_id: u16, class: u32, has_rdma: bool) -> bool {
+    classify(vendor_id, 0, class, has_rdma).is_some()
 }
 
 /// Classify a PCI function. `has_rdma` is true when an InfiniBand/RoCE device sits on it (RoCE NICs report the
@@ -137,13 +147,20 @@ pub fn classify(vendor_id: u16, device_id: u16, class: u32, has_rdma: bool) -> O
         (_, 0x0200, _) if has_rdma => DeviceKind::Hca,
         _ => return None,
     };
-    Some(Classified { kind, vendor: vendor_name(vendor_id), model: model_name(vendor_id, device_id) })
+    Some(Classified {
+        kind,
+        vendor: vendor_name(vendor_id),
+        model: model_name(vendor_id, device_id),
+    })
 }
 
 /// Parse a sysfs hex id file (`0x10de`).
 pub fn parse_hex_u32(s: &str) -> Option<u32> {
     let s = s.trim();
-    let digits = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
     if digits.is_empty() || digits.len() > 8 {
         return None;
     }
@@ -175,7 +192,11 @@ pub fn normalize_pci_address(s: &str) -> Option<String> {
         return None;
     }
     // NVML prints an 8-digit domain (00000000:19:00.0); sysfs uses 4 digits unless the domain needs more.
-    let dom = if dom <= 0xffff { format!("{dom:04x}") } else { format!("{dom:08x}") };
+    let dom = if dom <= 0xffff {
+        format!("{dom:04x}")
+    } else {
+        format!("{dom:08x}")
+    };
     Some(format!("{dom}:{bus:02x}:{dev:02x}.{func:x}"))
 }
 
@@ -187,13 +208,31 @@ mod tests {
     #[test]
     fn classifies_the_table() {
         let gpu = classify(0x10de, 0x2330, 0x030200, false);
-        assert_eq!(gpu.map(|c| (c.kind, c.model)), Some((DeviceKind::Gpu, "H100 SXM5 80GB".to_owned())));
-        assert_eq!(classify(0x10de, 0x22a3, 0x068000, false).map(|c| c.kind), Some(DeviceKind::Nvswitch));
-        assert_eq!(classify(0x19e5, 0xd801, 0x120000, false).map(|c| c.kind), Some(DeviceKind::Npu));
-        assert_eq!(classify(0x15b3, 0x1021, 0x020700, false).map(|c| c.kind), Some(DeviceKind::Hca));
+        assert_eq!(
+            gpu.map(|c| (c.kind, c.model)),
+            Some((DeviceKind::Gpu, "H100 SXM5 80GB".to_owned()))
+        );
+        assert_eq!(
+            classify(0x10de, 0x22a3, 0x068000, false).map(|c| c.kind),
+            Some(DeviceKind::Nvswitch)
+        );
+        assert_eq!(
+            classify(0x19e5, 0xd801, 0x120000, false).map(|c| c.kind),
+            Some(DeviceKind::Npu)
+        );
+        assert_eq!(
+            classify(0x15b3, 0x1021, 0x020700, false).map(|c| c.kind),
+            Some(DeviceKind::Hca)
+        );
         assert_eq!(classify(0x15b3, 0x101d, 0x020000, false), None);
-        assert_eq!(classify(0x15b3, 0x101d, 0x020000, true).map(|c| c.kind), Some(DeviceKind::Hca));
-        assert_eq!(classify(0x1da3, 0x1020, 0x120000, false).map(|c| c.kind), Some(DeviceKind::Hpu));
+        assert_eq!(
+            classify(0x15b3, 0x101d, 0x020000, true).map(|c| c.kind),
+            Some(DeviceKind::Hca)
+        );
+        assert_eq!(
+            classify(0x1da3, 0x1020, 0x120000, false).map(|c| c.kind),
+            Some(DeviceKind::Hpu)
+        );
         assert_eq!(classify(0x8086, 0x1234, 0x060400, false), None);
         assert_eq!(model_name(0x1234, 0x5678), "other device 1234:5678");
     }
@@ -204,9 +243,18 @@ mod tests {
         assert_eq!(parse_hex_u32("0x030200"), Some(0x030200));
         assert_eq!(parse_hex_u16("0x123456"), None);
         assert_eq!(parse_hex_u16(""), None);
-        assert_eq!(normalize_pci_address("00000000:19:00.0").as_deref(), Some("0000:19:00.0"));
-        assert_eq!(normalize_pci_address("0000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(normalize_pci_address("19:00.0").as_deref(), Some("0000:19:00.0"));
+        assert_eq!(
+            normalize_pci_address("00000000:19:00.0").as_deref(),
+            Some("0000:19:00.0")
+        );
+        assert_eq!(
+            normalize_pci_address("0000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(
+            normalize_pci_address("19:00.0").as_deref(),
+            Some("0000:19:00.0")
+        );
         assert_eq!(normalize_pci_address("0000:19:00"), None);
         assert_eq!(normalize_pci_address("0000:19:20.0"), None);
     }

@@ -19,7 +19,9 @@ pub fn parse_node_meminfo_total(text: &str) -> Option<u64> {
 /// Parse one field of `/proc/meminfo` or a node's `meminfo` and return it in bytes.
 pub fn parse_meminfo_field(text: &str, field: &str) -> Option<u64> {
     for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else { continue };
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
         // "Node 0 MemTotal" or "MemTotal"
         if key.split_whitespace().last() != Some(field) {
             continue;
@@ -42,7 +44,11 @@ pub fn parse_distances(text: &str) -> Option<Vec<u32>> {
 
 /// Parse a `hugepages-2048kB` directory name into bytes.
 pub fn parse_hugepage_dir(name: &str) -> Option<u64> {
-    let kb: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+    let kb: u64 = name
+        .strip_prefix("hugepages-")?
+        .strip_suffix("kB")?
+        .parse()
+        .ok()?;
     kb.checked_mul(1024)
 }
 
@@ -63,19 +69,43 @@ pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode>
     let mut nodes = Vec::new();
     for &id in &ids {
         let dir = format!("{NODE_DIR}/node{id}");
-        let cpuset = match root.read_string(format!("{dir}/cpulist")) {
-            Ok(s) => CpuSet::parse_list(&s).unwrap_or_else(|e| {
-                warnings.push(Warning::new(WarningSource::Numa, Some(&format!("{dir}/cpulist")), e.to_string()));
-                CpuSet::new()
-            }),
-            Err(e) => {
-                warnings.push(e.warning(WarningSource::Numa));
-                CpuSet::new()
+        // Older kernels have only the hex `cpumap`; some trees only the `cpuN` links.
+        let cpu_links = || {
+            let ids: Vec<u32> = root
+                .list_dir(&dir)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|n| n.strip_prefix("cpu")?.parse().ok())
+                .collect();
+            if ids.is_empty() {
+                Err((
+                    format!("{dir}/cpulist"),
+                    "no cpulist, cpumap or cpuN entries".to_owned(),
+                ))
+            } else {
+                Ok(CpuSet::from_ids(ids))
             }
         };
+        let cpuset = match root.read_string(format!("{dir}/cpulist")) {
+            Ok(s) => CpuSet::parse_list(&s).map_err(|e| (format!("{dir}/cpulist"), e.to_string())),
+            Err(_) => match root.read_string(format!("{dir}/cpumap")) {
+                Ok(s) => {
+                    CpuSet::parse_mask(&s).map_err(|e| (format!("{dir}/cpumap"), e.to_string()))
+                }
+                Err(_) => cpu_links(),
+            },
+        }
+        .unwrap_or_else(|(path, msg)| {
+            warnings.push(Warning::new(WarningSource::Numa, Some(&path), msg));
+            CpuSet::new()
+        });
         let memory_bytes = match root.read_string(format!("{dir}/meminfo")) {
             Ok(s) => parse_node_meminfo_total(&s).unwrap_or_else(|| {
-                warnings.push(Warning::new(WarningSource::Numa, Some(&format!("{dir}/meminfo")), "no MemTotal"));
+                warnings.push(Warning::new(
+                    WarningSource::Numa,
+                    Some(&format!("{dir}/meminfo")),
+                    "no MemTotal",
+                ));
                 0
             }),
             Err(e) => {
@@ -83,7 +113,13 @@ pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode>
                 0
             }
         };
-        nodes.push(NumaNode { id, cpuset, memory_bytes, hugepages: hugepages(root, &dir, warnings), distances: distances(root, &dir, &ids, warnings) });
+        nodes.push(NumaNode {
+            id,
+            cpuset,
+            memory_bytes,
+            hugepages: hugepages(root, &dir, warnings),
+            distances: distances(root, &dir, &ids, warnings),
+        });
     }
     nodes
 }
@@ -91,12 +127,24 @@ pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode>
 /// Huge page pools of one node directory.
 pub fn hugepages(root: &HostRoot, node_dir: &str, warnings: &mut Vec<Warning>) -> Vec<HugePages> {
     let mut out = Vec::new();
-    for name in root.list_dir(format!("{node_dir}/hugepages")).unwrap_or_default() {
-        let Some(size) = parse_hugepage_dir(&name) else { continue };
+    for name in root
+        .list_dir(format!("{node_dir}/hugepages"))
+        .unwrap_or_default()
+    {
+        let Some(size) = parse_hugepage_dir(&name) else {
+            continue;
+        };
         let path = format!("{node_dir}/hugepages/{name}/nr_hugepages");
         match root.read_string(&path).map(|s| s.trim().parse::<u64>()) {
-            Ok(Ok(count)) => out.push(HugePages { page_size_bytes: size, count }),
-            Ok(Err(e)) => warnings.push(Warning::new(WarningSource::Numa, Some(&path), e.to_string())),
+            Ok(Ok(count)) => out.push(HugePages {
+                page_size_bytes: size,
+                count,
+            }),
+            Ok(Err(e)) => warnings.push(Warning::new(
+                WarningSource::Numa,
+                Some(&path),
+                e.to_string(),
+            )),
             Err(e) => warnings.push(e.warning(WarningSource::Numa)),
         }
     }
@@ -105,15 +153,26 @@ pub fn hugepages(root: &HostRoot, node_dir: &str, warnings: &mut Vec<Warning>) -
 }
 
 /// Distances of one node directory to the listed nodes (the kernel prints them in node id order).
-pub fn distances(root: &HostRoot, node_dir: &str, ids: &[u32], warnings: &mut Vec<Warning>) -> Vec<NumaDistance> {
+pub fn distances(
+    root: &HostRoot,
+    node_dir: &str,
+    ids: &[u32],
+    warnings: &mut Vec<Warning>,
+) -> Vec<NumaDistance> {
     let path = format!("{node_dir}/distance");
     match root.read_string(&path) {
         Ok(s) => match parse_distances(&s) {
-            Some(v) if v.len() == ids.len() => {
-                ids.iter().zip(v).map(|(&node, value)| NumaDistance { node, value }).collect()
-            }
+            Some(v) if v.len() == ids.len() => ids
+                .iter()
+                .zip(v)
+                .map(|(&node, value)| NumaDistance { node, value })
+                .collect(),
             _ => {
-                warnings.push(Warning::new(WarningSource::Numa, Some(&path), format!("expected {} distances, got {s:?}", ids.len())));
+                warnings.push(Warning::new(
+                    WarningSource::Numa,
+                    Some(&path),
+                    format!("expected {} distances, got {s:?}", ids.len()),
+                ));
                 Vec::new()
             }
         },
@@ -136,31 +195,71 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
         .filter_map(|n| n.strip_prefix("cpu")?.parse().ok())
         .collect();
     cpus.sort_unstable();
-    let online = root.read_string(format!("{CPU_DIR}/online")).ok().and_then(|s| CpuSet::parse_list(&s).ok());
+    let online = root
+        .read_string(format!("{CPU_DIR}/online"))
+        .ok()
+        .and_then(|s| CpuSet::parse_list(&s).ok());
 
-    // package id -> core id -> threads
-    let mut tree: BTreeMap<u32, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
+    // package id -> core, identified by core_id and its thread siblings (core_id repeats across dies on some AMD
+    // parts; siblings span both cores of a Bulldozer compute unit) -> (core_id, threads)
+    let mut tree: BTreeMap<u32, BTreeMap<(u32, CpuSet), (u32, Vec<u32>)>> = BTreeMap::new();
     for cpu in cpus {
         if online.as_ref().is_some_and(|o| !o.contains(cpu)) {
             continue;
         }
         let dir = format!("{CPU_DIR}/cpu{cpu}/topology");
-        let read = |f: &str| root.read_string(format!("{dir}/{f}")).ok().and_then(|s| s.trim().parse::<i64>().ok());
+        let read = |f: &str| {
+            root.read_string(format!("{dir}/{f}"))
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+        };
         let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) else {
-            warnings.push(Warning::new(WarningSource::Cpu, Some(&dir), "no readable physical_package_id/core_id"));
+            warnings.push(Warning::new(
+                WarningSource::Cpu,
+                Some(&dir),
+                "no readable physical_package_id/core_id",
+            ));
             continue;
         };
         let pkg = u32::try_from(pkg).unwrap_or(0);
         let core = u32::try_from(core).unwrap_or(cpu);
-        tree.entry(pkg).or_default().entry(core).or_default().push(cpu);
+        let list = |f: &str| {
+            root.read_string(format!("{dir}/{f}"))
+                .ok()
+                .and_then(|s| CpuSet::parse_list(&s).ok())
+        };
+        let mask = |f: &str| {
+            root.read_string(format!("{dir}/{f}"))
+                .ok()
+                .and_then(|s| CpuSet::parse_mask(&s).ok())
+        };
+        let siblings = list("core_cpus_list")
+            .or_else(|| list("thread_siblings_list"))
+            .or_else(|| mask("core_cpus"))
+            .or_else(|| mask("thread_siblings"))
+            .filter(|s| s.contains(cpu))
+            .unwrap_or_else(|| CpuSet::from_ids([cpu]));
+        let entry = tree
+            .entry(pkg)
+            .or_default()
+            .entry((core, siblings))
+            .or_insert((core, Vec::new()));
+        entry.1.push(cpu);
     }
 
+    let mut tree: Vec<(u32, BTreeMap<(u32, CpuSet), (u32, Vec<u32>)>)> = tree.into_iter().collect();
+    // Topology order: by first CPU, as hwloc numbers packages.
+    tree.sort_by_key(|(_, cores)| cores.values().flat_map(|(_, t)| t).min().copied());
     let mut packages = Vec::new();
     let mut logical = 0u32;
     for (pkg, cores) in tree {
         let mut core_list: Vec<Core> = cores
-            .into_iter()
-            .map(|(id, threads)| Core { logical: 0, id, cpuset: CpuSet::from_ids(threads) })
+            .into_values()
+            .map(|(id, threads)| Core {
+                logical: 0,
+                id,
+                cpuset: CpuSet::from_ids(threads),
+            })
             .collect();
         // Topology order: by first CPU, as hwloc orders cores.
         core_list.sort_by_key(|c| c.cpuset.first());
@@ -168,22 +267,49 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
             c.logical = logical;
             logical += 1;
         }
-        let cpuset = core_list.iter().fold(CpuSet::new(), |acc, c| acc.union(&c.cpuset));
-        packages.push(Package { id: pkg, cpuset, cores: core_list });
+        let cpuset = core_list
+            .iter()
+            .fold(CpuSet::new(), |acc, c| acc.union(&c.cpuset));
+        packages.push(Package {
+            id: pkg,
+            cpuset,
+            cores: core_list,
+        });
     }
-    let cpuset = packages.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpuset));
+    let cpuset = packages
+        .iter()
+        .fold(CpuSet::new(), |acc, p| acc.union(&p.cpuset));
+    let mut numa = numa_nodes(root, warnings);
+    // Node cpulists include offline CPUs; keep the ones we found online, as hwloc does.
+    if !cpuset.is_empty() {
+        for n in &mut numa {
+            n.cpuset = CpuSet::from_ids(
+                n.cpuset
+                    .ids()
+                    .iter()
+                    .copied()
+                    .filter(|c| cpuset.contains(*c)),
+            );
+        }
+    }
     let cpu_model = root.read_string("/proc/cpuinfo").ok().and_then(|s| {
-        s.lines()
-            .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == "model name").map(|(_, v)| v.trim().to_owned()))
+        s.lines().find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.trim() == "model name")
+                .map(|(_, v)| v.trim().to_owned())
+        })
     });
     HwlocFacts {
         packages,
-        numa_nodes: numa_nodes(root, warnings),
+        numa_nodes: numa,
         caches: Vec::new(),
         cpuset,
         allowed_cpuset: None,
         architecture: None,
         cpu_model,
+        dmi: (None, None),
+        top_level_groups: 0,
+        allowed_numa_nodes: None,
         pci_locality: BTreeMap::new(),
     }
 }
@@ -195,11 +321,23 @@ mod tests {
 
     #[test]
     fn parses_meminfo() {
-        assert_eq!(parse_node_meminfo_total("Node 0 MemTotal:       47925628 kB\nNode 0 MemFree: 1 kB\n"), Some(47925628 * 1024));
-        assert_eq!(parse_meminfo_field("MemTotal:  16 kB\nHugepagesize: 2048 kB", "Hugepagesize"), Some(2048 * 1024));
-        assert_eq!(parse_meminfo_field("HugePages_Total: 4", "HugePages_Total"), Some(4));
+        assert_eq!(
+            parse_node_meminfo_total("Node 0 MemTotal:       47925628 kB\nNode 0 MemFree: 1 kB\n"),
+            Some(47925628 * 1024)
+        );
+        assert_eq!(
+            parse_meminfo_field("MemTotal:  16 kB\nHugepagesize: 2048 kB", "Hugepagesize"),
+            Some(2048 * 1024)
+        );
+        assert_eq!(
+            parse_meminfo_field("HugePages_Total: 4", "HugePages_Total"),
+            Some(4)
+        );
         assert_eq!(parse_node_meminfo_total("garbage"), None);
-        assert_eq!(parse_node_meminfo_total("Node 0 MemTotal: 99999999999999999999 kB"), None);
+        assert_eq!(
+            parse_node_meminfo_total("Node 0 MemTotal: 99999999999999999999 kB"),
+            None
+        );
     }
 
     #[test]

@@ -58,7 +58,11 @@ pub struct Warning {
 impl Warning {
     /// A warning from `source` about `path`.
     pub fn new(source: WarningSource, path: Option<&str>, message: impl Into<String>) -> Self {
-        Self { source, path: path.map(str::to_owned), message: message.into() }
+        Self {
+            source,
+            path: path.map(str::to_owned),
+            message: message.into(),
+        }
     }
 }
 

@@ -1,0 +1,119 @@
+//! The node shape Slurm derives from hwloc (`slurmd -C`, Slurm 22.05 `xcpuinfo_hwloc_topo_get` with hwloc 2), and
+//! Slurm's abstract core ids.
+
+use isthmus_topology::NodeTopology;
+
+/// CPUs, boards, sockets, cores and threads exactly as `slurmd -C` prints them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeShape {
+    /// `CPUs=`: every PU, disallowed ones included.
+    pub cpus: u32,
+    /// `Boards=`.
+    pub boards: u32,
+    /// `SocketsPerBoard=`.
+    pub sockets_per_board: u32,
+    /// `CoresPerSocket=`.
+    pub cores_per_socket: u32,
+    /// `ThreadsPerCore=`.
+    pub threads_per_core: u32,
+}
+
+/// Irregularities Slurm itself only logs (and then truncates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShapeIssue {
+    /// `Thread count (%d) not multiple of core count (%d)`.
+    ThreadsNotMultipleOfCores {
+        /// PUs.
+        threads: u32,
+        /// Cores.
+        cores: u32,
+    },
+    /// `Core count (%d) not multiple of socket count (%d)`.
+    CoresNotMultipleOfSockets {
+        /// Cores.
+        cores: u32,
+        /// Sockets.
+        sockets: u32,
+    },
+}
+
+impl std::fmt::Display for ShapeIssue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ThreadsNotMultipleOfCores { threads, cores } => {
+                write!(
+                    f,
+                    "Thread count ({threads}) not multiple of core count ({cores})"
+                )
+            }
+            Self::CoresNotMultipleOfSockets { cores, sockets } => {
+                write!(
+                    f,
+                    "Core count ({cores}) not multiple of socket count ({sockets})"
+                )
+            }
+        }
+    }
+}
+
+impl NodeShape {
+    /// Derive the shape the way slurmd does: sockets are packages that hold at least one core; threads per core and
+    /// cores per socket are integer divisions (Slurm logs, then truncates, when they do not divide).
+    pub fn of(topo: &NodeTopology) -> (Self, Vec<ShapeIssue>) {
+        let mut issues = Vec::new();
+        let cpus = topo.machine.cpus as u32;
+        let boards = (topo.machine.top_level_groups as u32).max(1);
+        let sockets_with_cores =
+            topo.packages.iter().filter(|p| !p.cores.is_empty()).count() as u32;
+        let sockets = if sockets_with_cores > 0 {
+            sockets_with_cores
+        } else {
+            (topo.packages.len() as u32).max(1)
+        };
+        let cores = (topo.packages.iter().map(|p| p.cores.len()).sum::<usize>() as u32).max(1);
+        if cpus % cores != 0 {
+            issues.push(ShapeIssue::ThreadsNotMultipleOfCores {
+                threads: cpus,
+                cores,
+            });
+        }
+        if cores % sockets != 0 {
+            issues.push(ShapeIssue::CoresNotMultipleOfSockets { cores, sockets });
+        }
+        let shape = Self {
+            cpus,
+            boards,
+            sockets_per_board: sockets / boards,
+            cores_per_socket: cores / sockets,
+            threads_per_core: cpus / cores,
+        };
+        (shape, issues)
+    }
+
+    /// Total sockets.
+    pub fn sockets(&self) -> u32 {
+        self.sockets_per_board * self.boards
+    }
+}
+
+/// Slurm's abstract core id of every core, keyed by the core's first Linux CPU id: cores numbered by socket (in
+/// topology order, only sockets with cores), then by core within the socket.
+pub fn abstract_core_ids(topo: &NodeTopology) -> Vec<(u32, isthmus_topology::CpuSet)> {
+    topo.packages
+        .iter()
+        .filter(|p| !p.cores.is_empty())
+        .flat_map(|p| p.cores.iter())
+        .enumerate()
+        .map(|(abs, c)| (abs as u32, c.cpuset.clone()))
+        .collect()
+}
+
+/// The abstract core ids (sorted) of the cores that have at least one CPU in `cpus` (Slurm's `xcpuinfo_mac_to_abs`:
+/// a core counts when any of its threads is set).
+pub fn cores_for_cpus(topo: &NodeTopology, cpus: &isthmus_topology::CpuSet) -> Vec<u32> {
+    abstract_core_ids(topo)
+        .into_iter()
+        .filter(|(_, set)| set.intersects(cpus))
+        .map(|(id, _)| id)
+        .collect()
+}
