@@ -252,7 +252,7 @@ pub struct PcieLink {
 }
 
 /// NVIDIA GPU facts (procfs and NVML).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvidiaInfo {
     /// `GPU-...` UUID.
     #[serde(default, skip_serializing_if = "Option::is_none")]

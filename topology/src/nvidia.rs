@@ -101,21 +101,6 @@ pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warnin
     }
 }
 
-impl Default for NvidiaInfo {
-    fn default() -> Self {
-        Self {
-            uuid: None,
-            minor: None,
-            nvml_index: None,
-            serial: None,
-            memory_bytes: None,
-            vbios: None,
-            mig_enabled: None,
-            nvlinks: Vec::new(),
-        }
-    }
-}
-
 /// The driver version from `/sys/module/nvidia/version` or `/proc/driver/nvidia/version`.
 pub fn driver_version(root: &HostRoot) -> Option<String> {
     if let Ok(v) = root.read_string("/sys/module/nvidia/version") {

@@ -204,15 +204,13 @@ impl NvmlSource for NoNvml {
     }
 }
 
+/// `Section/Key` → value.
+pub type Fields = BTreeMap<String, String>;
+
 /// `nvidia-smi -q` as nested `Section/Key` → value per GPU section, plus the header fields.
-pub fn parse_nvidia_smi_sections(
-    text: &str,
-) -> (
-    BTreeMap<String, String>,
-    Vec<(String, BTreeMap<String, String>)>,
-) {
+pub fn parse_nvidia_smi_sections(text: &str) -> (Fields, Vec<(String, Fields)>) {
     let mut header = BTreeMap::new();
-    let mut gpus: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    let mut gpus: Vec<(String, Fields)> = Vec::new();
     let mut stack: Vec<(usize, String)> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() || line.starts_with("==") {

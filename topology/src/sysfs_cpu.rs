@@ -183,6 +183,9 @@ pub fn distances(
     }
 }
 
+/// A package's cores: (core_id, thread siblings) → (core_id, threads found).
+type CoresOfPackage = BTreeMap<(u32, CpuSet), (u32, Vec<u32>)>;
+
 /// Read packages and cores from `/sys/devices/system/cpu/cpuN/topology`.
 pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
     let mut cpus: Vec<u32> = root
@@ -202,7 +205,7 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
 
     // package id -> core, identified by core_id and its thread siblings (core_id repeats across dies on some AMD
     // parts; siblings span both cores of a Bulldozer compute unit) -> (core_id, threads)
-    let mut tree: BTreeMap<u32, BTreeMap<(u32, CpuSet), (u32, Vec<u32>)>> = BTreeMap::new();
+    let mut tree: BTreeMap<u32, CoresOfPackage> = BTreeMap::new();
     for cpu in cpus {
         if online.as_ref().is_some_and(|o| !o.contains(cpu)) {
             continue;
@@ -247,7 +250,7 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
         entry.1.push(cpu);
     }
 
-    let mut tree: Vec<(u32, BTreeMap<(u32, CpuSet), (u32, Vec<u32>)>)> = tree.into_iter().collect();
+    let mut tree: Vec<(u32, CoresOfPackage)> = tree.into_iter().collect();
     // Topology order: by first CPU, as hwloc numbers packages.
     tree.sort_by_key(|(_, cores)| cores.values().flat_map(|(_, t)| t).min().copied());
     let mut packages = Vec::new();
