@@ -71,6 +71,13 @@ pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warnin
         if let Some(model) = &info.model {
             dev.model = model.clone();
         }
+        if info.minor.is_none() && root.exists(&path) {
+            warnings.push(Warning::new(
+                WarningSource::Nvidia,
+                Some(&path),
+                "no readable Device Minor: /dev/nvidiaN unknown",
+            ));
+        }
         if info.excluded {
             warnings.push(Warning::new(
                 WarningSource::Nvidia,
