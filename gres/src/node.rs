@@ -117,3 +117,71 @@ pub fn cores_for_cpus(topo: &NodeTopology, cpus: &isthmus_topology::CpuSet) -> V
         .map(|(id, _)| id)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isthmus_topology::CpuSet;
+
+    /// Two packages of two 2-thread cores each, Linux numbering interleaved across packages (cpu 0 and 2 on package
+    /// 0), plus a package without cores (memory-only), which Slurm does not count as a socket.
+    fn topo() -> NodeTopology {
+        let json = r#"{"version":1,"machine":{"cpu_source":"hwloc","packages":3,"cores":4,"cpus":8,"numa_nodes":2,
+          "threads_per_core":2,"cpuset":"0-7","memory_bytes":0},
+          "packages":[
+            {"id":0,"cpuset":"0,2,4,6","cores":[{"logical":0,"id":0,"cpuset":"0,4"},{"logical":1,"id":1,"cpuset":"2,6"}]},
+            {"id":1,"cpuset":"1,3,5,7","cores":[{"logical":2,"id":0,"cpuset":"1,5"},{"logical":3,"id":1,"cpuset":"3,7"}]},
+            {"id":2,"cpuset":"","cores":[]}],
+          "numa_nodes":[],"caches":[],"devices":[],"infiniband":[],"links":{"devices":[],"links":[]},
+          "nvml":{"status":"not-needed"},"warnings":[]}"#;
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn shape_counts_sockets_with_cores() {
+        let (shape, issues) = NodeShape::of(&topo());
+        assert_eq!(
+            shape,
+            NodeShape {
+                cpus: 8,
+                boards: 1,
+                sockets_per_board: 2,
+                cores_per_socket: 2,
+                threads_per_core: 2
+            }
+        );
+        assert!(issues.is_empty());
+    }
+
+    #[test]
+    fn uneven_cores_are_truncated_and_reported_like_slurm() {
+        let mut t = topo();
+        t.packages[1].cores.pop();
+        t.machine.cpus = 6;
+        let (shape, issues) = NodeShape::of(&t);
+        assert_eq!(shape.cores_per_socket, 1);
+        assert_eq!(
+            issues,
+            vec![ShapeIssue::CoresNotMultipleOfSockets {
+                cores: 3,
+                sockets: 2
+            }]
+        );
+        assert_eq!(
+            issues[0].to_string(),
+            "Core count (3) not multiple of socket count (2)"
+        );
+    }
+
+    #[test]
+    fn abstract_core_ids_follow_socket_then_core() {
+        let t = topo();
+        // Linux CPUs 1 and 5 are package 1's first core: abstract core 2.
+        assert_eq!(cores_for_cpus(&t, &CpuSet::from_ids([5])), vec![2]);
+        assert_eq!(
+            cores_for_cpus(&t, &CpuSet::from_ids([0, 2, 4, 6])),
+            vec![0, 1]
+        );
+        assert_eq!(cores_for_cpus(&t, &CpuSet::from_ids([7, 0])), vec![0, 3]);
+    }
+}
