@@ -120,6 +120,10 @@ pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
         .map_err(|e| HwlocError::Load(e.to_string()))?
         .with_io_type_filter(TypeFilter::KeepImportant)
         .map_err(|e| HwlocError::Load(e.to_string()))?
+        // PCI locality is all we need from I/O: OS devices (net, block, infiniband, drm...) are read by our own
+        // probes, so hwloc does not walk /sys/class for them.
+        .with_type_filter(ObjectType::OSDevice, TypeFilter::KeepNone)
+        .map_err(|e| HwlocError::Load(e.to_string()))?
         .build()
         .map_err(|e| HwlocError::Load(e.to_string()))?;
     facts_from(&topo)

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use crate::cpuset::CpuSet;
 use crate::hostroot::HostRoot;
 use crate::model::{Device, PcieLink};
-use crate::pci_ids::{classify, is_candidate, normalize_pci_address, parse_hex_u16, parse_hex_u32};
+use crate::pci_ids::{
+    class_may_matter, classify, is_candidate, normalize_pci_address, parse_hex_u16, parse_hex_u32,
+};
 use crate::warning::{Warning, WarningSource};
 
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
@@ -70,12 +72,15 @@ pub fn probe(
                 .ok()
                 .and_then(|s| parse_hex_u16(&s))
         };
-        let (Some(vendor_id), Some(class)) = (
-            hex16("vendor"),
-            root.read_string(format!("{dir}/class"))
-                .ok()
-                .and_then(|s| parse_hex_u32(&s)),
-        ) else {
+        // Class first: most functions (bridges, system peripherals) are rejected by it alone.
+        let class = root
+            .read_string(format!("{dir}/class"))
+            .ok()
+            .and_then(|s| parse_hex_u32(&s));
+        if class.is_some_and(|c| !class_may_matter(c)) {
+            continue;
+        }
+        let (Some(vendor_id), Some(class)) = (hex16("vendor"), class) else {
             warnings.push(Warning::new(
                 WarningSource::Pci,
                 Some(&dir),

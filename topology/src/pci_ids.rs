@@ -123,6 +123,12 @@ fn class16(class: u32) -> u16 {
     (class >> 8) as u16
 }
 
+/// Whether any vendor's function of this class could be reported (a cheap first filter before reading the vendor).
+pub fn class_may_matter(class: u32) -> bool {
+    let c = class16(class);
+    matches!(c >> 8, 0x02 | 0x03 | 0x05 | 0x0b | 0x11 | 0x12) || matches!(c, 0x0680 | 0x0c06)
+}
+
 /// Whether a function with this vendor and class could be reported (the device id does not change the kind).
 pub fn is_candidate(vendor_id: u16, class: u32, has_rdma: bool) -> bool {
     classify(vendor_id, 0, class, has_rdma).is_some()
