@@ -54,6 +54,7 @@ bench_root() {
     local cmds=(
         "$BIN discover --host-root $root --output json --no-nvml"
         "$BIN discover --host-root $root --output table --no-nvml"
+        "$BIN discover --host-root $root --output json --no-nvml --counters"
         "lstopo-no-graphics --of xml"
         "$@"
     )

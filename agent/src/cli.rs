@@ -69,9 +69,10 @@ pub enum Command {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
-        /// Skip InfiniBand counters (they change on every run).
+        /// Also read InfiniBand traffic and error counters. They are telemetry, not topology: they change between
+        /// runs, so they are left out unless asked for.
         #[arg(long)]
-        no_counters: bool,
+        counters: bool,
     },
 }
 

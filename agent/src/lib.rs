@@ -86,9 +86,9 @@ pub fn run(command: Command) -> Result<()> {
         Command::Discover {
             host,
             output,
-            no_counters,
+            counters,
         } => {
-            let topo = discover(&host, !no_counters)?;
+            let topo = discover(&host, counters)?;
             let text = render_model(&topo, output)?;
             let mut stdout = std::io::stdout().lock();
             stdout

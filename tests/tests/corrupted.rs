@@ -128,7 +128,7 @@ fn corrupted_h100_tree_yields_a_model_and_warnings() {
     remove_dir(&root, "sys/class/infiniband/mlx5_5/ports");
     remove_dir(&root, "proc/driver/nvidia/gpus/0000:5d:00.0");
 
-    for extra in [&[][..], &["--no-hwloc"][..]] {
+    for extra in [&["--counters"][..], &["--counters", "--no-hwloc"][..]] {
         let t = discover(&root, extra);
         assert!(t.warnings.len() >= 8, "{:#?}", t.warnings);
         // Intact GPUs are still fully described.

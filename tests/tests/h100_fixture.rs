@@ -135,7 +135,13 @@ fn gpus_have_minors_uuids_numa_and_nearest_hca() {
 
 #[test]
 fn hcas_have_ports_guids_and_uverbs() {
-    let t = discover(&["--no-nvml"]);
+    let t = discover(&["--no-nvml", "--counters"]);
+    assert!(
+        discover(&["--no-nvml"]).infiniband[0].ports[0]
+            .counters
+            .is_empty(),
+        "counters only when asked"
+    );
     let hcas: Vec<_> = t.devices_of(DeviceKind::Hca).collect();
     assert_eq!(hcas.len(), 8);
     assert!(

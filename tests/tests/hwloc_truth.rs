@@ -18,7 +18,6 @@ fn discover(case: &HwlocCase, root: &std::path::Path, extra: &[&str]) -> NodeTop
         root_s.as_str(),
         "--output",
         "json",
-        "--no-counters",
     ];
     args.extend_from_slice(extra);
     let out = isthmus(&args, &env);

@@ -18,7 +18,7 @@ use crate::{accel, infiniband, links, nvidia, pci, sysfs_cpu};
 pub struct DiscoverOptions {
     /// Use libhwloc for CPUs and NUMA (otherwise sysfs only).
     pub use_hwloc: bool,
-    /// Read InfiniBand traffic and error counters.
+    /// Read InfiniBand traffic and error counters (telemetry: they change between runs).
     pub ib_counters: bool,
 }
 
@@ -26,7 +26,7 @@ impl Default for DiscoverOptions {
     fn default() -> Self {
         Self {
             use_hwloc: true,
-            ib_counters: true,
+            ib_counters: false,
         }
     }
 }
@@ -41,15 +41,17 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     let rdma: BTreeSet<String> = ib.iter().filter_map(|d| d.pci_address.clone()).collect();
     let mut devices = pci::probe(root, &rdma, &mut warnings);
 
-    // Locality: hwloc's answer (it applies platform fix-ups) where it kept the device, else sysfs.
+    // Locality from sysfs (`local_cpulist`, `numa_node`), completed from the NUMA nodes when one is missing.
     for dev in &mut devices {
-        if let Some((nodes, cpus)) = facts.pci_locality.get(&dev.pci_address) {
-            if let [only] = nodes.as_slice() {
-                dev.numa_node = Some(*only);
-            }
-            if !cpus.is_empty() {
-                dev.local_cpuset = cpus.clone();
-            }
+        let local = CpuSet::from_ids(
+            dev.local_cpuset
+                .ids()
+                .iter()
+                .copied()
+                .filter(|c| facts.cpuset.contains(*c)),
+        );
+        if !local.is_empty() {
+            dev.local_cpuset = local;
         }
         if dev.local_cpuset.is_empty() {
             if let Some(n) = dev

@@ -1,10 +1,13 @@
-//! CPUs, NUMA nodes, caches and PCI locality through libhwloc (the `hwlocality` crate).
+//! CPUs, NUMA nodes and caches through libhwloc (the `hwlocality` crate).
+//!
+//! The topology is loaded the way slurmd loads it: whole system (disallowed PUs included) and without I/O objects.
+//! PCI devices and their locality are read by [`crate::pci`] from the same sysfs files hwloc would read
+//! (`numa_node`, `local_cpulist`); skipping hwloc's I/O pass halves its load time on an 8-GPU node (docs/benchmarks.md).
 //!
 //! hwloc reads the host root through `HWLOC_FSROOT`, which it only honours from the environment at load time. The
 //! binary sets it once at start-up, before any thread exists ([`hwloc_env`]); this probe refuses to run when the
 //! environment points elsewhere, so it can never describe the wrong machine.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use hwlocality::Topology;
@@ -62,8 +65,6 @@ pub struct HwlocFacts {
     pub top_level_groups: usize,
     /// Allowed NUMA nodes (cgroup), when narrower than all nodes.
     pub allowed_numa_nodes: Option<Vec<u32>>,
-    /// PCI address → (NUMA node ids, local CPUs) for the PCI devices hwloc kept.
-    pub pci_locality: BTreeMap<String, (Vec<u32>, CpuSet)>,
 }
 
 /// Environment variables hwloc needs to read `root` instead of `/`: `HWLOC_FSROOT`, and for a recorded tree
@@ -118,11 +119,7 @@ pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
     let topo = Topology::builder()
         .with_flags(BuildFlags::INCLUDE_DISALLOWED)
         .map_err(|e| HwlocError::Load(e.to_string()))?
-        .with_io_type_filter(TypeFilter::KeepImportant)
-        .map_err(|e| HwlocError::Load(e.to_string()))?
-        // PCI locality is all we need from I/O: OS devices (net, block, infiniband, drm...) are read by our own
-        // probes, so hwloc does not walk /sys/class for them.
-        .with_type_filter(ObjectType::OSDevice, TypeFilter::KeepNone)
+        .with_io_type_filter(TypeFilter::KeepNone)
         .map_err(|e| HwlocError::Load(e.to_string()))?
         .build()
         .map_err(|e| HwlocError::Load(e.to_string()))?;
@@ -145,7 +142,7 @@ fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
         ..HwlocFacts::default()
     };
     if let Some(first) = root.normal_children().next() {
-        if first.object_type() == ObjectType::Group && !is_io_locality_group(first) {
+        if first.object_type() == ObjectType::Group {
             facts.top_level_groups = topo.num_objects_at_depth(first.depth());
         }
     }
@@ -166,44 +163,7 @@ fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
     facts.packages = packages(topo, &mut facts.cpu_model);
     facts.numa_nodes = numa_nodes(topo);
     facts.caches = last_level_caches(topo);
-    for obj in topo.pci_devices() {
-        let Some(ObjectAttributes::PCIDevice(p)) = obj.attributes() else {
-            continue;
-        };
-        let addr = format!(
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            p.domain(),
-            p.bus_id(),
-            p.bus_device(),
-            p.function()
-        );
-        if let Some(anc) = obj.first_non_io_ancestor() {
-            let nodes = anc
-                .nodeset()
-                .map(|n| n.iter_set().map(|i| usize::from(i) as u32).collect())
-                .unwrap_or_default();
-            facts.pci_locality.insert(addr, (nodes, cpuset_of(anc)));
-        }
-    }
     Ok(facts)
-}
-
-/// hwloc's `HWLOC_GROUP_KIND_IO` (private.h): a Group hwloc inserted only to attach PCI devices to their locality.
-const HWLOC_GROUP_KIND_IO: u32 = 1000;
-
-/// Whether a Group exists only because of I/O locality. Slurm loads its topology without I/O, so such groups are
-/// not boards to it.
-fn is_io_locality_group(obj: &TopologyObject) -> bool {
-    match obj.attributes() {
-        Some(ObjectAttributes::Group(g)) => {
-            let g: *const hwlocality::object::attributes::GroupAttributes = g;
-            // SAFETY: `GroupAttributes` is a `#[repr(transparent)]` newtype of `hwloc_group_attr_s` (documented in
-            // hwlocality), so the pointer cast reads the same, initialised, immutably borrowed memory.
-            let raw = unsafe { &*g.cast::<hwlocality_sys::hwloc_group_attr_s>() };
-            raw.kind == HWLOC_GROUP_KIND_IO
-        }
-        _ => false,
-    }
 }
 
 fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {

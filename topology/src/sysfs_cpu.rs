@@ -313,7 +313,6 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
         dmi: (None, None),
         top_level_groups: 0,
         allowed_numa_nodes: None,
-        pci_locality: BTreeMap::new(),
     }
 }
 
