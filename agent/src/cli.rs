@@ -58,6 +58,46 @@ pub struct HostArgs {
     pub nvml: NvmlArgs,
 }
 
+/// What `render` produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RenderTarget {
+    /// gres.conf.
+    Gres,
+    /// The slurm.conf node definition (or, with --dynamic, the `slurmd -Z --conf` string).
+    Node,
+    /// This node's topology.conf fragment.
+    Topology,
+}
+
+/// Slurm rendering options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SlurmArgs {
+    /// Slurm node name (default: the host's hostname).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Where device nodes appear to slurmd.
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub dev_dir: String,
+    /// Also describe InfiniBand/RoCE HCAs as `Name=hca` GRES.
+    #[arg(long)]
+    pub hca_gres: bool,
+    /// Memory (MiB) kept back from RealMemory for the system.
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    pub memory_reserve_mib: u64,
+    /// RealMemory (MiB) as given instead of discovered memory minus the reserve.
+    #[arg(long, value_name = "MIB")]
+    pub real_memory_mib: Option<u64>,
+    /// Extra node feature (repeatable).
+    #[arg(long = "feature", value_name = "NAME")]
+    pub features: Vec<String>,
+    /// NodeAddr= of the node definition.
+    #[arg(long, value_name = "ADDR")]
+    pub node_addr: Option<String>,
+    /// This node's leaf switch for topology.conf.
+    #[arg(long, env = "ISTHMUS_SLURM_SWITCH", value_name = "NAME")]
+    pub switch: Option<String>,
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -74,6 +114,31 @@ pub enum Command {
         #[arg(long)]
         counters: bool,
     },
+    /// Render Slurm configuration from the discovered hardware.
+    Render(RenderArgs),
+}
+
+/// Arguments of `render`.
+#[derive(Debug, clap::Args)]
+pub struct RenderArgs {
+    /// What to render.
+    #[arg(value_enum)]
+    pub what: RenderTarget,
+    /// Host root and probes.
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Slurm options.
+    #[command(flatten)]
+    pub slurm: SlurmArgs,
+    /// gres: the cluster form, with `NodeName=<name>` before every line (for a central gres.conf).
+    #[arg(long)]
+    pub cluster: bool,
+    /// node: the `slurmd -Z --conf "..."` string of a dynamic node instead of a slurm.conf line.
+    #[arg(long)]
+    pub dynamic: bool,
+    /// Write to FILE atomically (only when the content changed) instead of printing.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 impl Command {
@@ -81,6 +146,7 @@ impl Command {
     pub fn host(&self) -> Option<&HostArgs> {
         match self {
             Command::Discover { host, .. } => Some(host),
+            Command::Render(r) => Some(&r.host),
         }
     }
 }

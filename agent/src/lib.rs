@@ -1,6 +1,8 @@
 //! The `isthmus` binary's library: command-line handling, discovery output, and (later) the daemon.
 
 pub mod cli;
+pub mod files;
+pub mod render;
 pub mod table;
 
 use std::io::Write;
@@ -96,6 +98,7 @@ pub fn run(command: Command) -> Result<()> {
                 .context("writing to stdout")?;
             stdout.flush().context("writing to stdout")?;
         }
+        Command::Render(args) => render::run(&args)?,
     }
     Ok(())
 }

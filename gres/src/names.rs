@@ -1,0 +1,81 @@
+//! Names Slurm derives: GRES types and bracketed file ranges.
+
+/// Slurm's `gpu_common_underscorify_tolower`: lower-case, spaces to underscores ("NVIDIA H100 80GB HBM3" →
+/// `nvidia_h100_80gb_hbm3`). Characters Slurm's config parser would split on (`,` `:` `=` and whitespace) also
+/// become underscores, so that a type is always one token.
+pub fn gres_type(model: &str) -> String {
+    model
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_whitespace() || matches!(c, ',' | ':' | '=') {
+                '_'
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .collect()
+}
+
+/// Collapse files sharing a prefix with numeric suffixes into Slurm's bracket form: `/dev/nvidia0..3` →
+/// `/dev/nvidia[0-3]`, `/dev/nvidia0,2` → `/dev/nvidia[0,2]`. Files that do not share one prefix are joined with
+/// commas (Slurm accepts both).
+pub fn file_range(files: &[String]) -> String {
+    let split: Vec<Option<(&str, u32)>> = files.iter().map(|f| split_number(f)).collect();
+    if files.len() > 1 && split.iter().all(Option::is_some) {
+        let prefix = split[0].map(|(p, _)| p).unwrap_or_default();
+        if split.iter().all(|s| s.map(|(p, _)| p) == Some(prefix)) {
+            let mut ids: Vec<u32> = split.iter().filter_map(|s| s.map(|(_, n)| n)).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            if ids.len() == files.len() {
+                return format!(
+                    "{prefix}[{}]",
+                    isthmus_topology::cpuset::format_ranges(&ids)
+                );
+            }
+        }
+    }
+    files.join(",")
+}
+
+/// `/dev/nvidia12` → (`/dev/nvidia`, 12). Numbers with leading zeros are not split (they would not round-trip).
+fn split_number(s: &str) -> Option<(&str, u32)> {
+    let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 || (digits > 1 && s[s.len() - digits..].starts_with('0')) {
+        return None;
+    }
+    let (prefix, n) = s.split_at(s.len() - digits);
+    Some((prefix, n.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_follow_slurm() {
+        assert_eq!(gres_type("NVIDIA H100 80GB HBM3"), "nvidia_h100_80gb_hbm3");
+        assert_eq!(gres_type("NVIDIA A100-SXM4-40GB"), "nvidia_a100-sxm4-40gb");
+        assert_eq!(gres_type("Ascend 910"), "ascend_910");
+        assert_eq!(gres_type("a:b,c=d"), "a_b_c_d");
+    }
+
+    #[test]
+    fn ranges_collapse() {
+        let f = |v: &[&str]| file_range(&v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        assert_eq!(
+            f(&[
+                "/dev/nvidia0",
+                "/dev/nvidia1",
+                "/dev/nvidia2",
+                "/dev/nvidia3"
+            ]),
+            "/dev/nvidia[0-3]"
+        );
+        assert_eq!(f(&["/dev/nvidia0", "/dev/nvidia2"]), "/dev/nvidia[0,2]");
+        assert_eq!(f(&["/dev/nvidia0"]), "/dev/nvidia0");
+        assert_eq!(f(&["/dev/a1", "/dev/b2"]), "/dev/a1,/dev/b2");
+        assert_eq!(f(&["/dev/x01", "/dev/x02"]), "/dev/x01,/dev/x02");
+    }
+}

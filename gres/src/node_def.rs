@@ -1,0 +1,156 @@
+//! The Slurm node definition (`slurm.conf` `NodeName=` line, as `slurmd -C` prints it plus `Gres=` and
+//! `Features=`) and the same as a `slurmd -Z --conf "..."` string for dynamic nodes.
+
+use std::fmt::Write as _;
+
+use isthmus_topology::{DeviceKind, NodeTopology};
+
+use crate::gres_conf::{GresOptions, counts, records};
+use crate::node::{NodeShape, ShapeIssue};
+
+/// Why a node definition cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeDefError {
+    /// Discovery found no CPU.
+    #[error("no CPU was discovered; refusing to describe a node with CPUs=0")]
+    NoCpus,
+    /// The node name is empty or has characters slurm.conf splits on.
+    #[error("invalid node name {0:?}")]
+    BadName(String),
+    /// A feature has characters slurm.conf splits on.
+    #[error("invalid feature {0:?}")]
+    BadFeature(String),
+}
+
+/// Options of the node definition.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Memory (MiB) kept back for the system from `RealMemory=`.
+    pub memory_reserve_mib: u64,
+    /// `RealMemory=` as given, instead of discovered memory minus the reserve.
+    pub real_memory_mib: Option<u64>,
+    /// Features added to the discovered ones.
+    pub features: Vec<String>,
+    /// `NodeAddr=` (dynamic nodes usually need it).
+    pub node_addr: Option<String>,
+    /// GRES rendering options (the `Gres=` counts follow the gres.conf records).
+    pub gres: GresOptions,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            memory_reserve_mib: 2048,
+            real_memory_mib: None,
+            features: Vec::new(),
+            node_addr: None,
+            gres: GresOptions::default(),
+        }
+    }
+}
+
+fn token_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// Features discovered from the hardware: one per accelerator type, `nvswitch`, `ib` / `roce` for active ports.
+pub fn discovered_features(topo: &NodeTopology, gres: &GresOptions) -> Vec<String> {
+    let (recs, _) = records(topo, gres);
+    let mut f: Vec<String> = recs
+        .iter()
+        .filter(|r| r.name != "hca")
+        .map(|r| r.gres_type.clone())
+        .collect();
+    if topo.devices.iter().any(|d| d.kind == DeviceKind::Nvswitch) {
+        f.push("nvswitch".into());
+    }
+    let active = |layer: &str| {
+        topo.infiniband
+            .iter()
+            .flat_map(|d| &d.ports)
+            .any(|p| p.state_id == Some(4) && p.link_layer.as_deref() == Some(layer))
+    };
+    if active("InfiniBand") {
+        f.push("ib".into());
+    }
+    if active("Ethernet") {
+        f.push("roce".into());
+    }
+    f.retain(|x| token_ok(x));
+    let mut seen = std::collections::BTreeSet::new();
+    f.retain(|x| seen.insert(x.clone()));
+    f
+}
+
+/// The node's attributes after `NodeName=` (shared by the slurm.conf line and the dynamic `--conf` string), plus
+/// the irregularities Slurm itself would log.
+pub fn attributes(
+    topo: &NodeTopology,
+    opts: &NodeOptions,
+) -> Result<(String, Vec<ShapeIssue>), NodeDefError> {
+    if topo.machine.cpus == 0 {
+        return Err(NodeDefError::NoCpus);
+    }
+    let (shape, issues) = NodeShape::of(topo);
+    let real_memory = opts
+        .real_memory_mib
+        .unwrap_or_else(|| {
+            (topo.machine.memory_bytes >> 20).saturating_sub(opts.memory_reserve_mib)
+        })
+        .max(1);
+    let mut s = format!(
+        "CPUs={} Boards={} SocketsPerBoard={} CoresPerSocket={} ThreadsPerCore={} RealMemory={real_memory}",
+        shape.cpus,
+        shape.boards,
+        shape.sockets_per_board,
+        shape.cores_per_socket,
+        shape.threads_per_core
+    );
+    let (recs, _) = records(topo, &opts.gres);
+    let gres: Vec<String> = counts(&recs)
+        .into_iter()
+        .map(|(n, t, c)| format!("{n}:{t}:{c}"))
+        .collect();
+    if !gres.is_empty() {
+        let _ = write!(s, " Gres={}", gres.join(","));
+    }
+    let mut features = discovered_features(topo, &opts.gres);
+    for f in &opts.features {
+        if !token_ok(f) {
+            return Err(NodeDefError::BadFeature(f.clone()));
+        }
+        if !features.contains(f) {
+            features.push(f.clone());
+        }
+    }
+    if !features.is_empty() {
+        let _ = write!(s, " Features={}", features.join(","));
+    }
+    if let Some(addr) = &opts.node_addr {
+        let _ = write!(s, " NodeAddr={addr}");
+    }
+    Ok((s, issues))
+}
+
+/// `NodeName=<name> CPUs=... RealMemory=... Gres=... Features=...` for slurm.conf.
+pub fn node_line(
+    topo: &NodeTopology,
+    name: &str,
+    opts: &NodeOptions,
+) -> Result<(String, Vec<ShapeIssue>), NodeDefError> {
+    if !token_ok(name) {
+        return Err(NodeDefError::BadName(name.to_owned()));
+    }
+    let (attrs, issues) = attributes(topo, opts)?;
+    Ok((format!("NodeName={name} {attrs}"), issues))
+}
+
+/// The `--conf` string of `slurmd -Z` (no `NodeName=`, which 22.05 refuses there).
+pub fn dynamic_conf(
+    topo: &NodeTopology,
+    opts: &NodeOptions,
+) -> Result<(String, Vec<ShapeIssue>), NodeDefError> {
+    attributes(topo, opts)
+}

@@ -1,0 +1,118 @@
+//! Real Slurm (Debian's `slurmd`) driven from tests: a throw-away slurm.conf in a temp dir, device nodes made with
+//! `mknod`, and `slurmd -G` to read back what slurmd parsed from a gres.conf.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A temp directory holding slurm.conf, gres.conf and fake device nodes.
+#[derive(Debug)]
+pub struct SlurmDir {
+    dir: tempfile::TempDir,
+}
+
+impl Default for SlurmDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SlurmDir {
+    /// A new, empty directory.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}")),
+        }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `<dir>/dev`, where [`Self::mknod`] puts device nodes.
+    pub fn dev(&self) -> PathBuf {
+        self.path().join("dev")
+    }
+
+    /// Create character devices (slurmd rejects regular files) at `dev()/<name>` for every name.
+    pub fn mknod(&self, names: &[String]) {
+        for n in names {
+            let p = self.dev().join(n);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let st = Command::new("mknod")
+                .arg(&p)
+                .args(["c", "1", "3"])
+                .status()
+                .unwrap_or_else(|e| panic!("mknod: {e}"));
+            assert!(st.success(), "mknod {}", p.display());
+        }
+    }
+
+    /// Write slurm.conf with `node_line` (a full `NodeName=...` line) and `gres_types`.
+    pub fn write_slurm_conf(&self, node_line: &str, gres_types: &str, extra: &str) -> PathBuf {
+        let d = self.path().display();
+        let conf = format!(
+            "ClusterName=isthmus-test\nSlurmctldHost=localhost\nAuthType=auth/munge\nSlurmUser=root\n\
+             StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\n\
+             SlurmdPidFile={d}/slurmd.pid\nSlurmdLogFile={d}/slurmd.log\nProctrackType=proctrack/linuxproc\n\
+             TaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\nGresTypes={gres_types}\n{extra}\
+             {node_line} NodeAddr=127.0.0.1\nPartitionName=debug Nodes=ALL Default=YES\n"
+        );
+        let p = self.path().join("slurm.conf");
+        std::fs::write(&p, conf).unwrap_or_else(|e| panic!("{e}"));
+        p
+    }
+}
+
+/// One `Gres Name=...` record as `slurmd -G` prints it.
+pub type GresPrint = BTreeMap<String, String>;
+
+/// Run `slurmd -G -f <slurm.conf> -N <node>` with hwloc pointed at `host_root`; return the records it printed and
+/// its whole output (for error/warning checks).
+pub fn slurmd_g(conf: &Path, node: &str, host_root: &Path) -> (Vec<GresPrint>, String) {
+    let out = Command::new("timeout")
+        .args(["60", "slurmd", "-G", "-f"])
+        .arg(conf)
+        .args(["-N", node])
+        .env("HWLOC_FSROOT", host_root)
+        .env("HWLOC_COMPONENTS", "linux,stop")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("slurmd could not run ({e}); install Debian's slurmd (bash .ci/run does)")
+        });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "slurmd -G failed:\n{text}");
+    let records = text
+        .lines()
+        .filter_map(|l| l.split_once("Gres Name=").map(|(_, r)| format!("Name={r}")))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                })
+                .collect()
+        })
+        .collect();
+    (records, text)
+}
+
+/// Lines of slurmd output that report a problem.
+pub fn problems(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            (l.contains("error") || l.contains("warning") || l.contains("fatal"))
+                && !l.contains("mpi/pmix")
+        })
+        .map(str::to_owned)
+        .collect()
+}

@@ -1,0 +1,378 @@
+//! `isthmus render gres|node|topology` against real Slurm: slurmd accepts every gres.conf we generate, without an
+//! error or warning, and parses exactly what we meant; the node line agrees with `slurmd -C` on every fixture.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use isthmus_tests::slurm::{SlurmDir, problems, slurmd_g};
+use isthmus_tests::{HWLOC_CASES, extract, fixtures, isthmus};
+
+fn h100() -> String {
+    fixtures()
+        .join("hosts/xe9680-8xh100/root")
+        .display()
+        .to_string()
+}
+
+fn nvml() -> String {
+    fixtures()
+        .join("hosts/xe9680-8xh100/nvidia-smi-q.txt")
+        .display()
+        .to_string()
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = isthmus(args, &[]);
+    assert!(
+        out.status.success(),
+        "isthmus {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Our gres.conf lines as key/value maps (without NodeName=).
+fn lines(gres: &str) -> Vec<BTreeMap<String, String>> {
+    gres.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|line| {
+            line.split_whitespace()
+                .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+                .filter(|(k, _)| k != "NodeName")
+                .collect()
+        })
+        .collect()
+}
+
+/// The files of a `File=` value (`/dev/nvidia[0-3]` expanded).
+fn expand(file: &str) -> Vec<String> {
+    match (file.find('['), file.strip_suffix(']')) {
+        (Some(open), Some(body)) => {
+            let prefix = &file[..open];
+            let ids = isthmus_topology::CpuSet::parse_list(&body[open + 1..])
+                .unwrap_or_else(|e| panic!("{e}"));
+            ids.ids().iter().map(|i| format!("{prefix}{i}")).collect()
+        }
+        _ => file.split(',').map(str::to_owned).collect(),
+    }
+}
+
+fn gres_types(gres: &str) -> String {
+    gres.lines()
+        .find_map(|l| l.strip_prefix("# slurm.conf needs GresTypes="))
+        .unwrap_or("gpu")
+        .to_owned()
+}
+
+/// Render gres.conf and the node line for `root`, run real `slurmd -G`, and compare.
+fn check_with_slurmd(root: &str, extra: &[&str], cluster: bool) {
+    let sd = SlurmDir::new();
+    let dev = sd.dev().display().to_string();
+    let mut gres_args = vec![
+        "render",
+        "gres",
+        "--host-root",
+        root,
+        "--dev-dir",
+        dev.as_str(),
+        "--node-name",
+        "node1",
+    ];
+    gres_args.extend_from_slice(extra);
+    if cluster {
+        gres_args.push("--cluster");
+    }
+    let gres = run_ok(&gres_args);
+    let mut node_args = vec![
+        "render",
+        "node",
+        "--host-root",
+        root,
+        "--node-name",
+        "node1",
+        "--real-memory-mib",
+        "1000",
+    ];
+    node_args.extend_from_slice(extra);
+    node_args.extend_from_slice(&["--dev-dir", dev.as_str()]);
+    let node = run_ok(&node_args);
+
+    let mut expected = lines(&gres);
+    let devs: Vec<String> = expected
+        .iter()
+        .flat_map(|r| expand(&r["File"]))
+        .map(|f| f.trim_start_matches(&format!("{dev}/")).to_owned())
+        .collect();
+    sd.mknod(&devs);
+    std::fs::write(sd.path().join("gres.conf"), &gres).unwrap_or_else(|e| panic!("{e}"));
+    let conf = sd.write_slurm_conf(node.trim(), &gres_types(&gres), "");
+    let (mut printed, output) = slurmd_g(&conf, "node1", Path::new(root));
+    // slurmd groups records by GRES name; compare in one order.
+    let key = |r: &BTreeMap<String, String>| (r.get("Name").cloned(), r.get("File").cloned());
+    expected.sort_by_key(key);
+    printed.sort_by_key(key);
+    assert!(
+        problems(&output).is_empty(),
+        "slurmd complained about\n{gres}\n{node}\n{output}"
+    );
+    assert_eq!(
+        printed.len(),
+        expected.len(),
+        "record count\n{gres}\n{output}"
+    );
+    for (want, got) in expected.iter().zip(&printed) {
+        for key in ["Name", "Type", "File", "Cores", "Links"] {
+            assert_eq!(
+                got.get(key),
+                want.get(key),
+                "{key}: we wrote {want:?}, slurmd parsed {got:?}"
+            );
+        }
+        assert_eq!(
+            got.get("Count"),
+            Some(&expand(&want["File"]).len().to_string())
+        );
+    }
+    // The node line's Gres= counts match the records.
+    let gpu_count: usize = expected
+        .iter()
+        .filter(|r| r["Name"] == "gpu")
+        .map(|r| expand(&r["File"]).len())
+        .sum();
+    if gpu_count > 0 {
+        assert!(
+            node.contains(&format!("gpu:nvidia_h100_80gb_hbm3:{gpu_count}")),
+            "{node}"
+        );
+    }
+}
+
+#[test]
+fn slurmd_accepts_h100_gres_with_nvml_links() {
+    let rec = nvml();
+    check_with_slurmd(&h100(), &["--nvml-replay", rec.as_str()], false);
+}
+
+#[test]
+fn slurmd_accepts_h100_gres_without_nvml() {
+    check_with_slurmd(&h100(), &["--no-nvml"], false);
+}
+
+#[test]
+fn slurmd_accepts_cluster_form_and_hca_gres() {
+    check_with_slurmd(&h100(), &["--no-nvml", "--hca-gres"], true);
+    let rec = nvml();
+    check_with_slurmd(
+        &h100(),
+        &["--nvml-replay", rec.as_str(), "--hca-gres"],
+        true,
+    );
+}
+
+#[test]
+fn slurmd_accepts_gres_of_hosts_without_accelerators() {
+    for case in HWLOC_CASES
+        .iter()
+        .filter(|c| ["32intel64-2p8co2t+8ve", "2amd64-2n"].contains(&c.name))
+    {
+        let x = extract(&case.tarball());
+        check_with_slurmd(&x.root.display().to_string(), &["--no-nvml"], false);
+    }
+}
+
+fn fields(line: &str) -> BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
+/// A host root, the extracted tree keeping it alive, and its hwloc environment.
+type Root = (
+    String,
+    Option<isthmus_tests::Extracted>,
+    Vec<(String, String)>,
+);
+
+#[test]
+fn render_node_agrees_with_slurmd_c_on_every_fixture() {
+    let mut roots: Vec<Root> = vec![(h100(), None, Vec::new())];
+    for case in HWLOC_CASES {
+        let x = extract(&case.tarball());
+        roots.push((x.root.display().to_string(), Some(x), case.env()));
+    }
+    for (root, _keep, env) in &roots {
+        let env_ref: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = isthmus(
+            &[
+                "render",
+                "node",
+                "--host-root",
+                root,
+                "--node-name",
+                "n1",
+                "--no-nvml",
+            ],
+            &env_ref,
+        );
+        assert!(
+            out.status.success(),
+            "{root}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours = fields(&String::from_utf8_lossy(&out.stdout));
+        let slurm = std::process::Command::new("slurmd")
+            .arg("-C")
+            .env("HWLOC_FSROOT", root)
+            .env("HWLOC_COMPONENTS", "linux,stop")
+            .envs(env.iter().cloned())
+            .output()
+            .unwrap_or_else(|e| panic!("slurmd -C: {e}"));
+        let theirs = fields(&String::from_utf8_lossy(&slurm.stdout));
+        for k in [
+            "CPUs",
+            "Boards",
+            "SocketsPerBoard",
+            "CoresPerSocket",
+            "ThreadsPerCore",
+        ] {
+            assert_eq!(ours.get(k), theirs.get(k), "{root}: {k}");
+        }
+        assert_eq!(ours.get("NodeName").map(String::as_str), Some("n1"));
+    }
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = fixtures().join("expected/xe9680-8xh100").join(name);
+    if std::env::var_os("ISTHMUS_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, actual).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (ISTHMUS_BLESS=1 writes it)", path.display()));
+    assert_eq!(
+        actual,
+        want,
+        "{} differs from the golden file; review the diff",
+        path.display()
+    );
+}
+
+#[test]
+fn h100_renders_match_the_golden_files() {
+    let root = h100();
+    let rec = nvml();
+    let with_nvml = [
+        "--host-root",
+        root.as_str(),
+        "--node-name",
+        "gpu001",
+        "--nvml-replay",
+        rec.as_str(),
+    ];
+    let no_nvml = [
+        "--host-root",
+        root.as_str(),
+        "--node-name",
+        "gpu001",
+        "--no-nvml",
+    ];
+    golden(
+        "gres.conf",
+        &run_ok(&[&["render", "gres"][..], &with_nvml].concat()),
+    );
+    golden(
+        "gres-no-nvml-cluster.conf",
+        &run_ok(&[&["render", "gres", "--cluster"][..], &no_nvml].concat()),
+    );
+    golden(
+        "node.conf",
+        &run_ok(&[&["render", "node"][..], &with_nvml].concat()),
+    );
+    golden(
+        "node-dynamic.txt",
+        &run_ok(
+            &[
+                &["render", "node", "--dynamic", "--node-addr", "10.0.0.1"][..],
+                &no_nvml,
+            ]
+            .concat(),
+        ),
+    );
+    golden(
+        "topology.conf",
+        &run_ok(&[&["render", "topology", "--switch", "leaf01"][..], &no_nvml].concat()),
+    );
+}
+
+#[test]
+fn bad_input_gives_one_clear_error_line() {
+    for args in [
+        &["render", "gres", "--host-root", "/no/such/root"][..],
+        &[
+            "render",
+            "topology",
+            "--host-root",
+            "/",
+            "--node-name",
+            "n1",
+        ][..],
+        &[
+            "render",
+            "node",
+            "--host-root",
+            "/",
+            "--node-name",
+            "bad name",
+        ][..],
+    ] {
+        let out = isthmus(args, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.contains("warning")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(lines[0].starts_with("isthmus: error: "), "{err}");
+    }
+}
+
+#[test]
+fn out_is_written_atomically_and_only_on_change() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let out = dir.path().join("gres.conf");
+    let o = out.display().to_string();
+    let root = h100();
+    let args = [
+        "render",
+        "gres",
+        "--host-root",
+        root.as_str(),
+        "--no-nvml",
+        "--out",
+        o.as_str(),
+    ];
+    let first = isthmus(&args, &[]);
+    assert!(String::from_utf8_lossy(&first.stderr).contains("wrote"));
+    let again = isthmus(&args, &[]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("unchanged"));
+    // An unreadable host root: error, and the file on disk is untouched.
+    let before = std::fs::read(&out).unwrap_or_default();
+    let bad = isthmus(
+        &[
+            "render",
+            "gres",
+            "--host-root",
+            "/no/such/root",
+            "--out",
+            o.as_str(),
+        ],
+        &[],
+    );
+    assert!(!bad.status.success());
+    assert_eq!(std::fs::read(&out).unwrap_or_default(), before);
+    let stray: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(Result::ok)
+        .collect();
+    assert_eq!(stray.len(), 1, "temp files left behind");
+}
