@@ -115,7 +115,85 @@ pub enum Command {
         counters: bool,
     },
     /// Render Slurm configuration from the discovered hardware.
-    Render(RenderArgs),
+    Render(Box<RenderArgs>),
+    /// Run as the node agent: supervise munged and slurmd with generated configuration.
+    Agent(Box<AgentArgs>),
+}
+
+/// How slurmd is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SlurmMode {
+    /// No Slurm children (Kubernetes only).
+    Off,
+    /// The node is defined in slurm.conf (`isthmus render node` gives the line); the agent writes gres.conf beside
+    /// slurm.conf and runs `slurmd -D -N <node>`.
+    Configured,
+    /// A dynamic node: `slurmd -D -Z --conf "<node definition>"` (needs MaxNodeCount in slurm.conf).
+    Dynamic,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Arguments of `agent`.
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// Host root and probes.
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Slurm rendering options.
+    #[command(flatten)]
+    pub slurm: SlurmArgs,
+    /// How slurmd runs.
+    #[arg(long, value_enum, env = "ISTHMUS_SLURM_MODE", default_value_t = SlurmMode::Configured)]
+    pub slurm_mode: SlurmMode,
+    /// slurm.conf for slurmd (`-f`); gres.conf is written beside it. Not used with --conf-server.
+    #[arg(long, env = "SLURM_CONF", value_name = "FILE")]
+    pub slurm_conf: Option<PathBuf>,
+    /// Configless: fetch the configuration from slurmctld (`--conf-server host[:port]`). slurmd then ignores a
+    /// node-local gres.conf, so GRES must be in the central gres.conf (`isthmus render gres --cluster`).
+    #[arg(long, value_name = "HOST[:PORT]", conflicts_with = "slurm_conf")]
+    pub conf_server: Option<String>,
+    /// Where to write gres.conf (default: beside slurm.conf).
+    #[arg(long, value_name = "FILE")]
+    pub gres_out: Option<PathBuf>,
+    /// slurmd program.
+    #[arg(long, default_value = "slurmd", value_name = "PATH")]
+    pub slurmd: PathBuf,
+    /// Extra slurmd argument (repeatable).
+    #[arg(long = "slurmd-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub slurmd_args: Vec<String>,
+    /// Do not run munged (authentication handled elsewhere, e.g. auth/slurm or a host munged).
+    #[arg(long)]
+    pub no_munged: bool,
+    /// munged program.
+    #[arg(long, default_value = "munged", value_name = "PATH")]
+    pub munged: PathBuf,
+    /// munged socket.
+    #[arg(long, default_value = "/run/munge/munge.socket.2", value_name = "PATH")]
+    pub munge_socket: PathBuf,
+    /// munge key (mode 0400/0600).
+    #[arg(long, default_value = "/etc/munge/munge.key", value_name = "FILE")]
+    pub munge_key: PathBuf,
+    /// Directory for munged's pid, seed and log files.
+    #[arg(long, default_value = "/run/munge", value_name = "DIR")]
+    pub munge_state_dir: PathBuf,
+    /// Seconds children get to stop after SIGTERM before SIGKILL.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub grace_seconds: u64,
+    /// Seconds between re-discoveries (a hardware change re-renders gres.conf and restarts slurmd only when the
+    /// Slurm-visible content changed). SIGHUP re-discovers at once.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub rediscover_seconds: u64,
+    /// Log format.
+    #[arg(long, value_enum, env = "ISTHMUS_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// Arguments of `render`.
@@ -147,6 +225,7 @@ impl Command {
         match self {
             Command::Discover { host, .. } => Some(host),
             Command::Render(r) => Some(&r.host),
+            Command::Agent(a) => Some(&a.host),
         }
     }
 }

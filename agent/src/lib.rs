@@ -3,6 +3,8 @@
 pub mod cli;
 pub mod files;
 pub mod render;
+pub mod slurm_node;
+pub mod supervisor;
 pub mod table;
 
 use std::io::Write;
@@ -82,6 +84,21 @@ pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String>
     })
 }
 
+/// Structured logs to stderr (`RUST_LOG` filters; default `info`).
+pub fn init_logging(format: cli::LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        cli::LogFormat::Text => builder.try_init(),
+        cli::LogFormat::Json => builder.json().try_init(),
+    };
+}
+
 /// Run a parsed command.
 pub fn run(command: Command) -> Result<()> {
     match command {
@@ -99,6 +116,13 @@ pub fn run(command: Command) -> Result<()> {
             stdout.flush().context("writing to stdout")?;
         }
         Command::Render(args) => render::run(&args)?,
+        Command::Agent(args) => {
+            init_logging(args.log_format);
+            let code = slurm_node::run(&args)?;
+            if code != 0 {
+                anyhow::bail!("agent stopped with code {code}");
+            }
+        }
     }
     Ok(())
 }

@@ -116,3 +116,19 @@ pub fn problems(output: &str) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// SIGKILL a process (a crash, as far as its supervisor knows).
+pub fn kill9(pid: u32) -> bool {
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// SIGTERM a process.
+pub fn term(pid: u32) -> bool {
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}

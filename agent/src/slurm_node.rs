@@ -1,0 +1,280 @@
+//! `isthmus agent` on the Slurm side: render gres.conf and the node definition from discovery, run munged and
+//! slurmd under the supervisor, and re-render after hardware changes (restarting slurmd only when the
+//! Slurm-visible content changed).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use isthmus_gres::{gres_conf, node_def};
+use isthmus_topology::NodeTopology;
+
+use crate::cli::{AgentArgs, SlurmMode};
+use crate::files::{WriteOutcome, write_if_changed};
+use crate::render::{gres_options, node_name, node_options};
+use crate::supervisor::process::{ChildSpec, Readiness};
+use crate::supervisor::{Request, Supervisor, backoff::BackoffPolicy};
+
+/// What slurmd is started with; compared between discoveries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmView {
+    /// gres.conf text (when a node-local gres.conf is used).
+    pub gres: Option<String>,
+    /// slurmd's arguments.
+    pub slurmd: ChildSpec,
+}
+
+/// Find a program in PATH (or accept a path).
+pub fn resolve_program(p: &Path) -> Result<PathBuf> {
+    if p.components().count() > 1 {
+        if p.is_file() {
+            return Ok(p.to_path_buf());
+        }
+        bail!("{} not found", p.display());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(p))
+        .find(|c| c.is_file())
+        .with_context(|| {
+            format!(
+                "{} not found in PATH (install Slurm/munge or pass its path)",
+                p.display()
+            )
+        })
+}
+
+/// The agent's fixed inputs, validated once at start.
+#[derive(Debug)]
+pub struct SlurmAgent {
+    args: AgentArgsView,
+    node: String,
+    slurmd: PathBuf,
+    gres_out: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+struct AgentArgsView {
+    mode: SlurmMode,
+    slurm_conf: Option<PathBuf>,
+    conf_server: Option<String>,
+    slurmd_args: Vec<String>,
+    slurm: crate::cli::SlurmArgs,
+}
+
+impl SlurmAgent {
+    /// Validate the configuration: programs exist, slurm.conf exists (unless configless).
+    pub fn new(args: &AgentArgs) -> Result<Self> {
+        let node = node_name(&args.slurm)?;
+        let slurmd = resolve_program(&args.slurmd)?;
+        if let Some(conf) = &args.slurm_conf {
+            if !conf.is_file() {
+                bail!("slurm.conf {} does not exist", conf.display());
+            }
+        } else if args.conf_server.is_none() {
+            bail!(
+                "pass --slurm-conf FILE (or SLURM_CONF), or --conf-server HOST for configless mode"
+            );
+        }
+        let gres_out = match (&args.gres_out, &args.slurm_conf) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(conf)) => Some(conf.with_file_name("gres.conf")),
+            (None, None) => None,
+        };
+        Ok(Self {
+            args: AgentArgsView {
+                mode: args.slurm_mode,
+                slurm_conf: args.slurm_conf.clone(),
+                conf_server: args.conf_server.clone(),
+                slurmd_args: args.slurmd_args.clone(),
+                slurm: args.slurm.clone(),
+            },
+            node,
+            slurmd,
+            gres_out,
+        })
+    }
+
+    /// What slurmd would be started with for this discovery.
+    pub fn view(&self, topo: &NodeTopology) -> Result<SlurmView> {
+        let gres = self
+            .gres_out
+            .as_ref()
+            .map(|_| gres_conf::render(topo, &gres_options(&self.args.slurm), None).0);
+        let mut args = vec!["-D".to_owned(), "-N".to_owned(), self.node.clone()];
+        if let Some(conf) = &self.args.slurm_conf {
+            args.extend(["-f".to_owned(), conf.display().to_string()]);
+        }
+        if let Some(server) = &self.args.conf_server {
+            args.extend(["--conf-server".to_owned(), server.clone()]);
+        }
+        if self.args.mode == SlurmMode::Dynamic {
+            let (conf, _) = node_def::dynamic_conf(topo, &node_options(&self.args.slurm))?;
+            args.extend(["-Z".to_owned(), "--conf".to_owned(), conf]);
+        }
+        args.extend(self.args.slurmd_args.iter().cloned());
+        Ok(SlurmView {
+            gres,
+            slurmd: ChildSpec {
+                name: "slurmd".into(),
+                program: self.slurmd.clone(),
+                args,
+                env: Vec::new(),
+                ready: Readiness::Started,
+            },
+        })
+    }
+
+    /// Write gres.conf if it changed.
+    pub fn write_gres(&self, view: &SlurmView) -> Result<WriteOutcome> {
+        match (&self.gres_out, &view.gres) {
+            (Some(path), Some(text)) => Ok(write_if_changed(path, text.as_bytes())?),
+            _ => Ok(WriteOutcome::Unchanged),
+        }
+    }
+
+    /// A dynamic node whose definition changed keeps its old one in slurmctld until deleted.
+    fn forget_dynamic_node(&self) {
+        if self.args.mode != SlurmMode::Dynamic {
+            return;
+        }
+        let mut cmd = std::process::Command::new("scontrol");
+        cmd.args(["delete", &format!("nodename={}", self.node)]);
+        if let Some(conf) = &self.args.slurm_conf {
+            cmd.env("SLURM_CONF", conf);
+        }
+        match cmd.output() {
+            Ok(o) if o.status.success() => {
+                tracing::info!(node = %self.node, "deleted the dynamic node before re-registering")
+            }
+            Ok(o) => {
+                tracing::warn!(node = %self.node, "scontrol delete failed: {}", String::from_utf8_lossy(&o.stderr).trim())
+            }
+            Err(e) => tracing::warn!(node = %self.node, "scontrol delete could not run: {e}"),
+        }
+    }
+}
+
+fn munged_spec(args: &AgentArgs) -> Result<ChildSpec> {
+    let program = resolve_program(&args.munged)?;
+    if !args.munge_key.is_file() {
+        bail!(
+            "munge key {} does not exist (create one with mungekey -c)",
+            args.munge_key.display()
+        );
+    }
+    let state = &args.munge_state_dir;
+    std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
+    if let Some(dir) = args.munge_socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("chmod 0755 {}", dir.display()))?;
+    }
+    Ok(ChildSpec {
+        name: "munged".into(),
+        program,
+        args: vec![
+            "-F".into(),
+            "-f".into(),
+            format!("--socket={}", args.munge_socket.display()),
+            format!("--key-file={}", args.munge_key.display()),
+            format!("--pid-file={}", state.join("munged.pid").display()),
+            format!("--seed-file={}", state.join("munged.seed").display()),
+            format!("--log-file={}", state.join("munged.log").display()),
+        ],
+        env: Vec::new(),
+        ready: Readiness::PathExists(args.munge_socket.clone()),
+    })
+}
+
+/// Run the agent until SIGTERM. Returns the process exit code.
+pub fn run(args: &AgentArgs) -> Result<i32> {
+    if let Err(e) = crate::supervisor::process::become_subreaper() {
+        tracing::warn!(
+            "cannot become a subreaper ({e}); orphaned grandchildren will not be reaped by the agent"
+        );
+    }
+    let events = crate::supervisor::signal_events().context("installing signal handlers")?;
+    let mut sup = Supervisor::new(
+        BackoffPolicy::default(),
+        Duration::from_secs(args.grace_seconds),
+    );
+
+    let topo = crate::discover(&args.host, false)?;
+    for w in &topo.warnings {
+        tracing::warn!(
+            source = w.source.as_str(),
+            path = w.path.as_deref().unwrap_or(""),
+            "{}",
+            w.message
+        );
+    }
+    let slurm = match args.slurm_mode {
+        SlurmMode::Off => None,
+        _ => Some(SlurmAgent::new(args)?),
+    };
+    let munged = if args.no_munged || slurm.is_none() {
+        None
+    } else {
+        Some(munged_spec(args)?)
+    };
+
+    let mut current = None;
+    if let Some(agent) = &slurm {
+        let view = agent.view(&topo)?;
+        if agent.write_gres(&view)? == WriteOutcome::Written {
+            tracing::info!(path = ?agent.gres_out, "wrote gres.conf");
+        }
+        current = Some(view);
+    }
+    if let Some(spec) = munged {
+        sup.add(spec, None);
+    }
+    if let Some(view) = &current {
+        let dep = if args.no_munged { None } else { Some("munged") };
+        sup.add(view.slurmd.clone(), dep);
+    }
+
+    let host = args.host.clone();
+    let exit = sup.run(
+        &events,
+        Duration::from_secs(args.rediscover_seconds.max(1)),
+        |_| {
+            let (Some(agent), Some(old)) = (&slurm, current.as_mut()) else {
+                return Vec::new();
+            };
+            let topo = match crate::discover(&host, false) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!("re-discovery failed: {e:#}");
+                    return Vec::new();
+                }
+            };
+            let view = match agent.view(&topo) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("re-rendering failed: {e:#}");
+                    return Vec::new();
+                }
+            };
+            if view == *old {
+                return Vec::new();
+            }
+            tracing::info!("Slurm-visible hardware changed");
+            if let Err(e) = agent.write_gres(&view) {
+                tracing::error!("writing gres.conf failed, slurmd keeps the old one: {e:#}");
+                return Vec::new();
+            }
+            if view.slurmd != old.slurmd {
+                agent.forget_dynamic_node();
+            }
+            *old = view.clone();
+            vec![Request::Restart {
+                name: "slurmd".into(),
+                spec: view.slurmd,
+            }]
+        },
+    );
+    Ok(exit.as_code())
+}

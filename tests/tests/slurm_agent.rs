@@ -1,0 +1,437 @@
+//! `isthmus agent` with real Slurm: munged, slurmctld and slurmd from Debian, on loopback in a temp dir. The node
+//! registers idle with exactly the fixture's CPUs and GRES, `srun --gres=gpu:2` gets two GPUs, crashed children
+//! are restarted, a hardware change restarts slurmd only when gres.conf changes, and SIGTERM stops everything.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use isthmus_tests::{fixtures, isthmus_bin};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A throw-away Slurm cluster directory: key, slurm.conf, fake GPU device nodes.
+struct Site {
+    dir: tempfile::TempDir,
+    node: String,
+    agent: Option<Child>,
+    ctld: Option<Child>,
+}
+
+impl Site {
+    fn new(node: &str, root: &Path, dynamic: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let d = dir.path();
+        for sub in ["dev", "state", "spool", "munge"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        for i in 0..8 {
+            let st = Command::new("mknod")
+                .arg(d.join(format!("dev/nvidia{i}")))
+                .args(["c", "1", "3"])
+                .status();
+            assert!(st.is_ok_and(|s| s.success()), "mknod (the test needs root)");
+        }
+        let key: Vec<u8> = (0..1024u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(d.join("munge.key"), key).unwrap_or_else(|e| panic!("{e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d.join("munge.key"), std::fs::Permissions::from_mode(0o400))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let node_line = if dynamic {
+            "MaxNodeCount=16\nTreeWidth=65533\n".to_owned()
+        } else {
+            let out = Command::new(isthmus_bin())
+                .args([
+                    "render",
+                    "node",
+                    "--no-nvml",
+                    "--real-memory-mib",
+                    "1000",
+                    "--node-name",
+                    node,
+                    "--host-root",
+                ])
+                .arg(root)
+                .arg("--dev-dir")
+                .arg(d.join("dev"))
+                .output()
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(out.status.success());
+            format!(
+                "{} NodeAddr=127.0.0.1\n",
+                String::from_utf8_lossy(&out.stdout).trim()
+            )
+        };
+        let p = d.display();
+        let conf = format!(
+            "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\nAuthType=auth/munge\n\
+             AuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
+             StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool\nSlurmctldPidFile={p}/slurmctld.pid\n\
+             SlurmdPidFile={p}/slurmd.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd.log\n\
+             ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\n\
+             ReturnToService=2\nSlurmdTimeout=30\nGresTypes=gpu\n{node_line}PartitionName=debug Nodes=ALL Default=YES\n",
+            free_port(),
+            free_port()
+        );
+        std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            dir,
+            node: node.to_owned(),
+            agent: None,
+            ctld: None,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.path().join("slurm.conf")
+    }
+
+    fn start_agent(&mut self, root: &Path, extra: &[&str]) {
+        let d = self.path().to_path_buf();
+        let log = std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(isthmus_bin())
+            .arg("agent")
+            .arg("--host-root")
+            .arg(root)
+            .args([
+                "--node-name",
+                &self.node,
+                "--no-nvml",
+                "--grace-seconds",
+                "5",
+                "--rediscover-seconds",
+                "1",
+            ])
+            .arg("--slurm-conf")
+            .arg(self.conf())
+            .arg("--munge-socket")
+            .arg(d.join("munge/munge.sock"))
+            .arg("--munge-key")
+            .arg(d.join("munge.key"))
+            .arg("--munge-state-dir")
+            .arg(d.join("munge"))
+            .arg("--dev-dir")
+            .arg(d.join("dev"))
+            .args(extra)
+            .env_remove("HWLOC_FSROOT")
+            .env_remove("HWLOC_COMPONENTS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.agent = Some(child);
+        let sock = d.join("munge/munge.sock");
+        wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
+    }
+
+    fn start_slurmctld(&mut self) {
+        let out = std::fs::File::create(self.path().join("slurmctld.out"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new("slurmctld")
+            .arg("-D")
+            .arg("-f")
+            .arg(self.conf())
+            .env("SLURM_CONF", self.conf())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("slurmctld: {e}"));
+        self.ctld = Some(child);
+    }
+
+    fn scontrol_node(&self) -> BTreeMap<String, String> {
+        let out = Command::new("scontrol")
+            .args(["show", "node", &self.node])
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("scontrol: {e}"));
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|kv| {
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect()
+    }
+
+    fn wait_idle(&self) {
+        wait_until(
+            &format!("node {} to be IDLE", self.node),
+            Duration::from_secs(90),
+            || {
+                self.scontrol_node()
+                    .get("State")
+                    .is_some_and(|s| s.starts_with("IDLE") && !s.contains("DRAIN"))
+            },
+        );
+    }
+
+    fn slurmd_pid(&self) -> Option<u32> {
+        read_pid(&self.path().join("slurmd.pid")).filter(|p| alive(*p))
+    }
+
+    fn munged_pid(&self) -> Option<u32> {
+        read_pid(&self.path().join("munge/munged.pid")).filter(|p| alive(*p))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path().join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for c in [self.agent.as_mut(), self.ctld.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn h100() -> PathBuf {
+    fixtures().join("hosts/xe9680-8xh100/root")
+}
+
+#[test]
+fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
+    let root = h100();
+    let mut site = Site::new("gpu1", &root, false);
+    site.start_agent(&root, &[]);
+    site.start_slurmctld();
+    site.wait_idle();
+
+    let n = site.scontrol_node();
+    assert_eq!(n.get("CPUTot").map(String::as_str), Some("32"), "{n:?}");
+    assert_eq!(n.get("Sockets").map(String::as_str), Some("2"));
+    assert_eq!(n.get("CoresPerSocket").map(String::as_str), Some("8"));
+    assert_eq!(n.get("ThreadsPerCore").map(String::as_str), Some("2"));
+    assert!(
+        n.get("Gres")
+            .is_some_and(|g| g.starts_with("gpu:nvidia_h100_80gb_hbm3:8")),
+        "{n:?}"
+    );
+
+    let srun = Command::new("timeout")
+        .args(["60", "srun", "-N1", "-w", "gpu1", "--gres=gpu:2", "env"])
+        .env("SLURM_CONF", site.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("srun: {e}"));
+    let out = String::from_utf8_lossy(&srun.stdout);
+    assert!(
+        out.lines().any(|l| l == "CUDA_VISIBLE_DEVICES=0,1"),
+        "srun: {out}\n{}",
+        String::from_utf8_lossy(&srun.stderr)
+    );
+
+    // kill -9 slurmd, three times: restarted each time, node idle again.
+    for round in 0..3 {
+        let pid = site
+            .slurmd_pid()
+            .unwrap_or_else(|| panic!("no slurmd (round {round})"));
+        assert!(isthmus_tests::slurm::kill9(pid));
+        wait_until("a new slurmd", Duration::from_secs(30), || {
+            site.slurmd_pid().is_some_and(|p| p != pid)
+        });
+        site.wait_idle();
+    }
+    assert!(site.log().contains("child exited"), "{}", site.log());
+
+    // kill -9 munged: restarted.
+    let munged = site.munged_pid().unwrap_or_else(|| panic!("no munged"));
+    assert!(isthmus_tests::slurm::kill9(munged));
+    wait_until("a new munged", Duration::from_secs(30), || {
+        site.munged_pid().is_some_and(|p| p != munged)
+    });
+    site.wait_idle();
+
+    // SIGTERM the agent: slurmd and munged gone within the grace period, agent exits 0, nothing left over.
+    let (slurmd, munged) = (site.slurmd_pid(), site.munged_pid());
+    let agent = site.agent.as_mut().unwrap_or_else(|| panic!("no agent"));
+    let agent_pid = agent.id();
+    let start = Instant::now();
+    assert!(isthmus_tests::slurm::term(agent_pid));
+    let status = loop {
+        if let Ok(Some(s)) = agent.try_wait() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "agent did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "agent exit: {status:?}\n{}", site.log());
+    assert!(
+        start.elapsed() < Duration::from_secs(7),
+        "took {:?}",
+        start.elapsed()
+    );
+    for pid in [slurmd, munged].into_iter().flatten() {
+        assert!(!alive(pid), "pid {pid} survived the agent");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} left as a zombie or orphan"
+        );
+    }
+}
+
+#[test]
+fn dynamic_node_registers_with_its_gres() {
+    let root = h100();
+    let mut site = Site::new("dyn1", &root, true);
+    site.start_agent(
+        &root,
+        &[
+            "--slurm-mode",
+            "dynamic",
+            "--real-memory-mib",
+            "1000",
+            "--node-addr",
+            "127.0.0.1",
+        ],
+    );
+    site.start_slurmctld();
+    site.wait_idle();
+    let n = site.scontrol_node();
+    assert!(
+        n.get("State").is_some_and(|s| s.contains("DYNAMIC")),
+        "{n:?}"
+    );
+    assert_eq!(n.get("CPUTot").map(String::as_str), Some("32"));
+    assert!(
+        n.get("Gres")
+            .is_some_and(|g| g.starts_with("gpu:nvidia_h100_80gb_hbm3:8")),
+        "{n:?}"
+    );
+}
+
+#[test]
+fn hardware_change_restarts_slurmd_only_when_gres_changes() {
+    // A copy of the fixture that the test can change; no slurmctld needed (slurmd keeps retrying to register).
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = tmp.path().join("root");
+    let st = Command::new("cp").arg("-a").arg(h100()).arg(&root).status();
+    assert!(st.is_ok_and(|s| s.success()));
+    let mut site = Site::new("hw1", &root, false);
+    site.start_agent(&root, &[]);
+    wait_until("slurmd", Duration::from_secs(30), || {
+        site.slurmd_pid().is_some()
+    });
+    let gres_path = site.path().join("gres.conf");
+    let before = std::fs::read_to_string(&gres_path).unwrap_or_default();
+    assert!(
+        before.contains("nvidia[0-3]") || before.contains("nvidia0"),
+        "{before}"
+    );
+    let pid = site.slurmd_pid().unwrap_or_else(|| panic!("no slurmd"));
+
+    // A change Slurm cannot see (an InfiniBand counter): no rewrite, no restart.
+    std::fs::write(
+        root.join("sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data"),
+        "1\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        site.slurmd_pid(),
+        Some(pid),
+        "slurmd restarted for an invisible change"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&gres_path).unwrap_or_default(),
+        before
+    );
+
+    // GPU 7 disappears (driver no longer lists it and its PCI function is gone): gres.conf rewritten, slurmd restarted.
+    std::fs::remove_dir_all(root.join("proc/driver/nvidia/gpus/0000:db:00.0"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(root.join("sys/bus/pci/devices/0000:db:00.0"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_until("gres.conf without GPU 7", Duration::from_secs(15), || {
+        std::fs::read_to_string(&gres_path).is_ok_and(|t| t != before && !t.contains("nvidia7"))
+    });
+    wait_until("a restarted slurmd", Duration::from_secs(30), || {
+        site.slurmd_pid().is_some_and(|p| p != pid)
+    });
+    assert!(
+        site.log().contains("Slurm-visible hardware changed"),
+        "{}",
+        site.log()
+    );
+}
+
+#[test]
+fn bad_configuration_gives_one_error_line() {
+    let root = h100();
+    let site = Site::new("bad1", &root, false);
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--slurm-conf".into(), "/no/such/slurm.conf".into()],
+        vec![
+            "--slurm-conf".into(),
+            site.conf().display().to_string(),
+            "--slurmd".into(),
+            "/no/such/slurmd".into(),
+        ],
+        vec![
+            "--slurm-conf".into(),
+            site.conf().display().to_string(),
+            "--munge-key".into(),
+            "/no/such/key".into(),
+        ],
+    ];
+    for extra in cases {
+        let out = Command::new(isthmus_bin())
+            .args(["agent", "--node-name", "bad1", "--no-nvml", "--host-root"])
+            .arg(&root)
+            .args(&extra)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("isthmus: error: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "{extra:?}: {err}");
+    }
+}
