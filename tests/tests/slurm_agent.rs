@@ -39,16 +39,33 @@ fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// How the node is defined.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A NodeName= line in slurm.conf.
+    Configured,
+    /// A dynamic node (`slurmd -Z`).
+    Dynamic,
+    /// Configless and dynamic: slurmd fetches slurm.conf and the central gres.conf from slurmctld. slurmd then
+    /// has no AuthInfo, so munged must listen on the default socket.
+    Configless,
+}
+
+/// munged's default socket, which a configless slurmd uses.
+const DEFAULT_MUNGE_SOCKET: &str = "/run/munge/munge.socket.2";
+
 /// A throw-away Slurm cluster directory: key, slurm.conf, fake GPU device nodes.
 struct Site {
     dir: tempfile::TempDir,
     node: String,
+    mode: Mode,
+    ctld_port: u16,
     agent: Option<Child>,
     ctld: Option<Child>,
 }
 
 impl Site {
-    fn new(node: &str, root: &Path, dynamic: bool) -> Self {
+    fn new(node: &str, root: &Path, mode: Mode) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
         for sub in ["dev", "state", "spool", "munge"] {
@@ -68,7 +85,7 @@ impl Site {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(d.join("munge.key"), std::fs::Permissions::from_mode(0o400))
             .unwrap_or_else(|e| panic!("{e}"));
-        let node_line = if dynamic {
+        let node_line = if mode != Mode::Configured {
             "MaxNodeCount=16\nTreeWidth=65533\n".to_owned()
         } else {
             let out = Command::new(isthmus_bin())
@@ -94,22 +111,55 @@ impl Site {
             )
         };
         let p = d.display();
+        let auth = match mode {
+            Mode::Configless => {
+                // The controller ships this central gres.conf to the node.
+                let gres = Command::new(isthmus_bin())
+                    .args([
+                        "render",
+                        "gres",
+                        "--cluster",
+                        "--no-nvml",
+                        "--node-name",
+                        node,
+                        "--host-root",
+                    ])
+                    .arg(root)
+                    .arg("--dev-dir")
+                    .arg(d.join("dev"))
+                    .output()
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert!(gres.status.success());
+                std::fs::write(d.join("gres.conf"), &gres.stdout).unwrap_or_else(|e| panic!("{e}"));
+                "SlurmctldParameters=enable_configless\n".to_owned()
+            }
+            _ => format!("AuthInfo=socket={p}/munge/munge.sock\n"),
+        };
+        let ctld_port = free_port();
         let conf = format!(
-            "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\nAuthType=auth/munge\n\
-             AuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
+            "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={ctld_port}\nSlurmdPort={}\nAuthType=auth/munge\n\
+             {auth}CredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
              StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool\nSlurmctldPidFile={p}/slurmctld.pid\n\
              SlurmdPidFile={p}/slurmd.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd.log\n\
              ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\n\
              ReturnToService=2\nSlurmdTimeout=30\nGresTypes=gpu\n{node_line}PartitionName=debug Nodes=ALL Default=YES\n",
-            free_port(),
             free_port()
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         Self {
             dir,
             node: node.to_owned(),
+            mode,
+            ctld_port,
             agent: None,
             ctld: None,
+        }
+    }
+
+    fn munge_socket(&self) -> PathBuf {
+        match self.mode {
+            Mode::Configless => PathBuf::from(DEFAULT_MUNGE_SOCKET),
+            _ => self.path().join("munge/munge.sock"),
         }
     }
 
@@ -124,6 +174,14 @@ impl Site {
     fn start_agent(&mut self, root: &Path, extra: &[&str]) {
         let d = self.path().to_path_buf();
         let log = std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}"));
+        let sock = self.munge_socket();
+        let mut slurm_source = vec!["--slurm-conf".to_owned(), self.conf().display().to_string()];
+        if self.mode == Mode::Configless {
+            slurm_source = vec![
+                "--conf-server".to_owned(),
+                format!("localhost:{}", self.ctld_port),
+            ];
+        }
         let child = Command::new(isthmus_bin())
             .arg("agent")
             .arg("--host-root")
@@ -137,10 +195,9 @@ impl Site {
                 "--rediscover-seconds",
                 "1",
             ])
-            .arg("--slurm-conf")
-            .arg(self.conf())
+            .args(&slurm_source)
             .arg("--munge-socket")
-            .arg(d.join("munge/munge.sock"))
+            .arg(&sock)
             .arg("--munge-key")
             .arg(d.join("munge.key"))
             .arg("--munge-state-dir")
@@ -156,7 +213,6 @@ impl Site {
             .spawn()
             .unwrap_or_else(|e| panic!("{e}"));
         self.agent = Some(child);
-        let sock = d.join("munge/munge.sock");
         wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
     }
 
@@ -235,7 +291,7 @@ fn h100() -> PathBuf {
 #[test]
 fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
     let root = h100();
-    let mut site = Site::new("gpu1", &root, false);
+    let mut site = Site::new("gpu1", &root, Mode::Configured);
     site.start_agent(&root, &[]);
     site.start_slurmctld();
     site.wait_idle();
@@ -318,7 +374,7 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
 #[test]
 fn dynamic_node_registers_with_its_gres() {
     let root = h100();
-    let mut site = Site::new("dyn1", &root, true);
+    let mut site = Site::new("dyn1", &root, Mode::Dynamic);
     site.start_agent(
         &root,
         &[
@@ -346,13 +402,42 @@ fn dynamic_node_registers_with_its_gres() {
 }
 
 #[test]
+fn configless_dynamic_node_takes_its_gres_from_the_controller() {
+    let root = h100();
+    let mut site = Site::new("cl1", &root, Mode::Configless);
+    site.start_agent(
+        &root,
+        &[
+            "--slurm-mode",
+            "dynamic",
+            "--real-memory-mib",
+            "1000",
+            "--node-addr",
+            "127.0.0.1",
+        ],
+    );
+    site.start_slurmctld();
+    site.wait_idle();
+    let n = site.scontrol_node();
+    assert!(
+        n.get("State").is_some_and(|s| s.contains("DYNAMIC")),
+        "{n:?}"
+    );
+    assert!(
+        n.get("Gres")
+            .is_some_and(|g| g.starts_with("gpu:nvidia_h100_80gb_hbm3:8")),
+        "{n:?}"
+    );
+}
+
+#[test]
 fn hardware_change_restarts_slurmd_only_when_gres_changes() {
     // A copy of the fixture that the test can change; no slurmctld needed (slurmd keeps retrying to register).
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let root = tmp.path().join("root");
     let st = Command::new("cp").arg("-a").arg(h100()).arg(&root).status();
     assert!(st.is_ok_and(|s| s.success()));
-    let mut site = Site::new("hw1", &root, false);
+    let mut site = Site::new("hw1", &root, Mode::Configured);
     site.start_agent(&root, &[]);
     wait_until("slurmd", Duration::from_secs(30), || {
         site.slurmd_pid().is_some()
@@ -403,7 +488,7 @@ fn hardware_change_restarts_slurmd_only_when_gres_changes() {
 #[test]
 fn bad_configuration_gives_one_error_line() {
     let root = h100();
-    let site = Site::new("bad1", &root, false);
+    let site = Site::new("bad1", &root, Mode::Configured);
     let cases: Vec<Vec<String>> = vec![
         vec!["--slurm-conf".into(), "/no/such/slurm.conf".into()],
         vec![

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use backoff::{Backoff, BackoffPolicy, Jitter};
 use process::{ChildSpec, Exit, Readiness};
 
+/// How long to wait for SIGKILLed processes before giving up on them.
+const GIVE_UP_AFTER_KILL: Duration = Duration::from_secs(2);
+
 /// How long a child may take to become ready before it is killed and restarted.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -299,7 +302,13 @@ impl Supervisor {
                 }
             }
             if self.children.iter().all(|c| c.state.pid().is_none()) {
-                return;
+                break;
+            }
+            if killed && Instant::now() >= deadline + GIVE_UP_AFTER_KILL {
+                tracing::error!(
+                    "children survive SIGKILL (uninterruptible sleep?); exiting without them"
+                );
+                break;
             }
             if Instant::now() >= deadline && !killed {
                 for c in &self.children {
@@ -307,6 +316,49 @@ impl Supervisor {
                         tracing::warn!(child = %c.spec.name, pid, "still running after the grace period: SIGKILL");
                         process::signal(pid, libc::SIGKILL);
                     }
+                }
+                killed = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop_leftovers(deadline);
+    }
+
+    /// Forks of our children that outlived them (reparented to us as subreaper) would become orphans when the agent
+    /// exits: stop them too. Other adopted processes (job steps) are left alone, so that an agent restart does not
+    /// kill running jobs.
+    fn stop_leftovers(&mut self, deadline: Instant) {
+        let names: Vec<String> = self
+            .children
+            .iter()
+            .filter_map(|c| {
+                c.spec
+                    .program
+                    .file_name()
+                    .map(|n| n.to_string_lossy().chars().take(15).collect())
+            })
+            .collect();
+        let leftovers = || -> Vec<u32> {
+            process::own_children()
+                .into_iter()
+                .filter(|(_, comm)| names.contains(comm))
+                .map(|(pid, _)| pid)
+                .collect()
+        };
+        for pid in leftovers() {
+            tracing::info!(pid, "stopping a leftover fork of a supervised child");
+            process::signal(pid, libc::SIGTERM);
+        }
+        let mut killed = false;
+        loop {
+            process::reap_all();
+            let left = leftovers();
+            if left.is_empty() || (killed && Instant::now() >= deadline + GIVE_UP_AFTER_KILL) {
+                return;
+            }
+            if Instant::now() >= deadline && !killed {
+                for pid in &left {
+                    process::signal(*pid, libc::SIGKILL);
                 }
                 killed = true;
             }

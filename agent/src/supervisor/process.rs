@@ -72,6 +72,26 @@ pub fn reap_all() -> Vec<(u32, Exit)> {
     }
 }
 
+/// Processes whose parent is this process (children, and orphans adopted as subreaper), with their `comm` name.
+pub fn own_children() -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) state ppid ..."; comm may contain spaces and parentheses: split at the last ')'.
+        let (head, rest) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_owned();
+        let mut fields = rest.split_whitespace();
+        let state = fields.next()?;
+        let ppid: u32 = fields.next()?.parse().ok()?;
+        (ppid == me && state != "Z").then_some((pid, comm))
+    })
+    .collect()
+}
+
 /// Send `signal` to `pid`. Returns false when the process no longer exists.
 pub fn signal(pid: u32, signal: i32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
