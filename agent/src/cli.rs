@@ -67,6 +67,17 @@ pub enum RenderTarget {
     Node,
     /// This node's topology.conf fragment.
     Topology,
+    /// The NodeResourceTopology (v1alpha2) object.
+    Nrt,
+}
+
+/// Serialisation of `render nrt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ObjectFormat {
+    /// YAML.
+    Yaml,
+    /// JSON.
+    Json,
 }
 
 /// Slurm rendering options.
@@ -217,6 +228,15 @@ pub struct RenderArgs {
     /// Write to FILE atomically (only when the content changed) instead of printing.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// nrt: output format.
+    #[arg(long, value_enum, default_value_t = ObjectFormat::Yaml)]
+    pub output: ObjectFormat,
+    /// nrt: the Node's UID, for the owner reference.
+    #[arg(long, env = "NODE_UID", value_name = "UID")]
+    pub node_uid: Option<String>,
+    /// nrt: the kubelet configuration file (a host path), for the topology manager policy and scope.
+    #[arg(long, default_value = crate::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
+    pub kubelet_config: String,
 }
 
 impl Command {

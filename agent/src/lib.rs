@@ -2,6 +2,9 @@
 
 pub mod cli;
 pub mod files;
+pub mod kubelet;
+pub mod nrt;
+pub mod podfingerprint;
 pub mod render;
 pub mod slurm_node;
 pub mod supervisor;

@@ -71,6 +71,24 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                     .collect(),
             ))
         }
+        RenderTarget::Nrt => {
+            let root = isthmus_topology::HostRoot::new(&args.host.host_root);
+            let (tm, warning) = crate::kubelet::topology_manager(&root, &args.kubelet_config);
+            let input = crate::nrt::NrtInputs {
+                node_name: node_name(slurm)?,
+                node_uid: args.node_uid.clone(),
+                topology_manager: tm,
+                allocation: None,
+            };
+            let obj = crate::nrt::render(topo, &input);
+            let text = match args.output {
+                crate::cli::ObjectFormat::Yaml => serde_yaml_ng::to_string(&obj)?,
+                crate::cli::ObjectFormat::Json => {
+                    format!("{}\n", serde_json::to_string_pretty(&obj)?)
+                }
+            };
+            Ok((text, warning.into_iter().collect()))
+        }
         RenderTarget::Topology => {
             let text = topology_conf::fragment(&node_name(slurm)?, slurm.switch.as_deref(), None)?;
             Ok((text, Vec::new()))

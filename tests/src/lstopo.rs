@@ -14,6 +14,8 @@ pub struct LstopoTruth {
     pub pus: CpuSet,
     /// NUMA node OS index → its CPUs.
     pub numa_cpusets: BTreeMap<u32, CpuSet>,
+    /// The NUMA latency matrix by logical index (console output's "Relative latency matrix").
+    pub numa_latency: Vec<Vec<u32>>,
 }
 
 impl LstopoTruth {
@@ -91,8 +93,33 @@ pub fn parse_console(text: &str) -> LstopoTruth {
             }
         }
     }
-    // A NUMA node attached to the machine root covers every PU.
+    truth.numa_latency = latency_matrix(text);
     truth
+}
+
+/// The first "Relative latency matrix ... between N NUMANodes" block of a console output.
+fn latency_matrix(text: &str) -> Vec<Vec<u32>> {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !(l.starts_with("Relative latency matrix") && l.contains("NUMANode")));
+    let Some(head) = lines.next() else {
+        return Vec::new();
+    };
+    let n: usize = head
+        .split(" between ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    lines
+        .skip(1) // " index 0 1 ..."
+        .take(n)
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .collect()
 }
 
 fn attrs(tag: &str) -> BTreeMap<&str, &str> {
