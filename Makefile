@@ -3,7 +3,7 @@
 #   make test   formatting, lints and the whole test suite (what CI runs)
 
 CARGO ?= cargo
-APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils
+APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus
 
 .PHONY: deps build run test fmt lint bench
 

@@ -205,6 +205,14 @@ pub struct AgentArgs {
     /// Log format.
     #[arg(long, value_enum, env = "ISTHMUS_LOG_FORMAT", default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(
+        long,
+        env = "ISTHMUS_LISTEN",
+        default_value = "0.0.0.0:9464",
+        value_name = "ADDR"
+    )]
+    pub listen: String,
 }
 
 /// Arguments of `render`.

@@ -2,7 +2,9 @@
 
 pub mod cli;
 pub mod files;
+pub mod http;
 pub mod kubelet;
+pub mod metrics;
 pub mod nrt;
 pub mod podfingerprint;
 pub mod render;

@@ -188,6 +188,9 @@ fn munged_spec(args: &AgentArgs) -> Result<ChildSpec> {
     })
 }
 
+/// How often the agent refreshes its status (heartbeat, readiness, child metrics).
+const STATUS_PERIOD: Duration = Duration::from_secs(2);
+
 /// Run the agent until SIGTERM. Returns the process exit code.
 pub fn run(args: &AgentArgs) -> Result<i32> {
     if let Err(e) = crate::supervisor::process::become_subreaper() {
@@ -195,21 +198,7 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
             "cannot become a subreaper ({e}); orphaned grandchildren will not be reaped by the agent"
         );
     }
-    let events = crate::supervisor::signal_events().context("installing signal handlers")?;
-    let mut sup = Supervisor::new(
-        BackoffPolicy::default(),
-        Duration::from_secs(args.grace_seconds),
-    );
-
-    let topo = crate::discover(&args.host, false)?;
-    for w in &topo.warnings {
-        tracing::warn!(
-            source = w.source.as_str(),
-            path = w.path.as_deref().unwrap_or(""),
-            "{}",
-            w.message
-        );
-    }
+    // Configuration errors first: one clear error line before anything starts.
     let slurm = match args.slurm_mode {
         SlurmMode::Off => None,
         _ => Some(SlurmAgent::new(args)?),
@@ -219,7 +208,33 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     } else {
         Some(munged_spec(args)?)
     };
+    let events = crate::supervisor::signal_events().context("installing signal handlers")?;
+    let policy = BackoffPolicy::default();
+    let mut sup = Supervisor::new(policy, Duration::from_secs(args.grace_seconds));
+    let metrics = crate::metrics::Metrics::new();
+    let health = std::sync::Arc::new(crate::http::Health::default());
+    health.beat();
+    let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
+    let bound = crate::http::serve(
+        &args.listen,
+        metrics.handle(),
+        health.clone(),
+        rediscover * 3 + Duration::from_secs(30),
+    )
+    .with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
 
+    let (topo, took) = crate::metrics::timed(|| crate::discover(&args.host, true));
+    let topo = topo?;
+    metrics.record_discovery(&topo, took);
+    for w in &topo.warnings {
+        tracing::warn!(
+            source = w.source.as_str(),
+            path = w.path.as_deref().unwrap_or(""),
+            "{}",
+            w.message
+        );
+    }
     let mut current = None;
     if let Some(agent) = &slurm {
         let view = agent.view(&topo)?;
@@ -235,46 +250,59 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
         let dep = if args.no_munged { None } else { Some("munged") };
         sup.add(view.slurmd.clone(), dep);
     }
+    health.set_ready(slurm.is_none());
 
     let host = args.host.clone();
-    let exit = sup.run(
-        &events,
-        Duration::from_secs(args.rediscover_seconds.max(1)),
-        |_| {
-            let (Some(agent), Some(old)) = (&slurm, current.as_mut()) else {
-                return Vec::new();
-            };
-            let topo = match crate::discover(&host, false) {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::warn!("re-discovery failed: {e:#}");
-                    return Vec::new();
-                }
-            };
-            let view = match agent.view(&topo) {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!("re-rendering failed: {e:#}");
-                    return Vec::new();
-                }
-            };
-            if view == *old {
+    let mut next_discovery = std::time::Instant::now() + rediscover;
+    let exit = sup.run(&events, STATUS_PERIOD, |sup| {
+        health.beat();
+        metrics.record_children(sup.children(), policy.crash_loop_after);
+        if slurm.is_some() {
+            let slurmd_up = sup.children().iter().any(|c| {
+                c.spec.name == "slurmd"
+                    && matches!(c.state, crate::supervisor::State::Running { .. })
+            });
+            health.set_ready(slurmd_up);
+        }
+        if std::time::Instant::now() < next_discovery && !sup.hup_pending() {
+            return Vec::new();
+        }
+        next_discovery = std::time::Instant::now() + rediscover;
+        let (topo, took) = crate::metrics::timed(|| crate::discover(&host, true));
+        let topo = match topo {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("re-discovery failed: {e:#}");
                 return Vec::new();
             }
-            tracing::info!("Slurm-visible hardware changed");
-            if let Err(e) = agent.write_gres(&view) {
-                tracing::error!("writing gres.conf failed, slurmd keeps the old one: {e:#}");
+        };
+        metrics.record_discovery(&topo, took);
+        let (Some(agent), Some(old)) = (&slurm, current.as_mut()) else {
+            return Vec::new();
+        };
+        let view = match agent.view(&topo) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("re-rendering failed: {e:#}");
                 return Vec::new();
             }
-            if view.slurmd != old.slurmd {
-                agent.forget_dynamic_node();
-            }
-            *old = view.clone();
-            vec![Request::Restart {
-                name: "slurmd".into(),
-                spec: view.slurmd,
-            }]
-        },
-    );
+        };
+        if view == *old {
+            return Vec::new();
+        }
+        tracing::info!("Slurm-visible hardware changed");
+        if let Err(e) = agent.write_gres(&view) {
+            tracing::error!("writing gres.conf failed, slurmd keeps the old one: {e:#}");
+            return Vec::new();
+        }
+        if view.slurmd != old.slurmd {
+            agent.forget_dynamic_node();
+        }
+        *old = view.clone();
+        vec![Request::Restart {
+            name: "slurmd".into(),
+            spec: view.slurmd,
+        }]
+    });
     Ok(exit.as_code())
 }

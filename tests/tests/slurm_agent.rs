@@ -60,6 +60,7 @@ struct Site {
     node: String,
     mode: Mode,
     ctld_port: u16,
+    listen: String,
     agent: Option<Child>,
     ctld: Option<Child>,
 }
@@ -151,6 +152,7 @@ impl Site {
             node: node.to_owned(),
             mode,
             ctld_port,
+            listen: format!("127.0.0.1:{}", free_port()),
             agent: None,
             ctld: None,
         }
@@ -195,6 +197,7 @@ impl Site {
                 "--rediscover-seconds",
                 "1",
             ])
+            .args(["--listen", &self.listen])
             .args(&slurm_source)
             .arg("--munge-socket")
             .arg(&sock)
@@ -331,6 +334,35 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
         site.wait_idle();
     }
     assert!(site.log().contains("child exited"), "{}", site.log());
+    // The restarts are visible in the metrics and the agent reports ready again.
+    let mut last = String::new();
+    let start = Instant::now();
+    let ok = loop {
+        if let Ok((_, b)) = isthmus_tests::http_get(&site.listen, "/metrics") {
+            last = b;
+        }
+        let restarts = last
+            .lines()
+            .any(|l| l.starts_with("isthmus_supervised_child_restarts_total{child=\"slurmd\"} 3"));
+        let up = last
+            .lines()
+            .any(|l| l == "isthmus_supervised_child_up{child=\"slurmd\"} 1");
+        if restarts && up {
+            break true;
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let supervised: Vec<&str> = last.lines().filter(|l| l.contains("supervised")).collect();
+    assert!(ok, "metrics: {supervised:#?}");
+    assert_eq!(
+        isthmus_tests::http_get(&site.listen, "/readyz")
+            .map(|r| r.0)
+            .ok(),
+        Some(200)
+    );
 
     // kill -9 munged: restarted.
     let munged = site.munged_pid().unwrap_or_else(|| panic!("no munged"));
@@ -506,7 +538,15 @@ fn bad_configuration_gives_one_error_line() {
     ];
     for extra in cases {
         let out = Command::new(isthmus_bin())
-            .args(["agent", "--node-name", "bad1", "--no-nvml", "--host-root"])
+            .args([
+                "agent",
+                "--node-name",
+                "bad1",
+                "--no-nvml",
+                "--listen",
+                "127.0.0.1:0",
+                "--host-root",
+            ])
             .arg(&root)
             .args(&extra)
             .output()

@@ -106,6 +106,7 @@ pub struct Supervisor {
     policy: BackoffPolicy,
     jitter: Jitter,
     grace: Duration,
+    hup: bool,
 }
 
 impl Supervisor {
@@ -116,6 +117,7 @@ impl Supervisor {
             policy,
             jitter: Jitter::from_entropy(),
             grace,
+            hup: false,
         }
     }
 
@@ -131,6 +133,11 @@ impl Supervisor {
             restart_requested: false,
         });
         self.children.len() - 1
+    }
+
+    /// Whether a SIGHUP asked for work since the periodic hook last ran.
+    pub fn hup_pending(&self) -> bool {
+        self.hup
     }
 
     /// The children, for status reporting.
@@ -264,7 +271,11 @@ impl Supervisor {
                     self.stop_all();
                     return Exit::Code(0);
                 }
-                Ok(Event::Signal(sig)) if sig == libc::SIGHUP => next_periodic = Instant::now(),
+                Ok(Event::Signal(sig)) if sig == libc::SIGHUP => {
+                    tracing::info!("SIGHUP: re-discovering");
+                    next_periodic = Instant::now();
+                    self.hup = true;
+                }
                 Ok(Event::Signal(_)) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     self.stop_all();
@@ -275,6 +286,7 @@ impl Supervisor {
                 for req in periodic(self) {
                     self.apply(req);
                 }
+                self.hup = false;
                 next_periodic = Instant::now() + period;
             }
         }

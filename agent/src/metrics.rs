@@ -1,0 +1,293 @@
+//! Prometheus node metrics (metrics-exporter-prometheus with a recorder owned by the agent, not a global one):
+//! device inventory, InfiniBand ports (node_exporter semantics, `isthmus_` prefix, base units), supervised children,
+//! discovery and NRT publication.
+
+use std::time::{Duration, Instant};
+
+use isthmus_topology::NodeTopology;
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_util::MetricKindMask;
+
+use crate::supervisor::{Managed, State};
+
+/// The agent's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// InfiniBand counters exported as node_exporter does: (sysfs name, metric suffix, multiplier to base unit).
+/// `port_rcv_data`/`port_xmit_data` count 4-byte words.
+const IB_COUNTERS: &[(&str, &str, u64, &str)] = &[
+    (
+        "port_rcv_data",
+        "data_received_bytes_total",
+        4,
+        "Bytes received on the port.",
+    ),
+    (
+        "port_xmit_data",
+        "data_transmitted_bytes_total",
+        4,
+        "Bytes transmitted on the port.",
+    ),
+    (
+        "port_rcv_packets",
+        "packets_received_total",
+        1,
+        "Packets received on the port.",
+    ),
+    (
+        "port_xmit_packets",
+        "packets_transmitted_total",
+        1,
+        "Packets transmitted on the port.",
+    ),
+    (
+        "link_downed",
+        "link_downed_total",
+        1,
+        "Times the link went down.",
+    ),
+    (
+        "link_error_recovery",
+        "link_error_recovery_total",
+        1,
+        "Link error recoveries.",
+    ),
+    (
+        "symbol_error",
+        "symbol_error_total",
+        1,
+        "Minor link errors on the physical lanes.",
+    ),
+    (
+        "port_rcv_errors",
+        "port_errors_received_total",
+        1,
+        "Malformed packets received.",
+    ),
+    (
+        "port_xmit_discards",
+        "port_transmit_discards_total",
+        1,
+        "Outbound packets discarded.",
+    ),
+    (
+        "port_xmit_wait",
+        "port_transmit_wait_total",
+        1,
+        "Ticks the port had data to send but no credits.",
+    ),
+    (
+        "excessive_buffer_overrun_errors",
+        "excessive_buffer_overrun_errors_total",
+        1,
+        "Buffer overruns.",
+    ),
+    (
+        "local_link_integrity_errors",
+        "local_link_integrity_errors_total",
+        1,
+        "Local link integrity errors.",
+    ),
+];
+
+fn describe() {
+    describe_gauge!(
+        "isthmus_device_info",
+        "A discovered device (value 1), with kind, vendor, model, PCI address and NUMA node."
+    );
+    describe_gauge!("isthmus_machine_cpus", "Logical CPUs of the node.");
+    describe_gauge!("isthmus_machine_memory_bytes", "Memory of all NUMA nodes.");
+    describe_gauge!("isthmus_numa_node_memory_bytes", "Memory of a NUMA node.");
+    describe_gauge!(
+        "isthmus_infiniband_port_state_id",
+        "Logical state of the port (4 = ACTIVE)."
+    );
+    describe_gauge!(
+        "isthmus_infiniband_port_physical_state_id",
+        "Physical state of the port (5 = LinkUp)."
+    );
+    describe_gauge!(
+        "isthmus_infiniband_port_rate_bytes_per_second",
+        "Signalling rate of the port."
+    );
+    for (_, suffix, _, help) in IB_COUNTERS {
+        describe_counter!(format!("isthmus_infiniband_{suffix}"), *help);
+    }
+    describe_gauge!(
+        "isthmus_discovery_duration_seconds",
+        "Duration of the last discovery."
+    );
+    describe_gauge!(
+        "isthmus_discovery_warnings",
+        "Warnings of the last discovery, by probe."
+    );
+    describe_counter!("isthmus_discoveries_total", "Discoveries run.");
+    describe_gauge!(
+        "isthmus_supervised_child_up",
+        "Whether the supervised child is running and ready."
+    );
+    describe_gauge!(
+        "isthmus_supervised_child_crash_looping",
+        "Whether the supervised child is crash-looping."
+    );
+    describe_counter!(
+        "isthmus_supervised_child_restarts_total",
+        "Restarts of the supervised child."
+    );
+    describe_counter!(
+        "isthmus_nrt_writes_total",
+        "NodeResourceTopology applies sent to the API server."
+    );
+    describe_counter!(
+        "isthmus_nrt_skips_total",
+        "NodeResourceTopology updates skipped because nothing changed."
+    );
+    describe_counter!(
+        "isthmus_nrt_failures_total",
+        "NodeResourceTopology applies that failed."
+    );
+}
+
+impl Metrics {
+    /// A recorder of our own; series not updated for 10 minutes (a removed device) disappear.
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(600)))
+            .build_recorder();
+        let handle = recorder.handle();
+        let m = Self { recorder, handle };
+        m.with(describe);
+        m
+    }
+
+    fn with<T>(&self, f: impl FnOnce() -> T) -> T {
+        metrics::with_local_recorder(&self.recorder, f)
+    }
+
+    /// A handle that renders the exposition text (cheap to clone, usable from the HTTP thread).
+    pub fn handle(&self) -> PrometheusHandle {
+        self.handle.clone()
+    }
+
+    /// Record what a discovery found and how long it took.
+    pub fn record_discovery(&self, topo: &NodeTopology, took: Duration) {
+        self.with(|| {
+            counter!("isthmus_discoveries_total").increment(1);
+            gauge!("isthmus_discovery_duration_seconds").set(took.as_secs_f64());
+            gauge!("isthmus_machine_cpus").set(topo.machine.cpus as f64);
+            gauge!("isthmus_machine_memory_bytes").set(topo.machine.memory_bytes as f64);
+            for n in &topo.numa_nodes {
+                gauge!("isthmus_numa_node_memory_bytes", "numa_node" => n.id.to_string())
+                    .set(n.memory_bytes as f64);
+            }
+            let mut by_source = std::collections::BTreeMap::new();
+            for w in &topo.warnings {
+                *by_source.entry(w.source.as_str()).or_insert(0u32) += 1;
+            }
+            for source in [
+                "hwloc",
+                "cpu",
+                "numa",
+                "pci",
+                "nvidia",
+                "nvml",
+                "accelerator",
+                "infiniband",
+                "machine",
+            ] {
+                gauge!("isthmus_discovery_warnings", "source" => source)
+                    .set(f64::from(by_source.get(source).copied().unwrap_or(0)));
+            }
+            for d in &topo.devices {
+                gauge!(
+                    "isthmus_device_info",
+                    "kind" => d.kind.as_str(),
+                    "vendor" => d.vendor.clone(),
+                    "model" => d.model.clone(),
+                    "pci_address" => d.pci_address.clone(),
+                    "numa_node" => d.numa_node.map_or_else(|| "none".to_owned(), |n| n.to_string()),
+                )
+                .set(1.0);
+            }
+            for ib in &topo.infiniband {
+                for p in &ib.ports {
+                    let labels = [("device", ib.name.clone()), ("port", p.port.to_string())];
+                    if let Some(s) = p.state_id {
+                        gauge!("isthmus_infiniband_port_state_id", &labels).set(f64::from(s));
+                    }
+                    if let Some(s) = p.phys_state_id {
+                        gauge!("isthmus_infiniband_port_physical_state_id", &labels)
+                            .set(f64::from(s));
+                    }
+                    if let Some(r) = p.rate_mbps {
+                        gauge!("isthmus_infiniband_port_rate_bytes_per_second", &labels)
+                            .set(r as f64 * 1e6 / 8.0);
+                    }
+                    for (name, suffix, mult, _) in IB_COUNTERS {
+                        if let Some(v) = p.counters.get(*name) {
+                            counter!(format!("isthmus_infiniband_{suffix}"), &labels)
+                                .absolute(v.saturating_mul(*mult));
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Record the supervised children.
+    pub fn record_children(&self, children: &[Managed], crash_loop_after: u32) {
+        self.with(|| {
+            for c in children {
+                let name = c.spec.name.clone();
+                gauge!("isthmus_supervised_child_up", "child" => name.clone()).set(
+                    if matches!(c.state, State::Running { .. }) {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                );
+                gauge!("isthmus_supervised_child_crash_looping", "child" => name.clone()).set(
+                    if c.backoff.consecutive_failures >= crash_loop_after {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                );
+                counter!("isthmus_supervised_child_restarts_total", "child" => name)
+                    .absolute(c.backoff.restarts);
+            }
+        });
+    }
+
+    /// Count an NRT outcome: `written`, `skipped` or `failed`.
+    pub fn record_nrt(&self, outcome: &str) {
+        self.with(|| match outcome {
+            "written" => counter!("isthmus_nrt_writes_total").increment(1),
+            "skipped" => counter!("isthmus_nrt_skips_total").increment(1),
+            _ => counter!("isthmus_nrt_failures_total").increment(1),
+        });
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+/// Time a closure.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let v = f();
+    (v, start.elapsed())
+}
