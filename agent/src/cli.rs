@@ -242,6 +242,9 @@ pub struct RenderArgs {
     /// nrt: the Node's UID, for the owner reference.
     #[arg(long, env = "NODE_UID", value_name = "UID")]
     pub node_uid: Option<String>,
+    /// nrt: ask the kubelet's PodResources API on this socket for allocatable/available and the pod fingerprint.
+    #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", value_name = "PATH")]
+    pub pod_resources_socket: Option<PathBuf>,
     /// nrt: the kubelet configuration file (a host path), for the topology manager policy and scope.
     #[arg(long, default_value = crate::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,

@@ -7,6 +7,7 @@ pub mod kubelet;
 pub mod metrics;
 pub mod nrt;
 pub mod podfingerprint;
+pub mod podresources;
 pub mod render;
 pub mod slurm_node;
 pub mod supervisor;

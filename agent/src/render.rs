@@ -74,11 +74,25 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
         RenderTarget::Nrt => {
             let root = isthmus_topology::HostRoot::new(&args.host.host_root);
             let (tm, warning) = crate::kubelet::topology_manager(&root, &args.kubelet_config);
+            let mut warnings: Vec<String> = warning.into_iter().collect();
+            let allocation = match &args.pod_resources_socket {
+                Some(socket) => match crate::podresources::query_blocking(
+                    socket,
+                    std::time::Duration::from_secs(10),
+                ) {
+                    Ok((alloc, list)) => Some(crate::podresources::allocation(topo, &alloc, &list)),
+                    Err(e) => {
+                        warnings.push(format!("{e}; allocatable/available default to capacity"));
+                        None
+                    }
+                },
+                None => None,
+            };
             let input = crate::nrt::NrtInputs {
                 node_name: node_name(slurm)?,
                 node_uid: args.node_uid.clone(),
                 topology_manager: tm,
-                allocation: None,
+                allocation,
             };
             let obj = crate::nrt::render(topo, &input);
             let text = match args.output {
@@ -87,7 +101,7 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                     format!("{}\n", serde_json::to_string_pretty(&obj)?)
                 }
             };
-            Ok((text, warning.into_iter().collect()))
+            Ok((text, warnings))
         }
         RenderTarget::Topology => {
             let text = topology_conf::fragment(&node_name(slurm)?, slurm.switch.as_deref(), None)?;

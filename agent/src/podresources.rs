@@ -1,0 +1,182 @@
+//! The kubelet PodResources API (gRPC over the kubelet's unix socket): what is allocatable and what the pods hold,
+//! per NUMA node, for the NodeResourceTopology's `allocatable` and `available`, and the pod-set fingerprint.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use isthmus_topology::NodeTopology;
+
+use crate::nrt::Allocation;
+
+/// Generated protobuf types, client and server (`proto/podresources.proto`).
+#[allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used
+)]
+pub mod proto {
+    tonic::include_proto!("v1");
+}
+
+use proto::pod_resources_lister_client::PodResourcesListerClient;
+use proto::{AllocatableResourcesResponse, ListPodResourcesResponse, TopologyInfo};
+
+/// The kubelet's socket.
+pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// Why the kubelet could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    /// Connecting to the socket failed.
+    #[error("connecting to the kubelet PodResources socket {0}: {1}")]
+    Connect(String, String),
+    /// A call failed.
+    #[error("PodResources {0} failed: {1}")]
+    Call(&'static str, String),
+}
+
+/// Ask the kubelet through `socket` (a path on this machine) for allocatable resources and the pod list.
+pub async fn query(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<(AllocatableResourcesResponse, ListPodResourcesResponse), PodResourcesError> {
+    let path: PathBuf = socket.to_path_buf();
+    let shown = socket.display().to_string();
+    // The URI is required by tonic but unused: the connector dials the unix socket.
+    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| PodResourcesError::Connect(shown.clone(), source_chain(&e)))?;
+    let mut client = PodResourcesListerClient::new(channel);
+    let alloc = client
+        .get_allocatable_resources(proto::AllocatableResourcesRequest {})
+        .await
+        .map_err(|e| PodResourcesError::Call("GetAllocatableResources", e.message().to_owned()))?
+        .into_inner();
+    let list = client
+        .list(proto::ListPodResourcesRequest {})
+        .await
+        .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
+        .into_inner();
+    Ok((alloc, list))
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Blocking wrapper for the synchronous agent loop and the CLI.
+pub fn query_blocking(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<(AllocatableResourcesResponse, ListPodResourcesResponse), PodResourcesError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PodResourcesError::Connect(socket.display().to_string(), e.to_string()))?;
+    rt.block_on(query(socket, timeout))
+}
+
+fn numa_of(t: Option<&TopologyInfo>) -> Option<u32> {
+    let nodes = &t?.nodes;
+    // A device attached to several NUMA nodes is counted on the first (the kubelet lists them in order).
+    nodes.first().and_then(|n| u32::try_from(n.id).ok())
+}
+
+/// Per-NUMA allocatable and in-use amounts, from the kubelet's answers and the model's NUMA cpusets.
+pub fn allocation(
+    topo: &NodeTopology,
+    alloc: &AllocatableResourcesResponse,
+    list: &ListPodResourcesResponse,
+) -> Allocation {
+    let mut per: BTreeMap<u32, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
+    let numa_of_cpu = |cpu: i64| -> Option<u32> {
+        let cpu = u32::try_from(cpu).ok()?;
+        topo.numa_nodes
+            .iter()
+            .find(|n| n.cpuset.contains(cpu))
+            .map(|n| n.id)
+    };
+    let mut add = |numa: u32, name: &str, alloc: u64, used: u64| {
+        let e = per
+            .entry(numa)
+            .or_default()
+            .entry(name.to_owned())
+            .or_insert((0, 0));
+        e.0 += alloc;
+        e.1 += used;
+    };
+    for cpu in &alloc.cpu_ids {
+        if let Some(n) = numa_of_cpu(*cpu) {
+            add(n, "cpu", 1, 0);
+        }
+    }
+    // device id -> (resource, numa) from the allocatable list
+    let mut device_numa: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for d in &alloc.devices {
+        if let Some(n) = numa_of(d.topology.as_ref()) {
+            for id in &d.device_ids {
+                device_numa.insert((d.resource_name.clone(), id.clone()), n);
+                add(n, &d.resource_name, 1, 0);
+            }
+        }
+    }
+    for m in &alloc.memory {
+        if let Some(n) = numa_of(m.topology.as_ref()) {
+            add(n, &m.memory_type, m.size, 0);
+        }
+    }
+    for pod in &list.pod_resources {
+        for c in &pod.containers {
+            for cpu in &c.cpu_ids {
+                if let Some(n) = numa_of_cpu(*cpu) {
+                    add(n, "cpu", 0, 1);
+                }
+            }
+            for d in &c.devices {
+                for id in &d.device_ids {
+                    let n = device_numa
+                        .get(&(d.resource_name.clone(), id.clone()))
+                        .copied()
+                        .or_else(|| numa_of(d.topology.as_ref()));
+                    if let Some(n) = n {
+                        add(n, &d.resource_name, 0, 1);
+                    }
+                }
+            }
+            for m in &c.memory {
+                if let Some(n) = numa_of(m.topology.as_ref()) {
+                    add(n, &m.memory_type, 0, m.size);
+                }
+            }
+        }
+    }
+    let fingerprint = crate::podfingerprint::fingerprint(
+        list.pod_resources
+            .iter()
+            .map(|p| (p.namespace.as_str(), p.name.as_str())),
+    );
+    Allocation {
+        per_numa: per,
+        pods_fingerprint: Some(fingerprint),
+    }
+}
