@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod nrt;
 pub mod podfingerprint;
 pub mod podresources;
+pub mod publish;
 pub mod render;
 pub mod slurm_node;
 pub mod supervisor;
