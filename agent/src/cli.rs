@@ -205,6 +205,16 @@ pub struct AgentArgs {
     /// Log format.
     #[arg(long, value_enum, env = "ISTHMUS_LOG_FORMAT", default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Publish the NodeResourceTopology object through the API server (in-cluster configuration, or KUBECONFIG).
+    /// Default: on when running in a pod (KUBERNETES_SERVICE_HOST is set).
+    #[arg(long, env = "ISTHMUS_PUBLISH_NRT")]
+    pub publish_nrt: Option<bool>,
+    /// The kubelet PodResources socket (a path as seen by the agent).
+    #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = crate::podresources::DEFAULT_SOCKET, value_name = "PATH")]
+    pub pod_resources_socket: PathBuf,
+    /// The kubelet configuration file (a host path), for the topology manager policy and scope.
+    #[arg(long, default_value = crate::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
+    pub kubelet_config: String,
     /// Address of the /metrics, /healthz and /readyz endpoint.
     #[arg(
         long,

@@ -39,6 +39,7 @@ pub struct Publisher {
     client: Client,
     api: Api<DynamicObject>,
     last: Option<Value>,
+    node_uid: Option<String>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -57,6 +58,7 @@ impl Publisher {
             client,
             api,
             last: None,
+            node_uid: None,
         }
     }
 
@@ -67,9 +69,29 @@ impl Publisher {
         Ok(node.metadata.uid.unwrap_or_default())
     }
 
-    /// Apply `obj` unless it equals the last applied object.
+    /// Apply `obj` unless it equals the last applied object. An object without an owner reference gets one to its
+    /// Node (whose UID is read once), so that deleting the Node garbage-collects the NRT.
     pub async fn publish(&mut self, obj: &NodeResourceTopology) -> Result<Outcome, kube::Error> {
-        let value = serde_json::to_value(obj).map_err(kube::Error::SerdeError)?;
+        let mut obj = obj.clone();
+        if obj.metadata.owner_references.is_empty() {
+            let uid = match &self.node_uid {
+                Some(u) => u.clone(),
+                None => {
+                    let u = self.node_uid(&obj.metadata.name).await?;
+                    self.node_uid = Some(u.clone());
+                    u
+                }
+            };
+            obj.metadata
+                .owner_references
+                .push(crate::nrt::OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: obj.metadata.name.clone(),
+                    uid,
+                });
+        }
+        let value = serde_json::to_value(&obj).map_err(kube::Error::SerdeError)?;
         if self.last.as_ref() == Some(&value) {
             return Ok(Outcome::Unchanged);
         }
@@ -128,9 +150,18 @@ impl Default for Pacing {
     }
 }
 
+/// A future that builds the Kubernetes client (run inside the publisher's runtime).
+pub type ClientFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Client, String>> + Send>>;
+
+/// The client from the environment: KUBECONFIG / ~/.kube/config, else the pod's service account.
+pub fn default_client() -> ClientFuture {
+    Box::pin(async { Client::try_default().await.map_err(|e| e.to_string()) })
+}
+
 /// Start the publisher thread: send it every desired object; it applies the latest, retrying with backoff.
 pub fn spawn(
-    client_factory: impl FnOnce() -> Result<Client, String> + Send + 'static,
+    client_factory: impl FnOnce() -> ClientFuture + Send + 'static,
     metrics: Arc<Metrics>,
     pacing: Pacing,
 ) -> std::io::Result<Sender<NodeResourceTopology>> {
@@ -148,7 +179,7 @@ pub fn spawn(
                     return;
                 }
             };
-            let client = match rt.block_on(async { client_factory() }) {
+            let client = match rt.block_on(client_factory()) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!("no Kubernetes client: {e}; NRT publication disabled");
@@ -378,6 +409,34 @@ mod tests {
         server.await.unwrap_or_else(|e| panic!("{e}"));
     }
 
+    #[tokio::test]
+    async fn the_owner_reference_points_at_the_node() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut p = Publisher::new(Client::new(mock, "default"));
+        let mut obj = object("pfp0v001aaaaaaaaaaaaaaaa");
+        obj.metadata.owner_references.clear();
+        let want = object("pfp0v001aaaaaaaaaaaaaaaa");
+        let server = tokio::spawn(async move {
+            let (req, send) = handle
+                .next_request()
+                .await
+                .unwrap_or_else(|| panic!("no request"));
+            assert_eq!(
+                (req.method().as_str(), req.uri().path()),
+                ("GET", "/api/v1/nodes/node1")
+            );
+            let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "uid": "u-1"}});
+            send.send_response(
+                Response::builder()
+                    .body(Body::from(serde_json::to_vec(&node).unwrap_or_default()))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+            expect_apply(&mut handle, &want, StatusCode::OK).await;
+        });
+        assert_eq!(p.publish(&obj).await.ok(), Some(Outcome::Written));
+        server.await.unwrap_or_else(|e| panic!("{e}"));
+    }
+
     #[test]
     fn the_publisher_thread_retries_until_the_api_server_recovers() {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -387,12 +446,9 @@ mod tests {
             resync: Duration::from_secs(600),
             call_timeout: Duration::from_secs(5),
         };
-        let tx = spawn(
-            move || Ok(Client::new(mock, "default")),
-            metrics.clone(),
-            pacing,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let factory =
+            move || -> ClientFuture { Box::pin(async move { Ok(Client::new(mock, "default")) }) };
+        let tx = spawn(factory, metrics.clone(), pacing).unwrap_or_else(|e| panic!("{e}"));
         let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -211,7 +211,7 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     let events = crate::supervisor::signal_events().context("installing signal handlers")?;
     let policy = BackoffPolicy::default();
     let mut sup = Supervisor::new(policy, Duration::from_secs(args.grace_seconds));
-    let metrics = crate::metrics::Metrics::new();
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     let health = std::sync::Arc::new(crate::http::Health::default());
     health.beat();
     let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
@@ -253,6 +253,25 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     health.set_ready(slurm.is_none());
 
     let host = args.host.clone();
+    let publish = args
+        .publish_nrt
+        .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
+    let nrt_tx = if publish {
+        let tx = crate::publish::spawn(
+            crate::publish::default_client,
+            metrics.clone(),
+            crate::publish::Pacing::default(),
+        )
+        .context("starting the NRT publisher")?;
+        Some(tx)
+    } else {
+        None
+    };
+    let nrt_node = crate::render::node_name(&args.slurm).ok();
+    let kubelet_config = args.kubelet_config.clone();
+    let pod_socket = args.pod_resources_socket.clone();
+    let mut latest_topo = topo;
+    let mut kube_state = KubeState::default();
     let mut next_discovery = std::time::Instant::now() + rediscover;
     let exit = sup.run(&events, STATUS_PERIOD, |sup| {
         health.beat();
@@ -264,7 +283,28 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
             });
             health.set_ready(slurmd_up);
         }
-        if std::time::Instant::now() < next_discovery && !sup.hup_pending() {
+        let rediscover_now = std::time::Instant::now() >= next_discovery || sup.hup_pending();
+        if rediscover_now {
+            next_discovery = std::time::Instant::now() + rediscover;
+            let (topo, took) = crate::metrics::timed(|| crate::discover(&host, true));
+            match topo {
+                Ok(t) => {
+                    metrics.record_discovery(&t, took);
+                    latest_topo = t;
+                }
+                Err(e) => tracing::warn!("re-discovery failed: {e:#}"),
+            }
+        }
+        if let (Some(tx), Some(node)) = (&nrt_tx, &nrt_node) {
+            if let Some(obj) =
+                kube_state.nrt(&latest_topo, node, &host, &kubelet_config, &pod_socket)
+            {
+                if tx.send(obj).is_err() {
+                    tracing::warn!("the NRT publisher stopped");
+                }
+            }
+        }
+        if !rediscover_now {
             return Vec::new();
         }
         next_discovery = std::time::Instant::now() + rediscover;
@@ -305,4 +345,79 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
         }]
     });
     Ok(exit.as_code())
+}
+
+/// Kubelet files whose change means the allocation changed (CPU, memory and device managers' checkpoints).
+const KUBELET_CHECKPOINTS: [&str; 3] = [
+    "/var/lib/kubelet/cpu_manager_state",
+    "/var/lib/kubelet/memory_manager_state",
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+];
+
+/// How often PodResources is asked even without a checkpoint change (the pod fingerprint covers every pod).
+const POD_RESOURCES_POLL: Duration = Duration::from_secs(10);
+
+/// What the NRT rendering remembers between ticks.
+#[derive(Default)]
+struct KubeState {
+    checkpoints: Vec<Option<std::time::SystemTime>>,
+    allocation: Option<crate::nrt::Allocation>,
+    last_query: Option<std::time::Instant>,
+    warned: bool,
+}
+
+impl KubeState {
+    /// The desired NRT object: PodResources is asked when a kubelet checkpoint changed or the poll period passed.
+    fn nrt(
+        &mut self,
+        topo: &NodeTopology,
+        node: &str,
+        host: &crate::cli::HostArgs,
+        kubelet_config: &str,
+        socket: &Path,
+    ) -> Option<crate::nrt::NodeResourceTopology> {
+        let root = isthmus_topology::HostRoot::new(&host.host_root);
+        let stamps: Vec<Option<std::time::SystemTime>> = KUBELET_CHECKPOINTS
+            .iter()
+            .map(|p| {
+                std::fs::metadata(root.join(p))
+                    .and_then(|m| m.modified())
+                    .ok()
+            })
+            .collect();
+        let due = self
+            .last_query
+            .is_none_or(|t| t.elapsed() >= POD_RESOURCES_POLL)
+            || stamps != self.checkpoints;
+        if due {
+            self.checkpoints = stamps;
+            self.last_query = Some(std::time::Instant::now());
+            match crate::podresources::query_blocking(socket, Duration::from_secs(2)) {
+                Ok((alloc, list)) => {
+                    self.allocation = Some(crate::podresources::allocation(topo, &alloc, &list));
+                    self.warned = false;
+                }
+                Err(e) => {
+                    if !self.warned {
+                        tracing::warn!(
+                            "{e}; the NRT reports allocatable = capacity until the kubelet answers"
+                        );
+                        self.warned = true;
+                    }
+                    self.allocation = None;
+                }
+            }
+        }
+        let (tm, warning) = crate::kubelet::topology_manager(&root, kubelet_config);
+        if let Some(w) = warning {
+            tracing::debug!("kubelet configuration: {w}");
+        }
+        let input = crate::nrt::NrtInputs {
+            node_name: node.to_owned(),
+            node_uid: None,
+            topology_manager: tm,
+            allocation: self.allocation.clone(),
+        };
+        Some(crate::nrt::render(topo, &input))
+    }
 }
