@@ -3,119 +3,9 @@
 
 use std::path::Path;
 
-use isthmus_agent::podresources::proto::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use isthmus_agent::podresources::proto::*;
+use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
 use isthmus_tests::{fixtures, isthmus};
 use serde_json::Value;
-
-fn topo(numa: i64) -> Option<TopologyInfo> {
-    Some(TopologyInfo {
-        nodes: vec![NumaNode { id: numa }],
-    })
-}
-
-/// UUIDs of the fixture's GPUs (from its nvidia-smi -q), as the NVIDIA device plugin names them; NUMA 0 for GPUs 0-3.
-const GPU_UUIDS: [&str; 8] = [
-    "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa",
-    "GPU-47daa2ad-a218-6286-252b-af45f0dfaf00",
-    "GPU-167d8376-ee13-fca4-938a-a05167c43cdc",
-    "GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99",
-    "GPU-2b6f61f9-8b00-3b57-d912-b62792120662",
-    "GPU-980ea11b-91dc-db7b-72ac-0685abc43658",
-    "GPU-4ef109e9-e925-4834-2b85-0771b4ef696c",
-    "GPU-b0fe4996-1f7c-91f6-0ccd-08ae3b7e23c5",
-];
-
-struct Kubelet;
-
-#[tonic::async_trait]
-impl PodResourcesLister for Kubelet {
-    async fn list(
-        &self,
-        _: tonic::Request<ListPodResourcesRequest>,
-    ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
-        let trainer = PodResources {
-            name: "trainer-0".into(),
-            namespace: "ml".into(),
-            containers: vec![ContainerResources {
-                name: "main".into(),
-                devices: vec![ContainerDevices {
-                    resource_name: "nvidia.com/gpu".into(),
-                    device_ids: vec![GPU_UUIDS[0].into(), GPU_UUIDS[1].into()],
-                    topology: topo(0),
-                }],
-                // Exclusive CPUs from the static CPU manager: 1-3 are on NUMA 0.
-                cpu_ids: vec![1, 2, 3],
-                memory: vec![ContainerMemory {
-                    memory_type: "memory".into(),
-                    size: 8 << 30,
-                    topology: topo(0),
-                }],
-            }],
-        };
-        let web = PodResources {
-            name: "web".into(),
-            namespace: "default".into(),
-            containers: vec![],
-        };
-        Ok(tonic::Response::new(ListPodResourcesResponse {
-            pod_resources: vec![trainer, web],
-        }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: tonic::Request<AllocatableResourcesRequest>,
-    ) -> Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
-        let devices = (0..8)
-            .map(|i| ContainerDevices {
-                resource_name: "nvidia.com/gpu".into(),
-                device_ids: vec![GPU_UUIDS[i].into()],
-                topology: topo(if i < 4 { 0 } else { 1 }),
-            })
-            .collect();
-        // CPUs 0 and 8 are reserved for the system (reservedSystemCPUs).
-        let cpu_ids = (0..32).filter(|c| *c != 0 && *c != 8).collect();
-        let memory = vec![
-            ContainerMemory {
-                memory_type: "memory".into(),
-                size: 40 << 30,
-                topology: topo(0),
-            },
-            ContainerMemory {
-                memory_type: "memory".into(),
-                size: 42 << 30,
-                topology: topo(1),
-            },
-        ];
-        Ok(tonic::Response::new(AllocatableResourcesResponse {
-            devices,
-            cpu_ids,
-            memory,
-        }))
-    }
-}
-
-fn serve(socket: &Path) -> tokio::runtime::Runtime {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let listener = rt
-        .block_on(async { tokio::net::UnixListener::bind(socket) })
-        .unwrap_or_else(|e| panic!("bind: {e}"));
-    rt.spawn(async move {
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let _ = tonic::transport::Server::builder()
-            .add_service(PodResourcesListerServer::new(Kubelet))
-            .serve_with_incoming(incoming)
-            .await;
-    });
-    rt
-}
 
 fn resource(zone: &Value, name: &str) -> Option<(String, String, String)> {
     let r = zone["resources"]
@@ -166,7 +56,15 @@ fn render(socket: &Path) -> (Value, String) {
 fn allocation_and_fingerprint_come_from_the_kubelet() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let socket = dir.path().join("kubelet.sock");
-    let _rt = serve(&socket);
+    let kubelet = FakeKubelet::default();
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        // Exclusive CPUs 1-3 (NUMA 0) and GPUs 0-1 for the trainer; nothing for the web pod.
+        *pods = vec![
+            pod("ml", "trainer-0", &[0, 1], &[1, 2, 3]),
+            pod("default", "web", &[], &[]),
+        ];
+    }
+    let _rt = serve(&socket, kubelet);
     let (obj, stderr) = render(&socket);
     assert!(!stderr.contains("warning"), "{stderr}");
     let zones = obj["zones"].as_array().cloned().unwrap_or_default();

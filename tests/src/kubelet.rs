@@ -1,0 +1,132 @@
+//! An in-test kubelet PodResources server (gRPC `v1.PodResourcesLister` on a unix socket) answering for the 8×H100
+//! fixture: its GPUs (by the UUIDs of its nvidia-smi dump) on NUMA 0/1, CPUs 0 and 8 reserved, memory per NUMA node,
+//! and a pod list the test can change.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use isthmus_agent::podresources::proto::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use isthmus_agent::podresources::proto::*;
+
+/// UUIDs of the fixture's GPUs, as the NVIDIA device plugin names them; GPUs 0-3 are on NUMA 0.
+pub const GPU_UUIDS: [&str; 8] = [
+    "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa",
+    "GPU-47daa2ad-a218-6286-252b-af45f0dfaf00",
+    "GPU-167d8376-ee13-fca4-938a-a05167c43cdc",
+    "GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99",
+    "GPU-2b6f61f9-8b00-3b57-d912-b62792120662",
+    "GPU-980ea11b-91dc-db7b-72ac-0685abc43658",
+    "GPU-4ef109e9-e925-4834-2b85-0771b4ef696c",
+    "GPU-b0fe4996-1f7c-91f6-0ccd-08ae3b7e23c5",
+];
+
+/// A NUMA topology with one node.
+pub fn numa(id: i64) -> Option<TopologyInfo> {
+    Some(TopologyInfo {
+        nodes: vec![NumaNode { id }],
+    })
+}
+
+/// A pod holding `gpus` GPUs (by index) and exclusive `cpus`, with 8 GiB on NUMA 0.
+pub fn pod(namespace: &str, name: &str, gpus: &[usize], cpus: &[i64]) -> PodResources {
+    let devices = if gpus.is_empty() {
+        vec![]
+    } else {
+        vec![ContainerDevices {
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: gpus.iter().map(|i| GPU_UUIDS[*i].to_owned()).collect(),
+            topology: numa(if gpus[0] < 4 { 0 } else { 1 }),
+        }]
+    };
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: "main".into(),
+            devices,
+            cpu_ids: cpus.to_vec(),
+            memory: if cpus.is_empty() {
+                vec![]
+            } else {
+                vec![ContainerMemory {
+                    memory_type: "memory".into(),
+                    size: 8 << 30,
+                    topology: numa(0),
+                }]
+            },
+        }],
+    }
+}
+
+/// The fake kubelet.
+#[derive(Debug, Clone, Default)]
+pub struct FakeKubelet {
+    /// The pods `List` returns.
+    pub pods: Arc<Mutex<Vec<PodResources>>>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakeKubelet {
+    async fn list(
+        &self,
+        _: tonic::Request<ListPodResourcesRequest>,
+    ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
+        let pods = self.pods.lock().map(|p| p.clone()).unwrap_or_default();
+        Ok(tonic::Response::new(ListPodResourcesResponse {
+            pod_resources: pods,
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: tonic::Request<AllocatableResourcesRequest>,
+    ) -> Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
+        let devices = (0..8)
+            .map(|i| ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec![GPU_UUIDS[i].into()],
+                topology: numa(if i < 4 { 0 } else { 1 }),
+            })
+            .collect();
+        let cpu_ids = (0..32).filter(|c| *c != 0 && *c != 8).collect();
+        let memory = vec![
+            ContainerMemory {
+                memory_type: "memory".into(),
+                size: 40 << 30,
+                topology: numa(0),
+            },
+            ContainerMemory {
+                memory_type: "memory".into(),
+                size: 42 << 30,
+                topology: numa(1),
+            },
+        ];
+        Ok(tonic::Response::new(AllocatableResourcesResponse {
+            devices,
+            cpu_ids,
+            memory,
+        }))
+    }
+}
+
+/// Serve `kubelet` on `socket` from a background runtime (kept alive by the returned value).
+pub fn serve(socket: &Path, kubelet: FakeKubelet) -> tokio::runtime::Runtime {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(socket) })
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    rt.spawn(async move {
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(kubelet))
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    rt
+}

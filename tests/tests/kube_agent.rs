@@ -1,0 +1,228 @@
+//! `isthmus agent` publishing its NodeResourceTopology to a loopback stand-in for the API server, with an in-test
+//! kubelet: one apply at start (owner reference to the Node), nothing while nothing changes, one apply after a pod-set
+//! change, and convergence after the API server failed for a while.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
+use isthmus_tests::{fakeapi, fixtures, http_get, isthmus_bin};
+use serde_json::Value;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn patches(state: &std::sync::Mutex<fakeapi::State>) -> Vec<fakeapi::Seen> {
+    state
+        .lock()
+        .map(|s| {
+            s.seen
+                .iter()
+                .filter(|r| r.method == "PATCH")
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn wait_for_patches(
+    state: &std::sync::Mutex<fakeapi::State>,
+    n: usize,
+    timeout: Duration,
+) -> Vec<fakeapi::Seen> {
+    let start = Instant::now();
+    loop {
+        let p = patches(state);
+        if p.len() >= n {
+            return p;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "expected {n} applies, saw {}",
+            p.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn fingerprint(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["attributes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["name"] == "nodeTopologyPodsFingerprint")
+        .and_then(|a| a["value"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = dir.path().join("root");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("hosts/xe9680-8xh100/root"))
+        .arg(&root)
+        .status();
+    assert!(st.is_ok_and(|s| s.success()));
+    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        root.join("var/lib/kubelet/config.yaml"),
+        "topologyManagerPolicy: single-numa-node\ntopologyManagerScope: pod\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let checkpoint = root.join("var/lib/kubelet/cpu_manager_state");
+    std::fs::write(&checkpoint, "{}").unwrap_or_else(|e| panic!("{e}"));
+
+    let kubelet = FakeKubelet::default();
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        *pods = vec![pod("ml", "trainer-0", &[0, 1], &[1, 2, 3])];
+    }
+    let socket = dir.path().join("kubelet.sock");
+    let _kubelet_rt = serve(&socket, kubelet.clone());
+    let (api, state) = fakeapi::start("3f2a-node-uid");
+    let kubeconfig = fakeapi::kubeconfig(dir.path(), &api);
+    let listen = format!("127.0.0.1:{}", free_port());
+
+    let _agent = Agent(
+        Command::new(isthmus_bin())
+            .args([
+                "agent",
+                "--slurm-mode",
+                "off",
+                "--no-nvml",
+                "--publish-nrt",
+                "true",
+                "--node-name",
+                "gpu001",
+            ])
+            .args(["--listen", &listen, "--rediscover-seconds", "3600"])
+            .arg("--host-root")
+            .arg(&root)
+            .arg("--pod-resources-socket")
+            .arg(&socket)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+
+    // One apply at start, with the owner reference and the kubelet's view.
+    let first = wait_for_patches(&state, 1, Duration::from_secs(30));
+    let p = &first[0];
+    assert_eq!(
+        p.target,
+        "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/gpu001?&force=true&fieldManager=isthmus"
+    );
+    assert_eq!(p.content_type, "application/apply-patch+yaml");
+    let obj: Value = serde_json::from_str(&p.body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        obj["metadata"]["ownerReferences"][0]["uid"],
+        "3f2a-node-uid"
+    );
+    assert_eq!(obj["metadata"]["ownerReferences"][0]["kind"], "Node");
+    let attrs = obj["attributes"].to_string();
+    assert!(
+        attrs.contains("single-numa-node") && attrs.contains(r#""value":"pod""#),
+        "{attrs}"
+    );
+    let fp1 = fingerprint(&p.body);
+    assert_eq!(
+        fp1,
+        isthmus_agent::podfingerprint::fingerprint([("ml", "trainer-0")])
+    );
+
+    // Nothing changes: no further write (several ticks and one PodResources poll later).
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        patches(&state).len(),
+        1,
+        "an unchanged object was written again"
+    );
+
+    // A pod arrives: the kubelet checkpoint changes and one apply follows.
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        pods.push(pod("ml", "trainer-1", &[4], &[9, 10]));
+    }
+    std::fs::write(&checkpoint, "{\"changed\":1}").unwrap_or_else(|e| panic!("{e}"));
+    let changed_at = Instant::now();
+    let after = wait_for_patches(&state, 2, Duration::from_secs(30));
+    let latency = after[1].at.saturating_duration_since(changed_at);
+    eprintln!("pod-set change to apply: {latency:?}");
+    assert_ne!(fingerprint(&after[1].body), fp1);
+
+    // The API server fails (500, then 403): failures are counted, the agent keeps serving, and it converges after.
+    if let Ok(mut s) = state.lock() {
+        s.fail_with = Some(500);
+    }
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        pods.pop();
+    }
+    std::fs::write(&checkpoint, "{\"changed\":2}").unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(4));
+    if let Ok(mut s) = state.lock() {
+        s.fail_with = Some(403);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        http_get(&listen, "/healthz").map(|r| r.0).ok(),
+        Some(200),
+        "the agent stays healthy"
+    );
+    let failures = http_get(&listen, "/metrics")
+        .ok()
+        .and_then(|(_, b)| {
+            b.lines()
+                .find(|l| l.starts_with("isthmus_nrt_failures_total"))
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    assert!(
+        failures
+            .split(' ')
+            .nth(1)
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|v| v >= 1.0),
+        "{failures}"
+    );
+    let before_recovery = patches(&state).len();
+    if let Ok(mut s) = state.lock() {
+        s.fail_with = None;
+    }
+    let recovered_at = Instant::now();
+    let start = Instant::now();
+    loop {
+        let ps = patches(&state);
+        let done = ps.len() > before_recovery
+            && ps
+                .last()
+                .is_some_and(|p| fingerprint(&p.body) == fp1 && p.at > recovered_at);
+        if done {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "no convergence after the API server recovered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("API recovery to apply: {:?}", recovered_at.elapsed());
+}
