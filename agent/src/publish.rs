@@ -444,7 +444,7 @@ mod tests {
         let pacing = Pacing {
             min_interval: Duration::from_millis(10),
             resync: Duration::from_secs(600),
-            call_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_millis(300),
         };
         let factory =
             move || -> ClientFuture { Box::pin(async move { Ok(Client::new(mock, "default")) }) };
@@ -456,12 +456,21 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         tx.send(obj.clone()).unwrap_or_else(|e| panic!("{e}"));
         rt.block_on(async {
+            // The first call never gets an answer: the call times out and is retried.
+            let (_req, pending) = handle
+                .next_request()
+                .await
+                .unwrap_or_else(|| panic!("no request"));
             expect_apply(&mut handle, &obj, StatusCode::SERVICE_UNAVAILABLE).await;
+            drop(pending);
             // Retried after the backoff (0.5 s ± 20 %) without any new trigger.
             expect_apply(&mut handle, &obj, StatusCode::OK).await;
         });
         let text = metrics.render();
-        assert!(text.contains("isthmus_nrt_failures_total 1"), "{text}");
+        assert!(
+            text.contains("isthmus_nrt_failures_total 2"),
+            "a timeout and a 503: {text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
         assert!(metrics.render().contains("isthmus_nrt_writes_total 1"));
     }
