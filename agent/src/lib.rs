@@ -63,14 +63,23 @@ pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource>> {
 
 /// Discover the node described by `host`.
 pub fn discover(host: &HostArgs, ib_counters: bool) -> Result<NodeTopology> {
+    let nvml = nvml_source(host)?;
+    discover_with(host, nvml.as_ref(), ib_counters)
+}
+
+/// Discover with an NVML source the caller keeps (NVML is initialised once per process).
+pub fn discover_with(
+    host: &HostArgs,
+    nvml: &dyn NvmlSource,
+    ib_counters: bool,
+) -> Result<NodeTopology> {
     let root = HostRoot::new(&host.host_root);
     if !host.host_root.is_dir() {
         anyhow::bail!("host root {} is not a directory", host.host_root.display());
     }
-    let nvml = nvml_source(host)?;
     Ok(isthmus_topology::discover(
         &root,
-        nvml.as_ref(),
+        nvml,
         DiscoverOptions {
             use_hwloc: !host.no_hwloc,
             ib_counters,

@@ -103,6 +103,23 @@ const IB_COUNTERS: &[(&str, &str, u64, &str)] = &[
 
 fn describe() {
     describe_gauge!(
+        "isthmus_gpu_utilization_ratio",
+        "GPU utilisation (0-1), from NVML."
+    );
+    describe_gauge!(
+        "isthmus_gpu_memory_used_bytes",
+        "GPU frame-buffer memory in use, from NVML."
+    );
+    describe_gauge!(
+        "isthmus_gpu_temperature_celsius",
+        "GPU temperature, from NVML."
+    );
+    describe_gauge!("isthmus_gpu_power_watts", "GPU power draw, from NVML.");
+    describe_counter!(
+        "isthmus_gpu_ecc_errors_total",
+        "Aggregate ECC errors of the GPU, by type, from NVML."
+    );
+    describe_gauge!(
         "isthmus_device_info",
         "A discovered device (value 1), with kind, vendor, model, PCI address and NUMA node."
     );
@@ -266,6 +283,43 @@ impl Metrics {
                 );
                 counter!("isthmus_supervised_child_restarts_total", "child" => name)
                     .absolute(c.backoff.restarts);
+            }
+        });
+    }
+
+    /// Record NVML telemetry (DCGM-exporter's labels in snake case, as promtool's lint asks: `gpu`, `uuid`, `pci_bus_id`, `model_name`).
+    pub fn record_gpus(&self, snapshot: &isthmus_topology::nvml::NvmlSnapshot) {
+        self.with(|| {
+            for g in &snapshot.gpus {
+                let labels = [
+                    ("gpu", g.index.to_string()),
+                    ("uuid", g.uuid.clone().unwrap_or_default()),
+                    ("pci_bus_id", g.pci_address.clone()),
+                    ("model_name", g.name.clone().unwrap_or_default()),
+                ];
+                let t = &g.telemetry;
+                if let Some(u) = t.utilization_percent {
+                    gauge!("isthmus_gpu_utilization_ratio", &labels).set(f64::from(u) / 100.0);
+                }
+                if let Some(m) = t.memory_used_bytes {
+                    gauge!("isthmus_gpu_memory_used_bytes", &labels).set(m as f64);
+                }
+                if let Some(c) = t.temperature_celsius {
+                    gauge!("isthmus_gpu_temperature_celsius", &labels).set(f64::from(c));
+                }
+                if let Some(w) = t.power_watts {
+                    gauge!("isthmus_gpu_power_watts", &labels).set(w);
+                }
+                for (kind, v) in [
+                    ("corrected", t.ecc_corrected_total),
+                    ("uncorrected", t.ecc_uncorrected_total),
+                ] {
+                    if let Some(v) = v {
+                        let mut l = labels.to_vec();
+                        l.push(("type", kind.to_owned()));
+                        counter!("isthmus_gpu_ecc_errors_total", &l).absolute(v);
+                    }
+                }
             }
         });
     }

@@ -188,6 +188,9 @@ fn munged_spec(args: &AgentArgs) -> Result<ChildSpec> {
     })
 }
 
+/// How often GPU telemetry is read from NVML.
+const TELEMETRY_PERIOD: Duration = Duration::from_secs(10);
+
 /// How often the agent refreshes its status (heartbeat, readiness, child metrics).
 const STATUS_PERIOD: Duration = Duration::from_secs(2);
 
@@ -224,7 +227,9 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     .with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
 
-    let (topo, took) = crate::metrics::timed(|| crate::discover(&args.host, true));
+    let nvml = crate::nvml_source(&args.host)?;
+    let (topo, took) =
+        crate::metrics::timed(|| crate::discover_with(&args.host, nvml.as_ref(), true));
     let topo = topo?;
     metrics.record_discovery(&topo, took);
     for w in &topo.warnings {
@@ -272,6 +277,7 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     let pod_socket = args.pod_resources_socket.clone();
     let mut latest_topo = topo;
     let mut kube_state = KubeState::default();
+    let mut next_telemetry = std::time::Instant::now();
     let mut next_discovery = std::time::Instant::now() + rediscover;
     let exit = sup.run(&events, STATUS_PERIOD, |sup| {
         health.beat();
@@ -283,10 +289,23 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
             });
             health.set_ready(slurmd_up);
         }
+        if std::time::Instant::now() >= next_telemetry
+            && matches!(
+                latest_topo.nvml,
+                isthmus_topology::NvmlStatus::Available { .. }
+            )
+        {
+            next_telemetry = std::time::Instant::now() + TELEMETRY_PERIOD;
+            match nvml.snapshot() {
+                Ok(snap) => metrics.record_gpus(&snap),
+                Err(e) => tracing::debug!("NVML telemetry: {e}"),
+            }
+        }
         let rediscover_now = std::time::Instant::now() >= next_discovery || sup.hup_pending();
         if rediscover_now {
             next_discovery = std::time::Instant::now() + rediscover;
-            let (topo, took) = crate::metrics::timed(|| crate::discover(&host, true));
+            let (topo, took) =
+                crate::metrics::timed(|| crate::discover_with(&host, nvml.as_ref(), true));
             match topo {
                 Ok(t) => {
                     metrics.record_discovery(&t, took);

@@ -27,7 +27,11 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
             "agent",
             "--slurm-mode",
             "off",
-            "--no-nvml",
+            "--nvml-replay",
+            fixtures()
+                .join("hosts/xe9680-8xh100/nvidia-smi-q.txt")
+                .to_str()
+                .unwrap_or_default(),
             "--listen",
             &addr,
             "--host-root",
@@ -41,7 +45,9 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
     let start = Instant::now();
     let body = loop {
         if let Ok((200, body)) = http_get(&addr, "/metrics") {
-            if body.contains("isthmus_device_info") {
+            if body.contains("isthmus_device_info")
+                && body.contains("isthmus_gpu_temperature_celsius")
+            {
                 break body;
             }
         }
@@ -86,6 +92,27 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
         .filter(|l| l.starts_with("isthmus_device_info{") && l.contains("kind=\"gpu\""))
         .count();
     assert_eq!(gpus, 8);
+    // NVML telemetry (replayed from the 8×H100 nvidia-smi -q): GPU 0 reads 29 C and 67.74 W.
+    let gpu0 = r#"{gpu="0",uuid="GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa",pci_bus_id="0000:19:00.0",model_name="NVIDIA H100 80GB HBM3"}"#;
+    assert_eq!(
+        value(&body, &format!("isthmus_gpu_temperature_celsius{gpu0}")),
+        Some(29.0),
+        "{body}"
+    );
+    assert_eq!(
+        value(&body, &format!("isthmus_gpu_power_watts{gpu0}")),
+        Some(67.74)
+    );
+    assert_eq!(
+        value(&body, &format!("isthmus_gpu_utilization_ratio{gpu0}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        body.lines()
+            .filter(|l| l.starts_with("isthmus_gpu_memory_used_bytes{"))
+            .count(),
+        8
+    );
     assert_eq!(value(&body, "isthmus_machine_cpus"), Some(32.0));
     assert_eq!(
         value(

@@ -12,8 +12,25 @@ use crate::pci_ids::normalize_pci_address;
 #[error("NVML unavailable: {0}")]
 pub struct NvmlUnavailable(pub String);
 
+/// Live GPU telemetry (for metrics; never part of the hardware model, which must not change between runs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuTelemetry {
+    /// GPU utilisation, percent.
+    pub utilization_percent: Option<u32>,
+    /// Frame-buffer memory in use, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// GPU temperature, °C.
+    pub temperature_celsius: Option<u32>,
+    /// Power draw, watts.
+    pub power_watts: Option<f64>,
+    /// Corrected ECC errors since the counters were last cleared (aggregate).
+    pub ecc_corrected_total: Option<u64>,
+    /// Uncorrected ECC errors (aggregate).
+    pub ecc_uncorrected_total: Option<u64>,
+}
+
 /// What NVML reports about one GPU.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct NvmlGpu {
     /// NVML index (PCI bus order).
     pub index: u32,
@@ -37,10 +54,12 @@ pub struct NvmlGpu {
     pub mig_enabled: Option<bool>,
     /// NVLinks (empty when unsupported or unknown).
     pub nvlinks: Vec<NvLink>,
+    /// Live telemetry.
+    pub telemetry: GpuTelemetry,
 }
 
 /// One NVML answer for the whole node.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct NvmlSnapshot {
     /// Driver version.
     pub driver_version: Option<String>,
@@ -129,7 +148,21 @@ impl NvmlSource for SystemNvml {
                     Err(_) => continue,
                 }
             }
+            use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+            let telemetry = GpuTelemetry {
+                utilization_percent: dev.utilization_rates().ok().map(|u| u.gpu),
+                memory_used_bytes: dev.memory_info().ok().map(|m| m.used),
+                temperature_celsius: dev.temperature(TemperatureSensor::Gpu).ok(),
+                power_watts: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                ecc_corrected_total: dev
+                    .total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)
+                    .ok(),
+                ecc_uncorrected_total: dev
+                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)
+                    .ok(),
+            };
             gpus.push(NvmlGpu {
+                telemetry,
                 index,
                 name: dev.name().ok(),
                 uuid: dev.uuid().ok(),
@@ -278,6 +311,7 @@ pub fn parse_nvidia_smi_query(text: &str) -> NvmlSnapshot {
                 mig_enabled: present(m.get("MIG Mode/Current"))
                     .map(|v| v.eq_ignore_ascii_case("enabled")),
                 nvlinks: Vec::new(),
+                telemetry: telemetry_of(m),
             })
         })
         .collect();
@@ -288,6 +322,49 @@ pub fn parse_nvidia_smi_query(text: &str) -> NvmlSnapshot {
     NvmlSnapshot {
         driver_version: present(header.get("Driver Version")),
         gpus,
+    }
+}
+
+/// The leading number of `29 C`, `0 %`, `67.74 W`.
+fn number(v: Option<String>) -> Option<f64> {
+    v?.split_whitespace().next()?.parse().ok()
+}
+
+fn sum_of(m: &Fields, keys: &[&str]) -> Option<u64> {
+    let values: Vec<u64> = keys
+        .iter()
+        .filter_map(|k| present(m.get(*k)).and_then(|v| v.parse().ok()))
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+fn telemetry_of(m: &Fields) -> GpuTelemetry {
+    GpuTelemetry {
+        utilization_percent: number(present(m.get("Utilization/Gpu"))).map(|v| v as u32),
+        memory_used_bytes: present(m.get("FB Memory Usage/Used")).and_then(|v| parse_mib(&v)),
+        temperature_celsius: number(present(m.get("Temperature/GPU Current Temp")))
+            .map(|v| v as u32),
+        power_watts: number(
+            present(m.get("GPU Power Readings/Power Draw"))
+                .or_else(|| present(m.get("Power Readings/Power Draw"))),
+        ),
+        ecc_corrected_total: sum_of(
+            m,
+            &[
+                "ECC Errors/Aggregate/DRAM Correctable",
+                "ECC Errors/Aggregate/SRAM Correctable",
+                "ECC Errors/Aggregate/Single Bit/Total",
+            ],
+        ),
+        ecc_uncorrected_total: sum_of(
+            m,
+            &[
+                "ECC Errors/Aggregate/DRAM Uncorrectable",
+                "ECC Errors/Aggregate/SRAM Uncorrectable Parity",
+                "ECC Errors/Aggregate/SRAM Uncorrectable SEC-DED",
+                "ECC Errors/Aggregate/Double Bit/Total",
+            ],
+        ),
     }
 }
 
@@ -346,6 +423,10 @@ mod tests {
         assert_eq!(s.gpus[1].minor, Some(1));
         assert_eq!(s.gpus[1].memory_total_bytes, Some(81559 << 20));
         assert_eq!(s.gpus[1].mig_enabled, Some(false));
+        assert_eq!(
+            s.gpus[0].telemetry.temperature_celsius, None,
+            "not in this excerpt"
+        );
         assert_eq!(
             s.gpus[1].uuid.as_deref(),
             Some("GPU-47daa2ad-a218-6286-252b-af45f0dfaf00")
