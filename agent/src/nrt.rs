@@ -144,7 +144,24 @@ pub fn hugepages_resource(page_size_bytes: u64) -> String {
     format!("hugepages-{page_size_bytes}")
 }
 
-fn zone_resources(n: &NumaNode, alloc: Option<&BTreeMap<String, (u64, u64)>>) -> Vec<Resource> {
+/// Discovered devices a device plugin's resource name stands for, so that the capacity comes from discovery.
+fn discovered_for(resource: &str) -> Option<(DeviceKind, u16)> {
+    use isthmus_topology::pci_ids::vendor;
+    Some(match resource {
+        "nvidia.com/gpu" => (DeviceKind::Gpu, vendor::NVIDIA),
+        "amd.com/gpu" => (DeviceKind::Gpu, vendor::AMD),
+        "habana.ai/gaudi" => (DeviceKind::Hpu, vendor::HABANA),
+        "cambricon.com/mlu" => (DeviceKind::Mlu, vendor::CAMBRICON),
+        r if r.starts_with("huawei.com/Ascend") => (DeviceKind::Npu, vendor::HUAWEI),
+        _ => return None,
+    })
+}
+
+fn zone_resources(
+    topo: &NodeTopology,
+    n: &NumaNode,
+    alloc: Option<&BTreeMap<String, (u64, u64)>>,
+) -> Vec<Resource> {
     let hugepage_bytes: u64 = n
         .hugepages
         .iter()
@@ -167,9 +184,22 @@ fn zone_resources(n: &NumaNode, alloc: Option<&BTreeMap<String, (u64, u64)>>) ->
     if let Some(a) = alloc {
         // Device resources the kubelet's device plugins reported on this NUMA node.
         for (name, (allocatable, _)) in a {
-            if !capacity.iter().any(|(n, _)| n == name) {
-                capacity.push((name.clone(), *allocatable));
+            if capacity.iter().any(|(c, _)| c == name) {
+                continue;
             }
+            // Capacity from discovery where we know which devices the resource stands for, else the kubelet's count.
+            let discovered = discovered_for(name).map(|(kind, vendor)| {
+                topo.devices
+                    .iter()
+                    .filter(|d| {
+                        d.kind == kind && d.vendor_id == vendor && d.numa_node == Some(n.id)
+                    })
+                    .count() as u64
+            });
+            capacity.push((
+                name.clone(),
+                discovered.filter(|c| *c > 0).unwrap_or(*allocatable),
+            ));
         }
     }
     capacity
@@ -278,7 +308,7 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
                 name: zone_name(i),
                 zone_type: "Node".into(),
                 costs,
-                resources: zone_resources(n, alloc),
+                resources: zone_resources(topo, n, alloc),
                 attributes,
             }
         })
