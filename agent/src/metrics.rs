@@ -116,6 +116,10 @@ fn describe() {
     );
     describe_gauge!("isthmus_gpu_power_watts", "GPU power draw, from NVML.");
     describe_counter!(
+        "isthmus_gpu_xid_errors_total",
+        "Critical XID errors NVML reported for the GPU since the agent started."
+    );
+    describe_counter!(
         "isthmus_gpu_ecc_errors_total",
         "Aggregate ECC errors of the GPU, by type, from NVML."
     );
@@ -309,6 +313,9 @@ impl Metrics {
                 }
                 if let Some(w) = t.power_watts {
                     gauge!("isthmus_gpu_power_watts", &labels).set(w);
+                }
+                if let Some(x) = t.xid_errors_total {
+                    counter!("isthmus_gpu_xid_errors_total", &labels).absolute(x);
                 }
                 for (kind, v) in [
                     ("corrected", t.ecc_corrected_total),

@@ -27,6 +27,8 @@ pub struct GpuTelemetry {
     pub ecc_corrected_total: Option<u64>,
     /// Uncorrected ECC errors (aggregate).
     pub ecc_uncorrected_total: Option<u64>,
+    /// Critical XID errors NVML reported since the watcher started (live NVML only).
+    pub xid_errors_total: Option<u64>,
 }
 
 /// What NVML reports about one GPU.
@@ -75,10 +77,64 @@ pub trait NvmlSource {
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable>;
 }
 
-/// The real NVML, loaded at run time from `libnvidia-ml.so.1`. Initialised once, lazily.
+/// The real NVML, loaded at run time from `libnvidia-ml.so.1`. Initialised once, lazily. The first successful
+/// snapshot also starts a watcher thread counting critical XID events per GPU.
 #[derive(Debug, Default)]
 pub struct SystemNvml {
     handle: std::sync::OnceLock<Result<nvml_wrapper::Nvml, NvmlUnavailable>>,
+    xids: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    watcher: std::sync::OnceLock<()>,
+}
+
+/// Count critical XID events per GPU (PCI address) until NVML fails. NVML reference-counts `init`, so the thread
+/// owns its own handle.
+fn watch_xids(counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>) {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::error::NvmlError;
+    let Ok(nvml) = nvml_wrapper::Nvml::init() else {
+        return;
+    };
+    let Ok(mut set) = nvml.create_event_set() else {
+        return;
+    };
+    let count = nvml.device_count().unwrap_or(0);
+    for i in 0..count {
+        let Ok(dev) = nvml.device_by_index(i) else {
+            continue;
+        };
+        if let Some(addr) = dev
+            .pci_info()
+            .ok()
+            .and_then(|p| normalize_pci_address(&p.bus_id))
+        {
+            if let Ok(mut c) = counts.lock() {
+                c.entry(addr).or_insert(0);
+            }
+        }
+        set = match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(s) => s,
+            // The set is released on failure: without it there is nothing to wait on.
+            Err(_) => return,
+        };
+    }
+    loop {
+        match set.wait(5_000) {
+            Ok(ev) => {
+                if let Some(addr) = ev
+                    .device
+                    .pci_info()
+                    .ok()
+                    .and_then(|p| normalize_pci_address(&p.bus_id))
+                {
+                    if let Ok(mut c) = counts.lock() {
+                        *c.entry(addr).or_insert(0) += 1;
+                    }
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 impl SystemNvml {
@@ -108,6 +164,13 @@ impl NvmlSource for SystemNvml {
         let count = nvml
             .device_count()
             .map_err(|e| NvmlUnavailable(e.to_string()))?;
+        self.watcher.get_or_init(|| {
+            let counts = self.xids.clone();
+            let _ = std::thread::Builder::new()
+                .name("nvml-xid".into())
+                .spawn(move || watch_xids(counts));
+        });
+        let xids = self.xids.lock().map(|c| c.clone()).unwrap_or_default();
         let mut gpus = Vec::new();
         for index in 0..count {
             let Ok(dev) = nvml.device_by_index(index) else {
@@ -160,6 +223,7 @@ impl NvmlSource for SystemNvml {
                 ecc_uncorrected_total: dev
                     .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)
                     .ok(),
+                xid_errors_total: xids.get(&pci_address).copied(),
             };
             gpus.push(NvmlGpu {
                 telemetry,
@@ -365,6 +429,7 @@ fn telemetry_of(m: &Fields) -> GpuTelemetry {
                 "ECC Errors/Aggregate/Double Bit/Total",
             ],
         ),
+        xid_errors_total: None,
     }
 }
 
