@@ -6,15 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
-use isthmus_tests::{fakeapi, fixtures, http_get, isthmus_bin};
+use isthmus_tests::{fakeapi, fixtures, free_port, http_get, isthmus_bin};
 use serde_json::Value;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"))
-}
 
 struct Agent(Child);
 

@@ -4,14 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use isthmus_tests::{fixtures, http_get, isthmus_bin};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"))
-}
+use isthmus_tests::{fixtures, free_port, http_get, isthmus_bin};
 
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()

@@ -7,14 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use isthmus_tests::{fixtures, isthmus_bin};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
-}
+use isthmus_tests::{fixtures, free_port, isthmus_bin};
 
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -403,10 +396,10 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
     }
 }
 
-#[test]
-fn dynamic_node_registers_with_its_gres() {
+/// Start a dynamic node (defined by the agent's `--conf`) and check it registers idle with the fixture's CPUs and GRES.
+fn check_dynamic_node(name: &str, mode: Mode) {
     let root = h100();
-    let mut site = Site::new("dyn1", &root, Mode::Dynamic);
+    let mut site = Site::new(name, &root, mode);
     site.start_agent(
         &root,
         &[
@@ -434,32 +427,14 @@ fn dynamic_node_registers_with_its_gres() {
 }
 
 #[test]
+fn dynamic_node_registers_with_its_gres() {
+    check_dynamic_node("dyn1", Mode::Dynamic);
+}
+
+#[test]
 fn configless_dynamic_node_takes_its_gres_from_the_controller() {
-    let root = h100();
-    let mut site = Site::new("cl1", &root, Mode::Configless);
-    site.start_agent(
-        &root,
-        &[
-            "--slurm-mode",
-            "dynamic",
-            "--real-memory-mib",
-            "1000",
-            "--node-addr",
-            "127.0.0.1",
-        ],
-    );
-    site.start_slurmctld();
-    site.wait_idle();
-    let n = site.scontrol_node();
-    assert!(
-        n.get("State").is_some_and(|s| s.contains("DYNAMIC")),
-        "{n:?}"
-    );
-    assert!(
-        n.get("Gres")
-            .is_some_and(|g| g.starts_with("gpu:nvidia_h100_80gb_hbm3:8")),
-        "{n:?}"
-    );
+    // The GRES comes from the controller's central gres.conf (Site::new writes it for configless mode).
+    check_dynamic_node("cl1", Mode::Configless);
 }
 
 #[test]
