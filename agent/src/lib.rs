@@ -1,5 +1,6 @@
 //! The `isthmus` binary's library: command-line handling, discovery output, and (later) the daemon.
 
+pub mod access;
 pub mod cli;
 pub mod files;
 pub mod http;
@@ -8,6 +9,7 @@ pub mod metrics;
 pub mod nrt;
 pub mod podfingerprint;
 pub mod podresources;
+pub mod privileges;
 pub mod publish;
 pub mod render;
 pub mod slurm_node;
@@ -134,6 +136,8 @@ pub fn run(command: Command) -> Result<()> {
         Command::Render(args) => render::run(&args)?,
         Command::Agent(args) => {
             init_logging(args.log_format);
+            // Still the only thread: capabilities are per thread, and every later thread and child inherits these.
+            privileges::apply(args.slurm_mode);
             let code = slurm_node::run(&args)?;
             if code != 0 {
                 anyhow::bail!("agent stopped with code {code}");

@@ -319,6 +319,10 @@ mod tests {
             .await
             .unwrap_or_else(|| panic!("no request"));
         assert_eq!(req.method(), http::Method::PATCH);
+        assert!(crate::access::allowed(
+            req.method().as_str(),
+            &req.uri().to_string()
+        ));
         assert_eq!(
             req.uri().to_string(),
             "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1?&force=true&fieldManager=isthmus"
@@ -425,6 +429,7 @@ mod tests {
                 (req.method().as_str(), req.uri().path()),
                 ("GET", "/api/v1/nodes/node1")
             );
+            assert!(crate::access::allowed("GET", req.uri().path()));
             let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "uid": "u-1"}});
             send.send_response(
                 Response::builder()

@@ -218,4 +218,15 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("API recovery to apply: {:?}", recovered_at.elapsed());
+
+    // Every call the agent made is one the ClusterRole grants (the list `deploy/daemonset` is checked against).
+    let seen = state.lock().map(|s| s.seen.clone()).unwrap_or_default();
+    for r in &seen {
+        assert!(
+            isthmus_agent::access::allowed(&r.method, &r.target),
+            "{} {} is not in isthmus_agent::access::API_ACCESS",
+            r.method,
+            r.target
+        );
+    }
 }

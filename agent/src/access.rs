@@ -1,0 +1,99 @@
+//! The Kubernetes API calls the agent makes: one list, used by the code's tests and by the deploy test that checks
+//! the ClusterRole in `deploy/daemonset` grants exactly this and nothing more.
+
+/// One permission: verbs on a resource of an API group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// API group (`""` is the core group).
+    pub group: &'static str,
+    /// Resource (plural).
+    pub resource: &'static str,
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+    /// What the agent does with it.
+    pub why: &'static str,
+}
+
+/// Everything the agent asks of the API server.
+pub const API_ACCESS: &[ApiAccess] = &[
+    ApiAccess {
+        group: "topology.node.k8s.io",
+        resource: "noderesourcetopologies",
+        verbs: &["create", "get", "patch"],
+        why: "server-side apply of the node's NodeResourceTopology (patch; create when it does not exist yet) and the \
+              resync that reads it back (get)",
+    },
+    ApiAccess {
+        group: "",
+        resource: "nodes",
+        verbs: &["get"],
+        why: "the Node's UID, once, for the NodeResourceTopology's owner reference (garbage collection with the Node)",
+    },
+];
+
+/// The (group, resource, verb) an HTTP request to the API server is authorised as, for the request shapes the agent
+/// makes (named objects of cluster-scoped resources). `None` for anything else.
+pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'static str)> {
+    let path = path.split('?').next().unwrap_or(path);
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (resource, named) = match rest {
+        [resource] => (*resource, false),
+        [resource, _name] => (*resource, true),
+        _ => return None,
+    };
+    let verb = match (method, named) {
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("PATCH", true) => "patch",
+        ("PUT", true) => "update",
+        ("POST", false) => "create",
+        ("DELETE", true) => "delete",
+        _ => return None,
+    };
+    Some((group.to_owned(), resource.to_owned(), verb))
+}
+
+/// Whether [`API_ACCESS`] covers the request. A server-side apply (PATCH) may create the object, which the API
+/// server authorises as `create` as well; the list has both.
+pub fn allowed(method: &str, path: &str) -> bool {
+    authorised_as(method, path).is_some_and(|(g, r, v)| {
+        API_ACCESS
+            .iter()
+            .any(|a| a.group == g && a.resource == r && a.verbs.contains(&v))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_requests_are_covered_and_others_are_not() {
+        assert!(allowed(
+            "PATCH",
+            "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1?&force=true&fieldManager=isthmus"
+        ));
+        assert!(allowed(
+            "GET",
+            "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1"
+        ));
+        assert!(allowed("GET", "/api/v1/nodes/node1"));
+        assert!(!allowed("GET", "/api/v1/nodes"), "list is not granted");
+        assert!(!allowed("PATCH", "/api/v1/nodes/node1"));
+        assert!(!allowed("GET", "/api/v1/namespaces/default/pods/p"));
+        assert!(!allowed(
+            "DELETE",
+            "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1"
+        ));
+        assert_eq!(
+            authorised_as("GET", "/api/v1/nodes/n"),
+            Some(("".into(), "nodes".into(), "get"))
+        );
+        assert_eq!(authorised_as("GET", "/version"), None);
+    }
+}

@@ -1,0 +1,220 @@
+//! Least privilege. The agent itself needs no capability: it reads world-readable sysfs/procfs files, connects to
+//! root-owned sockets as uid 0, and signals its own root children. slurmd and munged (root children) need the few
+//! capabilities in [`SLURM_CAPABILITIES`]; a uid-0 child receives exactly the bounding set at `execve`, so the
+//! agent keeps those in its bounding set and clears its own effective, permitted, inheritable and ambient sets.
+//!
+//! The DaemonSet grants the same list (`deploy/daemonset`); a test compares the two.
+
+use caps::{CapSet, Capability, CapsHashSet};
+
+use crate::cli::SlurmMode;
+
+/// A capability a supervised daemon needs, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Need {
+    /// The capability.
+    pub cap: Capability,
+    /// What fails without it.
+    pub why: &'static str,
+}
+
+/// What slurmd (and the slurmstepd it forks for every job step) needs when jobs run as their users. munged, run as
+/// root, needs none of its own. Each entry was checked by removing it (`docs/deploy.md` has the failures seen).
+pub const SLURM_CAPABILITIES: &[Need] = &[
+    Need {
+        cap: Capability::CAP_SETUID,
+        why: "slurmstepd switches to the job's user (setresuid)",
+    },
+    Need {
+        cap: Capability::CAP_SETGID,
+        why: "slurmstepd sets the job user's groups (setgroups, setresgid)",
+    },
+    Need {
+        cap: Capability::CAP_KILL,
+        why: "slurmd/slurmstepd signal and kill job processes owned by other users (scancel, time limit)",
+    },
+    Need {
+        cap: Capability::CAP_CHOWN,
+        why: "slurmstepd hands the step's spool files and sockets to the job's user",
+    },
+    Need {
+        cap: Capability::CAP_DAC_OVERRIDE,
+        why: "slurmd/slurmstepd reach files and directories the job's user owns (working directory, output files)",
+    },
+    Need {
+        cap: Capability::CAP_SYS_RESOURCE,
+        why: "slurmstepd applies the submitter's resource limits (PropagateResourceLimits), raising hard limits",
+    },
+];
+
+/// The capabilities the supervised children need in `mode`.
+pub fn needed(mode: SlurmMode) -> CapsHashSet {
+    match mode {
+        SlurmMode::Off => CapsHashSet::new(),
+        _ => SLURM_CAPABILITIES.iter().map(|n| n.cap).collect(),
+    }
+}
+
+/// What [`restrict`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Kept in the bounding set for the children.
+    pub kept: Vec<Capability>,
+    /// Removed from the bounding set.
+    pub dropped: Vec<Capability>,
+    /// Beyond what is needed but could not be removed (no CAP_SETPCAP).
+    pub undroppable: Vec<Capability>,
+    /// Needed but not granted to the process.
+    pub missing: Vec<Capability>,
+}
+
+/// Errors of [`restrict`].
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    /// A capability set could not be read or written.
+    #[error("capabilities ({what}): {source}")]
+    Caps {
+        /// Which operation.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: caps::errors::CapsError,
+    },
+}
+
+fn caps_err(what: &'static str) -> impl FnOnce(caps::errors::CapsError) -> PrivilegeError {
+    move |source| PrivilegeError::Caps { what, source }
+}
+
+fn sorted(set: impl IntoIterator<Item = Capability>) -> Vec<Capability> {
+    let mut v: Vec<Capability> = set.into_iter().collect();
+    v.sort_by_key(|c| c.index());
+    v
+}
+
+/// Restrict this thread (call it before any other thread starts) to `wanted`: the bounding set keeps only `wanted`
+/// (when CAP_SETPCAP allows removing the rest), and the effective, permitted, inheritable and ambient sets are
+/// cleared. Children started as uid 0 get `wanted` back from the bounding set.
+pub fn restrict(wanted: &CapsHashSet) -> Result<Report, PrivilegeError> {
+    let bounding = caps::read(None, CapSet::Bounding).map_err(caps_err("reading bounding"))?;
+    let effective = caps::read(None, CapSet::Effective).map_err(caps_err("reading effective"))?;
+    let can_drop = effective.contains(&Capability::CAP_SETPCAP);
+    let mut report = Report {
+        missing: sorted(wanted.difference(&bounding).copied()),
+        ..Report::default()
+    };
+    for cap in sorted(bounding.difference(wanted).copied()) {
+        if can_drop {
+            caps::drop(None, CapSet::Bounding, cap).map_err(caps_err("dropping from bounding"))?;
+            report.dropped.push(cap);
+        } else {
+            report.undroppable.push(cap);
+        }
+    }
+    report.kept = sorted(bounding.intersection(wanted).copied());
+    // Ambient first: it must stay a subset of permitted and inheritable.
+    caps::clear(None, CapSet::Ambient).map_err(caps_err("clearing ambient"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(caps_err("clearing inheritable"))?;
+    caps::clear(None, CapSet::Effective).map_err(caps_err("clearing effective"))?;
+    caps::clear(None, CapSet::Permitted).map_err(caps_err("clearing permitted"))?;
+    Ok(report)
+}
+
+/// Lower-case names without the `cap_` prefix, as Kubernetes and capsh spell them after `CAP_`.
+pub fn names(caps: &[Capability]) -> String {
+    if caps.is_empty() {
+        return "none".into();
+    }
+    caps.iter()
+        .map(|c| c.to_string().trim_start_matches("CAP_").to_owned())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Restrict the process for `mode` and log what was kept (warnings for what could not be done).
+pub fn apply(mode: SlurmMode) {
+    let wanted = needed(mode);
+    match restrict(&wanted) {
+        Ok(r) => {
+            tracing::info!(
+                kept = %names(&r.kept),
+                dropped = %names(&r.dropped),
+                "capabilities: the agent runs with none; the bounding set keeps only what slurmd and munged need"
+            );
+            if !r.undroppable.is_empty() {
+                tracing::warn!(
+                    extra = %names(&r.undroppable),
+                    "capabilities beyond what is needed are granted and cannot be removed without CAP_SETPCAP; \
+                     drop them in the pod's securityContext"
+                );
+            }
+            for cap in &r.missing {
+                let why = SLURM_CAPABILITIES
+                    .iter()
+                    .find(|n| n.cap == *cap)
+                    .map_or("", |n| n.why);
+                tracing::warn!(capability = %cap, "not granted; Slurm jobs will fail where {why}");
+            }
+        }
+        Err(e) => tracing::warn!("{e}; running with the capabilities the process was given"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_only_needs_nothing_and_slurm_needs_the_list() {
+        assert!(needed(SlurmMode::Off).is_empty());
+        for mode in [SlurmMode::Configured, SlurmMode::Dynamic] {
+            assert_eq!(needed(mode).len(), SLURM_CAPABILITIES.len());
+        }
+        let mut seen = CapsHashSet::new();
+        for n in SLURM_CAPABILITIES {
+            assert!(seen.insert(n.cap), "{} listed twice", n.cap);
+            assert!(!n.why.is_empty());
+        }
+    }
+
+    #[test]
+    fn names_are_kubernetes_spelling() {
+        assert_eq!(
+            names(&[Capability::CAP_SETUID, Capability::CAP_SYS_RESOURCE]),
+            "SETUID,SYS_RESOURCE"
+        );
+        assert_eq!(names(&[]), "none");
+    }
+
+    #[test]
+    fn restrict_in_a_child_thread_clears_the_thread_and_keeps_the_wanted_bounding_set() {
+        // Capabilities are per thread: a throw-away thread keeps the test process untouched.
+        let wanted: CapsHashSet = [Capability::CAP_KILL].into_iter().collect();
+        let before = caps::read(None, CapSet::Bounding).unwrap_or_default();
+        let (report, effective, permitted, bounding) = std::thread::spawn(move || {
+            let r = restrict(&wanted).unwrap_or_else(|e| panic!("{e}"));
+            (
+                r,
+                caps::read(None, CapSet::Effective).unwrap_or_default(),
+                caps::read(None, CapSet::Permitted).unwrap_or_default(),
+                caps::read(None, CapSet::Bounding).unwrap_or_default(),
+            )
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("thread panicked"));
+        assert!(effective.is_empty() && permitted.is_empty());
+        if before.contains(&Capability::CAP_KILL) {
+            assert_eq!(report.kept, vec![Capability::CAP_KILL]);
+        } else {
+            assert_eq!(report.missing, vec![Capability::CAP_KILL]);
+        }
+        if report.undroppable.is_empty() {
+            assert!(bounding.iter().all(|c| *c == Capability::CAP_KILL));
+        }
+        // The test process's own set is unchanged.
+        assert_eq!(
+            caps::read(None, CapSet::Bounding).unwrap_or_default(),
+            before
+        );
+    }
+}
