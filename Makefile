@@ -1,11 +1,16 @@
 # isthmus — build, run and test.
 #   make run    install the system packages it needs, then discover this host
 #   make test   formatting, lints and the whole test suite (what CI runs)
+#   make deploy-check   render and validate deploy/daemonset (kubectl kustomize, kubernetes-validate, checkov)
 
 CARGO ?= cargo
-APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus
+APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux
+# The manifest checkers, from PyPI, in a project-local virtual environment.
+PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
+VENV := $(CURDIR)/.venv
+export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: deps build run test fmt lint bench
+.PHONY: deps deploy-tools deploy-check build run test fmt lint bench
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -16,6 +21,21 @@ deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+
+# kubectl (for `kubectl kustomize`): the machine's, or Debian's kubernetes-client when there is none.
+deploy-tools:
+	@if ! kubectl kustomize --help >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends kubernetes-client; \
+	fi
+	@if [ ! -x $(VENV)/bin/checkov ] || [ ! -x $(VENV)/bin/kubernetes-validate ]; then \
+	  python3 -m venv $(VENV) || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get install -y -qq python3-venv && /usr/bin/python3 -m venv $(VENV); }; \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_TOOLS); \
+	fi
+
+deploy-check: deploy-tools
+	$(CARGO) test -p isthmus-tests --test deploy
 
 build: deps
 	$(CARGO) build --release -p isthmus-agent --bin isthmus
@@ -29,7 +49,7 @@ fmt:
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: deps fmt lint
+test: deps deploy-tools fmt lint
 	$(CARGO) test --workspace --no-fail-fast
 
 bench: build

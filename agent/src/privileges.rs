@@ -1,7 +1,9 @@
 //! Least privilege. The agent itself needs no capability: it reads world-readable sysfs/procfs files, connects to
 //! root-owned sockets as uid 0, and signals its own root children. slurmd and munged (root children) need the few
-//! capabilities in [`SLURM_CAPABILITIES`]; a uid-0 child receives exactly the bounding set at `execve`, so the
-//! agent keeps those in its bounding set and clears its own effective, permitted, inheritable and ambient sets.
+//! capabilities in [`SLURM_CAPABILITIES`]. A uid-0 child gets the bounding set at `execve`, limited to its parent's
+//! permitted set when no_new_privs is on (`allowPrivilegeEscalation: false`). So the agent keeps exactly those in
+//! its bounding and permitted sets, and clears its effective, inheritable and ambient sets: it holds nothing it
+//! could use itself, and its children get exactly the list.
 //!
 //! The DaemonSet grants the same list (`deploy/daemonset`); a test compares the two.
 
@@ -19,31 +21,31 @@ pub struct Need {
 }
 
 /// What slurmd (and the slurmstepd it forks for every job step) needs when jobs run as their users. munged, run as
-/// root, needs none of its own. Each entry was checked by removing it (`docs/deploy.md` has the failures seen).
+/// root, needs none of its own. Each entry was checked by removing it: the failure quoted is what Slurm 22.05 did
+/// (tests/tests/deploy.rs runs jobs as `nobody` with exactly this set).
 pub const SLURM_CAPABILITIES: &[Need] = &[
     Need {
         cap: Capability::CAP_SETUID,
-        why: "slurmstepd switches to the job's user (setresuid)",
+        why: "slurmstepd runs each task as the job's user (srun: \"Slurmd could not set UID or GID\")",
     },
     Need {
         cap: Capability::CAP_SETGID,
-        why: "slurmstepd sets the job user's groups (setgroups, setresgid)",
+        why: "slurmd drops supplementary groups at start and slurmstepd sets the job user's groups \
+              (slurmd: \"fatal: Failed to drop supplementary groups\")",
     },
     Need {
         cap: Capability::CAP_KILL,
-        why: "slurmd/slurmstepd signal and kill job processes owned by other users (scancel, time limit)",
+        why: "slurmstepd signals job processes owned by other users (scancel and time limits leave them running)",
     },
     Need {
         cap: Capability::CAP_CHOWN,
-        why: "slurmstepd hands the step's spool files and sockets to the job's user",
+        why: "slurmstepd gives a batch job's spool directory and script to the job's user \
+              (sbatch: \"Slurmd could not create a batch directory or file\")",
     },
     Need {
-        cap: Capability::CAP_DAC_OVERRIDE,
-        why: "slurmd/slurmstepd reach files and directories the job's user owns (working directory, output files)",
-    },
-    Need {
-        cap: Capability::CAP_SYS_RESOURCE,
-        why: "slurmstepd applies the submitter's resource limits (PropagateResourceLimits), raising hard limits",
+        cap: Capability::CAP_SYS_NICE,
+        why: "slurmstepd binds each task to its CPUs, a process of another user (task/affinity: \
+              \"task_g_set_affinity: Operation not permitted\")",
     },
 ];
 
@@ -92,9 +94,9 @@ fn sorted(set: impl IntoIterator<Item = Capability>) -> Vec<Capability> {
     v
 }
 
-/// Restrict this thread (call it before any other thread starts) to `wanted`: the bounding set keeps only `wanted`
-/// (when CAP_SETPCAP allows removing the rest), and the effective, permitted, inheritable and ambient sets are
-/// cleared. Children started as uid 0 get `wanted` back from the bounding set.
+/// Restrict this thread (call it before any other thread starts) to `wanted`: the bounding and permitted sets keep
+/// only `wanted` (the bounding set when CAP_SETPCAP allows removing the rest), and the effective, inheritable and
+/// ambient sets are cleared. Children started as uid 0 get `wanted` as their permitted and effective sets.
 pub fn restrict(wanted: &CapsHashSet) -> Result<Report, PrivilegeError> {
     let bounding = caps::read(None, CapSet::Bounding).map_err(caps_err("reading bounding"))?;
     let effective = caps::read(None, CapSet::Effective).map_err(caps_err("reading effective"))?;
@@ -116,7 +118,9 @@ pub fn restrict(wanted: &CapsHashSet) -> Result<Report, PrivilegeError> {
     caps::clear(None, CapSet::Ambient).map_err(caps_err("clearing ambient"))?;
     caps::clear(None, CapSet::Inheritable).map_err(caps_err("clearing inheritable"))?;
     caps::clear(None, CapSet::Effective).map_err(caps_err("clearing effective"))?;
-    caps::clear(None, CapSet::Permitted).map_err(caps_err("clearing permitted"))?;
+    let permitted = caps::read(None, CapSet::Permitted).map_err(caps_err("reading permitted"))?;
+    let keep: CapsHashSet = permitted.intersection(wanted).copied().collect();
+    caps::set(None, CapSet::Permitted, &keep).map_err(caps_err("setting permitted"))?;
     Ok(report)
 }
 
@@ -139,7 +143,7 @@ pub fn apply(mode: SlurmMode) {
             tracing::info!(
                 kept = %names(&r.kept),
                 dropped = %names(&r.dropped),
-                "capabilities: the agent runs with none; the bounding set keeps only what slurmd and munged need"
+                "capabilities: none effective for the agent; slurmd and munged get only the kept set"
             );
             if !r.undroppable.is_empty() {
                 tracing::warn!(
@@ -173,6 +177,7 @@ mod tests {
         let mut seen = CapsHashSet::new();
         for n in SLURM_CAPABILITIES {
             assert!(seen.insert(n.cap), "{} listed twice", n.cap);
+            assert_ne!(n.cap, Capability::CAP_SYS_ADMIN);
             assert!(!n.why.is_empty());
         }
     }
@@ -202,7 +207,8 @@ mod tests {
         })
         .join()
         .unwrap_or_else(|_| panic!("thread panicked"));
-        assert!(effective.is_empty() && permitted.is_empty());
+        assert!(effective.is_empty());
+        assert!(permitted.iter().all(|c| *c == Capability::CAP_KILL));
         if before.contains(&Capability::CAP_KILL) {
             assert_eq!(report.kept, vec![Capability::CAP_KILL]);
         } else {

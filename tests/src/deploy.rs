@@ -1,0 +1,233 @@
+//! `deploy/daemonset` as an operator gets it: rendered by the real `kubectl kustomize`, as YAML documents.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_yaml_ng::Value;
+
+/// The repository's `deploy/daemonset`.
+pub fn deploy_dir() -> PathBuf {
+    crate::repo_root().join("deploy/daemonset")
+}
+
+/// The kubectl to use (`ISTHMUS_KUBECTL` or `kubectl` on PATH).
+pub fn kubectl() -> String {
+    std::env::var("ISTHMUS_KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// The variants an operator can apply: (name, directory under deploy/daemonset).
+pub const VARIANTS: [(&str, &str); 3] = [
+    ("default", "."),
+    ("kubernetes-only", "overlays/kubernetes-only"),
+    ("kubernetes-slurm", "overlays/kubernetes-slurm"),
+];
+
+/// `kubectl kustomize <deploy/daemonset/sub>` as text. kubectl 1.20 (Debian bookworm's kubernetes-client) embeds
+/// kustomize 2.0.3, which predates directory `resources` and `patches`: with it, a copy whose kustomizations use
+/// the older spelling of the same fields (`bases`, `patchesStrategicMerge`) is rendered instead.
+pub fn render_text(sub: &str) -> String {
+    let out = run_kustomize(&deploy_dir().join(sub));
+    match out {
+        Ok(text) => text,
+        // kustomize 2 rejects directory resources ("must be a file") and reads `patches` as another field.
+        Err(err) if err.contains("must be a file") || err.contains("patch.StrategicMerge") => {
+            let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+            let copy = tmp.path().join("daemonset");
+            let st = Command::new("cp")
+                .arg("-a")
+                .arg(deploy_dir())
+                .arg(&copy)
+                .status();
+            assert!(st.is_ok_and(|s| s.success()));
+            legacy_spelling(&copy);
+            run_kustomize(&copy.join(sub)).unwrap_or_else(|e| panic!("{e}"))
+        }
+        Err(err) => panic!("{err}"),
+    }
+}
+
+fn run_kustomize(dir: &Path) -> Result<String, String> {
+    let out = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} could not run ({e}); install kubectl (bash .ci/run does)",
+                kubectl()
+            )
+        });
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "kubectl kustomize {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Rewrite every kustomization.yaml under `dir` to kustomize 2's field names.
+fn legacy_spelling(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            legacy_spelling(&p);
+        } else if p.file_name().is_some_and(|n| n == "kustomization.yaml") {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let mut k: serde_yaml_ng::Mapping =
+                serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let base = p.parent().map(Path::to_path_buf).unwrap_or_default();
+            if let Some(Value::Sequence(res)) = k.remove("resources") {
+                let (dirs, files): (Vec<Value>, Vec<Value>) = res
+                    .into_iter()
+                    .partition(|v| v.as_str().is_some_and(|s| base.join(s).is_dir()));
+                if !files.is_empty() {
+                    k.insert("resources".into(), Value::Sequence(files));
+                }
+                if !dirs.is_empty() {
+                    k.insert("bases".into(), Value::Sequence(dirs));
+                }
+            }
+            if let Some(Value::Sequence(patches)) = k.remove("patches") {
+                let paths = patches
+                    .into_iter()
+                    .filter_map(|p| p.get("path").cloned())
+                    .collect();
+                k.insert("patchesStrategicMerge".into(), Value::Sequence(paths));
+            }
+            let text = serde_yaml_ng::to_string(&k).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+/// The rendered documents of a variant.
+pub fn render(sub: &str) -> Vec<Value> {
+    let text = render_text(sub);
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Documents of `kind`.
+pub fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| d.get("kind").and_then(Value::as_str) == Some(kind))
+        .collect()
+}
+
+/// The one document of `kind`.
+pub fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found = of_kind(docs, kind);
+    assert_eq!(found.len(), 1, "expected one {kind}");
+    found[0]
+}
+
+/// A string at a `/`-separated path (sequence indexes as numbers).
+pub fn at<'a>(v: &'a Value, path: &str) -> &'a Value {
+    let mut cur = v;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        cur = match part.parse::<usize>() {
+            Ok(i) => cur.get(i),
+            Err(_) => cur.get(part),
+        }
+        .unwrap_or(&Value::Null);
+    }
+    cur
+}
+
+/// The DaemonSet's agent container.
+pub fn agent_container(docs: &[Value]) -> &Value {
+    let ds = one(docs, "DaemonSet");
+    at(ds, "spec/template/spec/containers")
+        .as_sequence()
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.get("name").and_then(Value::as_str) == Some("isthmus"))
+        })
+        .unwrap_or_else(|| panic!("no isthmus container"))
+}
+
+/// The capabilities a container adds, upper case without `CAP_`.
+pub fn added_capabilities(container: &Value) -> Vec<String> {
+    let mut v: Vec<String> = at(container, "securityContext/capabilities/add")
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str().map(str::to_owned))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The container's arguments with `$(VAR)` references expanded from `vars`.
+pub fn container_args(container: &Value, vars: &[(&str, &str)]) -> Vec<String> {
+    at(container, "args")
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|a| {
+            vars.iter()
+                .fold(a.to_owned(), |s, (k, v)| s.replace(&format!("$({k})"), v))
+        })
+        .collect()
+}
+
+/// The container's literal environment (`value:` entries) and the names set from the downward API.
+pub fn container_env(container: &Value) -> (Vec<(String, String)>, Vec<String>) {
+    let mut literal = Vec::new();
+    let mut downward = Vec::new();
+    for e in at(container, "env").as_sequence().into_iter().flatten() {
+        let name = e
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        match e.get("value").and_then(Value::as_str) {
+            Some(v) => literal.push((name, v.to_owned())),
+            None => downward.push(name),
+        }
+    }
+    (literal, downward)
+}
+
+/// A command prefix that runs a program with exactly `caps` (names without `CAP_`) as a root process gets them in
+/// a container: bounding set = the granted set (uid 0 then gets it as permitted and effective at exec), no
+/// inheritable capabilities, and no_new_privs (`allowPrivilegeEscalation: false`).
+pub fn with_capabilities(caps: &[String]) -> Command {
+    let mut bounding = String::from("-all");
+    for c in caps {
+        bounding.push_str(&format!(",+{}", c.to_ascii_lowercase()));
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--bounding-set={bounding}"))
+        .arg("--inh-caps=-all")
+        .arg("--no-new-privs")
+        .arg("--");
+    cmd
+}
+
+/// A process's capability set from /proc (`CapEff`, `CapPrm`, `CapBnd`, ...) as a bit mask.
+pub fn proc_caps(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// The bit mask of capabilities named without `CAP_`.
+pub fn cap_mask(caps: &[String]) -> u64 {
+    caps.iter()
+        .map(|c| {
+            let cap: caps::Capability = format!("CAP_{c}")
+                .parse()
+                .unwrap_or_else(|e| panic!("{c}: {e}"));
+            cap.bitmask()
+        })
+        .fold(0, |a, b| a | b)
+}
