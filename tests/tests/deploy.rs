@@ -708,6 +708,23 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     assert_eq!(proc_caps(slurmd, "CapBnd"), Some(want));
     assert_eq!(proc_caps(slurmd, "CapEff"), Some(want));
 
+    // Footprint of what the Slurm variant's requests cover (a measurement for docs/benchmarks.md, not a check).
+    let munged = std::fs::read_to_string(d.join("munge/munged.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok());
+    let rss: Vec<(&str, u64)> = [
+        ("agent", Some(agent_pid)),
+        ("slurmd", Some(slurmd)),
+        ("munged", munged),
+    ]
+    .into_iter()
+    .filter_map(|(n, p)| Some((n, vm_rss_kib(p?)?)))
+    .collect();
+    eprintln!(
+        "idle footprint (VmRSS KiB): {rss:?}, total {} KiB",
+        rss.iter().map(|r| r.1).sum::<u64>()
+    );
+
     // A job as nobody: slurmstepd switches user.
     let as_nobody = |args: &[&str]| -> Command {
         let mut c = Command::new("setpriv");
@@ -841,6 +858,14 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     };
     assert!(status.success(), "{status:?}\n{}", log_text());
     drop(ctld);
+}
+
+fn vm_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 /// Kills a process the test started through Slurm, should Slurm have failed to.
