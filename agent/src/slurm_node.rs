@@ -157,11 +157,23 @@ impl SlurmAgent {
 
 fn munged_spec(args: &AgentArgs) -> Result<ChildSpec> {
     let program = resolve_program(&args.munged)?;
-    if !args.munge_key.is_file() {
-        bail!(
+    // The agent and munged hold no DAC capability: the key and every directory above it must be reachable by root
+    // as owner (Debian's /etc/munge is munge-owned, mode 0700; the image hands it to root).
+    match std::fs::File::open(&args.munge_key).and_then(|f| f.metadata()) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => bail!(
+            "munge key {} is not a regular file",
+            args.munge_key.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
             "munge key {} does not exist (create one with mungekey -c)",
             args.munge_key.display()
-        );
+        ),
+        Err(e) => bail!(
+            "munge key {} cannot be read without capabilities ({e}); it and its directories must be owned by \
+             root (munged runs as root with no DAC capability)",
+            args.munge_key.display()
+        ),
     }
     let state = &args.munge_state_dir;
     std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;

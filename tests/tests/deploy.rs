@@ -411,10 +411,11 @@ fn the_runtime_images_hold_what_the_binary_links_and_runs() {
         }
         if let Some((_, pkgs)) = line.split_once("--no-install-recommends ") {
             let pkgs = pkgs.split("&&").next().unwrap_or_default();
-            installed
-                .entry(stage.clone())
-                .or_default()
-                .extend(pkgs.split_whitespace().map(str::to_owned));
+            installed.entry(stage.clone()).or_default().extend(
+                pkgs.split_whitespace()
+                    .filter(|w| *w != "\\")
+                    .map(str::to_owned),
+            );
         }
     }
     let runtime = installed.get("runtime").cloned().unwrap_or_default();

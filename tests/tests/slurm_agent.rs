@@ -511,6 +511,27 @@ fn bad_configuration_gives_one_error_line() {
             "/no/such/key".into(),
         ],
     ];
+    // A key in a directory only its owner (munge, as Debian ships /etc/munge) may enter: the agent holds no DAC
+    // capability, so it says so instead of starting a munged that cannot read it.
+    let locked = site.path().join("locked");
+    std::fs::create_dir_all(&locked).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::copy(site.path().join("munge.key"), locked.join("munge.key"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let chown = Command::new("chown")
+        .args(["nobody:nogroup"])
+        .arg(&locked)
+        .status();
+    assert!(chown.is_ok_and(|s| s.success()));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut cases = cases;
+    cases.push(vec![
+        "--slurm-conf".into(),
+        site.conf().display().to_string(),
+        "--munge-key".into(),
+        locked.join("munge.key").display().to_string(),
+    ]);
     for extra in cases {
         let out = Command::new(isthmus_bin())
             .args([
@@ -533,5 +554,8 @@ fn bad_configuration_gives_one_error_line() {
             .filter(|l| l.starts_with("isthmus: error: "))
             .collect();
         assert_eq!(errors.len(), 1, "{extra:?}: {err}");
+        if extra.iter().any(|a| a.contains("locked")) {
+            assert!(errors[0].contains("owned by root"), "{}", errors[0]);
+        }
     }
 }
