@@ -132,3 +132,40 @@ pub fn term(pid: u32) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// A throw-away Slurm node directory: `subdirs` created under `dir`, eight fake GPU device nodes in `dir/dev`
+/// (character devices, as slurmd requires), and a 1 KiB munge key `dir/munge.key` with mode 0400.
+pub fn prepare_site(dir: &Path, subdirs: &[&str]) {
+    for sub in subdirs.iter().chain(["dev", "munge"].iter()) {
+        std::fs::create_dir_all(dir.join(sub)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for i in 0..8 {
+        let st = Command::new("mknod")
+            .arg(dir.join(format!("dev/nvidia{i}")))
+            .args(["c", "1", "3"])
+            .status();
+        assert!(st.is_ok_and(|s| s.success()), "mknod (the test needs root)");
+    }
+    let key: Vec<u8> = (0..1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.join("munge.key"), key).unwrap_or_else(|e| panic!("{e}"));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.join("munge.key"),
+        std::fs::Permissions::from_mode(0o400),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Poll `f` every 200 ms until it holds; panic after `timeout`.
+pub fn wait_until(what: &str, timeout: std::time::Duration, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}

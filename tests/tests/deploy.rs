@@ -14,22 +14,12 @@ use isthmus_tests::deploy::{
     VARIANTS, added_capabilities, agent_container, at, cap_mask, container_args, container_env,
     of_kind, one, proc_caps, render, render_text, with_capabilities,
 };
+use isthmus_tests::slurm::wait_until;
 use isthmus_tests::{fakeapi, fixtures, free_port, http_get, isthmus_bin, repo_root};
 use serde_yaml_ng::Value;
 
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 struct Reaped(Child);
@@ -571,22 +561,7 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     // `nobody` must reach slurm.conf and munged's socket.
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("{e}"));
-    for sub in ["dev", "state", "spool", "munge", "etc-slurm"] {
-        std::fs::create_dir_all(d.join(sub)).unwrap_or_else(|e| panic!("{e}"));
-    }
-    for i in 0..8 {
-        let st = Command::new("mknod")
-            .arg(d.join(format!("dev/nvidia{i}")))
-            .args(["c", "1", "3"])
-            .status();
-        assert!(st.is_ok_and(|s| s.success()), "mknod (the test needs root)");
-    }
-    let key: Vec<u8> = (0..1024u32)
-        .map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8)
-        .collect();
-    std::fs::write(d.join("munge.key"), key).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(d.join("munge.key"), std::fs::Permissions::from_mode(0o400))
-        .unwrap_or_else(|e| panic!("{e}"));
+    isthmus_tests::slurm::prepare_site(d, &["state", "spool", "etc-slurm"]);
     let (ctld_port, slurmd_port) = (free_port(), free_port());
     let p = d.display();
     let ours = [

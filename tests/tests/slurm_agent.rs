@@ -7,18 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use isthmus_tests::slurm::wait_until;
 use isthmus_tests::{fixtures, free_port, isthmus_bin};
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
-}
 
 /// Alive and not a zombie.
 fn alive(pid: u32) -> bool {
@@ -62,23 +52,7 @@ impl Site {
     fn new(node: &str, root: &Path, mode: Mode) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
-        for sub in ["dev", "state", "spool", "munge"] {
-            std::fs::create_dir_all(d.join(sub)).unwrap_or_else(|e| panic!("{e}"));
-        }
-        for i in 0..8 {
-            let st = Command::new("mknod")
-                .arg(d.join(format!("dev/nvidia{i}")))
-                .args(["c", "1", "3"])
-                .status();
-            assert!(st.is_ok_and(|s| s.success()), "mknod (the test needs root)");
-        }
-        let key: Vec<u8> = (0..1024u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
-        std::fs::write(d.join("munge.key"), key).unwrap_or_else(|e| panic!("{e}"));
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(d.join("munge.key"), std::fs::Permissions::from_mode(0o400))
-            .unwrap_or_else(|e| panic!("{e}"));
+        isthmus_tests::slurm::prepare_site(d, &["state", "spool"]);
         let node_line = if mode != Mode::Configured {
             "MaxNodeCount=16\nTreeWidth=65533\n".to_owned()
         } else {
