@@ -486,6 +486,42 @@ fn package_of(path: &Path) -> String {
     panic!("no Debian package owns {}", path.display());
 }
 
+/// Start the agent as the DaemonSet's container starts it: exactly `caps`, its args (downward-API references
+/// expanded) plus `extra_args`, its literal environment with the host-specific values in `overrides`, the
+/// downward-API variables from `downward`, and the API server through `kubeconfig`. Its stderr goes to `log`.
+fn start_as_in_the_pod(
+    agent: &Value,
+    caps: &[String],
+    extra_args: &[String],
+    overrides: &[(&str, String)],
+    downward: &[(&str, &str)],
+    kubeconfig: &Path,
+    log: &Path,
+) -> Child {
+    let mut cmd = with_capabilities(caps);
+    cmd.arg(isthmus_bin())
+        .args(container_args(agent, downward))
+        .args(extra_args);
+    let (env, _) = container_env(agent);
+    for (k, v) in env {
+        let v = overrides
+            .iter()
+            .find(|(name, _)| *name == k)
+            .map_or(v, |(_, value)| value.clone());
+        cmd.env(k, v);
+    }
+    cmd.envs(downward.iter().copied())
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("HWLOC_FSROOT")
+        .env_remove("HWLOC_COMPONENTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("setpriv: {e}"))
+}
+
 /// The agent as the Kubernetes-only DaemonSet starts it: its args and literal environment, the host paths pointed
 /// at the fixture and the test's kubelet, and the API server reached through a kubeconfig (no in-cluster API here).
 #[test]
@@ -501,30 +537,23 @@ fn the_kubernetes_only_agent_publishes_with_no_capability() {
     let (api, state) = fakeapi::start("node-uid-1");
     let kubeconfig = fakeapi::kubeconfig(dir.path(), &api);
     let listen = format!("127.0.0.1:{}", free_port());
-    let (env, downward) = container_env(agent);
+    let (_, downward) = container_env(agent);
     assert_eq!(downward, vec!["NODE_NAME"]);
     let root = fixtures().join("hosts/xe9680-8xh100/root");
-    let mut cmd = with_capabilities(&caps);
-    cmd.arg(isthmus_bin()).args(container_args(agent, &[]));
-    for (k, v) in &env {
-        let v = match k.as_str() {
-            "ISTHMUS_HOST_ROOT" => root.display().to_string(),
-            "ISTHMUS_POD_RESOURCES_SOCKET" => socket.display().to_string(),
-            "ISTHMUS_LISTEN" => listen.clone(),
-            _ => v.clone(),
-        };
-        cmd.env(k, v);
-    }
     let log = dir.path().join("agent.log");
-    let child = cmd
-        .env("NODE_NAME", "gpu001")
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))
-        .spawn()
-        .unwrap_or_else(|e| panic!("setpriv: {e}"));
+    let child = start_as_in_the_pod(
+        agent,
+        &caps,
+        &[],
+        &[
+            ("ISTHMUS_HOST_ROOT", root.display().to_string()),
+            ("ISTHMUS_POD_RESOURCES_SOCKET", socket.display().to_string()),
+            ("ISTHMUS_LISTEN", listen.clone()),
+        ],
+        &[("NODE_NAME", "gpu001")],
+        &kubeconfig,
+        &log,
+    );
     let pid = child.id();
     let _agent = Reaped(child);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
@@ -592,47 +621,40 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     let kubeconfig = fakeapi::kubeconfig(d, &api);
     let listen = format!("127.0.0.1:{}", free_port());
     let root = fixtures().join("hosts/xe9680-8xh100/root");
-    let (env, mut downward) = container_env(agent);
+    let (_, mut downward) = container_env(agent);
     downward.sort();
     assert_eq!(downward, vec!["HOST_IP", "NODE_NAME"]);
     let node = "slurmgpu1";
-    let mut cmd = with_capabilities(&caps);
-    cmd.arg(isthmus_bin())
-        .args(container_args(agent, &[("HOST_IP", "127.0.0.1")]))
-        // The pod's fixed paths (munge key Secret, /run/munge, /dev) are the test's, and the fixture's memory is
-        // not this machine's.
-        .arg("--munge-key")
-        .arg(d.join("munge.key"))
-        .arg("--munge-state-dir")
-        .arg(d.join("munge"))
-        .arg("--munge-socket")
-        .arg(d.join("munge/munge.sock"))
-        .arg("--dev-dir")
-        .arg(d.join("dev"))
-        .args(["--real-memory-mib", "1000"]);
-    for (k, v) in &env {
-        let v = match k.as_str() {
-            "ISTHMUS_HOST_ROOT" => root.display().to_string(),
-            "ISTHMUS_POD_RESOURCES_SOCKET" => d.join("no-kubelet.sock").display().to_string(),
-            "ISTHMUS_LISTEN" => listen.clone(),
-            "SLURM_CONF" => slurm_conf.display().to_string(),
-            _ => v.clone(),
-        };
-        cmd.env(k, v);
-    }
     let log = d.join("agent.log");
-    let child = cmd
-        .env("NODE_NAME", node)
-        .env("HOST_IP", "127.0.0.1")
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("HWLOC_FSROOT")
-        .env_remove("HWLOC_COMPONENTS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))
-        .spawn()
-        .unwrap_or_else(|e| panic!("setpriv: {e}"));
+    // The pod's fixed paths (munge key Secret, /run/munge, /dev) are the test's, and the fixture's memory is not
+    // this machine's.
+    let extra: Vec<String> = [
+        ("--munge-key", d.join("munge.key")),
+        ("--munge-state-dir", d.join("munge")),
+        ("--munge-socket", d.join("munge/munge.sock")),
+        ("--dev-dir", d.join("dev")),
+    ]
+    .into_iter()
+    .flat_map(|(flag, path)| [flag.to_owned(), path.display().to_string()])
+    .chain(["--real-memory-mib".to_owned(), "1000".to_owned()])
+    .collect();
+    let child = start_as_in_the_pod(
+        agent,
+        &caps,
+        &extra,
+        &[
+            ("ISTHMUS_HOST_ROOT", root.display().to_string()),
+            (
+                "ISTHMUS_POD_RESOURCES_SOCKET",
+                d.join("no-kubelet.sock").display().to_string(),
+            ),
+            ("ISTHMUS_LISTEN", listen.clone()),
+            ("SLURM_CONF", slurm_conf.display().to_string()),
+        ],
+        &[("NODE_NAME", node), ("HOST_IP", "127.0.0.1")],
+        &kubeconfig,
+        &log,
+    );
     let agent_pid = child.id();
     let mut agent_child = Reaped(child);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
