@@ -1,0 +1,14 @@
+//! Kubernetes resource types and conventions shared by the isthmus node agent (which writes them) and the cluster
+//! controller (which reads them): the NodeResourceTopology object, the names of the attributes isthmus puts in it,
+//! and the field managers each writer uses. Nothing here does I/O.
+
+pub mod nrt;
+
+/// Field manager of every server-side apply the node agent sends.
+pub const AGENT_FIELD_MANAGER: &str = "isthmus";
+
+/// Field manager of every server-side apply the controller sends.
+pub const CONTROLLER_FIELD_MANAGER: &str = "isthmus-controller";
+
+/// Prefix of the attribute, label and annotation names isthmus owns.
+pub const DOMAIN: &str = "isthmus.io";
