@@ -77,18 +77,62 @@ pub trait NvmlSource {
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable>;
 }
 
-/// The real NVML, loaded at run time from `libnvidia-ml.so.1`. Initialised once, lazily. The first successful
-/// snapshot also starts a watcher thread counting critical XID events per GPU.
+/// The real NVML, loaded at run time from `libnvidia-ml.so.1`. Initialised once, lazily; create one per process
+/// and keep it. The first successful snapshot also starts a watcher thread counting critical XID events per GPU; it
+/// ends when this value is dropped (within one event-wait timeout) or when NVML fails.
 #[derive(Debug, Default)]
 pub struct SystemNvml {
     handle: std::sync::OnceLock<Result<nvml_wrapper::Nvml, NvmlUnavailable>>,
     xids: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
     watcher: std::sync::OnceLock<()>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// Count critical XID events per GPU (PCI address) until NVML fails. NVML reference-counts `init`, so the thread
-/// owns its own handle.
-fn watch_xids(counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>) {
+impl Drop for SystemNvml {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How long one event wait may block.
+const XID_WAIT_MS: u32 = 5_000;
+
+/// Paces the XID watcher: a wait that returns long before its timeout without an event (a driver that answers
+/// "timeout" at once) or a flood of events must not turn the loop into a busy spin. Returns how long to sleep
+/// before waiting again.
+#[derive(Debug, Default)]
+struct XidPacer {
+    quick: u32,
+}
+
+impl XidPacer {
+    /// Record one wait that took `took` and whether it delivered an event.
+    fn after_wait(&mut self, took: std::time::Duration, event: bool) -> std::time::Duration {
+        let expected = std::time::Duration::from_millis(u64::from(XID_WAIT_MS));
+        let quick = if event {
+            took < std::time::Duration::from_millis(10)
+        } else {
+            took < expected / 10
+        };
+        if quick {
+            self.quick = self.quick.saturating_add(1);
+        } else {
+            self.quick = 0;
+        }
+        match self.quick {
+            0..=2 => std::time::Duration::ZERO,
+            // Sleep as long as a real wait would have taken.
+            _ => expected,
+        }
+    }
+}
+
+/// Count critical XID events per GPU (PCI address) until NVML fails or `stop` is set. NVML reference-counts `init`,
+/// so the thread owns its own handle.
+fn watch_xids(
+    counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::error::NvmlError;
     let Ok(nvml) = nvml_wrapper::Nvml::init() else {
@@ -117,8 +161,10 @@ fn watch_xids(counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>) {
             Err(_) => return,
         };
     }
-    loop {
-        match set.wait(5_000) {
+    let mut pacer = XidPacer::default();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let started = std::time::Instant::now();
+        let event = match set.wait(XID_WAIT_MS) {
             Ok(ev) => {
                 if let Some(addr) = ev
                     .device
@@ -130,9 +176,14 @@ fn watch_xids(counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>) {
                         *c.entry(addr).or_insert(0) += 1;
                     }
                 }
+                true
             }
-            Err(NvmlError::Timeout) => {}
+            Err(NvmlError::Timeout) => false,
             Err(_) => return,
+        };
+        let pause = pacer.after_wait(started.elapsed(), event);
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
         }
     }
 }
@@ -166,9 +217,10 @@ impl NvmlSource for SystemNvml {
             .map_err(|e| NvmlUnavailable(e.to_string()))?;
         self.watcher.get_or_init(|| {
             let counts = self.xids.clone();
+            let stop = self.stop.clone();
             let _ = std::thread::Builder::new()
                 .name("nvml-xid".into())
-                .spawn(move || watch_xids(counts));
+                .spawn(move || watch_xids(counts, stop));
         });
         let xids = self.xids.lock().map(|c| c.clone()).unwrap_or_default();
         let mut gpus = Vec::new();
@@ -475,6 +527,27 @@ pub fn parse_nvlink_status(text: &str) -> BTreeMap<u32, Vec<NvLink>> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_xid_watcher_never_spins_on_instant_answers() {
+        use std::time::Duration;
+        let mut p = XidPacer::default();
+        // A real wait: no pause.
+        assert_eq!(p.after_wait(Duration::from_secs(5), false), Duration::ZERO);
+        // A driver answering "timeout" at once: after a few, the watcher sleeps as long as a wait would take.
+        let pauses: Vec<Duration> = (0..5)
+            .map(|_| p.after_wait(Duration::from_micros(50), false))
+            .collect();
+        assert_eq!(pauses[..2], [Duration::ZERO, Duration::ZERO]);
+        assert!(pauses[3..].iter().all(|d| *d >= Duration::from_secs(5)));
+        // A flood of events is paced the same way; a normal wait resets it.
+        assert_eq!(p.after_wait(Duration::from_secs(2), true), Duration::ZERO);
+        for _ in 0..3 {
+            p.after_wait(Duration::from_micros(10), true);
+        }
+        assert!(p.after_wait(Duration::from_micros(10), true) >= Duration::from_secs(5));
+        assert_eq!(p.after_wait(Duration::from_secs(5), false), Duration::ZERO);
+    }
 
     const Q: &str = "==============NVSMI LOG==============\n\nDriver Version                            : 535.161.08\nAttached GPUs                             : 2\nGPU 00000000:3B:00.0\n    Product Name                          : NVIDIA H100 80GB HBM3\n    MIG Mode\n        Current                           : Disabled\n    Serial Number                         : 1650124008135\n    GPU UUID                              : GPU-47daa2ad-a218-6286-252b-af45f0dfaf00\n    Minor Number                          : 1\n    PCI\n        Bus Id                            : 00000000:3B:00.0\n    FB Memory Usage\n        Total                             : 81559 MiB\n\nGPU 00000000:19:00.0\n    Product Name                          : NVIDIA H100 80GB HBM3\n    Minor Number                          : 0\n    PCI\n        Bus Id                            : 00000000:19:00.0\n";
 
