@@ -109,6 +109,46 @@ pub struct SlurmArgs {
     pub switch: Option<String>,
 }
 
+/// The node name could not be found.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot tell the node name ({0}); pass --node-name or set NODE_NAME")]
+pub struct NodeNameError(String);
+
+impl SlurmArgs {
+    /// The node name: `--node-name`/`NODE_NAME`, else the host's short hostname.
+    pub fn node_name(&self) -> Result<String, NodeNameError> {
+        if let Some(n) = self.node_name.as_ref().filter(|n| !n.is_empty()) {
+            return Ok(n.clone());
+        }
+        let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_err(|e| NodeNameError(format!("reading the hostname: {e}")))?;
+        let short = h.trim().split('.').next().unwrap_or_default().to_owned();
+        if short.is_empty() {
+            return Err(NodeNameError("the hostname is empty".into()));
+        }
+        Ok(short)
+    }
+
+    /// gres.conf options from the flags.
+    pub fn gres_options(&self) -> isthmus_gres::GresOptions {
+        isthmus_gres::GresOptions {
+            dev_dir: self.dev_dir.clone(),
+            hca_gres: self.hca_gres,
+        }
+    }
+
+    /// Node-definition options from the flags.
+    pub fn node_options(&self) -> isthmus_gres::NodeOptions {
+        isthmus_gres::NodeOptions {
+            memory_reserve_mib: self.memory_reserve_mib,
+            real_memory_mib: self.real_memory_mib,
+            features: self.features.clone(),
+            node_addr: self.node_addr.clone(),
+            gres: self.gres_options(),
+        }
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -153,7 +193,7 @@ pub enum LogFormat {
 }
 
 /// Arguments of `agent`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
     /// Host root and probes.
     #[command(flatten)]
@@ -210,11 +250,20 @@ pub struct AgentArgs {
     #[arg(long, env = "ISTHMUS_PUBLISH_NRT")]
     pub publish_nrt: Option<bool>,
     /// The kubelet PodResources socket (a path as seen by the agent).
-    #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = crate::podresources::DEFAULT_SOCKET, value_name = "PATH")]
+    #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = crate::k8s::podresources::DEFAULT_SOCKET, value_name = "PATH")]
     pub pod_resources_socket: PathBuf,
     /// The kubelet configuration file (a host path), for the topology manager policy and scope.
-    #[arg(long, default_value = crate::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
+    #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
+    /// Seconds between questions to the kubelet's PodResources API (what the pods hold changes the NRT's
+    /// `available`; the object is only written when it changed).
+    #[arg(
+        long,
+        env = "ISTHMUS_POD_RESOURCES_INTERVAL",
+        default_value_t = 1.0,
+        value_name = "SECONDS"
+    )]
+    pub pod_resources_interval: f64,
     /// Address of the /metrics, /healthz and /readyz endpoint.
     #[arg(
         long,
@@ -256,7 +305,7 @@ pub struct RenderArgs {
     #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", value_name = "PATH")]
     pub pod_resources_socket: Option<PathBuf>,
     /// nrt: the kubelet configuration file (a host path), for the topology manager policy and scope.
-    #[arg(long, default_value = crate::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
+    #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
 }
 

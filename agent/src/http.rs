@@ -1,13 +1,21 @@
-//! The agent's HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the main loop is alive) and `/readyz` (the
-//! first discovery is done and, with Slurm, slurmd runs). A small blocking server on its own thread.
+//! The agent's HTTP endpoint on hyper: `/metrics` (Prometheus text), `/healthz` (discovery keeps running) and
+//! `/readyz` (the first discovery is done and, with Slurm, slurmd runs). A task on the agent's runtime.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use metrics_exporter_prometheus::PrometheusHandle;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-/// Shared health state, written by the main loop.
+use crate::metrics::Metrics;
+
+/// Shared health state.
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
@@ -26,56 +34,138 @@ impl Health {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
-    /// The main loop is alive.
+    /// Whether the agent reports itself ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Discovery completed a run.
     pub fn beat(&self) {
         self.heartbeat.store(now_secs(), Ordering::Relaxed);
     }
 
-    fn alive(&self, stale_after: Duration) -> bool {
+    /// Whether discovery ran within `stale_after`.
+    pub fn alive(&self, stale_after: Duration) -> bool {
         now_secs().saturating_sub(self.heartbeat.load(Ordering::Relaxed)) <= stale_after.as_secs()
     }
 }
 
-/// Serve on `addr` until the process exits. `stale_after`: how old the main loop's heartbeat may be for /healthz.
-pub fn serve(
-    addr: &str,
-    metrics: PrometheusHandle,
-    health: Arc<Health>,
-    stale_after: Duration,
-) -> std::io::Result<String> {
-    let server = tiny_http::Server::http(addr).map_err(std::io::Error::other)?;
-    let bound = server.server_addr().to_string();
-    std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || {
-            for request in server.incoming_requests() {
-                let path = request.url().split('?').next().unwrap_or("").to_owned();
-                let (status, body, content_type) = match path.as_str() {
-                    "/metrics" => (
-                        200,
-                        metrics.render(),
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    ),
-                    "/healthz" if health.alive(stale_after) => {
-                        (200, "ok\n".to_owned(), "text/plain")
-                    }
-                    "/healthz" => (503, "main loop stalled\n".to_owned(), "text/plain"),
-                    "/readyz" if health.ready.load(Ordering::Relaxed) => {
-                        (200, "ready\n".to_owned(), "text/plain")
-                    }
-                    "/readyz" => (503, "not ready\n".to_owned(), "text/plain"),
-                    _ => (404, "not found\n".to_owned(), "text/plain"),
-                };
-                let header =
-                    tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes());
-                let mut response = tiny_http::Response::from_string(body).with_status_code(status);
-                if let Ok(h) = header {
-                    response = response.with_header(h);
-                }
-                if let Err(e) = request.respond(response) {
-                    tracing::debug!("HTTP response failed: {e}");
-                }
+/// What the endpoint serves.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The registry rendered on `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Liveness and readiness.
+    pub health: Arc<Health>,
+    /// How old the last discovery may be for `/healthz` to answer 200.
+    pub stale_after: Duration,
+}
+
+impl Endpoint {
+    /// The response to a GET of `path`.
+    pub fn respond(&self, path: &str) -> (StatusCode, &'static str, String) {
+        const TEXT: &str = "text/plain; charset=utf-8";
+        match path {
+            "/metrics" => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics.render(),
+            ),
+            "/healthz" if self.health.alive(self.stale_after) => {
+                (StatusCode::OK, TEXT, "ok\n".into())
             }
-        })?;
-    Ok(bound)
+            "/healthz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                "discovery stalled\n".into(),
+            ),
+            "/readyz" if self.health.is_ready() => (StatusCode::OK, TEXT, "ready\n".into()),
+            "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, TEXT, "not ready\n".into()),
+            _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
+        }
+    }
+
+    fn handle(&self, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = self.respond(req.uri().path());
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(content_type),
+        );
+        resp
+    }
+}
+
+/// Bind `addr` (before the runtime starts, so that a taken port is a startup error).
+pub fn bind(addr: &str) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Serve on `listener` until `shutdown`.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    endpoint: Endpoint,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = TcpListener::from_std(listener)?;
+    loop {
+        let (stream, _) = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little instead of spinning.
+                    tracing::warn!(error = %e, "HTTP accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let endpoint = endpoint.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let resp = endpoint.handle(&req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                r = conn => if let Err(e) = r { tracing::debug!(error = %e, "HTTP connection"); },
+                () = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_and_readiness_answers() {
+        let e = Endpoint {
+            metrics: Arc::new(Metrics::new()),
+            health: Arc::new(Health::default()),
+            stale_after: Duration::from_secs(60),
+        };
+        assert_eq!(e.respond("/healthz").0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.respond("/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
+        e.health.beat();
+        e.health.set_ready(true);
+        assert_eq!(e.respond("/healthz").0, StatusCode::OK);
+        assert_eq!(e.respond("/readyz").0, StatusCode::OK);
+        e.metrics
+            .record_publication("nrt", crate::metrics::Publication::Written);
+        let (status, ct, body) = e.respond("/metrics");
+        assert_eq!(status, StatusCode::OK);
+        assert!(ct.starts_with("text/plain; version=0.0.4"));
+        assert!(body.contains("isthmus_nrt_writes_total 1"), "{body}");
+        assert_eq!(e.respond("/nope").0, StatusCode::NOT_FOUND);
+    }
 }

@@ -5,9 +5,9 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let cli = isthmus_agent::cli::Cli::parse();
     if let Some(host) = cli.command.host() {
-        isthmus_agent::prepare_environment(host);
+        isthmus_agent::discovery::prepare_environment(host);
     }
-    match isthmus_agent::run(cli.command) {
+    match isthmus_agent::commands::run(cli.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("isthmus: error: {e:#}");

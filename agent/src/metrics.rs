@@ -2,14 +2,14 @@
 //! device inventory, InfiniBand ports (node_exporter semantics, `isthmus_` prefix, base units), supervised children,
 //! discovery and NRT publication.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use isthmus_topology::NodeTopology;
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use metrics_util::MetricKindMask;
 
-use crate::supervisor::{Managed, State};
+use crate::slurm::supervisor::ChildStatus;
 
 /// The agent's metrics.
 #[derive(Debug)]
@@ -166,18 +166,27 @@ fn describe() {
         "isthmus_supervised_child_restarts_total",
         "Restarts of the supervised child."
     );
-    describe_counter!(
-        "isthmus_nrt_writes_total",
-        "NodeResourceTopology applies sent to the API server."
-    );
-    describe_counter!(
-        "isthmus_nrt_skips_total",
-        "NodeResourceTopology updates skipped because nothing changed."
-    );
-    describe_counter!(
-        "isthmus_nrt_failures_total",
-        "NodeResourceTopology applies that failed."
-    );
+    for (object, kind) in [
+        ("nrt", "NodeResourceTopology"),
+        ("numatopology", "Numatopology"),
+    ] {
+        describe_counter!(
+            format!("isthmus_{object}_writes_total"),
+            format!("{kind} applies sent to the API server.")
+        );
+        describe_counter!(
+            format!("isthmus_{object}_skips_total"),
+            format!("{kind} updates skipped because nothing changed.")
+        );
+        describe_counter!(
+            format!("isthmus_{object}_failures_total"),
+            format!("{kind} applies that failed (retried with backoff).")
+        );
+        describe_counter!(
+            format!("isthmus_{object}_restores_total"),
+            format!("Times the live {kind} was deleted or edited by someone else and put back.")
+        );
+    }
 }
 
 impl Metrics {
@@ -267,26 +276,24 @@ impl Metrics {
     }
 
     /// Record the supervised children.
-    pub fn record_children(&self, children: &[Managed], crash_loop_after: u32) {
+    pub fn record_children(&self, children: &[ChildStatus], crash_loop_after: u32) {
         self.with(|| {
             for c in children {
-                let name = c.spec.name.clone();
-                gauge!("isthmus_supervised_child_up", "child" => name.clone()).set(
-                    if matches!(c.state, State::Running { .. }) {
-                        1.0
-                    } else {
-                        0.0
-                    },
-                );
+                let name = c.name.clone();
+                gauge!("isthmus_supervised_child_up", "child" => name.clone()).set(if c.up {
+                    1.0
+                } else {
+                    0.0
+                });
                 gauge!("isthmus_supervised_child_crash_looping", "child" => name.clone()).set(
-                    if c.backoff.consecutive_failures >= crash_loop_after {
+                    if c.consecutive_failures >= crash_loop_after {
                         1.0
                     } else {
                         0.0
                     },
                 );
                 counter!("isthmus_supervised_child_restarts_total", "child" => name)
-                    .absolute(c.backoff.restarts);
+                    .absolute(c.restarts);
             }
         });
     }
@@ -331,13 +338,15 @@ impl Metrics {
         });
     }
 
-    /// Count an NRT outcome: `written`, `skipped` or `failed`.
-    pub fn record_nrt(&self, outcome: &str) {
-        self.with(|| match outcome {
-            "written" => counter!("isthmus_nrt_writes_total").increment(1),
-            "skipped" => counter!("isthmus_nrt_skips_total").increment(1),
-            _ => counter!("isthmus_nrt_failures_total").increment(1),
-        });
+    /// Count what a publication of one of the agent's objects did (`object`: `nrt`, `numatopology`).
+    pub fn record_publication(&self, object: &str, outcome: Publication) {
+        let suffix = match outcome {
+            Publication::Written => "writes_total",
+            Publication::Skipped => "skips_total",
+            Publication::Failed => "failures_total",
+            Publication::Restored => "restores_total",
+        };
+        self.with(|| counter!(format!("isthmus_{object}_{suffix}")).increment(1));
     }
 
     /// The exposition text.
@@ -346,9 +355,15 @@ impl Metrics {
     }
 }
 
-/// Time a closure.
-pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let start = Instant::now();
-    let v = f();
-    (v, start.elapsed())
+/// What a publication did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publication {
+    /// An apply was sent and succeeded.
+    Written,
+    /// Nothing changed: nothing was sent.
+    Skipped,
+    /// The apply failed (it is retried).
+    Failed,
+    /// The live object was deleted or edited by someone else and is being put back.
+    Restored,
 }

@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use isthmus_agent::podresources::proto::pod_resources_lister_server::{
+use isthmus_agent::k8s::podresources::proto::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use isthmus_agent::podresources::proto::*;
+use isthmus_agent::k8s::podresources::proto::*;
 
 /// UUIDs of the fixture's GPUs, as the NVIDIA device plugin names them; GPUs 0-3 are on NUMA 0.
 pub const GPU_UUIDS: [&str; 8] = [

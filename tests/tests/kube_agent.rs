@@ -140,7 +140,7 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
     let fp1 = fingerprint(&p.body);
     assert_eq!(
         fp1,
-        isthmus_agent::podfingerprint::fingerprint([("ml", "trainer-0")])
+        isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0")])
     );
 
     // Nothing changes: no further write (several ticks and one PodResources poll later).
@@ -223,8 +223,8 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
     let seen = state.lock().map(|s| s.seen.clone()).unwrap_or_default();
     for r in &seen {
         assert!(
-            isthmus_agent::access::allowed(&r.method, &r.target),
-            "{} {} is not in isthmus_agent::access::API_ACCESS",
+            isthmus_agent::k8s::access::allowed(&r.method, &r.target),
+            "{} {} is not in isthmus_agent::k8s::access::API_ACCESS",
             r.method,
             r.target
         );

@@ -102,7 +102,7 @@ fn allocation_and_fingerprint_come_from_the_kubelet() {
         })
         .collect();
     let want =
-        isthmus_agent::podfingerprint::fingerprint([("ml", "trainer-0"), ("default", "web")]);
+        isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0"), ("default", "web")]);
     assert!(
         attrs.contains(&("nodeTopologyPodsFingerprint".into(), want)),
         "{attrs:?}"

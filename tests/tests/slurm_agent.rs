@@ -141,6 +141,11 @@ impl Site {
     }
 
     fn start_agent(&mut self, root: &Path, extra: &[&str]) {
+        self.start_agent_under(&[], root, extra);
+    }
+
+    /// Start the agent through `wrapper` (e.g. `unshare -pf --mount-proc`, as a pod's PID namespace).
+    fn start_agent_under(&mut self, wrapper: &[&str], root: &Path, extra: &[&str]) {
         let d = self.path().to_path_buf();
         let log = std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}"));
         let sock = self.munge_socket();
@@ -151,7 +156,15 @@ impl Site {
                 format!("localhost:{}", self.ctld_port),
             ];
         }
-        let child = Command::new(isthmus_bin())
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(isthmus_bin());
+                c
+            }
+            None => Command::new(isthmus_bin()),
+        };
+        let child = cmd
             .arg("agent")
             .arg("--host-root")
             .arg(root)
@@ -378,6 +391,80 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
             !Path::new(&format!("/proc/{pid}")).exists(),
             "pid {pid} left as a zombie or orphan"
         );
+    }
+}
+
+/// Processes whose parent is `pid`: (pid, comm, state).
+fn children_of(pid: u32) -> Vec<(u32, String, char)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_owned();
+            let mut f = rest.split_whitespace();
+            let state = f.next()?.chars().next()?;
+            let ppid: u32 = f.next()?.parse().ok()?;
+            (ppid == pid).then_some((p, comm, state))
+        })
+        .collect()
+}
+
+fn child_named(parent: u32, name: &str) -> Option<u32> {
+    children_of(parent)
+        .into_iter()
+        .find(|(_, comm, state)| comm == name && *state != 'Z')
+        .map(|(p, _, _)| p)
+}
+
+/// In a pod the agent is PID 1 of its PID namespace: it must start munged and slurmd there, restart them after
+/// kill -9, leave no zombie, and stop them on SIGTERM.
+#[test]
+fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_children() {
+    let root = h100();
+    let mut site = Site::new("pid1", &root, Mode::Configured);
+    site.start_agent_under(
+        &["unshare", "-pf", "--mount-proc", "--kill-child"],
+        &root,
+        &[],
+    );
+    site.start_slurmctld();
+    site.wait_idle();
+    let unshare = site.agent.as_ref().map(Child::id).unwrap_or_default();
+    let agent = child_named(unshare, "isthmus").unwrap_or_else(|| panic!("no agent under unshare"));
+    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap_or_default();
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .unwrap_or_default();
+    assert_eq!(nspid, "1", "the agent is PID 1 in its namespace:\n{status}");
+    assert!(!site.log().contains("cannot start"), "{}", site.log());
+
+    for name in ["slurmd", "munged", "slurmd"] {
+        let old = child_named(agent, name).unwrap_or_else(|| panic!("no {name}\n{}", site.log()));
+        assert!(isthmus_tests::slurm::kill9(old));
+        wait_until(&format!("a new {name}"), Duration::from_secs(30), || {
+            child_named(agent, name).is_some_and(|p| p != old)
+        });
+        site.wait_idle();
+    }
+    // Every exit was reaped: no zombie among the agent's children.
+    wait_until("no zombie children", Duration::from_secs(5), || {
+        children_of(agent).iter().all(|(_, _, state)| *state != 'Z')
+    });
+
+    let kids: Vec<u32> = children_of(agent).into_iter().map(|(p, _, _)| p).collect();
+    assert!(isthmus_tests::slurm::term(agent));
+    let unshare_child = site.agent.as_mut().unwrap_or_else(|| panic!("no agent"));
+    wait_until("the agent to exit", Duration::from_secs(20), || {
+        matches!(unshare_child.try_wait(), Ok(Some(_)))
+    });
+    for pid in kids {
+        assert!(!alive(pid), "pid {pid} survived the agent");
     }
 }
 

@@ -1,44 +1,11 @@
 //! `isthmus render gres|node|topology`.
 
-use anyhow::{Context, Result, bail};
-use isthmus_gres::{GresOptions, NodeOptions, gres_conf, node_def, topology_conf};
+use anyhow::{Context, Result};
+use isthmus_gres::{gres_conf, node_def, topology_conf};
 use isthmus_topology::NodeTopology;
 
-use crate::cli::{RenderArgs, RenderTarget, SlurmArgs};
-use crate::files::{WriteOutcome, write_if_changed};
-
-/// The Slurm node name: `--node-name`/`NODE_NAME`, else the host's hostname.
-pub fn node_name(args: &SlurmArgs) -> Result<String> {
-    if let Some(n) = &args.node_name {
-        return Ok(n.clone());
-    }
-    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .context("reading the hostname (pass --node-name)")?;
-    let short = h.trim().split('.').next().unwrap_or_default().to_owned();
-    if short.is_empty() {
-        bail!("the hostname is empty; pass --node-name");
-    }
-    Ok(short)
-}
-
-/// GRES options from the flags.
-pub fn gres_options(args: &SlurmArgs) -> GresOptions {
-    GresOptions {
-        dev_dir: args.dev_dir.clone(),
-        hca_gres: args.hca_gres,
-    }
-}
-
-/// Node-definition options from the flags.
-pub fn node_options(args: &SlurmArgs) -> NodeOptions {
-    NodeOptions {
-        memory_reserve_mib: args.memory_reserve_mib,
-        real_memory_mib: args.real_memory_mib,
-        features: args.features.clone(),
-        node_addr: args.node_addr.clone(),
-        gres: gres_options(args),
-    }
-}
+use crate::cli::{RenderArgs, RenderTarget};
+use crate::config_file::{WriteOutcome, write_if_changed};
 
 /// Render the requested text; warnings go to the returned list.
 pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Vec<String>)> {
@@ -46,22 +13,22 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
     match args.what {
         RenderTarget::Gres => {
             let name = if args.cluster {
-                Some(node_name(slurm)?)
+                Some(slurm.node_name()?)
             } else {
                 None
             };
             Ok(gres_conf::render(
                 topo,
-                &gres_options(slurm),
+                &slurm.gres_options(),
                 name.as_deref(),
             ))
         }
         RenderTarget::Node => {
-            let opts = node_options(slurm);
+            let opts = slurm.node_options();
             let (text, issues) = if args.dynamic {
                 node_def::dynamic_conf(topo, &opts)?
             } else {
-                node_def::node_line(topo, &node_name(slurm)?, &opts)?
+                node_def::node_line(topo, &slurm.node_name()?, &opts)?
             };
             Ok((
                 format!("{text}\n"),
@@ -73,14 +40,16 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
         }
         RenderTarget::Nrt => {
             let root = isthmus_topology::HostRoot::new(&args.host.host_root);
-            let (tm, warning) = crate::kubelet::topology_manager(&root, &args.kubelet_config);
+            let (config, warning) = crate::k8s::kubelet::read_config(&root, &args.kubelet_config);
             let mut warnings: Vec<String> = warning.into_iter().collect();
             let allocation = match &args.pod_resources_socket {
-                Some(socket) => match crate::podresources::query_blocking(
+                Some(socket) => match crate::k8s::podresources::query_blocking(
                     socket,
                     std::time::Duration::from_secs(10),
                 ) {
-                    Ok((alloc, list)) => Some(crate::podresources::allocation(topo, &alloc, &list)),
+                    Ok((alloc, list)) => {
+                        Some(crate::k8s::podresources::allocation(topo, &alloc, &list))
+                    }
                     Err(e) => {
                         warnings.push(format!("{e}; allocatable/available default to capacity"));
                         None
@@ -88,13 +57,13 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                 },
                 None => None,
             };
-            let input = crate::nrt::NrtInputs {
-                node_name: node_name(slurm)?,
+            let input = crate::k8s::nrt::NrtInputs {
+                node_name: slurm.node_name()?,
                 node_uid: args.node_uid.clone(),
-                topology_manager: tm,
+                topology_manager: crate::k8s::kubelet::topology_manager(&config),
                 allocation,
             };
-            let obj = crate::nrt::render(topo, &input);
+            let obj = crate::k8s::nrt::render(topo, &input);
             let text = match args.output {
                 crate::cli::ObjectFormat::Yaml => serde_yaml_ng::to_string(&obj)?,
                 crate::cli::ObjectFormat::Json => {
@@ -104,7 +73,7 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             Ok((text, warnings))
         }
         RenderTarget::Topology => {
-            let text = topology_conf::fragment(&node_name(slurm)?, slurm.switch.as_deref(), None)?;
+            let text = topology_conf::fragment(&slurm.node_name()?, slurm.switch.as_deref(), None)?;
             Ok((text, Vec::new()))
         }
     }
@@ -112,7 +81,7 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
 
 /// Run `render`.
 pub fn run(args: &RenderArgs) -> Result<()> {
-    let topo = crate::discover(&args.host, false)?;
+    let topo = crate::discovery::discover(&args.host, false)?;
     let (text, warnings) = render_text(&topo, args)?;
     for w in &warnings {
         eprintln!("isthmus: warning: {w}");

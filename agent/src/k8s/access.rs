@@ -19,22 +19,27 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "topology.node.k8s.io",
         resource: "noderesourcetopologies",
-        verbs: &["create", "get", "patch"],
+        verbs: &["create", "list", "patch", "watch"],
         why: "server-side apply of the node's NodeResourceTopology (patch; create when it does not exist yet) and the \
-              resync that reads it back (get)",
+              watch on it, with a field selector on its name, that restores it when it is deleted or edited (list, \
+              watch)",
     },
     ApiAccess {
         group: "",
         resource: "nodes",
         verbs: &["get"],
-        why: "the Node's UID, once, for the NodeResourceTopology's owner reference (garbage collection with the Node)",
+        why: "the Node's UID for the NodeResourceTopology's owner reference (garbage collection with the Node); read \
+              at start and after the object was deleted",
     },
 ];
 
 /// The (group, resource, verb) an HTTP request to the API server is authorised as, for the request shapes the agent
-/// makes (named objects of cluster-scoped resources). `None` for anything else.
+/// makes (cluster-scoped resources, named or listed/watched). `None` for anything else.
 pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'static str)> {
-    let path = path.split('?').next().unwrap_or(path);
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (group, rest) = match parts.as_slice() {
         ["api", _version, rest @ ..] => ("", rest),
@@ -48,6 +53,7 @@ pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'stat
     };
     let verb = match (method, named) {
         ("GET", true) => "get",
+        ("GET", false) if watch => "watch",
         ("GET", false) => "list",
         ("PATCH", true) => "patch",
         ("PUT", true) => "update",
@@ -80,10 +86,22 @@ mod tests {
         ));
         assert!(allowed(
             "GET",
+            "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies?&fieldSelector=metadata.name%3Dnode1"
+        ));
+        assert!(allowed(
+            "GET",
+            "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies?&watch=true&fieldSelector=metadata.name%3Dnode1"
+        ));
+        assert!(!allowed(
+            "GET",
             "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1"
         ));
         assert!(allowed("GET", "/api/v1/nodes/node1"));
         assert!(!allowed("GET", "/api/v1/nodes"), "list is not granted");
+        assert!(
+            !allowed("GET", "/api/v1/nodes?watch=true"),
+            "watch is not granted"
+        );
         assert!(!allowed("PATCH", "/api/v1/nodes/node1"));
         assert!(!allowed("GET", "/api/v1/namespaces/default/pods/p"));
         assert!(!allowed(

@@ -3,112 +3,15 @@
 
 use std::collections::BTreeMap;
 
+use isthmus_api::nrt::{
+    Attribute, Cost, FINGERPRINT_METHOD_ALL, NodeResourceTopology, ResourceInfo, Zone,
+};
 use isthmus_topology::{DeviceKind, NodeTopology, NumaNode};
-use serde::{Deserialize, Serialize};
 
-use crate::kubelet::TopologyManager;
-
-/// API group/version.
-pub const API_VERSION: &str = "topology.node.k8s.io/v1alpha2";
-/// Kind.
-pub const KIND: &str = "NodeResourceTopology";
-/// Fingerprint method: every pod on the node.
-pub const FINGERPRINT_METHOD_ALL: &str = "all";
-
-/// A name/value attribute.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attribute {
-    /// Name.
-    pub name: String,
-    /// Value.
-    pub value: String,
-}
+use super::kubelet::TopologyManager;
 
 fn attr(name: impl Into<String>, value: impl Into<String>) -> Attribute {
-    Attribute {
-        name: name.into(),
-        value: value.into(),
-    }
-}
-
-/// Cost (distance) to a zone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cost {
-    /// The other zone.
-    pub name: String,
-    /// Distance.
-    pub value: i64,
-}
-
-/// One resource of a zone; quantities as Kubernetes quantity strings (integers here).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Resource {
-    /// Resource name (`cpu`, `memory`, `hugepages-2Mi`, `nvidia.com/gpu`).
-    pub name: String,
-    /// What the zone has.
-    pub capacity: String,
-    /// What pods may use.
-    pub allocatable: String,
-    /// What is still free.
-    pub available: String,
-}
-
-/// A NUMA zone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Zone {
-    /// `node-<n>`.
-    pub name: String,
-    /// `Node`.
-    #[serde(rename = "type")]
-    pub zone_type: String,
-    /// Distances to every zone, itself included.
-    pub costs: Vec<Cost>,
-    /// Resources.
-    pub resources: Vec<Resource>,
-    /// Free-form facts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attributes: Vec<Attribute>,
-}
-
-/// Owner reference (to the Node, so a deleted node leaves no NRT behind).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OwnerReference {
-    /// `v1`.
-    pub api_version: String,
-    /// `Node`.
-    pub kind: String,
-    /// Node name.
-    pub name: String,
-    /// Node UID.
-    pub uid: String,
-}
-
-/// Object metadata (what we set).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Metadata {
-    /// Object name = node name.
-    pub name: String,
-    /// Owner references.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub owner_references: Vec<OwnerReference>,
-}
-
-/// The object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeResourceTopology {
-    /// API version.
-    pub api_version: String,
-    /// Kind.
-    pub kind: String,
-    /// Metadata.
-    pub metadata: Metadata,
-    /// Node-level attributes.
-    pub attributes: Vec<Attribute>,
-    /// Zones.
-    pub zones: Vec<Zone>,
+    Attribute::new(name, value)
 }
 
 /// What the kubelet says is allocatable and in use, per NUMA node (from the PodResources API).
@@ -161,7 +64,7 @@ fn zone_resources(
     topo: &NodeTopology,
     n: &NumaNode,
     alloc: Option<&BTreeMap<String, (u64, u64)>>,
-) -> Vec<Resource> {
+) -> Vec<ResourceInfo> {
     let hugepage_bytes: u64 = n
         .hugepages
         .iter()
@@ -208,7 +111,7 @@ fn zone_resources(
             let (allocatable, used) = alloc
                 .and_then(|a| a.get(&name).copied())
                 .unwrap_or((cap, 0));
-            Resource {
+            ResourceInfo {
                 capacity: cap.to_string(),
                 allocatable: allocatable.to_string(),
                 available: allocatable.saturating_sub(used).to_string(),
@@ -331,25 +234,21 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
             FINGERPRINT_METHOD_ALL,
         ));
     }
-    NodeResourceTopology {
-        api_version: API_VERSION.into(),
-        kind: KIND.into(),
-        metadata: Metadata {
-            name: input.node_name.clone(),
-            owner_references: input
-                .node_uid
-                .iter()
-                .map(|uid| OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Node".into(),
-                    name: input.node_name.clone(),
-                    uid: uid.clone(),
-                })
-                .collect(),
-        },
-        attributes,
-        zones,
-    }
+    let mut obj = NodeResourceTopology::named(&input.node_name);
+    obj.metadata.owner_references = input.node_uid.as_ref().map(|uid| {
+        vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: input.node_name.clone(),
+                uid: uid.clone(),
+                ..Default::default()
+            },
+        ]
+    });
+    obj.attributes = attributes;
+    obj.zones = zones;
+    obj
 }
 
 #[cfg(test)]

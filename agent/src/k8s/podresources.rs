@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use isthmus_topology::NodeTopology;
 
-use crate::nrt::Allocation;
+use super::nrt::Allocation;
 
 /// Generated protobuf types, client and server (`proto/podresources.proto`).
 #[allow(
@@ -170,7 +170,7 @@ pub fn allocation(
             }
         }
     }
-    let fingerprint = crate::podfingerprint::fingerprint(
+    let fingerprint = super::fingerprint::fingerprint(
         list.pod_resources
             .iter()
             .map(|p| (p.namespace.as_str(), p.name.as_str())),

@@ -1,28 +1,73 @@
-//! Publishing the NodeResourceTopology: server-side apply with field manager `isthmus`, nothing sent when the
-//! object would not change, retries with backoff when the API server fails, and a slow resync that re-applies only
-//! when the live object drifted (deleted or edited by someone else).
+//! Publishing one of the node's objects (the NodeResourceTopology, Volcano's Numatopology): server-side apply with
+//! field manager `isthmus` and an owner reference to the Node, nothing sent when the object would not change,
+//! retries with backoff when the API server fails, and a watch on the object itself, so that a deleted object or one
+//! whose content someone else changed is put back at once.
 
+use std::fmt::Debug;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use kube::{Api, Client};
-use serde_json::Value;
+use futures::StreamExt;
+use k8s_openapi::ClusterResourceScope;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-use crate::nrt::NodeResourceTopology;
-use crate::supervisor::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::metrics::{Metrics, Publication};
+use crate::slurm::supervisor::backoff::{Backoff, BackoffPolicy, Jitter};
 
-/// The field manager of every apply.
-pub const FIELD_MANAGER: &str = "isthmus";
+/// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
+pub trait Published:
+    Resource<DynamicType = (), Scope = ClusterResourceScope>
+    + Clone
+    + Debug
+    + PartialEq
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The name in metrics (`nrt`).
+    const METRIC: &'static str;
 
-/// The NRT API resource (cluster-scoped).
-pub fn nrt_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("topology.node.k8s.io", "v1alpha2", crate::nrt::KIND),
-        "noderesourcetopologies",
-    )
+    /// Whether `live` carries the content the agent owns as `self` does (the rest — status, labels others set —
+    /// is not ours to restore).
+    fn same_content(&self, live: &Self) -> bool;
+}
+
+impl Published for isthmus_api::nrt::NodeResourceTopology {
+    const METRIC: &'static str = "nrt";
+
+    fn same_content(&self, live: &Self) -> bool {
+        isthmus_api::nrt::NodeResourceTopology::same_content(self, live)
+    }
+}
+
+/// Why a publication failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The Node does not exist (yet): the object would be garbage-collected at once.
+    #[error("Node {0} does not exist; the object is published once it does")]
+    NodeMissing(String),
+    /// The Node exists but has no UID (never the case on a real server).
+    #[error("Node {0} has no UID")]
+    NodeWithoutUid(String),
+    /// The desired object has no name.
+    #[error("the object to publish has no name")]
+    Unnamed,
+    /// An API call failed.
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    /// An API call did not answer in time.
+    #[error("the API server did not answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// What a publication did.
@@ -34,108 +79,100 @@ pub enum Outcome {
     Unchanged,
 }
 
-/// Applies NRT objects through the API server.
-pub struct Publisher {
-    client: Client,
-    api: Api<DynamicObject>,
-    last: Option<Value>,
-    node_uid: Option<String>,
+/// Applies one object through the API server, remembering what it applied.
+pub struct Publisher<K> {
+    api: Api<K>,
+    nodes: Api<Node>,
+    owner: Option<OwnerReference>,
+    applied: Option<K>,
 }
 
-impl std::fmt::Debug for Publisher {
+impl<K> Debug for Publisher<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
-            .field("applied", &self.last.is_some())
+            .field("owner", &self.owner.as_ref().map(|o| &o.uid))
+            .field("applied", &self.applied.is_some())
             .finish_non_exhaustive()
     }
 }
 
-impl Publisher {
+impl<K: Published> Publisher<K> {
     /// A publisher using `client`.
     pub fn new(client: Client) -> Self {
-        let api = Api::all_with(client.clone(), &nrt_resource());
         Self {
-            client,
-            api,
-            last: None,
-            node_uid: None,
+            api: Api::all(client.clone()),
+            nodes: Api::all(client),
+            owner: None,
+            applied: None,
         }
     }
 
-    /// The Node's UID (for the owner reference).
-    pub async fn node_uid(&self, name: &str) -> Result<String, kube::Error> {
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
-        let node = nodes.get(name).await?;
-        Ok(node.metadata.uid.unwrap_or_default())
+    /// The owner reference to the Node named like the object (read once, and again after [`Self::forget`]).
+    async fn owner(&mut self, name: &str) -> Result<OwnerReference, PublishError> {
+        if let Some(o) = &self.owner {
+            return Ok(o.clone());
+        }
+        let node = self
+            .nodes
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| PublishError::NodeMissing(name.to_owned()))?;
+        let uid = node
+            .metadata
+            .uid
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| PublishError::NodeWithoutUid(name.to_owned()))?;
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: name.to_owned(),
+            uid,
+            ..OwnerReference::default()
+        };
+        self.owner = Some(owner.clone());
+        Ok(owner)
     }
 
-    /// Apply `obj` unless it equals the last applied object. An object without an owner reference gets one to its
-    /// Node (whose UID is read once), so that deleting the Node garbage-collects the NRT.
-    pub async fn publish(&mut self, obj: &NodeResourceTopology) -> Result<Outcome, kube::Error> {
-        let mut obj = obj.clone();
-        if obj.metadata.owner_references.is_empty() {
-            let uid = match &self.node_uid {
-                Some(u) => u.clone(),
-                None => {
-                    let u = self.node_uid(&obj.metadata.name).await?;
-                    self.node_uid = Some(u.clone());
-                    u
-                }
-            };
-            obj.metadata
-                .owner_references
-                .push(crate::nrt::OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Node".into(),
-                    name: obj.metadata.name.clone(),
-                    uid,
-                });
-        }
-        let value = serde_json::to_value(&obj).map_err(kube::Error::SerdeError)?;
-        if self.last.as_ref() == Some(&value) {
+    /// Apply `desired` (with the owner reference) unless it equals what was applied last.
+    pub async fn publish(&mut self, desired: &K) -> Result<Outcome, PublishError> {
+        let name = desired.meta().name.clone().ok_or(PublishError::Unnamed)?;
+        let mut obj = desired.clone();
+        let owner = self.owner(&name).await?;
+        obj.meta_mut().owner_references = Some(vec![owner]);
+        if self.applied.as_ref() == Some(&obj) {
             return Ok(Outcome::Unchanged);
         }
         self.api
             .patch(
-                &obj.metadata.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&value),
+                &name,
+                &PatchParams::apply(isthmus_api::AGENT_FIELD_MANAGER).force(),
+                &Patch::Apply(&obj),
             )
             .await?;
-        self.last = Some(value);
+        self.applied = Some(obj);
         Ok(Outcome::Written)
     }
 
-    /// Compare the live object with what we applied; when it is gone or differs, forget it so that the next
-    /// publication applies again. Returns whether it drifted.
-    pub async fn resync(&mut self, name: &str) -> Result<bool, kube::Error> {
-        let Some(last) = &self.last else {
-            return Ok(false);
-        };
-        let live = self.api.get_opt(name).await?;
-        let drifted = match live {
-            None => true,
-            Some(obj) => {
-                let live = serde_json::to_value(&obj.data).unwrap_or(Value::Null);
-                ["attributes", "zones"]
-                    .iter()
-                    .any(|k| live.get(k) != last.get(k))
-            }
-        };
-        if drifted {
-            self.last = None;
+    /// Forget what was applied, so that the next publication applies again; `node_too`: read the Node's UID again
+    /// (after a deletion, which the garbage collector does when the Node itself went away).
+    pub fn forget(&mut self, node_too: bool) {
+        self.applied = None;
+        if node_too {
+            self.owner = None;
         }
-        Ok(drifted)
+    }
+
+    /// Whether `live` lost content we applied (someone else edited it).
+    pub fn drifted(&self, live: &K) -> bool {
+        self.applied.as_ref().is_some_and(|a| !a.same_content(live))
     }
 }
 
-/// How the publisher thread paces itself.
+/// How the publisher task paces itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
-    /// At most one apply per this interval (bursts of triggers coalesce to the latest object).
+    /// At most one apply per this interval (bursts of changes coalesce to the latest object).
     pub min_interval: Duration,
-    /// Resync period (jittered ±20 %).
-    pub resync: Duration,
     /// Timeout of one API call.
     pub call_timeout: Duration,
 }
@@ -143,146 +180,123 @@ pub struct Pacing {
 impl Default for Pacing {
     fn default() -> Self {
         Self {
-            min_interval: Duration::from_secs(1),
-            resync: Duration::from_secs(600),
+            min_interval: Duration::from_millis(500),
             call_timeout: Duration::from_secs(10),
         }
     }
 }
 
-/// A future that builds the Kubernetes client (run inside the publisher's runtime).
-pub type ClientFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Client, String>> + Send>>;
-
-/// The client from the environment: KUBECONFIG / ~/.kube/config, else the pod's service account.
-pub fn default_client() -> ClientFuture {
-    Box::pin(async { Client::try_default().await.map_err(|e| e.to_string()) })
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
-/// Start the publisher thread: send it every desired object; it applies the latest, retrying with backoff.
-pub fn spawn(
-    client_factory: impl FnOnce() -> ClientFuture + Send + 'static,
+/// Publish every desired object sent on `desired` (named `node`) until `shutdown`, and keep the live object equal
+/// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited.
+pub async fn run<K: Published>(
+    client: Client,
+    node: String,
+    mut desired: watch::Receiver<Option<K>>,
     metrics: Arc<Metrics>,
     pacing: Pacing,
-) -> std::io::Result<Sender<NodeResourceTopology>> {
-    let (tx, rx) = std::sync::mpsc::channel::<NodeResourceTopology>();
-    std::thread::Builder::new()
-        .name("nrt-publisher".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("NRT publisher has no runtime: {e}");
-                    return;
-                }
-            };
-            let client = match rt.block_on(client_factory()) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!("no Kubernetes client: {e}; NRT publication disabled");
-                    return;
-                }
-            };
-            run(&rt, Publisher::new(client), &rx, &metrics, pacing);
-        })?;
-    Ok(tx)
-}
-
-fn run(
-    rt: &tokio::runtime::Runtime,
-    mut publisher: Publisher,
-    rx: &Receiver<NodeResourceTopology>,
-    metrics: &Metrics,
-    pacing: Pacing,
+    shutdown: CancellationToken,
 ) {
+    let mut publisher = Publisher::<K>::new(client.clone());
+    let own = watcher(
+        Api::<K>::all(client),
+        watcher::Config::default().fields(&format!("metadata.name={node}")),
+    )
+    .default_backoff();
+    let mut own = std::pin::pin!(own);
     let policy = BackoffPolicy::default();
     let mut jitter = Jitter::from_entropy();
     let mut backoff = Backoff::default();
-    let mut desired: Option<NodeResourceTopology> = None;
-    let mut retry_at: Option<Instant> = None;
-    let mut last_apply = Instant::now() - pacing.min_interval;
-    let resync_period = || {
-        pacing
-            .resync
-            .mul_f64(0.8 + 0.4 * Jitter::from_entropy().next_unit())
-    };
-    let mut next_resync = Instant::now() + resync_period();
+    let mut dirty = true;
+    let mut not_before: Option<Instant> = None;
+    let mut last_apply: Option<Instant> = None;
+    let mut watch_failing = false;
     loop {
-        let now = Instant::now();
-        let wake = [retry_at, Some(next_resync)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(now + pacing.resync);
-        match rx.recv_timeout(wake.saturating_duration_since(now)) {
-            Ok(obj) => {
-                // Coalesce a burst: keep the latest.
-                let mut latest = obj;
-                while let Ok(o) = rx.try_recv() {
-                    latest = o;
+        let wait = if dirty { not_before } else { None };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = desired.changed() => {
+                if changed.is_err() {
+                    return;
                 }
-                desired = Some(latest);
+                dirty = true;
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        let Some(obj) = desired.clone() else { continue };
-        if Instant::now() >= next_resync {
-            next_resync = Instant::now() + resync_period();
-            match rt.block_on(async {
-                tokio::time::timeout(pacing.call_timeout, publisher.resync(&obj.metadata.name))
-                    .await
-            }) {
-                Ok(Ok(true)) => {
-                    tracing::warn!(name = %obj.metadata.name, "the NRT object drifted; re-applying")
+            event = own.next() => match event {
+                Some(Ok(watcher::Event::Delete(_))) => {
+                    tracing::warn!(object = K::METRIC, name = %node, "the object was deleted; restoring it");
+                    metrics.record_publication(K::METRIC, Publication::Restored);
+                    publisher.forget(true);
+                    dirty = true;
+                    not_before = None;
                 }
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => tracing::warn!("NRT resync failed: {e}"),
-                Err(_) => tracing::warn!("NRT resync timed out"),
-            }
+                Some(Ok(watcher::Event::Apply(live) | watcher::Event::InitApply(live))) => {
+                    watch_failing = false;
+                    if publisher.drifted(&live) {
+                        tracing::warn!(object = K::METRIC, name = %node, "the object was changed by someone else; restoring it");
+                        metrics.record_publication(K::METRIC, Publication::Restored);
+                        publisher.forget(false);
+                        dirty = true;
+                        not_before = None;
+                    }
+                }
+                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                Some(Err(e)) => {
+                    if !watch_failing {
+                        tracing::warn!(object = K::METRIC, error = %e, "watching the published object failed; retrying");
+                        watch_failing = true;
+                    }
+                }
+                None => return,
+            },
+            () = sleep_until(wait) => {}
         }
-        if retry_at.is_some_and(|t| Instant::now() < t) {
+        if !dirty || not_before.is_some_and(|t| Instant::now() < t) {
             continue;
         }
-        let since = last_apply.elapsed();
-        if since < pacing.min_interval {
-            std::thread::sleep(pacing.min_interval - since);
+        if let Some(t) = last_apply.map(|t| t + pacing.min_interval) {
+            if Instant::now() < t {
+                not_before = Some(t);
+                continue;
+            }
         }
-        let result = rt.block_on(async {
-            tokio::time::timeout(pacing.call_timeout, publisher.publish(&obj)).await
-        });
+        let Some(obj) = desired.borrow_and_update().clone() else {
+            continue;
+        };
+        let result = tokio::time::timeout(pacing.call_timeout, publisher.publish(&obj))
+            .await
+            .unwrap_or(Err(PublishError::Timeout(pacing.call_timeout)));
         match result {
-            Ok(Ok(Outcome::Written)) => {
-                last_apply = Instant::now();
-                metrics.record_nrt("written");
-                tracing::info!(name = %obj.metadata.name, "NRT applied");
+            Ok(outcome) => {
+                dirty = false;
+                not_before = None;
                 backoff = Backoff::default();
-                retry_at = None;
+                if outcome == Outcome::Written {
+                    last_apply = Some(Instant::now());
+                    metrics.record_publication(K::METRIC, Publication::Written);
+                    tracing::info!(object = K::METRIC, name = %node, "applied");
+                } else {
+                    metrics.record_publication(K::METRIC, Publication::Skipped);
+                }
             }
-            Ok(Ok(Outcome::Unchanged)) => {
-                metrics.record_nrt("skipped");
-                retry_at = None;
-            }
-            Ok(Err(e)) => {
-                metrics.record_nrt("failed");
+            Err(e) => {
+                metrics.record_publication(K::METRIC, Publication::Failed);
                 let delay = backoff.on_exit(Duration::ZERO, &policy, &mut jitter);
-                tracing::warn!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "NRT apply failed: {e}"
-                );
-                retry_at = Some(Instant::now() + delay);
-            }
-            Err(_) => {
-                metrics.record_nrt("failed");
-                let delay = backoff.on_exit(Duration::ZERO, &policy, &mut jitter);
-                tracing::warn!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "NRT apply timed out"
-                );
-                retry_at = Some(Instant::now() + delay);
+                let retry_in_ms = delay.as_millis() as u64;
+                match &e {
+                    PublishError::NodeMissing(_) => {
+                        tracing::warn!(object = K::METRIC, error = %e, retry_in_ms, "waiting for the Node")
+                    }
+                    _ => {
+                        tracing::warn!(object = K::METRIC, error = %e, retry_in_ms, "apply failed")
+                    }
+                }
+                not_before = Some(Instant::now() + delay);
             }
         }
     }
@@ -292,26 +306,66 @@ fn run(
 mod tests {
     use super::*;
     use http::{Request, Response, StatusCode};
+    use isthmus_api::nrt::{Attribute, NodeResourceTopology};
     use kube::client::Body;
+    use serde_json::Value;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
     fn object(pods_fp: &str) -> NodeResourceTopology {
         let mut o: NodeResourceTopology = serde_json::from_value(serde_json::json!({
             "apiVersion": "topology.node.k8s.io/v1alpha2",
             "kind": "NodeResourceTopology",
-            "metadata": {"name": "node1", "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node1", "uid": "u-1"}]},
+            "metadata": {"name": "node1"},
             "attributes": [{"name": "topologyManagerPolicy", "value": "single-numa-node"}],
             "zones": [{"name": "node-0", "type": "Node", "costs": [{"name": "node-0", "value": 10}],
                        "resources": [{"name": "cpu", "capacity": "16", "allocatable": "15", "available": "12"}]}]
         }))
         .unwrap_or_else(|e| panic!("{e}"));
-        o.attributes.push(crate::nrt::Attribute {
-            name: "nodeTopologyPodsFingerprint".into(),
-            value: pods_fp.into(),
-        });
+        o.attributes
+            .push(Attribute::new("nodeTopologyPodsFingerprint", pods_fp));
         o
     }
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    fn owned(mut o: NodeResourceTopology, uid: &str) -> NodeResourceTopology {
+        o.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: "node1".into(),
+            uid: uid.into(),
+            ..OwnerReference::default()
+        }]);
+        o
+    }
+
+    fn reply(status: StatusCode, body: Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn expect_node_get(handle: &mut Handle, uid: Option<&str>) {
+        let (req, send) = handle
+            .next_request()
+            .await
+            .unwrap_or_else(|| panic!("no request"));
+        assert_eq!(
+            (req.method().as_str(), req.uri().path()),
+            ("GET", "/api/v1/nodes/node1")
+        );
+        assert!(crate::k8s::access::allowed("GET", req.uri().path()));
+        send.send_response(match uid {
+            Some(uid) => reply(
+                StatusCode::OK,
+                serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "uid": uid}}),
+            ),
+            None => reply(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+            ),
+        });
+    }
 
     async fn expect_apply(handle: &mut Handle, want: &NodeResourceTopology, status: StatusCode) {
         let (req, send) = handle
@@ -319,7 +373,7 @@ mod tests {
             .await
             .unwrap_or_else(|| panic!("no request"));
         assert_eq!(req.method(), http::Method::PATCH);
-        assert!(crate::access::allowed(
+        assert!(crate::k8s::access::allowed(
             req.method().as_str(),
             &req.uri().to_string()
         ));
@@ -340,35 +394,34 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let sent: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sent, serde_json::to_value(want).unwrap_or_default());
-        let reply = if status.is_success() {
-            serde_json::to_vec(want).unwrap_or_default()
+        send.send_response(if status.is_success() {
+            reply(status, sent)
         } else {
-            serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": status.as_u16()})).unwrap_or_default()
-        };
-        send.send_response(
-            Response::builder()
-                .status(status)
-                .body(Body::from(reply))
-                .unwrap_or_else(|e| panic!("{e}")),
-        );
+            reply(
+                status,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": status.as_u16()}),
+            )
+        });
     }
 
     #[tokio::test]
-    async fn applies_once_skips_identical_and_patches_on_change() {
+    async fn applies_once_with_the_owner_skips_identical_and_patches_on_change() {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let mut p = Publisher::new(Client::new(mock, "default"));
+        let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
         let first = object("pfp0v001aaaaaaaaaaaaaaaa");
         let server = tokio::spawn(async move {
+            expect_node_get(&mut handle, Some("u-1")).await;
             expect_apply(
                 &mut handle,
-                &object("pfp0v001aaaaaaaaaaaaaaaa"),
+                &owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"),
                 StatusCode::OK,
             )
             .await;
-            // The identical second discovery sends nothing; the next request is the changed pod set.
+            // The identical second publication sends nothing; the next request is the changed pod set, and the
+            // Node is not read again.
             expect_apply(
                 &mut handle,
-                &object("pfp0v001bbbbbbbbbbbbbbbb"),
+                &owned(object("pfp0v001bbbbbbbbbbbbbbbb"), "u-1"),
                 StatusCode::OK,
             )
             .await;
@@ -381,21 +434,22 @@ mod tests {
             Some(Outcome::Written)
         );
         let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
-        // No further request was made.
         assert!(
             tokio::time::timeout(Duration::from_millis(50), handle.next_request())
                 .await
-                .is_err()
+                .is_err(),
+            "no further request"
         );
     }
 
     #[tokio::test]
     async fn failures_are_errors_and_the_next_publish_retries() {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let mut p = Publisher::new(Client::new(mock, "default"));
+        let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
         let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
-        let want = obj.clone();
+        let want = owned(obj.clone(), "u-1");
         let server = tokio::spawn(async move {
+            expect_node_get(&mut handle, Some("u-1")).await;
             expect_apply(&mut handle, &want, StatusCode::INTERNAL_SERVER_ERROR).await;
             expect_apply(&mut handle, &want, StatusCode::FORBIDDEN).await;
             expect_apply(&mut handle, &want, StatusCode::OK).await;
@@ -414,69 +468,46 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_owner_reference_points_at_the_node() {
+    async fn a_missing_node_is_an_error_never_an_empty_owner_and_is_asked_again() {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let mut p = Publisher::new(Client::new(mock, "default"));
-        let mut obj = object("pfp0v001aaaaaaaaaaaaaaaa");
-        obj.metadata.owner_references.clear();
-        let want = object("pfp0v001aaaaaaaaaaaaaaaa");
+        let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+        let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
+        let want = owned(obj.clone(), "u-2");
         let server = tokio::spawn(async move {
-            let (req, send) = handle
-                .next_request()
-                .await
-                .unwrap_or_else(|| panic!("no request"));
-            assert_eq!(
-                (req.method().as_str(), req.uri().path()),
-                ("GET", "/api/v1/nodes/node1")
-            );
-            assert!(crate::access::allowed("GET", req.uri().path()));
-            let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "uid": "u-1"}});
-            send.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&node).unwrap_or_default()))
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
+            expect_node_get(&mut handle, None).await;
+            expect_node_get(&mut handle, Some("")).await;
+            expect_node_get(&mut handle, Some("u-2")).await;
             expect_apply(&mut handle, &want, StatusCode::OK).await;
         });
+        assert!(matches!(
+            p.publish(&obj).await,
+            Err(PublishError::NodeMissing(_))
+        ));
+        assert!(matches!(
+            p.publish(&obj).await,
+            Err(PublishError::NodeWithoutUid(_))
+        ));
         assert_eq!(p.publish(&obj).await.ok(), Some(Outcome::Written));
         server.await.unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]
-    fn the_publisher_thread_retries_until_the_api_server_recovers() {
-        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let metrics = Arc::new(Metrics::new());
-        let pacing = Pacing {
-            min_interval: Duration::from_millis(10),
-            resync: Duration::from_secs(600),
-            call_timeout: Duration::from_millis(300),
-        };
-        let factory =
-            move || -> ClientFuture { Box::pin(async move { Ok(Client::new(mock, "default")) }) };
-        let tx = spawn(factory, metrics.clone(), pacing).unwrap_or_else(|e| panic!("{e}"));
-        let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
+    fn drift_is_only_about_our_content() {
+        let (mock, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
-        tx.send(obj.clone()).unwrap_or_else(|e| panic!("{e}"));
-        rt.block_on(async {
-            // The first call never gets an answer: the call times out and is retried.
-            let (_req, pending) = handle
-                .next_request()
-                .await
-                .unwrap_or_else(|| panic!("no request"));
-            expect_apply(&mut handle, &obj, StatusCode::SERVICE_UNAVAILABLE).await;
-            drop(pending);
-            // Retried after the backoff (0.5 s ± 20 %) without any new trigger.
-            expect_apply(&mut handle, &obj, StatusCode::OK).await;
-        });
-        let text = metrics.render();
-        assert!(
-            text.contains("isthmus_nrt_failures_total 2"),
-            "a timeout and a 503: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(metrics.render().contains("isthmus_nrt_writes_total 1"));
+        let _guard = rt.enter();
+        let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+        let applied = owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1");
+        assert!(!p.drifted(&applied), "nothing applied yet");
+        p.applied = Some(applied.clone());
+        let mut labelled = applied.clone();
+        labelled.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
+        labelled.metadata.resource_version = Some("42".into());
+        assert!(!p.drifted(&labelled));
+        let mut edited = applied;
+        edited.zones.clear();
+        assert!(p.drifted(&edited));
     }
 }

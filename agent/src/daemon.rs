@@ -1,0 +1,304 @@
+//! `isthmus agent`: the node daemon. One runtime (current-thread) runs every task; discovery and NVML run on the one
+//! discovery thread, which publishes each new topology on a `watch` channel. The tasks: the HTTP endpoint, the
+//! Slurm side (gres.conf + supervisor of munged and slurmd, which alone reaps children), and the Kubernetes side
+//! (kubelet view → NRT → publisher with its own-object watch). SIGTERM cancels one token; the supervisor then stops
+//! the children within the grace period and the process exits without waiting for anything else in flight.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use isthmus_topology::{NodeTopology, NvmlSource};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{AgentArgs, NodeNameError, SlurmMode};
+use crate::discovery::{DiscoveryError, Schedule, Trigger};
+use crate::http::{Endpoint, Health};
+use crate::k8s::kubelet_view::{self, KubeletView};
+use crate::k8s::publisher::{self, Pacing};
+use crate::metrics::Metrics;
+use crate::slurm::node::{SlurmConfigError, SlurmNode};
+use crate::slurm::supervisor::backoff::Jitter;
+use crate::slurm::supervisor::process::{ChildSpec, OsProcess, Reaper, become_subreaper};
+use crate::slurm::supervisor::state::{Supervisor, Timing};
+use crate::slurm::supervisor::{self, ChildStatus};
+
+/// How often GPU telemetry is read from NVML.
+const TELEMETRY_PERIOD: Duration = Duration::from_secs(10);
+
+/// Why the agent cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The Slurm side is misconfigured.
+    #[error(transparent)]
+    Slurm(#[from] SlurmConfigError),
+    /// Discovery cannot run.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// Publication is on but the node name is unknown.
+    #[error("NodeResourceTopology publication needs the node's name: {0}")]
+    NodeName(NodeNameError),
+    /// Publication is on but no Kubernetes client can be built.
+    #[error(
+        "NodeResourceTopology publication is on but there is no Kubernetes client ({0}); in a pod the service \
+         account provides one, elsewhere set KUBECONFIG or pass --publish-nrt false"
+    )]
+    Client(String),
+    /// The HTTP endpoint cannot listen.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime, a thread or a signal handler could not be set up.
+    #[error("starting the agent: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Everything the daemon needs, validated before anything starts.
+pub struct Plan {
+    args: AgentArgs,
+    slurm: Option<SlurmNode>,
+    munged: Option<ChildSpec>,
+    publish_as: Option<String>,
+    nvml: Box<dyn NvmlSource + Send>,
+    listener: std::net::TcpListener,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("slurm", &self.slurm)
+            .field("publish_as", &self.publish_as)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
+    /// Check the configuration: one clear error for the first thing that cannot work.
+    pub fn new(args: &AgentArgs) -> Result<Self, DaemonError> {
+        let slurm = match args.slurm_mode {
+            SlurmMode::Off => None,
+            _ => Some(SlurmNode::new(args)?),
+        };
+        let munged = match (&slurm, args.no_munged) {
+            (Some(_), false) => Some(crate::slurm::munge::munged_spec(args)?),
+            _ => None,
+        };
+        crate::discovery::check_host_root(&args.host)?;
+        let publish = args
+            .publish_nrt
+            .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
+        let publish_as = if publish {
+            Some(args.slurm.node_name().map_err(DaemonError::NodeName)?)
+        } else {
+            None
+        };
+        let nvml = crate::discovery::nvml_source(&args.host)?;
+        let listener = crate::http::bind(&args.listen).map_err(|source| DaemonError::Listen {
+            addr: args.listen.clone(),
+            source,
+        })?;
+        Ok(Self {
+            args: args.clone(),
+            slurm,
+            munged,
+            publish_as,
+            nvml,
+            listener,
+        })
+    }
+}
+
+/// Run the daemon until SIGTERM/SIGINT. Returns the exit code.
+pub fn run(plan: Plan) -> Result<i32, DaemonError> {
+    if let Err(e) = become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a subreaper; orphaned grandchildren will not be reaped by the agent");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let code = rt.block_on(serve(plan));
+    // Tasks still in flight (an API call, a PodResources query) are dropped, not awaited.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+async fn serve(plan: Plan) -> Result<i32, DaemonError> {
+    let Plan {
+        args,
+        slurm,
+        munged,
+        publish_as,
+        nvml,
+        listener,
+    } = plan;
+    let shutdown = CancellationToken::new();
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let client = match &publish_as {
+        Some(_) => Some(
+            kube::Client::try_default()
+                .await
+                .map_err(|e| DaemonError::Client(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
+    let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
+    let triggers = crate::discovery::spawn_worker(
+        args.host.clone(),
+        nvml,
+        Schedule {
+            rediscover,
+            telemetry: TELEMETRY_PERIOD,
+        },
+        metrics.clone(),
+        health.clone(),
+        topo_tx,
+    )?;
+    let endpoint = Endpoint {
+        metrics: metrics.clone(),
+        health: health.clone(),
+        stale_after: rediscover * 3 + Duration::from_secs(30),
+    };
+    tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
+    let http_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::http::serve(listener, endpoint, http_shutdown).await {
+            tracing::error!(error = %e, "the HTTP endpoint stopped");
+        }
+    });
+
+    let mut supervisor_task = None;
+    let mut child_status = None;
+    if let Some(node) = slurm {
+        let (requests, requests_rx) = mpsc::channel(8);
+        let (status_tx, status_rx) = watch::channel(Vec::new());
+        let reaper = Reaper::new();
+        let mut sup = Supervisor::new(
+            Timing::with_grace(Duration::from_secs(args.grace_seconds)),
+            Jitter::from_entropy(),
+            OsProcess,
+        );
+        let depends_on = munged.as_ref().map(|m| m.name.clone());
+        if let Some(m) = munged {
+            sup.configure(m, None, false, Instant::now());
+        }
+        supervisor_task = Some(tokio::spawn(supervisor::run(
+            sup,
+            reaper.clone(),
+            requests_rx,
+            status_tx,
+            shutdown.clone(),
+        )));
+        tokio::spawn(crate::slurm::run(
+            node,
+            topo_rx.clone(),
+            requests,
+            reaper,
+            depends_on,
+            shutdown.clone(),
+        ));
+        child_status = Some(status_rx);
+    }
+    tokio::spawn(readiness(
+        topo_rx.clone(),
+        child_status,
+        health,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+
+    if let (Some(client), Some(node)) = (client, publish_as) {
+        let (view_tx, view_rx) = watch::channel(KubeletView::default());
+        let source = kubelet_view::Source {
+            root: isthmus_topology::HostRoot::new(&args.host.host_root),
+            config: args.kubelet_config.clone(),
+            socket: args.pod_resources_socket.clone(),
+            interval: Duration::from_secs_f64(args.pod_resources_interval.clamp(0.1, 3600.0)),
+        };
+        tokio::spawn(kubelet_view::run(source, view_tx, shutdown.clone()));
+        let (nrt_tx, nrt_rx) = watch::channel(None);
+        let name = node.clone();
+        tokio::spawn(crate::k8s::render_task(
+            topo_rx.clone(),
+            view_rx,
+            move |topo, view| crate::k8s::nrt_for(&name, topo, view),
+            nrt_tx,
+            shutdown.clone(),
+        ));
+        tokio::spawn(publisher::run(
+            client,
+            node,
+            nrt_rx,
+            metrics.clone(),
+            Pacing::default(),
+            shutdown.clone(),
+        ));
+    }
+
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP: re-discovering");
+                if triggers.send(Trigger::Rediscover).is_err() {
+                    tracing::error!("the discovery worker stopped");
+                }
+            }
+        }
+    }
+    tracing::info!("stopping");
+    shutdown.cancel();
+    if let Some(task) = supervisor_task {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the supervisor failed"),
+            Err(e) => tracing::error!(error = %e, "the supervisor task failed"),
+        }
+    }
+    Ok(0)
+}
+
+/// Readiness and child metrics: ready once the first discovery is done and, with Slurm, while slurmd runs.
+async fn readiness(
+    mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
+    mut children: Option<watch::Receiver<Vec<ChildStatus>>>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let crash_loop_after = supervisor::backoff::BackoffPolicy::default().crash_loop_after;
+    loop {
+        let discovered = topo.borrow_and_update().is_some();
+        let ready = match &mut children {
+            None => discovered,
+            Some(rx) => {
+                let status = rx.borrow_and_update();
+                metrics.record_children(&status, crash_loop_after);
+                discovered && status.iter().any(|c| c.name == "slurmd" && c.up)
+            }
+        };
+        health.set_ready(ready);
+        let child_changed = async {
+            match &mut children {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = topo.changed() => if r.is_err() { return },
+            ok = child_changed => if !ok { return },
+        }
+    }
+}
