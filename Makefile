@@ -2,15 +2,17 @@
 #   make run    install the system packages it needs, then discover this host
 #   make test   formatting, lints and the whole test suite (what CI runs)
 #   make deploy-check   render and validate deploy/daemonset (kubectl kustomize, kubernetes-validate, checkov)
+#   make kube-assets    build the kube-apiserver the Kubernetes tests start (tests/kube-apiserver/build.sh)
 
 CARGO ?= cargo
-APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux
+APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux \
+  golang-1.19-go etcd-server
 # The manifest checkers, from PyPI, in a project-local virtual environment.
 PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: deps deploy-tools deploy-check build run test fmt lint bench
+.PHONY: deps deploy-tools deploy-check kube-assets build run test fmt lint bench
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -20,6 +22,10 @@ deps:
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	  case "$$missing" in *etcd-server*) \
+	    if [ -d /run/systemd/system ]; then $$SUDO systemctl stop etcd || true; \
+	    elif [ -x /etc/init.d/etcd ]; then $$SUDO /etc/init.d/etcd stop >/dev/null 2>&1 || true; fi;; \
+	  esac; \
 	fi
 
 # kubectl (for `kubectl kustomize`): the machine's, or Debian's kubernetes-client when there is none.
@@ -37,6 +43,11 @@ deploy-tools:
 deploy-check: deploy-tools
 	$(CARGO) test -p isthmus-tests --test deploy
 
+# kube-apiserver v1.26.0 from tests/kube-apiserver/ (Debian's Go 1.19; ~3 min the first time, instant afterwards),
+# so that the first Kubernetes test does not spend its time building it. The tests build it themselves otherwise.
+kube-assets: deps
+	@bash tests/kube-apiserver/build.sh >/dev/null
+
 build: deps
 	$(CARGO) build --release -p isthmus-agent --bin isthmus
 
@@ -49,7 +60,7 @@ fmt:
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: deps deploy-tools fmt lint
+test: deps deploy-tools kube-assets fmt lint
 	$(CARGO) test --workspace --no-fail-fast
 
 bench: build

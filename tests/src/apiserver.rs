@@ -1,0 +1,562 @@
+//! A real Kubernetes API server for tests: kube-apiserver v1.26.0 (built from `tests/kube-apiserver/`) and etcd,
+//! started on free loopback ports in a fresh temporary directory.
+//!
+//! - [`ApiServer::shared`]: one server per test binary, started on first use; tests isolate themselves by
+//!   namespace and object names. [`ApiServer::start`]: a private server a test owns, for tests that stop or restart
+//!   it ([`ApiServer::stop`], [`ApiServer::restart`]); dropped, it stops and its directory is removed.
+//! - Identities: the administrator is a static token in `system:masters` ([`ApiServer::kubectl`],
+//!   [`ApiServer::admin_kubeconfig`]); anything else runs as a real ServiceAccount through a TokenRequest token
+//!   ([`ApiServer::token_for`], [`ApiServer::kubeconfig_for_token`]), authorized by RBAC
+//!   (`--authorization-mode=RBAC`) exactly as a cluster would.
+//! - Audit: every write is logged (level Metadata); [`ApiServer::writes_by`] lists one identity's writes.
+//! - There is no kubelet, scheduler or controller-manager: Nodes are objects ([`ApiServer::create_node`]), pods
+//!   stay Pending, owner references are not garbage-collected, namespaces get no `default` ServiceAccount.
+//!
+//! Binaries: `$KUBEBUILDER_ASSETS/{kube-apiserver,etcd}` when that variable is set (the envtest convention),
+//! otherwise what `tests/kube-apiserver/build.sh` builds (minutes the first time, instant afterwards). A server
+//! that cannot be built or started fails the test that asked for it, with the reason and the server's log.
+//! Everything started here ends with the test process, also when a test fails (see `apiserver/process.rs`).
+//!
+//! ```no_run
+//! use isthmus_tests::apiserver::ApiServer;
+//! let api = ApiServer::shared();
+//! api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: my-test\n");
+//! let out = api.kubectl(&["get", "namespace", "my-test", "-o", "name"]);
+//! assert!(out.status.success());
+//! ```
+
+mod assets;
+mod audit;
+mod kubectl;
+mod pki;
+mod process;
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+pub use assets::assets;
+pub use audit::{AuditEvent, WRITE_VERBS};
+pub use kubectl::{describe, kubectl_with};
+
+use assets::assets_dir;
+use kubectl::kubectl_stdin;
+
+/// How long etcd and kube-apiserver may take to become ready (generous: 2 shared cores, parallel tests).
+const ETCD_READY: Duration = Duration::from_secs(30);
+const APISERVER_READY: Duration = Duration::from_secs(120);
+/// The administrator's user name (static token, group `system:masters`), as the audit log records it.
+pub const ADMIN_USER: &str = "admin";
+/// The service-account token issuer (and default audience) of every test server.
+pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc";
+
+/// A running etcd + kube-apiserver pair and the files it was started with.
+#[derive(Debug)]
+pub struct ApiServer {
+    dir: PathBuf,
+    assets: PathBuf,
+    port: u16,
+    etcd_port: u16,
+    etcd_peer_port: u16,
+    admin_kubeconfig: PathBuf,
+    etcd: Option<std::process::Child>,
+    apiserver: Option<std::process::Child>,
+    kubeconfigs: AtomicUsize,
+}
+
+impl ApiServer {
+    /// The server shared by every test of this test binary, started on first use. Panics (in every test that
+    /// asks) when it could not be built or started.
+    pub fn shared() -> &'static ApiServer {
+        static SHARED: OnceLock<Result<ApiServer, String>> = OnceLock::new();
+        match SHARED.get_or_init(ApiServer::try_start) {
+            Ok(server) => server,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A private server for this test alone (stopped and removed when dropped). Panics when it could not be built
+    /// or started.
+    pub fn start() -> ApiServer {
+        Self::try_start().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start() -> Result<ApiServer, String> {
+        let assets = assets_dir()?;
+        let dir = process::new_dir().map_err(|e| format!("creating the server directory: {e}"))?;
+        let [port, etcd_port, etcd_peer_port] = distinct_free_ports();
+        let mut server = ApiServer {
+            admin_kubeconfig: dir.join("admin.kubeconfig"),
+            dir,
+            assets,
+            port,
+            etcd_port,
+            etcd_peer_port,
+            etcd: None,
+            apiserver: None,
+            kubeconfigs: AtomicUsize::new(0),
+        };
+        // From here on, dropping `server` on an error stops what was started and removes the directory.
+        server.write_config()?;
+        server.start_etcd()?;
+        server.start_apiserver()?;
+        Ok(server)
+    }
+
+    /// Kill kube-apiserver (SIGKILL; etcd keeps running). The API is unreachable until [`Self::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.apiserver.take() {
+            process::kill(&mut child);
+        }
+    }
+
+    /// Kill kube-apiserver if it runs and start it again on the same port, with the same etcd, PKI and tokens, and
+    /// wait until it is ready: clients holding an old kubeconfig reconnect.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_apiserver().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's temporary directory (logs: `kube-apiserver.log`, `etcd.log`, `audit.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A kubeconfig for the administrator (static token, group `system:masters`).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// A kubeconfig that authenticates with `token` (e.g. from [`Self::token_for`]); a new file each call.
+    pub fn kubeconfig_for_token(&self, token: &str) -> PathBuf {
+        let n = self.kubeconfigs.fetch_add(1, Ordering::Relaxed);
+        let path = self.dir.join(format!("token-{n}.kubeconfig"));
+        self.write_kubeconfig(&path, &format!("token-{n}"), token)
+            .unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    /// `kubectl ARGS` as the administrator.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        kubectl_with(&self.admin_kubeconfig, args)
+    }
+
+    /// `kubectl apply --server-side --force-conflicts -f -` of `text` (one or more YAML documents) as the
+    /// administrator. Server-side apply is idempotent, so parallel tests may apply the same objects. Panics with
+    /// kubectl's output when it fails.
+    pub fn apply_yaml(&self, text: &str) -> Output {
+        let out = self.try_apply_yaml(text);
+        assert!(
+            out.status.success(),
+            "applying YAML failed: {}",
+            describe(&out)
+        );
+        out
+    }
+
+    /// [`Self::apply_yaml`] without the check: for objects the server must reject.
+    pub fn try_apply_yaml(&self, text: &str) -> Output {
+        kubectl_stdin(
+            &self.admin_kubeconfig,
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            text,
+        )
+    }
+
+    /// `kubectl apply -k DIR` as the administrator, as an operator runs it; panics with kubectl's output when it
+    /// fails.
+    pub fn apply_kustomize(&self, dir: &Path) -> Output {
+        let out = self.try_apply_kustomize(dir);
+        assert!(
+            out.status.success(),
+            "kubectl apply -k {} failed: {}",
+            dir.display(),
+            describe(&out)
+        );
+        out
+    }
+
+    /// `kubectl apply -k DIR`, whatever it returns. With a kubectl whose embedded kustomize predates directory
+    /// `resources` (kubectl 1.20, Debian bookworm's), a directory under `deploy/daemonset` is rendered as
+    /// [`crate::deploy::render_text`] does and applied with `kubectl apply -f -` instead.
+    pub fn try_apply_kustomize(&self, dir: &Path) -> Output {
+        let arg = dir.to_string_lossy();
+        let out = self.kubectl(&["apply", "-k", &arg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let old_kustomize =
+            stderr.contains("must be a file") || stderr.contains("patch.StrategicMerge");
+        match dir.strip_prefix(crate::deploy::deploy_dir()) {
+            Ok(sub) if !out.status.success() && old_kustomize => {
+                let sub = sub.to_string_lossy();
+                let text = crate::deploy::render_text(if sub.is_empty() { "." } else { &sub });
+                kubectl_stdin(&self.admin_kubeconfig, &["apply", "-f", "-"], &text)
+            }
+            _ => out,
+        }
+    }
+
+    /// Wait (up to a minute) until the CustomResourceDefinition `name` is Established; panics otherwise.
+    pub fn wait_for_crd(&self, name: &str) {
+        let (kc, name) = (self.admin_kubeconfig.clone(), name.to_owned());
+        block_on(async move {
+            let crds: Api<CustomResourceDefinition> = Api::all(try_client_for(&kc).await?);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let crd = crds.get_opt(&name).await;
+                let established = crd.as_ref().is_ok_and(|c| {
+                    c.as_ref()
+                        .and_then(|c| c.status.as_ref())
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter()
+                                .any(|c| c.type_ == "Established" && c.status == "True")
+                        })
+                });
+                if established {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("CRD {name} not Established after 60 s: {crd:?}"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// A bound token of ServiceAccount `ns/sa` (TokenRequest, `POST
+    /// /api/v1/namespaces/NS/serviceaccounts/SA/token`, valid 24 h). The ServiceAccount must exist.
+    pub fn token_for(&self, ns: &str, sa: &str) -> String {
+        let (kc, ns, sa) = (self.admin_kubeconfig.clone(), ns.to_owned(), sa.to_owned());
+        block_on(async move {
+            let sas: Api<ServiceAccount> = Api::namespaced(try_client_for(&kc).await?, &ns);
+            let request = TokenRequest {
+                spec: TokenRequestSpec {
+                    expiration_seconds: Some(24 * 3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let created = sas
+                .create_token_request(&sa, &PostParams::default(), &request)
+                .await
+                .map_err(|e| format!("TokenRequest for {ns}/{sa}: {e}"))?;
+            created
+                .status
+                .map(|s| s.token)
+                .ok_or_else(|| format!("TokenRequest for {ns}/{sa}: no token in the answer"))
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Create the Node `name` (only metadata: no kubelet runs) and return its UID.
+    pub fn create_node(&self, name: &str) -> String {
+        let (kc, name) = (self.admin_kubeconfig.clone(), name.to_owned());
+        block_on(async move {
+            let nodes: Api<Node> = Api::all(try_client_for(&kc).await?);
+            let node = Node {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some([("kubernetes.io/hostname".to_owned(), name.clone())].into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let created = nodes
+                .create(&PostParams::default(), &node)
+                .await
+                .map_err(|e| format!("creating Node {name}: {e}"))?;
+            created
+                .metadata
+                .uid
+                .ok_or_else(|| format!("Node {name} has no uid"))
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The write requests (create, update, patch, delete, deletecollection) that `user` made at or after `since`,
+    /// from the audit log. A ServiceAccount's user is [`service_account_user`]. An event is logged when its response
+    /// completes, a few milliseconds after the client has its answer: poll when counting writes just made.
+    pub fn writes_by(&self, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+        audit::writes_by(&self.audit_log(), user, since)
+    }
+
+    /// The audit log (JSON lines, one event per write).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    fn write_config(&self) -> Result<(), String> {
+        let err = |what: &Path, e: std::io::Error| format!("writing {}: {e}", what.display());
+        pki::generate(&self.dir.join("pki"))?;
+        let token = random_token()?;
+        let tokens = self.dir.join("tokens.csv");
+        std::fs::write(
+            &tokens,
+            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
+        )
+        .map_err(|e| err(&tokens, e))?;
+        let policy = self.dir.join("audit-policy.yaml");
+        std::fs::write(&policy, audit::POLICY).map_err(|e| err(&policy, e))?;
+        self.write_kubeconfig(&self.admin_kubeconfig, ADMIN_USER, &token)
+    }
+
+    fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<(), String> {
+        let ca = self.dir.join("pki/ca.crt");
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": self.url(), "certificate-authority": ca}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
+            "current-context": "test",
+        });
+        let text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    fn start_etcd(&mut self) -> Result<(), String> {
+        let client = format!("http://127.0.0.1:{}", self.etcd_port);
+        let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
+        let mut cmd = Command::new(self.assets.join("etcd"));
+        cmd.arg("--data-dir")
+            .arg(self.dir.join("etcd"))
+            .args(["--name", "default", "--logger", "zap", "--unsafe-no-fsync"])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .arg("--initial-cluster")
+            .arg(format!("default={peer}"));
+        let log = self.dir.join("etcd.log");
+        self.etcd = Some(self.spawn_logged(cmd, &log)?);
+        let addr = format!("127.0.0.1:{}", self.etcd_port);
+        let deadline = Instant::now() + ETCD_READY;
+        loop {
+            if let Some(status) = exited(&mut self.etcd) {
+                return Err(format!(
+                    "etcd exited ({status}) before it was ready\n{}",
+                    process::tail(&log, 40)
+                ));
+            }
+            if crate::http_get(&addr, "/health")
+                .is_ok_and(|(code, body)| code == 200 && body.contains(r#""health":"true""#))
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "etcd not healthy after {ETCD_READY:?}\n{}",
+                    process::tail(&log, 40)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn start_apiserver(&mut self) -> Result<(), String> {
+        let d = &self.dir;
+        let arg = |flag: &str, path: PathBuf| {
+            let mut a = OsString::from(format!("--{flag}="));
+            a.push(path);
+            a
+        };
+        let mut cmd = Command::new(self.assets.join("kube-apiserver"));
+        cmd.arg(format!(
+            "--etcd-servers=http://127.0.0.1:{}",
+            self.etcd_port
+        ))
+        .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+        .arg(format!("--secure-port={}", self.port))
+        .arg(arg("cert-dir", d.join("certs")))
+        .arg(arg("tls-cert-file", d.join("pki/serving.crt")))
+        .arg(arg("tls-private-key-file", d.join("pki/serving.key")))
+        .arg(arg("client-ca-file", d.join("pki/ca.crt")))
+        .arg(arg("token-auth-file", d.join("tokens.csv")))
+        .args([
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ])
+        .arg(format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"))
+        .arg(arg("service-account-key-file", d.join("pki/sa.pub")))
+        .arg(arg(
+            "service-account-signing-key-file",
+            d.join("pki/sa.key"),
+        ))
+        .arg("--service-cluster-ip-range=10.0.0.0/24")
+        .arg(arg("audit-policy-file", d.join("audit-policy.yaml")))
+        .arg(arg("audit-log-path", d.join("audit.log")));
+        let log = self.dir.join("kube-apiserver.log");
+        self.apiserver = Some(self.spawn_logged(cmd, &log)?);
+        let logs = |dir: &Path| {
+            format!(
+                "{}\n{}",
+                process::tail(&dir.join("kube-apiserver.log"), 40),
+                process::tail(&dir.join("etcd.log"), 10)
+            )
+        };
+
+        let kc = self.admin_kubeconfig.clone();
+        let client = block_on(async move { try_client_for(&kc).await })?;
+        let deadline = Instant::now() + APISERVER_READY;
+        loop {
+            if let Some(status) = exited(&mut self.apiserver) {
+                let logs = logs(&self.dir);
+                return Err(format!(
+                    "kube-apiserver exited ({status}) before it was ready\n{logs}"
+                ));
+            }
+            let c = client.clone();
+            // Ready: /readyz answers 200, and the `default` namespace, which the server creates in the background
+            // after it starts serving, exists (tests create objects in it at once).
+            let probe = block_on(async move {
+                for path in ["/readyz", "/api/v1/namespaces/default"] {
+                    let request = http::Request::get(path).body(Vec::new());
+                    let request = request.map_err(|e| e.to_string())?;
+                    match tokio::time::timeout(Duration::from_secs(5), c.request_text(request))
+                        .await
+                    {
+                        Ok(answer) => answer.map_err(|e| format!("GET {path}: {e}"))?,
+                        Err(_) => return Err(format!("GET {path}: no answer within 5 s")),
+                    };
+                }
+                Ok(())
+            });
+            match probe {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    let logs = logs(&self.dir);
+                    return Err(format!(
+                        "kube-apiserver not ready after {APISERVER_READY:?} (last probe: {e})\n{logs}"
+                    ));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    fn spawn_logged(&self, mut cmd: Command, log: &Path) -> Result<std::process::Child, String> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .map_err(|e| format!("opening {}: {e}", log.display()))
+        };
+        cmd.stdin(Stdio::null())
+            .stdout(open()?)
+            .stderr(open()?)
+            .current_dir(&self.dir);
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        process::spawn(cmd).map_err(|e| format!("starting {program}: {e}"))
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        for child in [self.apiserver.take(), self.etcd.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut child = child;
+            process::kill(&mut child);
+        }
+        process::remove_dir(&self.dir);
+    }
+}
+
+/// The user name of ServiceAccount `ns/sa` as the API server authenticates it (and audits it).
+pub fn service_account_user(ns: &str, sa: &str) -> String {
+    format!("system:serviceaccount:{ns}:{sa}")
+}
+
+/// A kube-rs client from a kubeconfig file (the administrator's or [`ApiServer::kubeconfig_for_token`]'s). Call it
+/// inside the Tokio runtime that will use the client. Panics when the file is not a usable kubeconfig.
+pub async fn client_for(kubeconfig: &Path) -> kube::Client {
+    try_client_for(kubeconfig)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn try_client_for(kubeconfig: &Path) -> Result<kube::Client, String> {
+    let at = |e: &dyn std::fmt::Display| format!("kubeconfig {}: {e}", kubeconfig.display());
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| at(&e))?;
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .map_err(|e| at(&e))?;
+    kube::Client::try_from(config).map_err(|e| at(&e))
+}
+
+/// Run `fut` to completion on this module's Tokio runtime, from any thread (also from inside another runtime).
+fn block_on<F>(fut: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    let rt = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kube-client")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("starting a Tokio runtime: {e}"))
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    // Futures here return their errors rather than panic; a panic would drop `tx` (and print its message).
+    rx.recv()
+        .unwrap_or_else(|_| panic!("an API request panicked"))
+}
+
+/// The exit status of a child that has exited (it is reaped and forgotten), or `None` while it runs.
+fn exited(child: &mut Option<std::process::Child>) -> Option<std::process::ExitStatus> {
+    let status = child.as_mut()?.try_wait().ok().flatten()?;
+    if let Some(mut c) = child.take() {
+        process::kill(&mut c);
+    }
+    Some(status)
+}
+
+fn distinct_free_ports() -> [u16; 3] {
+    loop {
+        let ports = [crate::free_port(), crate::free_port(), crate::free_port()];
+        if ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2] {
+            return ports;
+        }
+    }
+}
+
+fn random_token() -> Result<String, String> {
+    let mut bytes = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}

@@ -1,0 +1,80 @@
+//! The test server's PKI, made with `rcgen` (ring): a CA, a serving certificate for `127.0.0.1`/`localhost`
+//! signed by it, and the key pair that signs and verifies service-account tokens. All ECDSA P-256.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// Where the PKI files were written.
+#[derive(Debug, Clone)]
+pub(super) struct Pki {
+    /// CA certificate (PEM): `--client-ca-file`, and what clients trust.
+    pub ca_cert: PathBuf,
+    /// Serving certificate and key (PEM): `--tls-cert-file`, `--tls-private-key-file`.
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    /// Service-account signing key (PKCS#8 PEM) and its public key (PEM).
+    pub sa_key: PathBuf,
+    pub sa_pub: PathBuf,
+}
+
+/// Generate the PKI into `dir` (created).
+pub(super) fn generate(dir: &Path) -> Result<Pki, String> {
+    let err = |what: &str, e: &dyn std::fmt::Display| format!("test PKI: {what}: {e}");
+    std::fs::create_dir_all(dir).map_err(|e| err("creating the directory", &e))?;
+
+    let ca_key = KeyPair::generate().map_err(|e| err("CA key", &e))?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(|e| err("CA", &e))?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "isthmus test CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).map_err(|e| err("CA", &e))?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let serving_key = KeyPair::generate().map_err(|e| err("serving key", &e))?;
+    let mut serving = CertificateParams::new(vec![
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+        "kubernetes.default.svc".to_owned(),
+    ])
+    .map_err(|e| err("serving certificate", &e))?;
+    serving
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    serving.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_cert = serving
+        .signed_by(&serving_key, &issuer)
+        .map_err(|e| err("serving certificate", &e))?;
+
+    let sa_key = KeyPair::generate().map_err(|e| err("service-account key", &e))?;
+
+    let pki = Pki {
+        ca_cert: dir.join("ca.crt"),
+        serving_cert: dir.join("serving.crt"),
+        serving_key: dir.join("serving.key"),
+        sa_key: dir.join("sa.key"),
+        sa_pub: dir.join("sa.pub"),
+    };
+    for (path, pem) in [
+        (&pki.ca_cert, ca_cert.pem()),
+        (&pki.serving_cert, serving_cert.pem()),
+        (&pki.serving_key, serving_key.serialize_pem()),
+        (&pki.sa_key, sa_key.serialize_pem()),
+        (&pki.sa_pub, sa_key.public_key_pem()),
+    ] {
+        std::fs::write(path, pem).map_err(|e| err(&path.display().to_string(), &e))?;
+    }
+    Ok(pki)
+}
