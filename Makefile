@@ -4,7 +4,7 @@
 #   make deploy-check   render and validate deploy/daemonset (kubectl kustomize, kubernetes-validate, checkov)
 
 CARGO ?= cargo
-APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux
+APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux ibsim-utils libumad2sim0 infiniband-diags
 # The manifest checkers, from PyPI, in a project-local virtual environment.
 PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv
