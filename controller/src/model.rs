@@ -195,8 +195,9 @@ struct FabricIndex<'a> {
     fabric: &'a Fabric,
     /// CA endpoint → switch GUIDs it is cabled to.
     ca_port_switch: BTreeMap<(u64, u32), u64>,
-    /// host (lower case) → CA GUIDs described with it.
-    host_cas: BTreeMap<String, Vec<u64>>,
+    /// host (lower case) → CA GUIDs described with it; built on first use (only nodes whose ports were not found
+    /// by GUID need it).
+    host_cas: std::cell::OnceCell<BTreeMap<String, Vec<u64>>>,
 }
 
 impl<'a> FabricIndex<'a> {
@@ -211,20 +212,29 @@ impl<'a> FabricIndex<'a> {
                 }
             }
         }
-        let mut host_cas: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for n in fabric.nodes.values().filter(|n| n.kind == NodeKind::Ca) {
-            if let Some(h) = host_of_description(&n.description) {
-                host_cas
-                    .entry(h.to_ascii_lowercase())
-                    .or_default()
-                    .push(n.guid);
-            }
-        }
         Self {
             fabric,
             ca_port_switch,
-            host_cas,
+            host_cas: std::cell::OnceCell::new(),
         }
+    }
+
+    fn host_cas(&self) -> &BTreeMap<String, Vec<u64>> {
+        self.host_cas.get_or_init(|| {
+            let mut host_cas: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+            for n in self.fabric.nodes.values().filter(|n| n.kind == NodeKind::Ca) {
+                if let Some(h) = host_of_description(&n.description) {
+                    // Under the full name and the first DNS label, so `gpu001` finds `gpu001.cluster` and back.
+                    let lower = h.to_ascii_lowercase();
+                    let short = lower.split('.').next().unwrap_or(&lower).to_owned();
+                    if short != lower {
+                        host_cas.entry(short).or_default().push(n.guid);
+                    }
+                    host_cas.entry(lower).or_default().push(n.guid);
+                }
+            }
+            host_cas
+        })
     }
 
     fn switch_by_port_guid(&self, guid: u64) -> Option<u64> {
@@ -233,8 +243,19 @@ impl<'a> FabricIndex<'a> {
     }
 
     fn switches_by_description(&self, names: &[&str]) -> BTreeSet<u64> {
+        let host_cas = self.host_cas();
+        let mut hosts: BTreeSet<&str> = BTreeSet::new();
+        for n in names {
+            let lower = n.to_ascii_lowercase();
+            let short = lower.split('.').next().unwrap_or(&lower);
+            for key in [lower.as_str(), short] {
+                if let Some((h, _)) = host_cas.get_key_value(key) {
+                    hosts.insert(h);
+                }
+            }
+        }
         let mut out = BTreeSet::new();
-        for (host, cas) in &self.host_cas {
+        for (host, cas) in hosts.into_iter().filter_map(|h| host_cas.get_key_value(h)) {
             if names.iter().any(|n| same_host(n, host)) {
                 for ca in cas {
                     out.extend(
@@ -284,8 +305,8 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
     };
     let mut attachments = Vec::new();
     let mut sources: BTreeMap<String, PlacementSource> = BTreeMap::new();
-    for input in inputs {
-        let report = input.report.clone().unwrap_or_default();
+    for mut input in inputs {
+        let report = input.report.take().unwrap_or_default();
         for p in &report.problems {
             model.warnings.push(format!("node {}: {p}", input.name));
         }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use isthmus_api::fabric::decode;
 use isthmus_api::nrt::NodeResourceTopology;
+use serde::Deserialize as _;
 
 use crate::fabric::{Fabric, ibnetdiscover};
 use crate::model::{self, ClusterModel, ModelOptions, NodeInput};
@@ -163,7 +164,6 @@ pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>),
     Ok((out, warnings))
 }
 
-use serde::Deserialize as _;
 
 /// Build the model from the arguments' files; returns it with the warnings met on the way.
 pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Error> {
@@ -213,6 +213,11 @@ pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Err
         ..ModelOptions::default()
     };
     let model = model::build(inputs, fabric.as_ref(), &opts);
+    if model.nodes.is_empty() {
+        warnings.push(
+            "no node: no NodeResourceTopology was read and no CA description in the dump names a host".into(),
+        );
+    }
     warnings.extend(model.warnings.iter().cloned());
     for (n, why) in model.unplaced() {
         warnings.push(format!("node {} is not placed: {why}", n.name));
@@ -276,4 +281,54 @@ pub fn render_with_warnings(args: &RenderArgs) -> Result<(String, Vec<String>), 
 /// Render what the arguments ask for.
 pub fn run_render(args: &RenderArgs) -> Result<String, Error> {
     render_with_warnings(args).map(|(text, _)| text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_objects_lists_and_streams_and_skips_the_rest() -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(|source| Error::Read {
+            path: PathBuf::from("tempdir"),
+            source,
+        })?;
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.path().join(name), text).map_err(|source| Error::Read {
+                path: PathBuf::from(name),
+                source,
+            })
+        };
+        write(
+            "a.yaml",
+            "apiVersion: topology.node.k8s.io/v1alpha2\nkind: NodeResourceTopology\nmetadata: {name: n1}\n\
+             attributes: [{name: isthmus.io/slurm-node, value: NodeName=n1 CPUs=2}]\n---\n\
+             kind: ConfigMap\nmetadata: {name: x}\n---\nmetadata: {}\n---\n[not, an, object]\n",
+        )?;
+        write(
+            "b.json",
+            r#"{"kind": "List", "items": [{"kind": "NodeResourceTopology", "metadata": {"name": "n2"}}]}"#,
+        )?;
+        write("c.txt", "ignored")?;
+        let (objs, warnings) = load_nrts(dir.path())?;
+        let names: Vec<_> = objs.iter().filter_map(|o| o.metadata.name.clone()).collect();
+        assert_eq!(names, vec!["n1", "n2"]);
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn needs_an_input() {
+        let args = RenderArgs {
+            ibnetdiscover: None,
+            nrt_dir: None,
+            output: OutputKind::TopologyConf,
+            exclude_switches: Vec::new(),
+            tier_label_prefix: String::new(),
+            accelerator_label: String::new(),
+            block_size: None,
+            kueue_topology_name: String::new(),
+        };
+        assert!(matches!(run_render(&args), Err(Error::NoInput)));
+    }
 }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use isthmus_topology::infiniband::parse_guid;
 
-use super::{Endpoint, Fabric, FabricLink, FabricNode, NodeKind};
+use super::{Endpoint, Fabric, FabricLink, FabricNode, LinkSpeed, NodeKind};
 
 /// The longest line text quoted in a warning.
 const QUOTE: usize = 80;
@@ -77,14 +77,14 @@ fn comment_description(comment: &str) -> Option<&str> {
 }
 
 /// The width/speed token (`4xHDR`, `1xSDR`, `12xEDR`) at the end of a port line's comment.
-fn speed(comment: &str) -> Option<String> {
+fn speed(comment: &str) -> Option<&str> {
     let last = comment.split_whitespace().last()?;
     let (w, s) = last.split_once('x')?;
     (!w.is_empty()
         && w.bytes().all(|b| b.is_ascii_digit())
         && !s.is_empty()
         && s.bytes().all(|b| b.is_ascii_alphabetic()))
-    .then(|| last.to_owned())
+    .then_some(last)
 }
 
 /// A node header: kind, port count, id, description.
@@ -159,7 +159,7 @@ fn is_grouping_line(line: &str) -> bool {
 pub fn parse(text: &str) -> Fabric {
     let mut fabric = Fabric::default();
     let mut current: Option<u64> = None;
-    let mut link_map: BTreeMap<Endpoint, (Endpoint, Option<String>)> = BTreeMap::new();
+    let mut link_map: BTreeMap<Endpoint, (Endpoint, Option<&str>)> = BTreeMap::new();
     let add_node = |fabric: &mut Fabric, guid: u64, kind: NodeKind, ports: u32, desc: &str| {
         let entry = fabric.nodes.entry(guid).or_insert_with(|| FabricNode {
             guid,
@@ -175,8 +175,10 @@ pub fn parse(text: &str) -> Fabric {
         }
     };
     // CRLF and CR alone (terminal logs) end a line too.
-    let text = text.replace("\r\n", "\n").replace('\r', "\n");
-    for (idx, raw) in text.split('\n').enumerate() {
+    let lines = text
+        .split('\n')
+        .flat_map(|piece| piece.strip_suffix('\r').unwrap_or(piece).split('\r'));
+    for (idx, raw) in lines.enumerate() {
         let n = idx + 1;
         let line = raw.trim();
         if line.is_empty() {
@@ -267,7 +269,7 @@ pub fn parse(text: &str) -> Fabric {
                     )),
                     Some(_) => {}
                     None => {
-                        link_map.insert(from, (to, sp.clone()));
+                        link_map.insert(from, (to, sp));
                     }
                 }
             }
@@ -294,7 +296,7 @@ pub fn parse(text: &str) -> Fabric {
             fabric.links.push(FabricLink {
                 a,
                 b,
-                speed: sp.clone(),
+                speed: sp.and_then(LinkSpeed::new),
             });
         }
     }
@@ -335,7 +337,7 @@ mod tests {
             "MF0;spine:MCS8500/S01/U1"
         );
         assert_eq!(f.links.len(), 2, "{:?}", f.links);
-        assert!(f.links.iter().all(|l| l.speed.as_deref() == Some("4xHDR")));
+        assert!(f.links.iter().all(|l| l.speed.as_ref().map(LinkSpeed::as_str) == Some("4xHDR")));
         assert_eq!(
             f.port_guids.get(&0x1c34_da03_0055_03dc),
             Some(&Endpoint {

@@ -78,6 +78,37 @@ pub struct Endpoint {
     pub port: u32,
 }
 
+/// Width and speed as ibnetdiscover prints them (`4xHDR`), kept inline (a fabric has one per link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LinkSpeed {
+    len: u8,
+    bytes: [u8; 15],
+}
+
+impl LinkSpeed {
+    /// `None` when longer than 15 bytes.
+    pub fn new(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        let mut bytes = [0; 15];
+        bytes.get_mut(..b.len())?.copy_from_slice(b);
+        Some(Self {
+            len: b.len() as u8,
+            bytes,
+        })
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl Serialize for LinkSpeed {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// A cable between two ports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FabricLink {
@@ -87,7 +118,7 @@ pub struct FabricLink {
     pub b: Endpoint,
     /// Width and speed as ibnetdiscover printed them (`4xHDR`), when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub speed: Option<String>,
+    pub speed: Option<LinkSpeed>,
 }
 
 /// Counts that say whether a dump describes a fabric at all.
@@ -176,32 +207,29 @@ impl Fabric {
         self.nodes.get(&guid).map(|n| n.kind)
     }
 
-    /// Every node's neighbours, with the local port: `guid → [(local port, remote endpoint)]`.
-    pub fn adjacency(&self) -> BTreeMap<u64, Vec<(u32, Endpoint)>> {
-        let mut adj: BTreeMap<u64, Vec<(u32, Endpoint)>> = BTreeMap::new();
+    /// Connected components of the switches (CAs do not forward, so switches connected through switch-to-switch
+    /// links are exactly the switches of one fabric): switch GUID → component number.
+    pub fn switch_components(&self) -> BTreeMap<u64, usize> {
+        let mut adj: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for l in &self.links {
-            adj.entry(l.a.node).or_default().push((l.a.port, l.b));
-            adj.entry(l.b.node).or_default().push((l.b.port, l.a));
+            if self.kind(l.a.node) == Some(NodeKind::Switch) && self.kind(l.b.node) == Some(NodeKind::Switch) {
+                adj.entry(l.a.node).or_default().push(l.b.node);
+                adj.entry(l.b.node).or_default().push(l.a.node);
+            }
         }
-        adj
-    }
-
-    /// Connected components of the whole fabric: node GUID → component number.
-    pub fn components(&self) -> BTreeMap<u64, usize> {
-        let adj = self.adjacency();
         let mut comp = BTreeMap::new();
         let mut next = 0;
-        for &start in self.nodes.keys() {
-            if comp.contains_key(&start) {
+        for n in self.nodes.values().filter(|n| n.kind == NodeKind::Switch) {
+            if comp.contains_key(&n.guid) {
                 continue;
             }
-            let mut stack = vec![start];
-            comp.insert(start, next);
-            while let Some(n) = stack.pop() {
-                for (_, e) in adj.get(&n).map(Vec::as_slice).unwrap_or_default() {
-                    if let std::collections::btree_map::Entry::Vacant(v) = comp.entry(e.node) {
+            let mut stack = vec![n.guid];
+            comp.insert(n.guid, next);
+            while let Some(g) = stack.pop() {
+                for &other in adj.get(&g).map(Vec::as_slice).unwrap_or_default() {
+                    if let std::collections::btree_map::Entry::Vacant(v) = comp.entry(other) {
                         v.insert(next);
-                        stack.push(e.node);
+                        stack.push(other);
                     }
                 }
             }

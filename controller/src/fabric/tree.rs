@@ -407,7 +407,7 @@ fn join_roots(tree: &mut Tree, attachments: &[Attachment], fabric: Option<&Fabri
         Dump(usize),
         Subnet(u64),
     }
-    let comp = fabric.map(Fabric::components).unwrap_or_default();
+    let comp = fabric.map(Fabric::switch_components).unwrap_or_default();
     let subnet_of: BTreeMap<&str, u64> = attachments
         .iter()
         .map(|a| (a.node.as_str(), a.subnet.unwrap_or(0)))
