@@ -222,7 +222,12 @@ impl<'a> FabricIndex<'a> {
     fn host_cas(&self) -> &BTreeMap<String, Vec<u64>> {
         self.host_cas.get_or_init(|| {
             let mut host_cas: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-            for n in self.fabric.nodes.values().filter(|n| n.kind == NodeKind::Ca) {
+            for n in self
+                .fabric
+                .nodes
+                .values()
+                .filter(|n| n.kind == NodeKind::Ca)
+            {
                 if let Some(h) = host_of_description(&n.description) {
                     // Under the full name and the first DNS label, so `gpu001` finds `gpu001.cluster` and back.
                     let lower = h.to_ascii_lowercase();

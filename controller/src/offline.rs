@@ -164,7 +164,6 @@ pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>),
     Ok((out, warnings))
 }
 
-
 /// Build the model from the arguments' files; returns it with the warnings met on the way.
 pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Error> {
     if args.ibnetdiscover.is_none() && args.nrt_dir.is_none() {
@@ -311,7 +310,10 @@ mod tests {
         )?;
         write("c.txt", "ignored")?;
         let (objs, warnings) = load_nrts(dir.path())?;
-        let names: Vec<_> = objs.iter().filter_map(|o| o.metadata.name.clone()).collect();
+        let names: Vec<_> = objs
+            .iter()
+            .filter_map(|o| o.metadata.name.clone())
+            .collect();
         assert_eq!(names, vec!["n1", "n2"]);
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         Ok(())

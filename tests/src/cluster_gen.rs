@@ -42,28 +42,50 @@ pub struct Template {
 impl Template {
     /// Render the recorded 8×H100 node with the `isthmus` binary.
     pub fn h100() -> Self {
-        let root = crate::fixtures().join("hosts/xe9680-8xh100/root").display().to_string();
+        let root = crate::fixtures()
+            .join("hosts/xe9680-8xh100/root")
+            .display()
+            .to_string();
         let replay = crate::fixtures()
             .join("hosts/xe9680-8xh100/nvidia-smi-q.txt")
             .display()
             .to_string();
         let run = |args: &[&str]| {
             let mut all = args.to_vec();
-            all.extend(["--host-root", root.as_str(), "--nvml-replay", replay.as_str()]);
+            all.extend([
+                "--host-root",
+                root.as_str(),
+                "--nvml-replay",
+                replay.as_str(),
+            ]);
             let out = crate::isthmus(&all, &[]);
-            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
         Self {
-            topo: serde_json::from_str(&run(&["discover", "--output", "json"])).unwrap_or_else(|e| panic!("{e}")),
-            nrt: serde_json::from_str(&run(&["render", "nrt", "--node-name", "NODE", "--output", "json"]))
+            topo: serde_json::from_str(&run(&["discover", "--output", "json"]))
                 .unwrap_or_else(|e| panic!("{e}")),
+            nrt: serde_json::from_str(&run(&[
+                "render",
+                "nrt",
+                "--node-name",
+                "NODE",
+                "--output",
+                "json",
+            ]))
+            .unwrap_or_else(|e| panic!("{e}")),
             gres: run(&["render", "gres"])
                 .lines()
                 .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
                 .map(str::to_owned)
                 .collect(),
-            node_line: run(&["render", "node", "--node-name", "NODE"]).trim().to_owned(),
+            node_line: run(&["render", "node", "--node-name", "NODE"])
+                .trim()
+                .to_owned(),
         }
     }
 }
@@ -105,7 +127,9 @@ pub fn node_nrt(t: &Template, i: usize) -> NodeResourceTopology {
         }
     }
     let name = node_name(i);
-    let line = t.node_line.replacen("NodeName=NODE", &format!("NodeName={name}"), 1);
+    let line = t
+        .node_line
+        .replacen("NodeName=NODE", &format!("NodeName={name}"), 1);
     let mut nrt = t.nrt.clone();
     nrt.metadata.name = Some(name);
     nrt.attributes
@@ -138,15 +162,28 @@ pub fn dump(n: usize) -> String {
             for pos in 0..UNIT {
                 let node = unit * UNIT + pos;
                 if node < n {
-                    ports.push((pos as u32 + 1, format!("H-{:016x}", hca_guid(node, rail)), 1));
+                    ports.push((
+                        pos as u32 + 1,
+                        format!("H-{:016x}", hca_guid(node, rail)),
+                        1,
+                    ));
                 }
             }
             for sp in 0..SPINES_PER_POD {
                 let port = (UNIT + 1 + sp) as u32;
                 let leaf_index = (unit % UNITS_PER_POD) * RAILS + rail;
-                ports.push((port, format!("S-{:016x}", spine_guid(pod, sp)), leaf_index as u32 + 1));
+                ports.push((
+                    port,
+                    format!("S-{:016x}", spine_guid(pod, sp)),
+                    leaf_index as u32 + 1,
+                ));
             }
-            sw(&mut s, leaf_guid(unit, rail), &format!("su{}-r{}-leaf", unit + 1, rail + 1), &ports);
+            sw(
+                &mut s,
+                leaf_guid(unit, rail),
+                &format!("su{}-r{}-leaf", unit + 1, rail + 1),
+                &ports,
+            );
         }
     }
     for pod in 0..pods {
@@ -168,15 +205,30 @@ pub fn dump(n: usize) -> String {
             }
             for k in 0..4 {
                 let c = sp * 4 + k;
-                ports.push((33 + k as u32, format!("S-{:016x}", core_guid(c)), pod as u32 + 1));
+                ports.push((
+                    33 + k as u32,
+                    format!("S-{:016x}", core_guid(c)),
+                    pod as u32 + 1,
+                ));
             }
-            sw(&mut s, spine_guid(pod, sp), &format!("pod{}-spine{}", pod + 1, sp + 1), &ports);
+            sw(
+                &mut s,
+                spine_guid(pod, sp),
+                &format!("pod{}-spine{}", pod + 1, sp + 1),
+                &ports,
+            );
         }
     }
     for c in 0..CORES {
         let sp = c / 4;
         let ports: Vec<(u32, String, u32)> = (0..pods)
-            .map(|pod| (pod as u32 + 1, format!("S-{:016x}", spine_guid(pod, sp)), 33 + (c % 4) as u32))
+            .map(|pod| {
+                (
+                    pod as u32 + 1,
+                    format!("S-{:016x}", spine_guid(pod, sp)),
+                    33 + (c % 4) as u32,
+                )
+            })
             .collect();
         sw(&mut s, core_guid(c), &format!("core{}", c + 1), &ports);
     }

@@ -337,7 +337,11 @@ mod tests {
             "MF0;spine:MCS8500/S01/U1"
         );
         assert_eq!(f.links.len(), 2, "{:?}", f.links);
-        assert!(f.links.iter().all(|l| l.speed.as_ref().map(LinkSpeed::as_str) == Some("4xHDR")));
+        assert!(
+            f.links
+                .iter()
+                .all(|l| l.speed.as_ref().map(LinkSpeed::as_str) == Some("4xHDR"))
+        );
         assert_eq!(
             f.port_guids.get(&0x1c34_da03_0055_03dc),
             Some(&Endpoint {

@@ -212,7 +212,9 @@ impl Fabric {
     pub fn switch_components(&self) -> BTreeMap<u64, usize> {
         let mut adj: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for l in &self.links {
-            if self.kind(l.a.node) == Some(NodeKind::Switch) && self.kind(l.b.node) == Some(NodeKind::Switch) {
+            if self.kind(l.a.node) == Some(NodeKind::Switch)
+                && self.kind(l.b.node) == Some(NodeKind::Switch)
+            {
                 adj.entry(l.a.node).or_default().push(l.b.node);
                 adj.entry(l.b.node).or_default().push(l.a.node);
             }

@@ -44,7 +44,11 @@ fn render_all(m: &ClusterModel) -> usize {
 fn stats(mut v: Vec<Duration>) -> String {
     v.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    format!("min {:.1} ms, median {:.1} ms", ms(v[0]), ms(v[v.len() / 2]))
+    format!(
+        "min {:.1} ms, median {:.1} ms",
+        ms(v[0]),
+        ms(v[v.len() / 2])
+    )
 }
 
 fn main() {
@@ -53,7 +57,9 @@ fn main() {
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5).max(1);
     let template = Template::h100();
     let (rss0, _) = rss();
-    let mut nrts: Vec<_> = (0..nodes).map(|i| cluster_gen::node_nrt(&template, i)).collect();
+    let mut nrts: Vec<_> = (0..nodes)
+        .map(|i| cluster_gen::node_nrt(&template, i))
+        .collect();
     let dump = cluster_gen::dump(nodes);
     let (rss_inputs, _) = rss();
     println!(
@@ -119,9 +125,15 @@ fn main() {
         let t_model = t0.elapsed() - t_decode - t_parse;
         let size = render_all(&m);
         let total = t0.elapsed();
-        for (i, d) in [t_decode, t_parse, t_model, total - t_decode - t_parse - t_model, total]
-            .iter()
-            .enumerate()
+        for (i, d) in [
+            t_decode,
+            t_parse,
+            t_model,
+            total - t_decode - t_parse - t_model,
+            total,
+        ]
+        .iter()
+        .enumerate()
         {
             times[i].push(*d);
         }
@@ -138,9 +150,15 @@ fn main() {
         size
     );
     drop(m);
-    for (name, t) in ["decode NRTs", "parse dump", "build model", "render all", "full recompute"]
-        .iter()
-        .zip(times)
+    for (name, t) in [
+        "decode NRTs",
+        "parse dump",
+        "build model",
+        "render all",
+        "full recompute",
+    ]
+    .iter()
+    .zip(times)
     {
         println!("{name:>15}: {}", stats(t));
     }
@@ -165,6 +183,9 @@ fn main() {
         changed.push(t0.elapsed());
     }
     let (rss_end, hwm_end) = rss();
-    println!("one node changed -> outputs (dump kept): {}", stats(changed));
+    println!(
+        "one node changed -> outputs (dump kept): {}",
+        stats(changed)
+    );
     println!("RSS at the end {rss_end} KiB, peak {hwm_end} KiB");
 }
