@@ -238,6 +238,26 @@ pub fn probe_neighbours(topo: &mut NodeTopology, query: &dyn NeighbourQuery) {
     topo.warnings.dedup();
 }
 
+/// Copy the neighbours learned on an earlier discovery of this node into a fresh one, for every port that is the
+/// same port (device, port number and port GUID) and still up; the others get none. Discovery itself never learns
+/// neighbours, so a node that probes less often than it discovers keeps publishing what it last learned instead
+/// of flapping between "learned" and "unknown".
+pub fn carry_neighbours(from: &NodeTopology, to: &mut NodeTopology) {
+    for dev in &mut to.infiniband {
+        let Some(old) = from.infiniband.iter().find(|d| d.name == dev.name) else {
+            continue;
+        };
+        for port in &mut dev.ports {
+            port.neighbour = old
+                .ports
+                .iter()
+                .find(|p| p.port == port.port && p.port_guid() == port.port_guid())
+                .filter(|_| port.is_infiniband() && port.link_is_up())
+                .and_then(|p| p.neighbour.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,6 +377,22 @@ VendorId:........................0x000000
             assert_eq!(topo.infiniband[0].ports[0].neighbour, None);
             assert!(topo.warnings.is_empty());
         }
+    }
+
+    #[test]
+    fn learned_neighbours_carry_over_to_the_same_port_while_it_is_up() {
+        let switch = parse_nodeinfo(IBSIM_SWITCH).unwrap_or_else(|e| panic!("{e}"));
+        let mut old = one_port_topology(Some(4), Some(5), Some("InfiniBand"));
+        probe_neighbours(&mut old, &Fixed(Ok(switch)));
+        let mut fresh = one_port_topology(Some(4), Some(5), Some("InfiniBand"));
+        carry_neighbours(&old, &mut fresh);
+        assert_eq!(
+            fresh.infiniband[0].ports[0].neighbour,
+            old.infiniband[0].ports[0].neighbour
+        );
+        let mut down = one_port_topology(Some(1), Some(3), Some("InfiniBand"));
+        carry_neighbours(&old, &mut down);
+        assert_eq!(down.infiniband[0].ports[0].neighbour, None);
     }
 
     #[test]

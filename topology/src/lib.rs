@@ -21,7 +21,7 @@ pub mod warning;
 
 pub use cpuset::CpuSet;
 pub use discover::{DiscoverOptions, discover};
-pub use fabric_probe::{NeighbourQuery, SmpQuery, probe_neighbours};
+pub use fabric_probe::{NeighbourQuery, SmpQuery, carry_neighbours, probe_neighbours};
 pub use hostroot::HostRoot;
 pub use model::*;
 pub use nvml::{NoNvml, NvmlSource, RecordedNvml, SystemNvml};
