@@ -2,6 +2,7 @@
 //! an `ibnetdiscover` dump ([`ibnetdiscover`]), named ([`names`]) and turned into a leaf/spine tree ([`tree`]).
 
 pub mod ibnetdiscover;
+pub(crate) mod lookup;
 pub mod names;
 pub mod tree;
 
