@@ -6,7 +6,7 @@
 
 CARGO ?= cargo
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux \
-  golang-1.19-go etcd-server
+  golang-1.19-go etcd-server ibsim-utils libumad2sim0 infiniband-diags
 # The manifest checkers, from PyPI, in a project-local virtual environment.
 PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv

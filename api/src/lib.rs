@@ -2,6 +2,7 @@
 //! controller (which reads them): the NodeResourceTopology object, the names of the attributes isthmus puts in it,
 //! and the field managers each writer uses. Nothing here does I/O.
 
+pub mod fabric;
 pub mod nrt;
 
 /// Field manager of every server-side apply the node agent sends.

@@ -60,6 +60,47 @@ pub fn parse_counter(s: &str) -> Option<u64> {
     s.trim().parse().ok()
 }
 
+/// Parse a GUID written as sysfs writes it (`a088:c203:00da:6342`), as `smpquery` and `ibnetdiscover` write it
+/// (`0xa088c20300da6342`), or as bare hex (`a088c20300da6342`, leading zeros optional).
+pub fn parse_guid(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let hex: String = if s.contains(':') {
+        let groups: Vec<&str> = s.split(':').collect();
+        if groups.len() != 4 || groups.iter().any(|g| g.len() != 4) {
+            return None;
+        }
+        groups.concat()
+    } else {
+        s.strip_prefix("0x")
+            .or_else(|| s.strip_prefix("0X"))
+            .unwrap_or(s)
+            .to_owned()
+    };
+    if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(&hex, 16).ok()
+}
+
+/// Write a GUID as sysfs writes it: `a088:c203:00da:6342`.
+pub fn format_guid(guid: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        guid >> 48,
+        (guid >> 32) & 0xffff,
+        (guid >> 16) & 0xffff,
+        guid & 0xffff
+    )
+}
+
+/// Split a port GID (`fe80:0000:0000:0000:a088:c203:00da:6342`, any IPv6 notation) into the subnet prefix (upper 64
+/// bits) and the interface id (lower 64 bits; the port GUID on InfiniBand).
+pub fn parse_gid(s: &str) -> Option<(u64, u64)> {
+    let addr: std::net::Ipv6Addr = s.trim().parse().ok()?;
+    let v = u128::from(addr);
+    Some(((v >> 64) as u64, v as u64))
+}
+
 fn opt(root: &HostRoot, path: &str) -> Option<String> {
     root.read_string(path)
         .ok()
@@ -148,6 +189,7 @@ fn probe_port(
         netdev,
         counters: BTreeMap::new(),
         counters_unavailable: Vec::new(),
+        neighbour: None,
     };
     if with_counters {
         read_counters(root, &format!("{dir}/counters"), "", &mut port);
@@ -235,9 +277,37 @@ mod tests {
         assert_eq!(parse_counter("2305398749324830\n"), Some(2305398749324830));
     }
 
+    #[test]
+    fn parses_guids_and_gids() {
+        assert_eq!(
+            parse_guid("a088:c203:00da:6342"),
+            Some(0xa088_c203_00da_6342)
+        );
+        assert_eq!(parse_guid("0x0000000000200000"), Some(0x20_0000));
+        assert_eq!(parse_guid("c42a10300a9b026"), Some(0x0c42_a103_00a9_b026));
+        assert_eq!(parse_guid("a088:c203:00da"), None);
+        assert_eq!(parse_guid("0x"), None);
+        assert_eq!(parse_guid("0x10000000000000000"), None);
+        assert_eq!(format_guid(0x0c42_a103_00a9_b026), "0c42:a103:00a9:b026");
+        assert_eq!(
+            parse_gid("fe80:0000:0000:0000:a088:c203:00da:6342"),
+            Some((0xfe80_0000_0000_0000, 0xa088_c203_00da_6342))
+        );
+        assert_eq!(parse_gid("fe80::1"), Some((0xfe80_0000_0000_0000, 1)));
+        assert_eq!(parse_gid("nope"), None);
+    }
+
     proptest! {
         #[test]
+        fn guids_round_trip(g in any::<u64>()) {
+            prop_assert_eq!(parse_guid(&format_guid(g)), Some(g));
+            prop_assert_eq!(parse_guid(&format!("0x{g:016x}")), Some(g));
+        }
+
+        #[test]
         fn parsers_never_panic(s in ".*") {
+            let _ = parse_guid(&s);
+            let _ = parse_gid(&s);
             let _ = parse_state(&s);
             let _ = parse_rate_mbps(&s);
             let _ = parse_lid(&s);

@@ -6,6 +6,7 @@
 pub mod accel;
 pub mod cpuset;
 pub mod discover;
+pub mod fabric_probe;
 pub mod hostroot;
 pub mod hwloc;
 pub mod infiniband;
@@ -20,6 +21,7 @@ pub mod warning;
 
 pub use cpuset::CpuSet;
 pub use discover::{DiscoverOptions, discover};
+pub use fabric_probe::{NeighbourQuery, SmpQuery, carry_neighbours, probe_neighbours};
 pub use hostroot::HostRoot;
 pub use model::*;
 pub use nvml::{NoNvml, NvmlSource, RecordedNvml, SystemNvml};

@@ -366,6 +366,51 @@ pub struct IbPort {
     /// Counters that exist but read `N/A (no PMA)` or similar.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub counters_unavailable: Vec<String>,
+    /// The switch port at the other end of the cable (the leaf switch), learned with a directed-route SMP query
+    /// ([`crate::fabric_probe`]); absent unless that probe ran and the neighbour answered as a switch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbour: Option<IbNeighbour>,
+}
+
+impl IbPort {
+    /// Whether the port speaks InfiniBand (a missing `link_layer`, as on old kernels and simulated devices, means
+    /// InfiniBand), as opposed to RoCE.
+    pub fn is_infiniband(&self) -> bool {
+        self.link_layer.as_deref().is_none_or(|l| l == "InfiniBand")
+    }
+
+    /// The port GUID (the interface id of GID 0) of an InfiniBand port.
+    pub fn port_guid(&self) -> Option<u64> {
+        self.is_infiniband()
+            .then(|| self.gid.as_deref().and_then(crate::infiniband::parse_gid))
+            .flatten()
+            .map(|(_, guid)| guid)
+    }
+
+    /// The subnet prefix (the upper half of GID 0) of an InfiniBand port.
+    pub fn subnet_prefix(&self) -> Option<u64> {
+        self.is_infiniband()
+            .then(|| self.gid.as_deref().and_then(crate::infiniband::parse_gid))
+            .flatten()
+            .map(|(prefix, _)| prefix)
+    }
+
+    /// Whether the link is physically up and not DOWN, so that a directed-route SMP can cross it (INIT and ARMED
+    /// ports, e.g. before a subnet manager ran, answer too).
+    pub fn link_is_up(&self) -> bool {
+        let logical_up = self.state_id.is_none_or(|s| s >= 2);
+        let physical_up = self.phys_state_id.is_none_or(|p| p == 5);
+        logical_up && physical_up && (self.state_id.is_some() || self.phys_state_id.is_some())
+    }
+}
+
+/// The switch port an InfiniBand port is cabled to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IbNeighbour {
+    /// The switch's node GUID, written like sysfs writes GUIDs (`0c42:a103:00a9:b026`).
+    pub node_guid: String,
+    /// The switch port number the cable arrives on.
+    pub port: u32,
 }
 
 /// How two devices reach each other, like `nvidia-smi topo -m`.

@@ -1,0 +1,14 @@
+//! The isthmus cluster controller, pure part: every node's fabric report (its NodeResourceTopology attributes),
+//! an optional `ibnetdiscover` dump and existing node labels are merged into one [`model::ClusterModel`], which
+//! the renderers turn into what Slurm (`topology.conf`, central `gres.conf`, `NodeName=` lines), Volcano
+//! (`HyperNode`s), Kueue (`Topology`) and Kubernetes node labels need. Nothing here talks to the API server: the
+//! Kubernetes side feeds inputs in and writes the rendered outputs.
+
+pub mod fabric;
+pub mod hostlist;
+pub mod label_sources;
+pub mod model;
+pub mod offline;
+pub mod render;
+
+pub use offline::{RenderArgs, run_render};

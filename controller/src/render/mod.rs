@@ -1,0 +1,78 @@
+//! Pure renderers of the cluster model: Slurm files, Volcano HyperNodes, a Kueue Topology and node labels. Each
+//! is a function of the model and [`RenderOptions`]; equal inputs give byte-identical output, so a sink can write
+//! only on change.
+
+pub mod gres_conf;
+pub mod hypernodes;
+pub mod kueue;
+pub mod labels;
+pub mod topology_conf;
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::model::{ClusterModel, ClusterNode};
+
+/// What the renderers need besides the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RenderOptions {
+    /// Tier label keys are `<tier_label_prefix><n>` (n = 0 at the leaf). Topograph's: `fabric.topograph.run/tier-`.
+    pub tier_label_prefix: String,
+    /// The accelerator domain label key. Topograph's: `accelerator.topograph.run/domain`.
+    pub accelerator_label: String,
+    /// Slurm switch holding the nodes no source placed (Slurm wants every node under a switch).
+    pub unplaced_switch: String,
+    /// `BlockSizes=` base for the block topology; the smallest block when unset.
+    pub block_size: Option<usize>,
+    /// Name of the Kueue Topology object.
+    pub kueue_topology_name: String,
+    /// Value of the `volcano.sh/network-topology-source` label on HyperNodes.
+    pub hypernode_source: String,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self {
+            tier_label_prefix: "topology.isthmus.io/tier-".into(),
+            accelerator_label: "topology.isthmus.io/accelerator-domain".into(),
+            unplaced_switch: "unplaced".into(),
+            block_size: None,
+            kueue_topology_name: "isthmus".into(),
+            hypernode_source: "isthmus".into(),
+        }
+    }
+}
+
+impl RenderOptions {
+    /// The label key of tier `n`.
+    pub fn tier_key(&self, n: usize) -> String {
+        format!("{}{n}", self.tier_label_prefix)
+    }
+}
+
+/// The nodes Slurm files describe: the nodes that reported a Slurm node line, or every node when none did (a dump
+/// rendered without node reports).
+pub fn slurm_nodes(model: &ClusterModel) -> Vec<&ClusterNode> {
+    let with_line: Vec<&ClusterNode> = model
+        .nodes
+        .values()
+        .filter(|n| n.slurm_node_line.is_some())
+        .collect();
+    if with_line.is_empty() {
+        model.nodes.values().collect()
+    } else {
+        with_line
+    }
+}
+
+/// Group indices whose subtree holds at least one of `nodes`.
+pub(crate) fn groups_holding(model: &ClusterModel, nodes: &[&ClusterNode]) -> BTreeSet<usize> {
+    let mut keep = BTreeSet::new();
+    for n in nodes {
+        if let Some(leaf) = n.leaf() {
+            keep.extend(model.tree.path(leaf));
+        }
+    }
+    keep
+}
