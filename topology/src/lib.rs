@@ -4,15 +4,20 @@
 //! [`NodeTopology`], discovered by [`discover()`] from a [`HostRoot`].
 
 pub mod accel;
+pub mod accel_model;
 pub mod cpuset;
 pub mod discover;
 pub mod hostroot;
 pub mod hwloc;
 pub mod infiniband;
+pub mod kfd;
 pub mod links;
+pub mod mig;
 pub mod model;
+pub mod numa_check;
 pub mod nvidia;
 pub mod nvml;
+pub mod nvml_enrich;
 pub mod pci;
 pub mod pci_ids;
 pub mod sysfs_cpu;
