@@ -6,6 +6,7 @@
 pub mod accel;
 pub mod accel_model;
 pub mod cpuset;
+pub mod device_resources;
 pub mod discover;
 pub mod hostroot;
 pub mod hwloc;
@@ -24,6 +25,7 @@ pub mod sysfs_cpu;
 pub mod warning;
 
 pub use cpuset::CpuSet;
+pub use device_resources::{DeviceResource, MigStrategy, device_plugin_resources};
 pub use discover::{DiscoverOptions, discover};
 pub use hostroot::HostRoot;
 pub use model::*;
