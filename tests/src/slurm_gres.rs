@@ -111,11 +111,8 @@ pub fn check_with_slurmd(root: &str, extra: &[&str], cluster: bool) -> String {
     std::fs::write(sd.path().join("gres.conf"), &gres).unwrap_or_else(|e| panic!("{e}"));
     let conf = sd.write_slurm_conf(node.trim(), &gres_types(&gres), "");
     let (mut printed, output) = slurmd_g(&conf, "node1", Path::new(root));
-    let file_key = |r: &BTreeMap<String, String>| {
-        r.get("File")
-            .or_else(|| r.get("MultipleFiles"))
-            .cloned()
-    };
+    let file_key =
+        |r: &BTreeMap<String, String>| r.get("File").or_else(|| r.get("MultipleFiles")).cloned();
     // slurmd groups records by GRES name; compare in one order.
     expected.sort_by_key(|r| (r.get("Name").cloned(), file_key(r)));
     printed.sort_by_key(|r| (r.get("Name").cloned(), file_key(r)));
@@ -130,7 +127,11 @@ pub fn check_with_slurmd(root: &str, extra: &[&str], cluster: bool) -> String {
     );
     let mut by_type: BTreeMap<(String, String), usize> = BTreeMap::new();
     for (want, got) in expected.iter().zip(&printed) {
-        assert_eq!(got.get("File"), file_key(want).as_ref(), "File: we wrote {want:?}, slurmd parsed {got:?}");
+        assert_eq!(
+            got.get("File"),
+            file_key(want).as_ref(),
+            "File: we wrote {want:?}, slurmd parsed {got:?}"
+        );
         for key in ["Name", "Type", "Cores", "Links"] {
             assert_eq!(
                 got.get(key),

@@ -38,17 +38,28 @@ fn truth(root: &Path) -> Truth {
     let mut links: Vec<(u64, u64, u64)> = Vec::new();
     for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
         let entry = entry.unwrap_or_else(|e| panic!("{e}"));
-        let id: u64 = entry.file_name().to_string_lossy().parse().unwrap_or(u64::MAX);
+        let id: u64 = entry
+            .file_name()
+            .to_string_lossy()
+            .parse()
+            .unwrap_or(u64::MAX);
         let p = props(&entry.path().join("properties"));
         if p.get("simd_count").copied().unwrap_or(0) == 0 {
             continue;
         }
         let uid = p["unique_id"];
         node_uid.insert(id, uid);
-        partitions.entry(uid).or_default().insert(p["drm_render_minor"]);
+        partitions
+            .entry(uid)
+            .or_default()
+            .insert(p["drm_render_minor"]);
         let io = entry.path().join("io_links");
         for l in fs::read_dir(&io).unwrap_or_else(|e| panic!("{e}")) {
-            let lp = props(&l.unwrap_or_else(|e| panic!("{e}")).path().join("properties"));
+            let lp = props(
+                &l.unwrap_or_else(|e| panic!("{e}"))
+                    .path()
+                    .join("properties"),
+            );
             links.push((id, lp["node_to"], lp["type"]));
         }
     }
@@ -72,10 +83,15 @@ fn model_facts(t: &NodeTopology) -> Truth {
     let mut xgmi = BTreeSet::new();
     for d in t.devices_of(DeviceKind::Gpu) {
         let Some(a) = &d.amd else { continue };
-        let uid = a.unique_id.unwrap_or_else(|| panic!("{}: no unique_id", d.pci_address));
+        let uid = a
+            .unique_id
+            .unwrap_or_else(|| panic!("{}: no unique_id", d.pci_address));
         partitions.insert(
             uid,
-            a.partitions.iter().map(|p| u64::from(p.render_minor)).collect(),
+            a.partitions
+                .iter()
+                .map(|p| u64::from(p.render_minor))
+                .collect(),
         );
         for l in a.xgmi.iter().filter(|l| l.hops == 1) {
             xgmi.insert((uid, uid_of[l.peer.as_str()]));
@@ -89,14 +105,25 @@ fn check_against_properties(root: &Path, gpus: usize, per_gpu: usize) -> NodeTop
     let t = discover_json(&root.display().to_string(), &["--no-nvml"]);
     let want = truth(root);
     let got = model_facts(&t);
-    assert_eq!(got.partitions, want.partitions, "partitions and render minors");
+    assert_eq!(
+        got.partitions, want.partitions,
+        "partitions and render minors"
+    );
     assert_eq!(got.xgmi, want.xgmi, "xGMI links");
     assert_eq!(want.partitions.len(), gpus);
     assert!(want.partitions.values().all(|p| p.len() == per_gpu));
     // Every partition's render node is a device node of its GPU.
     for d in t.devices_of(DeviceKind::Gpu) {
-        for p in &d.amd.as_ref().unwrap_or_else(|| panic!("no KFD facts")).partitions {
-            assert!(d.device_nodes.contains(&format!("/dev/dri/renderD{}", p.render_minor)));
+        for p in &d
+            .amd
+            .as_ref()
+            .unwrap_or_else(|| panic!("no KFD facts"))
+            .partitions
+        {
+            assert!(
+                d.device_nodes
+                    .contains(&format!("/dev/dri/renderD{}", p.render_minor))
+            );
         }
     }
     t
@@ -115,7 +142,12 @@ fn mi210_xgmi_hives_match_the_kfd_properties() {
     assert_eq!(hives.len(), 2);
     for d in t.devices_of(DeviceKind::Gpu) {
         assert_eq!(d.model, "Instinct MI210");
-        assert_eq!(d.amd.as_ref().map(|a| a.xgmi.len()), Some(3), "{}", d.pci_address);
+        assert_eq!(
+            d.amd.as_ref().map(|a| a.xgmi.len()),
+            Some(3),
+            "{}",
+            d.pci_address
+        );
     }
 }
 
@@ -123,11 +155,15 @@ fn mi210_xgmi_hives_match_the_kfd_properties() {
 fn mi308x_cpx_partitions_match_the_kfd_properties() {
     let host = accel_host("mi308x-cpx");
     let t = check_against_properties(&host.root, 8, 4);
-    assert!(t.devices_of(DeviceKind::Gpu).all(|d| d.model == "Instinct MI308X"));
+    assert!(
+        t.devices_of(DeviceKind::Gpu)
+            .all(|d| d.model == "Instinct MI308X")
+    );
     // Every GPU reaches the seven others over xGMI.
-    assert!(t
-        .devices_of(DeviceKind::Gpu)
-        .all(|d| d.amd.as_ref().is_some_and(|a| a.xgmi.len() == 7)));
+    assert!(
+        t.devices_of(DeviceKind::Gpu)
+            .all(|d| d.amd.as_ref().is_some_and(|a| a.xgmi.len() == 7))
+    );
 }
 
 /// Keep only the partitions whose index (location_id's function bits) is below `keep`, and the io_links to them:
@@ -139,12 +175,21 @@ fn derive_layout(root: &Path, keep: u64) {
         let entry = entry.unwrap_or_else(|e| panic!("{e}"));
         let p = props(&entry.path().join("properties"));
         if p.get("simd_count").copied().unwrap_or(0) > 0 && p["location_id"] & 7 >= keep {
-            dropped.insert(entry.file_name().to_string_lossy().parse::<u64>().unwrap_or(0));
+            dropped.insert(
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .parse::<u64>()
+                    .unwrap_or(0),
+            );
             fs::remove_dir_all(entry.path()).unwrap_or_else(|e| panic!("{e}"));
         }
     }
     for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
-        let io = entry.unwrap_or_else(|e| panic!("{e}")).path().join("io_links");
+        let io = entry
+            .unwrap_or_else(|e| panic!("{e}"))
+            .path()
+            .join("io_links");
         for l in fs::read_dir(&io).unwrap_or_else(|e| panic!("{e}")) {
             let l = l.unwrap_or_else(|e| panic!("{e}")).path();
             if dropped.contains(&props(&l.join("properties"))["node_to"]) {
