@@ -119,3 +119,77 @@ pub fn device_plugin_resources(
         .collect();
     (resources, problems)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One GPU in MIG mode with two MIG devices of different profiles, one plain GPU, one AMD GPU with two
+    /// partitions.
+    fn topo() -> NodeTopology {
+        let gpu = |addr: &str, numa: u32, nvidia: &str| {
+            format!(
+                r#"{{"kind":"gpu","vendor":"nvidia","vendor_id":4318,"device_id":9008,"model":"m","pci_address":"{addr}",
+                "class":197120,"numa_node":{numa},"local_cpuset":"","device_nodes":[],"pci_path":[],"nvidia":{nvidia}}}"#
+            )
+        };
+        let mig = r#"{"mig_enabled":true,"mig_devices":[
+            {"index":0,"gpu_instance_id":1,"compute_instance_id":0,"profile":"3g.40gb"},
+            {"index":1,"gpu_instance_id":7,"compute_instance_id":0,"profile":"1g.10gb"},
+            {"index":2,"gpu_instance_id":8,"compute_instance_id":0}]}"#;
+        let amd = r#"{"kind":"gpu","vendor":"amd","vendor_id":4098,"device_id":29857,"model":"m","pci_address":"0000:05:00.0",
+            "class":0,"numa_node":1,"local_cpuset":"","device_nodes":[],"pci_path":[],
+            "amd":{"partitions":[{"index":0,"kfd_node":2,"render_minor":128,"simd_count":1,"device_nodes":[]},
+                                 {"index":1,"kfd_node":3,"render_minor":129,"simd_count":1,"device_nodes":[]}]}}"#;
+        let json = format!(
+            r#"{{"version":2,"machine":{{"cpu_source":"sysfs","packages":0,"cores":0,"cpus":0,"numa_nodes":0,
+              "threads_per_core":0,"cpuset":"","memory_bytes":0}},"packages":[],"numa_nodes":[],"caches":[],
+              "devices":[{},{},{amd}],"infiniband":[],"links":{{"devices":[],"links":[]}},
+              "nvml":{{"status":"not-needed"}},"warnings":[]}}"#,
+            gpu("0000:01:00.0", 0, mig),
+            gpu("0000:02:00.0", 0, "{}"),
+        );
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn names(t: &NodeTopology, s: MigStrategy) -> (Vec<(Option<u32>, String, u64)>, usize) {
+        let (r, p) = device_plugin_resources(t, s);
+        (
+            r.into_iter()
+                .map(|r| (r.numa_node, r.name, r.count))
+                .collect(),
+            p.len(),
+        )
+    }
+
+    #[test]
+    fn names_follow_the_device_plugins() {
+        let t = topo();
+        assert_eq!(
+            names(&t, MigStrategy::None),
+            (
+                vec![
+                    (Some(0), "nvidia.com/gpu".into(), 2),
+                    (Some(1), "amd.com/gpu".into(), 2)
+                ],
+                0
+            )
+        );
+        let (mixed, problems) = names(&t, MigStrategy::Mixed);
+        assert_eq!(
+            mixed,
+            vec![
+                (Some(0), "nvidia.com/gpu".into(), 1),
+                (Some(0), "nvidia.com/mig-1g.10gb".into(), 1),
+                (Some(0), "nvidia.com/mig-3g.40gb".into(), 1),
+                (Some(1), "amd.com/gpu".into(), 2)
+            ]
+        );
+        assert_eq!(problems, 1, "the MIG device without a profile");
+        let (single, problems) = names(&t, MigStrategy::Single);
+        assert_eq!(single[0], (Some(0), "nvidia.com/gpu".into(), 4));
+        assert_eq!(problems, 1, "single needs one profile on every GPU");
+        assert_eq!("mixed".parse::<MigStrategy>(), Ok(MigStrategy::Mixed));
+        assert!("x".parse::<MigStrategy>().is_err());
+    }
+}

@@ -384,3 +384,78 @@ pub fn accelerator_domain(devices: &[Device], warnings: &mut Vec<Warning>) -> Op
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpuset::CpuSet;
+    use crate::model::{FabricState, NvlinkFabric};
+
+    fn gpu(addr: &str, fabric: Option<(&str, u32, FabricState)>) -> Device {
+        Device {
+            kind: DeviceKind::Gpu,
+            vendor: "nvidia".into(),
+            vendor_id: vendor::NVIDIA,
+            device_id: 0x2941,
+            model: "m".into(),
+            pci_address: addr.into(),
+            class: 0x030200,
+            numa_node: None,
+            local_cpuset: CpuSet::new(),
+            driver: None,
+            index: None,
+            device_nodes: vec![],
+            pci_path: vec![],
+            pcie_link: None,
+            nvidia: Some(NvidiaInfo {
+                fabric: fabric.map(|(uuid, clique, state)| NvlinkFabric {
+                    state,
+                    status: None,
+                    cluster_uuid: Some(uuid.into()),
+                    clique_id: Some(clique),
+                }),
+                ..NvidiaInfo::default()
+            }),
+            amd: None,
+            ib_devices: vec![],
+            nearest_hcas: vec![],
+        }
+    }
+
+    #[test]
+    fn the_domain_needs_every_gpu_to_agree() {
+        let done = FabricState::Completed;
+        let mut w = Vec::new();
+        let same = [
+            gpu("0000:01:00.0", Some(("u", 3, done))),
+            gpu("0000:02:00.0", Some(("u", 3, done))),
+        ];
+        assert_eq!(accelerator_domain(&same, &mut w).as_deref(), Some("u.3"));
+        assert!(w.is_empty());
+        let split = [
+            gpu("0000:01:00.0", Some(("u", 3, done))),
+            gpu("0000:02:00.0", Some(("u", 4, done))),
+        ];
+        assert_eq!(accelerator_domain(&split, &mut w), None);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].message.contains("0000:02:00.0 in u.4"),
+            "{}",
+            w[0].message
+        );
+        w.clear();
+        let pending = [
+            gpu("0000:01:00.0", Some(("u", 3, done))),
+            gpu("0000:02:00.0", Some(("u", 3, FabricState::InProgress))),
+        ];
+        assert_eq!(accelerator_domain(&pending, &mut w), None);
+        assert!(
+            w[0].message
+                .contains("no completed NVLink fabric registration")
+        );
+        w.clear();
+        let none = [gpu("0000:01:00.0", None)];
+        assert_eq!(accelerator_domain(&none, &mut w), None);
+        assert!(w.is_empty(), "GPUs outside any fabric are not a problem");
+    }
+}

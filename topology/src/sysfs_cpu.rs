@@ -99,6 +99,23 @@ pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode>
             warnings.push(Warning::new(WarningSource::Numa, Some(&path), msg));
             CpuSet::new()
         });
+        // The mask is what hwloc reads: say so when it is garbage or disagrees with the list used here.
+        if let Ok(mask) = root.read_string(format!("{dir}/cpumap")) {
+            let path = format!("{dir}/cpumap");
+            match CpuSet::parse_mask(&mask) {
+                Err(e) => warnings.push(Warning::new(
+                    WarningSource::Numa,
+                    Some(&path),
+                    format!("NUMA node {id}'s CPU mask does not parse ({e})"),
+                )),
+                Ok(m) if !cpuset.is_empty() && m != cpuset => warnings.push(Warning::new(
+                    WarningSource::Numa,
+                    Some(&path),
+                    format!("NUMA node {id}'s CPU mask ({m}) contradicts its CPU list ({cpuset})"),
+                )),
+                Ok(_) => {}
+            }
+        }
         let memory_bytes = match root.read_string(format!("{dir}/meminfo")) {
             Ok(s) => parse_node_meminfo_total(&s).unwrap_or_else(|| {
                 warnings.push(Warning::new(
