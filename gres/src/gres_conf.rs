@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use isthmus_topology::{Device, DeviceKind, NodeTopology, NvmlStatus, pci_ids::vendor};
 
-use crate::names::{file_range, gres_type};
+use crate::names::{amd_brand, file_range, gres_type, mig_gres_type};
 use crate::node::cores_for_cpus;
 
 /// What to render.
@@ -33,8 +33,10 @@ pub struct GresRecord {
     pub name: String,
     /// `Type=`.
     pub gres_type: String,
-    /// Device files, one per device.
+    /// Device files: one per device, or (with [`Self::multiple_files`]) all the files of one device.
     pub files: Vec<String>,
+    /// The files belong to one device (`MultipleFiles=`: a MIG device's parent GPU and capabilities).
+    pub multiple_files: bool,
     /// `Cores=`: Slurm abstract core ids, ranges collapsed.
     pub cores: Option<String>,
     /// `Links=`: one entry per GPU in NVML index order, `-1` for itself.
@@ -42,14 +44,32 @@ pub struct GresRecord {
 }
 
 impl GresRecord {
+    /// How many devices the record describes.
+    pub fn count(&self) -> usize {
+        if self.multiple_files {
+            1
+        } else {
+            self.files.len()
+        }
+    }
+
     /// The record as one `gres.conf` line (without `NodeName=`).
     pub fn line(&self) -> String {
-        let mut s = format!(
-            "Name={} Type={} File={}",
-            self.name,
-            self.gres_type,
-            file_range(&self.files)
-        );
+        let mut s = if self.multiple_files {
+            format!(
+                "Name={} Type={} MultipleFiles={}",
+                self.name,
+                self.gres_type,
+                self.files.join(",")
+            )
+        } else {
+            format!(
+                "Name={} Type={} File={}",
+                self.name,
+                self.gres_type,
+                file_range(&self.files)
+            )
+        };
         if let Some(c) = &self.cores {
             let _ = write!(s, " Cores={c}");
         }
@@ -100,6 +120,130 @@ fn remap(path: &str, dev_dir: &str) -> String {
     }
 }
 
+/// `-1` at `index` and `0` for every other of `count` devices: Slurm's `gres_links_create_empty`, which its MIG and
+/// `AutoDetect=rsmi` records carry to keep the devices in order.
+fn empty_links(index: usize, count: usize) -> String {
+    (0..count)
+        .map(|i| if i == index { "-1" } else { "0" })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// NVLinks from `dev` to every NVIDIA GPU in NVML index (PCI bus) order, `-1` for itself: NVML's AutoDetect counts
+/// only lanes whose remote end is another GPU of this node.
+fn nvlinks(dev: &Device, nvidia_gpus: &[&Device]) -> String {
+    nvidia_gpus
+        .iter()
+        .map(|other| {
+            if other.pci_address == dev.pci_address {
+                "-1".to_owned()
+            } else {
+                let n = dev.nvidia.as_ref().map_or(0, |n| {
+                    n.nvlinks
+                        .iter()
+                        .filter(|l| {
+                            l.active && l.remote_pci_address.as_deref() == Some(&other.pci_address)
+                        })
+                        .count()
+                });
+                n.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn cores_of(topo: &NodeTopology, dev: &Device) -> Option<String> {
+    (!dev.local_cpuset.is_empty())
+        .then(|| isthmus_topology::cpuset::format_ranges(&cores_for_cpus(topo, &dev.local_cpuset)))
+        .filter(|c| !c.is_empty())
+}
+
+/// One record per MIG device of a GPU in MIG mode, as `AutoDetect=nvml` writes them: `Type=<GPU type up to its
+/// first '-'>_<slices>g.<GiB>gb`, `MultipleFiles=` the parent and its two capabilities, the parent's cores, and
+/// Links that only number the GPU's MIG devices.
+fn mig_records(
+    topo: &NodeTopology,
+    dev: &Device,
+    opts: &GresOptions,
+    warnings: &mut Vec<String>,
+) -> Vec<GresRecord> {
+    let Some(info) = dev.nvidia.as_ref() else {
+        return Vec::new();
+    };
+    if info.mig_devices.is_empty() {
+        warnings.push(format!(
+            "gpu {}: MIG is enabled but no MIG device exists; the GPU is left out of gres.conf",
+            dev.pci_address
+        ));
+        return Vec::new();
+    }
+    let cores = cores_of(topo, dev);
+    let count = info.mig_devices.len();
+    let mut out = Vec::new();
+    for (j, m) in info.mig_devices.iter().enumerate() {
+        let (Some(slices), Some(memory)) = (m.gpu_instance_slices, m.memory_bytes) else {
+            warnings.push(format!(
+                "gpu {} MIG device {} (GPU instance {}, compute instance {}): its profile is unknown, so it is left \
+                 out of gres.conf",
+                dev.pci_address, m.index, m.gpu_instance_id, m.compute_instance_id
+            ));
+            continue;
+        };
+        if m.device_nodes.len() != 3 {
+            warnings.push(format!(
+                "gpu {} MIG device {} (GPU instance {}, compute instance {}): its /dev/nvidia-caps nodes are unknown, \
+                 so it is left out of gres.conf",
+                dev.pci_address, m.index, m.gpu_instance_id, m.compute_instance_id
+            ));
+            continue;
+        }
+        out.push(GresRecord {
+            name: "gpu".to_owned(),
+            gres_type: mig_gres_type(&dev.model, slices, memory),
+            files: m
+                .device_nodes
+                .iter()
+                .map(|f| remap(f, &opts.dev_dir))
+                .collect(),
+            multiple_files: true,
+            cores: cores.clone(),
+            links: Some(empty_links(j, count)),
+        });
+    }
+    out
+}
+
+/// One record per compute partition of every AMD GPU, in PCI order then partition order, as `AutoDetect=rsmi`
+/// enumerates them: `Type=<brand>`, `File=/dev/dri/renderD<N>`, and Links that only number the devices.
+fn amd_records(topo: &NodeTopology, opts: &GresOptions) -> Vec<(String, GresRecord)> {
+    let parts: Vec<(&Device, u32)> = topo
+        .devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Gpu && d.vendor_id == vendor::AMD)
+        .filter_map(|d| d.amd.as_ref().map(|a| (d, a)))
+        .flat_map(|(d, a)| a.partitions.iter().map(move |p| (d, p.render_minor)))
+        .collect();
+    let count = parts.len();
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, (d, minor))| {
+            (
+                d.pci_address.clone(),
+                GresRecord {
+                    name: "gpu".to_owned(),
+                    gres_type: amd_brand(&d.model),
+                    files: vec![remap(&format!("/dev/dri/renderD{minor}"), &opts.dev_dir)],
+                    multiple_files: false,
+                    cores: cores_of(topo, d),
+                    links: Some(empty_links(i, count)),
+                },
+            )
+        })
+        .collect()
+}
+
 /// Build the records, plus warnings for devices that cannot be described (no device node known...).
 pub fn records(topo: &NodeTopology, opts: &GresOptions) -> (Vec<GresRecord>, Vec<String>) {
     let mut warnings = Vec::new();
@@ -109,6 +253,7 @@ pub fn records(topo: &NodeTopology, opts: &GresOptions) -> (Vec<GresRecord>, Vec
         .iter()
         .filter(|d| d.kind == DeviceKind::Gpu && d.vendor_id == vendor::NVIDIA)
         .collect();
+    let mut amd = amd_records(topo, opts);
     let mut out: Vec<GresRecord> = Vec::new();
     for dev in &topo.devices {
         let wanted = dev.kind.is_accelerator() || (dev.kind == DeviceKind::Hca && opts.hca_gres);
@@ -116,11 +261,15 @@ pub fn records(topo: &NodeTopology, opts: &GresOptions) -> (Vec<GresRecord>, Vec
             continue;
         }
         if dev.nvidia.as_ref().and_then(|n| n.mig_enabled) == Some(true) {
-            warnings.push(format!(
-                "{} {}: MIG is enabled; MIG instances are not discovered, so the GPU is left out of gres.conf",
-                dev.kind.as_str(),
-                dev.pci_address
-            ));
+            out.extend(mig_records(topo, dev, opts, &mut warnings));
+            continue;
+        }
+        if dev.amd.is_some() {
+            let (mine, rest): (Vec<_>, Vec<_>) = amd
+                .into_iter()
+                .partition(|(addr, _)| *addr == dev.pci_address);
+            amd = rest;
+            out.extend(mine.into_iter().map(|(_, r)| r));
             continue;
         }
         let Some(node) = own_node(dev) else {
@@ -131,41 +280,14 @@ pub fn records(topo: &NodeTopology, opts: &GresOptions) -> (Vec<GresRecord>, Vec
             ));
             continue;
         };
-        let cores = (!dev.local_cpuset.is_empty())
-            .then(|| {
-                isthmus_topology::cpuset::format_ranges(&cores_for_cpus(topo, &dev.local_cpuset))
-            })
-            .filter(|c| !c.is_empty());
         let links = (nvml_links && dev.kind == DeviceKind::Gpu && dev.vendor_id == vendor::NVIDIA)
-            .then(|| {
-                // NVML counts only lanes whose remote end is another GPU of this node; GPUs in NVML index (bus) order.
-                nvidia_gpus
-                    .iter()
-                    .map(|other| {
-                        if other.pci_address == dev.pci_address {
-                            "-1".to_owned()
-                        } else {
-                            let n = dev.nvidia.as_ref().map_or(0, |n| {
-                                n.nvlinks
-                                    .iter()
-                                    .filter(|l| {
-                                        l.active
-                                            && l.remote_pci_address.as_deref()
-                                                == Some(&other.pci_address)
-                                    })
-                                    .count()
-                            });
-                            n.to_string()
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            });
+            .then(|| nvlinks(dev, &nvidia_gpus));
         out.push(GresRecord {
             name: gres_name(dev.kind).to_owned(),
             gres_type: gres_type(&dev.model),
             files: vec![remap(node, &opts.dev_dir)],
-            cores,
+            multiple_files: false,
+            cores: cores_of(topo, dev),
             links,
         });
     }
@@ -179,6 +301,8 @@ fn collapse(records: Vec<GresRecord>) -> Vec<GresRecord> {
         if let Some(last) = out.last_mut() {
             if r.links.is_none()
                 && last.links.is_none()
+                && !r.multiple_files
+                && !last.multiple_files
                 && last.name == r.name
                 && last.gres_type == r.gres_type
                 && last.cores == r.cores
@@ -200,8 +324,8 @@ pub fn counts(records: &[GresRecord]) -> Vec<(String, String, usize)> {
             .iter_mut()
             .find(|(n, t, _)| *n == r.name && *t == r.gres_type)
         {
-            Some(entry) => entry.2 += r.files.len(),
-            None => out.push((r.name.clone(), r.gres_type.clone(), r.files.len())),
+            Some(entry) => entry.2 += r.count(),
+            None => out.push((r.name.clone(), r.gres_type.clone(), r.count())),
         }
     }
     out

@@ -17,6 +17,36 @@ pub fn gres_type(model: &str) -> String {
         .collect()
 }
 
+/// Slurm's MIG type (`gpu_nvml.c`, `_handle_mig`): the GPU type cut at its first `-`, then `_<GPU instance
+/// slices>g.<memory MiB / 1024, rounded>gb`: "NVIDIA A100-SXM4-80GB" with a 19968 MiB 1-slice instance →
+/// `nvidia_a100_1g.20gb`, "NVIDIA H100 80GB HBM3" → `nvidia_h100_80gb_hbm3_1g.10gb`.
+pub fn mig_gres_type(parent_model: &str, gpu_instance_slices: u32, memory_bytes: u64) -> String {
+    let gpu = gres_type(parent_model);
+    let gpu = gpu.split('-').next().unwrap_or_default();
+    format!(
+        "{gpu}_{gpu_instance_slices}g.{}gb",
+        isthmus_topology::mig::slurm_memory_gb(memory_bytes)
+    )
+}
+
+/// The brand `AutoDetect=rsmi` uses as an AMD GPU's type (`rsmi_dev_brand_get`: `MI210`, `MI300X`): the model name
+/// without the "Instinct" family word and without the alternatives after a `/`, characters Slurm splits on turned
+/// into underscores.
+pub fn amd_brand(model: &str) -> String {
+    let m = model.trim();
+    let m = m.strip_prefix("Instinct ").unwrap_or(m);
+    let m = m.split('/').next().unwrap_or(m).trim();
+    m.chars()
+        .map(|c| {
+            if c.is_whitespace() || matches!(c, ',' | ':' | '=') {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// Collapse files sharing a prefix with numeric suffixes into Slurm's bracket form: `/dev/nvidia0..3` →
 /// `/dev/nvidia[0-3]`, `/dev/nvidia0,2` → `/dev/nvidia[0,2]`. Files that do not share one prefix are joined with
 /// commas (Slurm accepts both).
@@ -59,6 +89,21 @@ mod tests {
         assert_eq!(gres_type("NVIDIA A100-SXM4-40GB"), "nvidia_a100-sxm4-40gb");
         assert_eq!(gres_type("Ascend 910"), "ascend_910");
         assert_eq!(gres_type("a:b,c=d"), "a_b_c_d");
+        assert_eq!(
+            mig_gres_type("NVIDIA A100-SXM4-80GB", 1, 19968 << 20),
+            "nvidia_a100_1g.20gb"
+        );
+        assert_eq!(
+            mig_gres_type("NVIDIA H100 80GB HBM3", 3, 40448 << 20),
+            "nvidia_h100_80gb_hbm3_3g.40gb"
+        );
+        assert_eq!(amd_brand("Instinct MI300X"), "MI300X");
+        assert_eq!(amd_brand("Instinct MI250X/MI250"), "MI250X");
+        assert_eq!(amd_brand("Instinct MI300X HF"), "MI300X_HF");
+        assert_eq!(
+            amd_brand("amd device 1002:1234"),
+            "amd_device_1002:1234".replace(':', "_")
+        );
     }
 
     #[test]

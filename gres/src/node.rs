@@ -18,7 +18,8 @@ pub struct NodeShape {
     pub threads_per_core: u32,
 }
 
-/// Irregularities Slurm itself only logs (and then truncates).
+/// Irregularities of the node definition: the ones slurmd itself logs (and then truncates), and a RealMemory too
+/// small to be useful.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShapeIssue {
     /// `Thread count (%d) not multiple of core count (%d)`.
@@ -35,6 +36,22 @@ pub enum ShapeIssue {
         /// Sockets.
         sockets: u32,
     },
+    /// The memory reserve leaves RealMemory below 1 GiB.
+    RealMemoryBelowOneGib {
+        /// The system's memory, MiB, as slurmd computes it.
+        total_mib: u64,
+        /// The reserve, MiB.
+        reserve_mib: u64,
+        /// RealMemory written.
+        real_memory_mib: u64,
+    },
+}
+
+impl ShapeIssue {
+    /// Whether slurmd itself logs this (in these words) when it starts on the node.
+    pub fn slurmd_logs(&self) -> bool {
+        !matches!(self, Self::RealMemoryBelowOneGib { .. })
+    }
 }
 
 impl std::fmt::Display for ShapeIssue {
@@ -52,13 +69,25 @@ impl std::fmt::Display for ShapeIssue {
                     "Core count ({cores}) not multiple of socket count ({sockets})"
                 )
             }
+            Self::RealMemoryBelowOneGib {
+                total_mib,
+                reserve_mib,
+                real_memory_mib,
+            } => write!(
+                f,
+                "the memory reserve of {reserve_mib} MiB leaves RealMemory={real_memory_mib} of the node's \
+                 {total_mib} MiB, less than 1 GiB for jobs; lower --memory-reserve-mib or give --real-memory-mib"
+            ),
         }
     }
 }
 
 impl NodeShape {
-    /// Derive the shape the way slurmd does: sockets are packages that hold at least one core; threads per core and
-    /// cores per socket are integer divisions (Slurm logs, then truncates, when they do not divide).
+    /// Derive the shape the way slurmd does (22.05 `xcpuinfo_hwloc_topo_get`): boards are the Group objects below
+    /// the machine (at least 1); sockets are packages that hold at least one core, else every package, else 1; cores
+    /// are every Core object, those outside any package included, else 1 (with no core level slurmd counts one core
+    /// and makes every CPU a thread of it); threads per core and cores per socket are integer divisions (slurmd logs,
+    /// then truncates, when they do not divide).
     pub fn of(topo: &NodeTopology) -> (Self, Vec<ShapeIssue>) {
         let mut issues = Vec::new();
         let cpus = topo.machine.cpus as u32;
@@ -70,7 +99,9 @@ impl NodeShape {
         } else {
             (topo.packages.len() as u32).max(1)
         };
-        let cores = (topo.packages.iter().map(|p| p.cores.len()).sum::<usize>() as u32).max(1);
+        let cores = ((topo.packages.iter().map(|p| p.cores.len()).sum::<usize>()
+            + topo.unpackaged_cores.len()) as u32)
+            .max(1);
         if cpus % cores != 0 {
             issues.push(ShapeIssue::ThreadsNotMultipleOfCores {
                 threads: cpus,

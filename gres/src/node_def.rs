@@ -84,6 +84,23 @@ pub fn discovered_features(topo: &NodeTopology, gres: &GresOptions) -> Vec<Strin
     f
 }
 
+/// The node's memory in MiB as slurmd computes RealMemory (`get_memory`): the system's page count
+/// (`sysconf(_SC_PHYS_PAGES)`, which is `/proc/meminfo`'s MemTotal) times the page size, through a `float`, truncated.
+/// Without `/proc/meminfo` in the host root, the NUMA nodes' total.
+pub fn slurmd_memory_mib(topo: &NodeTopology) -> u64 {
+    let Some(total) = topo.machine.system_memory_bytes else {
+        return topo.machine.memory_bytes >> 20;
+    };
+    let page = topo
+        .machine
+        .page_size_bytes
+        .filter(|p| *p > 0)
+        .unwrap_or(4096);
+    let pages = total / page;
+    // (float)pages * (page_size / 1048576.0): the page count is rounded to a float's 24-bit mantissa first.
+    (f64::from(pages as f32) * (page as f64 / 1_048_576.0)) as u64
+}
+
 /// The node's attributes after `NodeName=` (shared by the slurm.conf line and the dynamic `--conf` string), plus
 /// the irregularities Slurm itself would log.
 pub fn attributes(
@@ -93,13 +110,22 @@ pub fn attributes(
     if topo.machine.cpus == 0 {
         return Err(NodeDefError::NoCpus);
     }
-    let (shape, issues) = NodeShape::of(topo);
-    let real_memory = opts
-        .real_memory_mib
-        .unwrap_or_else(|| {
-            (topo.machine.memory_bytes >> 20).saturating_sub(opts.memory_reserve_mib)
-        })
-        .max(1);
+    let (shape, mut issues) = NodeShape::of(topo);
+    let real_memory = match opts.real_memory_mib {
+        Some(given) => given.max(1),
+        None => {
+            let total = slurmd_memory_mib(topo);
+            let real = total.saturating_sub(opts.memory_reserve_mib).max(1);
+            if real < 1024 {
+                issues.push(ShapeIssue::RealMemoryBelowOneGib {
+                    total_mib: total,
+                    reserve_mib: opts.memory_reserve_mib,
+                    real_memory_mib: real,
+                });
+            }
+            real
+        }
+    };
     let mut s = format!(
         "CPUs={} Boards={} SocketsPerBoard={} CoresPerSocket={} ThreadsPerCore={} RealMemory={real_memory}",
         shape.cpus,

@@ -214,3 +214,88 @@ fn missing_or_empty_roots_give_clear_results() {
         "an empty root must say what it could not read"
     );
 }
+
+/// Corrupted NUMA files give a warning naming the file on the hwloc path as well as on the sysfs path, and no
+/// warning prints Rust debug text.
+#[test]
+fn numa_corruptions_warn_on_both_paths() {
+    let case = HWLOC_CASES
+        .iter()
+        .find(|c| c.name == "32intel64-2p8co2t+8ve")
+        .unwrap_or_else(|| panic!("fixture missing"));
+    let node = "sys/devices/system/node";
+    type Corrupt = fn(&Path);
+    let corruptions: [(&str, Corrupt, &str); 5] = [
+        (
+            "garbage cpulist",
+            |r| write(r, "sys/devices/system/node/node0/cpulist", &garbage(9, 40)),
+            "node0/cpulist",
+        ),
+        (
+            "garbage cpumap",
+            |r| write(r, "sys/devices/system/node/node0/cpumap", b"zz,qq\n"),
+            "node0/cpumap",
+        ),
+        (
+            "garbage distance",
+            |r| write(r, "sys/devices/system/node/node1/distance", b"10 banana\n"),
+            "node1/distance",
+        ),
+        (
+            "truncated meminfo",
+            |r| write(r, "sys/devices/system/node/node0/meminfo", b"Node 0 MemTot"),
+            "node0/meminfo",
+        ),
+        (
+            "nodeN symlink loop",
+            |r| {
+                remove_dir(r, "sys/devices/system/node/node1");
+                std::os::unix::fs::symlink("node1", r.join("sys/devices/system/node/node1"))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            },
+            "node1",
+        ),
+    ];
+    for (what, corrupt, file) in corruptions {
+        let x = extract(&case.tarball());
+        corrupt(&x.root);
+        for extra in [&[][..], &["--no-hwloc"][..]] {
+            let t = discover(&x.root, extra);
+            assert!(
+                t.warnings.iter().any(|w| w
+                    .path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with(&format!("/{node}/{file}")))),
+                "{what} {extra:?}: no warning names {file}: {:#?}",
+                t.warnings
+            );
+            for w in &t.warnings {
+                let m = &w.message;
+                assert!(
+                    !m.contains("Some(") && !m.contains("Errno {") && !m.contains("{ "),
+                    "{what}: warning is debug text: {m}"
+                );
+            }
+            assert!(t.machine.cpus > 0, "{what}: CPUs lost");
+        }
+    }
+}
+
+#[test]
+fn an_empty_root_has_no_cpu_facts_to_render() {
+    let empty = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let t = discover(empty.path(), &[]);
+    assert!(t.require_cpus().is_err());
+    let out = isthmus(
+        &[
+            "render",
+            "node",
+            "--host-root",
+            &empty.path().display().to_string(),
+            "--node-name",
+            "n1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+}

@@ -220,3 +220,243 @@ fn output_is_byte_identical_across_runs() {
         }
     }
 }
+
+/// `key=value` fields of a node line.
+fn node_fields(line: &str) -> BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
+/// The shape irregularities slurmd logs (`error: Core count (1) not multiple of socket count (4)`).
+fn logged_irregularities(text: &str) -> Vec<String> {
+    let mut v: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("not multiple of"))
+        .filter_map(|l| {
+            l.split_once("error: ")
+                .or_else(|| l.split_once("slurmd will log: "))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `isthmus render node` and real `slurmd -C` on one tree: the shape fields agree, and the irregularities we say
+/// slurmd will log are the ones it logs.
+fn compare_with_slurmd_c(label: &str, root: &std::path::Path, env: &[(String, String)]) {
+    let env_ref: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let root_s = root.display().to_string();
+    let ours = isthmus(
+        &[
+            "render",
+            "node",
+            "--host-root",
+            &root_s,
+            "--node-name",
+            "n1",
+            "--no-nvml",
+        ],
+        &env_ref,
+    );
+    assert!(
+        ours.status.success(),
+        "{label}: {}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    let slurm = Command::new("slurmd")
+        .arg("-C")
+        .env("HWLOC_FSROOT", root)
+        .env("HWLOC_COMPONENTS", "linux,stop")
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap_or_else(|e| panic!("slurmd -C could not run ({e}); install Debian's slurmd"));
+    let (a, b) = (
+        node_fields(&String::from_utf8_lossy(&ours.stdout)),
+        node_fields(&String::from_utf8_lossy(&slurm.stdout)),
+    );
+    for k in [
+        "CPUs",
+        "Boards",
+        "SocketsPerBoard",
+        "CoresPerSocket",
+        "ThreadsPerCore",
+    ] {
+        assert_eq!(a.get(k), b.get(k), "{label}: {k}\nours {a:?}\nslurmd {b:?}");
+    }
+    assert_eq!(
+        logged_irregularities(&String::from_utf8_lossy(&ours.stderr)),
+        logged_irregularities(&String::from_utf8_lossy(&slurm.stderr)),
+        "{label}: the irregularities slurmd logs"
+    );
+}
+
+fn topology_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let cpu_dir = root.join("sys/devices/system/cpu");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&cpu_dir).into_iter().flatten().flatten() {
+        let t = e.path().join("topology");
+        if let Ok(rd) = std::fs::read_dir(&t) {
+            out.extend(rd.flatten().map(|f| f.path()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Odd shapes built from every tree: (a) no core_id and no thread siblings (hwloc creates no Core objects);
+/// (b) a package mask contradicting its list for the last package's CPUs (hwloc drops that package but keeps its
+/// cores).
+#[test]
+fn node_shape_matches_real_slurmd_on_odd_shapes() {
+    for case in HWLOC_CASES {
+        let x = extract(&case.tarball());
+        let files = topology_files(&x.root);
+        if files.is_empty() {
+            continue;
+        }
+        // (a)
+        let a = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let a_root = a.path().join("root");
+        assert!(
+            Command::new("cp")
+                .arg("-a")
+                .arg(&x.root)
+                .arg(&a_root)
+                .status()
+                .is_ok_and(|s| s.success())
+        );
+        for f in topology_files(&a_root) {
+            let name = f
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name == "core_id"
+                || name.starts_with("thread_siblings")
+                || name.starts_with("core_cpus")
+            {
+                std::fs::remove_file(&f).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        compare_with_slurmd_c(
+            &format!("{} without cores", case.name),
+            &a_root,
+            &case.env(),
+        );
+        // (b): the mask file hwloc reads for packages (package_cpus, else core_siblings).
+        let mask = if files.iter().any(|f| f.ends_with("package_cpus")) {
+            "package_cpus"
+        } else {
+            "core_siblings"
+        };
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+        let pkg_of = |cpu_topo: &std::path::Path| {
+            read(&cpu_topo.join("physical_package_id"))
+                .trim()
+                .to_owned()
+        };
+        let dirs: Vec<std::path::PathBuf> = files
+            .iter()
+            .filter_map(|f| f.parent().map(std::path::Path::to_path_buf))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|d| d.join(mask).exists())
+            .collect();
+        let pkgs: std::collections::BTreeSet<String> = dirs.iter().map(|d| pkg_of(d)).collect();
+        if pkgs.len() < 2 {
+            continue;
+        }
+        let (first, last) = (
+            pkgs.iter().next().cloned().unwrap_or_default(),
+            pkgs.iter().last().cloned().unwrap_or_default(),
+        );
+        let b = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let b_root = b.path().join("root");
+        assert!(
+            Command::new("cp")
+                .arg("-a")
+                .arg(&x.root)
+                .arg(&b_root)
+                .status()
+                .is_ok_and(|s| s.success())
+        );
+        let first_mask = dirs
+            .iter()
+            .find(|d| pkg_of(d) == first)
+            .map(|d| read(&d.join(mask)))
+            .unwrap_or_default();
+        for d in dirs.iter().filter(|d| pkg_of(d) == last) {
+            let rel = d.strip_prefix(&x.root).unwrap_or(d);
+            std::fs::write(b_root.join(rel).join(mask), &first_mask)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        compare_with_slurmd_c(
+            &format!("{} with a contradicting {mask}", case.name),
+            &b_root,
+            &case.env(),
+        );
+    }
+}
+
+/// On the machine running the tests, RealMemory is what slurmd -C reports minus the reserve.
+#[test]
+fn real_memory_is_slurmds_minus_the_reserve() {
+    let slurm = Command::new("slurmd")
+        .arg("-C")
+        .env_remove("HWLOC_FSROOT")
+        .output()
+        .unwrap_or_else(|e| panic!("slurmd -C could not run ({e}); install Debian's slurmd"));
+    let theirs: u64 = node_fields(&String::from_utf8_lossy(&slurm.stdout))
+        .get("RealMemory")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no RealMemory from slurmd -C"));
+    for reserve in [0u64, 512, 2048] {
+        let out = isthmus(
+            &[
+                "render",
+                "node",
+                "--host-root",
+                "/",
+                "--node-name",
+                "n1",
+                "--no-nvml",
+                "--memory-reserve-mib",
+                &reserve.to_string(),
+            ],
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours: u64 = node_fields(&String::from_utf8_lossy(&out.stdout))
+            .get("RealMemory")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        assert_eq!(
+            ours,
+            theirs.saturating_sub(reserve).max(1),
+            "reserve {reserve}"
+        );
+    }
+    // A reserve that leaves less than 1 GiB is a warning.
+    let reserve = theirs.saturating_sub(100).to_string();
+    let out = isthmus(
+        &[
+            "render",
+            "node",
+            "--host-root",
+            "/",
+            "--node-name",
+            "n1",
+            "--no-nvml",
+            "--memory-reserve-mib",
+            &reserve,
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("less than 1 GiB"), "{stderr}");
+}

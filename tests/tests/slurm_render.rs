@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use isthmus_tests::slurm::{SlurmDir, problems, slurmd_g};
+use isthmus_tests::slurm_gres::{check_with_slurmd, run_ok};
 use isthmus_tests::{HWLOC_CASES, extract, fixtures, isthmus};
 
 fn h100() -> String {
@@ -21,136 +21,11 @@ fn nvml() -> String {
         .to_string()
 }
 
-fn run_ok(args: &[&str]) -> String {
-    let out = isthmus(args, &[]);
-    assert!(
-        out.status.success(),
-        "isthmus {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Our gres.conf lines as key/value maps (without NodeName=).
-fn lines(gres: &str) -> Vec<BTreeMap<String, String>> {
-    gres.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|line| {
-            line.split_whitespace()
-                .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-                .filter(|(k, _)| k != "NodeName")
-                .collect()
-        })
-        .collect()
-}
-
-/// The files of a `File=` value (`/dev/nvidia[0-3]` expanded).
-fn expand(file: &str) -> Vec<String> {
-    match (file.find('['), file.strip_suffix(']')) {
-        (Some(open), Some(body)) => {
-            let prefix = &file[..open];
-            let ids = isthmus_topology::CpuSet::parse_list(&body[open + 1..])
-                .unwrap_or_else(|e| panic!("{e}"));
-            ids.ids().iter().map(|i| format!("{prefix}{i}")).collect()
-        }
-        _ => file.split(',').map(str::to_owned).collect(),
-    }
-}
-
-fn gres_types(gres: &str) -> String {
-    gres.lines()
-        .find_map(|l| l.strip_prefix("# slurm.conf needs GresTypes="))
-        .unwrap_or("gpu")
-        .to_owned()
-}
-
-/// Render gres.conf and the node line for `root`, run real `slurmd -G`, and compare.
-fn check_with_slurmd(root: &str, extra: &[&str], cluster: bool) {
-    let sd = SlurmDir::new();
-    let dev = sd.dev().display().to_string();
-    let mut gres_args = vec![
-        "render",
-        "gres",
-        "--host-root",
-        root,
-        "--dev-dir",
-        dev.as_str(),
-        "--node-name",
-        "node1",
-    ];
-    gres_args.extend_from_slice(extra);
-    if cluster {
-        gres_args.push("--cluster");
-    }
-    let gres = run_ok(&gres_args);
-    let mut node_args = vec![
-        "render",
-        "node",
-        "--host-root",
-        root,
-        "--node-name",
-        "node1",
-        "--real-memory-mib",
-        "1000",
-    ];
-    node_args.extend_from_slice(extra);
-    node_args.extend_from_slice(&["--dev-dir", dev.as_str()]);
-    let node = run_ok(&node_args);
-
-    let mut expected = lines(&gres);
-    let devs: Vec<String> = expected
-        .iter()
-        .flat_map(|r| expand(&r["File"]))
-        .map(|f| f.trim_start_matches(&format!("{dev}/")).to_owned())
-        .collect();
-    sd.mknod(&devs);
-    std::fs::write(sd.path().join("gres.conf"), &gres).unwrap_or_else(|e| panic!("{e}"));
-    let conf = sd.write_slurm_conf(node.trim(), &gres_types(&gres), "");
-    let (mut printed, output) = slurmd_g(&conf, "node1", Path::new(root));
-    // slurmd groups records by GRES name; compare in one order.
-    let key = |r: &BTreeMap<String, String>| (r.get("Name").cloned(), r.get("File").cloned());
-    expected.sort_by_key(key);
-    printed.sort_by_key(key);
-    assert!(
-        problems(&output).is_empty(),
-        "slurmd complained about\n{gres}\n{node}\n{output}"
-    );
-    assert_eq!(
-        printed.len(),
-        expected.len(),
-        "record count\n{gres}\n{output}"
-    );
-    for (want, got) in expected.iter().zip(&printed) {
-        for key in ["Name", "Type", "File", "Cores", "Links"] {
-            assert_eq!(
-                got.get(key),
-                want.get(key),
-                "{key}: we wrote {want:?}, slurmd parsed {got:?}"
-            );
-        }
-        assert_eq!(
-            got.get("Count"),
-            Some(&expand(&want["File"]).len().to_string())
-        );
-    }
-    // The node line's Gres= counts match the records.
-    let gpu_count: usize = expected
-        .iter()
-        .filter(|r| r["Name"] == "gpu")
-        .map(|r| expand(&r["File"]).len())
-        .sum();
-    if gpu_count > 0 {
-        assert!(
-            node.contains(&format!("gpu:nvidia_h100_80gb_hbm3:{gpu_count}")),
-            "{node}"
-        );
-    }
-}
-
 #[test]
 fn slurmd_accepts_h100_gres_with_nvml_links() {
     let rec = nvml();
-    check_with_slurmd(&h100(), &["--nvml-replay", rec.as_str()], false);
+    let gres = check_with_slurmd(&h100(), &["--nvml-replay", rec.as_str()], false);
+    assert!(gres.contains("Type=nvidia_h100_80gb_hbm3 "), "{gres}");
 }
 
 #[test]

@@ -5,13 +5,10 @@ use std::collections::BTreeSet;
 use crate::cpuset::CpuSet;
 use crate::hostroot::HostRoot;
 use crate::hwloc::{self, HwlocFacts};
-use crate::model::{
-    CpuSource, DeviceKind, MODEL_VERSION, Machine, NodeTopology, NvidiaInfo, NvmlStatus,
-};
+use crate::model::{CpuSource, MODEL_VERSION, Machine, NodeTopology};
 use crate::nvml::NvmlSource;
-use crate::pci_ids::vendor;
 use crate::warning::{Warning, WarningSource};
-use crate::{accel, infiniband, links, nvidia, pci, sysfs_cpu};
+use crate::{accel, infiniband, kfd, links, numa_check, nvidia, nvml_enrich, pci, sysfs_cpu};
 
 /// What discovery reads.
 #[derive(Debug, Clone, Copy)]
@@ -79,8 +76,10 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     }
 
     nvidia::enrich(root, &mut devices, &mut warnings);
-    let nvml_status = nvml_enrich(root, nvml, &mut devices, &mut warnings);
+    let nvml_status = nvml_enrich::enrich(root, nvml, &mut devices, &mut warnings);
     accel::enrich(root, &mut devices, &mut warnings);
+    kfd::enrich(root, &mut devices, &facts.numa_nodes, &mut warnings);
+    let accelerator_domain = nvml_enrich::accelerator_domain(&devices, &mut warnings);
 
     for ibdev in &ib {
         let Some(addr) = &ibdev.pci_address else {
@@ -106,19 +105,21 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     }
 
     let links = links::build(&mut devices);
-    let machine = machine(root, &facts, cpu_source);
+    let machine = machine(root, &facts, cpu_source, &mut warnings);
     warnings.sort();
     warnings.dedup();
     NodeTopology {
         version: MODEL_VERSION,
         machine,
         packages: facts.packages,
+        unpackaged_cores: facts.unpackaged_cores,
         numa_nodes: facts.numa_nodes,
         caches: facts.caches,
         devices,
         infiniband: ib,
         links,
         nvml: nvml_status,
+        accelerator_domain,
         warnings,
     }
 }
@@ -130,7 +131,10 @@ fn cpu_facts(
 ) -> (HwlocFacts, CpuSource) {
     if opts.use_hwloc {
         match hwloc::probe(root) {
-            Ok(f) => return (f, CpuSource::Hwloc),
+            Ok(f) => {
+                numa_check::check(root, &f.numa_nodes, warnings);
+                return (f, CpuSource::Hwloc);
+            }
             Err(e) => warnings.push(Warning::new(
                 WarningSource::Hwloc,
                 None,
@@ -164,104 +168,6 @@ fn cpu_facts(
     (facts, CpuSource::Sysfs)
 }
 
-fn nvml_enrich(
-    root: &HostRoot,
-    nvml: &dyn NvmlSource,
-    devices: &mut [crate::model::Device],
-    warnings: &mut Vec<Warning>,
-) -> NvmlStatus {
-    let has_nvidia_gpu = devices
-        .iter()
-        .any(|d| d.kind == DeviceKind::Gpu && d.vendor_id == vendor::NVIDIA);
-    if !has_nvidia_gpu {
-        return NvmlStatus::NotNeeded;
-    }
-    let snapshot = match nvml.snapshot() {
-        Ok(s) => s,
-        Err(e) => {
-            warnings.push(Warning::new(
-                WarningSource::Nvml,
-                None,
-                format!("{}; GPUs described from sysfs/procfs only", e.0),
-            ));
-            return NvmlStatus::Unavailable { reason: e.0 };
-        }
-    };
-    for gpu in &snapshot.gpus {
-        let Some(dev) = devices
-            .iter_mut()
-            .find(|d| d.pci_address == gpu.pci_address)
-        else {
-            warnings.push(Warning::new(
-                WarningSource::Nvml,
-                None,
-                format!(
-                    "NVML reports GPU {} that is not on the PCI bus",
-                    gpu.pci_address
-                ),
-            ));
-            continue;
-        };
-        let info = dev.nvidia.get_or_insert_with(NvidiaInfo::default);
-        if let (Some(proc_minor), Some(nvml_minor)) = (info.minor, gpu.minor) {
-            if proc_minor != nvml_minor {
-                warnings.push(Warning::new(
-                    WarningSource::Nvml,
-                    None,
-                    format!(
-                        "GPU {}: procfs minor {proc_minor} but NVML minor {nvml_minor}",
-                        gpu.pci_address
-                    ),
-                ));
-            }
-        }
-        if let (Some(a), Some(b)) = (&info.uuid, &gpu.uuid) {
-            if a != b {
-                warnings.push(Warning::new(
-                    WarningSource::Nvml,
-                    None,
-                    format!("GPU {}: procfs UUID {a} but NVML UUID {b}", gpu.pci_address),
-                ));
-            }
-        }
-        info.nvml_index = Some(gpu.index);
-        info.uuid = info.uuid.take().or_else(|| gpu.uuid.clone());
-        info.minor = info.minor.or(gpu.minor);
-        info.serial = gpu.serial.clone();
-        info.memory_bytes = gpu.memory_total_bytes;
-        info.vbios = info.vbios.take().or_else(|| gpu.vbios.clone());
-        info.mig_enabled = gpu.mig_enabled;
-        info.nvlinks = gpu.nvlinks.clone();
-        if dev.index.is_none() {
-            if let Some(minor) = gpu.minor {
-                dev.index = Some(minor);
-                dev.device_nodes.push(format!("/dev/nvidia{minor}"));
-                if !root.exists(format!("/dev/nvidia{minor}")) {
-                    warnings.push(Warning::new(
-                        WarningSource::Nvidia,
-                        Some(&format!("/dev/nvidia{minor}")),
-                        "device node missing",
-                    ));
-                }
-            }
-        }
-        if let Some(name) = &gpu.name {
-            dev.model = name.clone();
-        }
-        if dev.local_cpuset.is_empty() {
-            if let Some(aff) = &gpu.cpu_affinity {
-                dev.local_cpuset = aff.clone();
-            }
-        }
-    }
-    NvmlStatus::Available {
-        driver_version: snapshot
-            .driver_version
-            .or_else(|| nvidia::driver_version(root)),
-        source: nvml.describe(),
-    }
-}
-
 fn dmi(root: &HostRoot, file: &str) -> Option<String> {
     root.read_string(format!("/sys/class/dmi/id/{file}"))
         .ok()
@@ -269,12 +175,41 @@ fn dmi(root: &HostRoot, file: &str) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-fn machine(root: &HostRoot, facts: &HwlocFacts, cpu_source: CpuSource) -> Machine {
-    let cores: usize = facts.packages.iter().map(|p| p.cores.len()).sum();
+/// `MemTotal` of `/proc/meminfo`: the system's page count (`sysconf(_SC_PHYS_PAGES)`), which slurmd reports.
+fn system_memory(root: &HostRoot, warnings: &mut Vec<Warning>) -> Option<u64> {
+    match root.read_string("/proc/meminfo") {
+        Ok(text) => {
+            let total = sysfs_cpu::parse_meminfo_field(&text, "MemTotal");
+            if total.is_none() {
+                warnings.push(Warning::new(
+                    WarningSource::Machine,
+                    Some("/proc/meminfo"),
+                    "no readable MemTotal; RealMemory falls back to the NUMA nodes' memory",
+                ));
+            }
+            total
+        }
+        Err(e) if e.is_not_found() => None,
+        Err(e) => {
+            warnings.push(e.warning(WarningSource::Machine));
+            None
+        }
+    }
+}
+
+fn machine(
+    root: &HostRoot,
+    facts: &HwlocFacts,
+    cpu_source: CpuSource,
+    warnings: &mut Vec<Warning>,
+) -> Machine {
+    let cores: usize =
+        facts.packages.iter().map(|p| p.cores.len()).sum::<usize>() + facts.unpackaged_cores.len();
     let threads_per_core = facts
         .packages
         .iter()
         .flat_map(|p| &p.cores)
+        .chain(&facts.unpackaged_cores)
         .map(|c| c.cpuset.len())
         .max()
         .unwrap_or(0);
@@ -302,5 +237,7 @@ fn machine(root: &HostRoot, facts: &HwlocFacts, cpu_source: CpuSource) -> Machin
         allowed_numa_nodes: facts.allowed_numa_nodes.clone(),
         top_level_groups: facts.top_level_groups,
         memory_bytes: facts.numa_nodes.iter().map(|n| n.memory_bytes).sum(),
+        system_memory_bytes: system_memory(root, warnings),
+        page_size_bytes: facts.page_size_bytes,
     }
 }

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use hwlocality::Topology;
 use hwlocality::bitmap::BitmapIndex;
+use hwlocality::errors::{HybridError, RawHwlocError};
 use hwlocality::object::TopologyObject;
 use hwlocality::object::attributes::ObjectAttributes;
 use hwlocality::object::types::ObjectType;
@@ -65,6 +66,12 @@ pub struct HwlocFacts {
     pub top_level_groups: usize,
     /// Allowed NUMA nodes (cgroup), when narrower than all nodes.
     pub allowed_numa_nodes: Option<Vec<u32>>,
+    /// Cores outside every package (hwloc dropped a package whose description contradicted itself).
+    pub unpackaged_cores: Vec<Core>,
+    /// Core objects hwloc reported (0 when the platform reports no core level).
+    pub core_count: usize,
+    /// The normal page size, when hwloc reported one.
+    pub page_size_bytes: Option<u64>,
 }
 
 /// Environment variables hwloc needs to read `root` instead of `/`: `HWLOC_FSROOT`, and for a recorded tree
@@ -113,16 +120,31 @@ fn info(obj: &TopologyObject, key: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
+/// A failed hwloc call in words (`hwloc_topology_load failed: Invalid argument`), never Rust debug text.
+fn raw_failure(e: &RawHwlocError) -> String {
+    match &e.errno {
+        Some(errno) => format!("{} failed: {errno}", e.api),
+        None => format!("{} failed", e.api),
+    }
+}
+
+fn hybrid_failure<E: std::error::Error>(e: &HybridError<E>) -> String {
+    match e {
+        HybridError::Rust(r) => r.to_string(),
+        HybridError::Hwloc(raw) => raw_failure(raw),
+    }
+}
+
 /// Load the topology of `root` with hwloc.
 pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
     check_fsroot(root)?;
     let topo = Topology::builder()
         .with_flags(BuildFlags::INCLUDE_DISALLOWED)
-        .map_err(|e| HwlocError::Load(e.to_string()))?
+        .map_err(|e| HwlocError::Load(hybrid_failure(&e)))?
         .with_io_type_filter(TypeFilter::KeepNone)
-        .map_err(|e| HwlocError::Load(e.to_string()))?
+        .map_err(|e| HwlocError::Load(hybrid_failure(&e)))?
         .build()
-        .map_err(|e| HwlocError::Load(e.to_string()))?;
+        .map_err(|e| HwlocError::Load(raw_failure(&e)))?;
     facts_from(&topo)
 }
 
@@ -160,13 +182,26 @@ fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
         facts.allowed_numa_nodes = Some(allowed_nodes);
     }
 
-    facts.packages = packages(topo, &mut facts.cpu_model);
+    let (packages, unpackaged) = packages(topo, &mut facts.cpu_model);
+    facts.packages = packages;
+    facts.unpackaged_cores = unpackaged;
+    facts.core_count = topo.objects_with_type(ObjectType::Core).len();
     facts.numa_nodes = numa_nodes(topo);
+    facts.page_size_bytes =
+        topo.objects_with_type(ObjectType::NUMANode)
+            .find_map(|n| match n.attributes() {
+                Some(ObjectAttributes::NUMANode(a)) => {
+                    a.page_types().first().map(|t| t.size().get())
+                }
+                _ => None,
+            });
     facts.caches = last_level_caches(topo);
     Ok(facts)
 }
 
-fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
+/// Packages with their cores, and the cores no package contains. Without a core level (sysfs without `core_id` or
+/// thread siblings) hwloc creates no Core object and neither does this: slurmd then counts one core.
+fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> (Vec<Package>, Vec<Core>) {
     let mut packages: Vec<Package> = Vec::new();
     let pkg_objs: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::Package).collect();
     for (i, pkg) in pkg_objs.iter().enumerate() {
@@ -187,30 +222,21 @@ fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
             cores: Vec::new(),
         });
     }
+    let mut unpackaged = Vec::new();
     for core in topo.objects_with_type(ObjectType::Core) {
         let set = cpuset_of(core);
-        let Some(first) = set.first() else { continue };
-        let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) else {
-            continue;
-        };
-        pkg.cores.push(Core {
+        let c = Core {
             logical: core.logical_index() as u32,
             id: core.os_index().unwrap_or(0) as u32,
             cpuset: set,
-        });
-    }
-    if topo.objects_with_type(ObjectType::Core).len() == 0 {
-        // No core level (some virtual machines): every PU is its own core, as hwloc and Slurm then assume.
-        for (logical, pu) in topo.objects_with_type(ObjectType::PU).enumerate() {
-            let set = cpuset_of(pu);
-            let Some(first) = set.first() else { continue };
-            if let Some(pkg) = packages.iter_mut().find(|p| p.cpuset.contains(first)) {
-                pkg.cores.push(Core {
-                    logical: logical as u32,
-                    id: first,
-                    cpuset: set,
-                });
-            }
+        };
+        match c
+            .cpuset
+            .first()
+            .and_then(|first| packages.iter_mut().find(|p| p.cpuset.contains(first)))
+        {
+            Some(pkg) => pkg.cores.push(c),
+            None => unpackaged.push(c),
         }
     }
     // Topology (logical) order: by first CPU, as hwloc and Slurm's abstract ids number them.
@@ -218,7 +244,8 @@ fn packages(topo: &Topology, cpu_model: &mut Option<String>) -> Vec<Package> {
     for p in &mut packages {
         p.cores.sort_by_key(|c| c.logical);
     }
-    packages
+    unpackaged.sort_by_key(|c| c.logical);
+    (packages, unpackaged)
 }
 
 fn numa_nodes(topo: &Topology) -> Vec<NumaNode> {

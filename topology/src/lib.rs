@@ -4,22 +4,29 @@
 //! [`NodeTopology`], discovered by [`discover()`] from a [`HostRoot`].
 
 pub mod accel;
+pub mod accel_model;
 pub mod cpuset;
+pub mod device_resources;
 pub mod discover;
 pub mod fabric_probe;
 pub mod hostroot;
 pub mod hwloc;
 pub mod infiniband;
+pub mod kfd;
 pub mod links;
+pub mod mig;
 pub mod model;
+pub mod numa_check;
 pub mod nvidia;
 pub mod nvml;
+pub mod nvml_enrich;
 pub mod pci;
 pub mod pci_ids;
 pub mod sysfs_cpu;
 pub mod warning;
 
 pub use cpuset::CpuSet;
+pub use device_resources::{DeviceResource, MigStrategy, device_plugin_resources};
 pub use discover::{DiscoverOptions, discover};
 pub use fabric_probe::{NeighbourQuery, SmpQuery, carry_neighbours, probe_neighbours};
 pub use hostroot::HostRoot;

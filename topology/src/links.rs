@@ -1,5 +1,5 @@
 //! The link matrix between GPUs, NPUs, other accelerators and HCAs, like `nvidia-smi topo -m` for every vendor:
-//! NVLink counts where NVML reported them, otherwise the PCIe relation computed from the sysfs device paths.
+//! NVLink counts where NVML reported them, xGMI hops where the KFD topology has them, otherwise the PCIe relation computed from the sysfs device paths.
 
 use crate::model::{Device, DeviceKind, Link, LinkMatrix};
 
@@ -57,6 +57,16 @@ fn nvlink_count(a: &Device, b: &Device) -> u32 {
         .unwrap_or(0)
 }
 
+/// xGMI hops from `a` to `b` (AMD GPUs in one hive), from the KFD topology.
+fn xgmi_hops(a: &Device, b: &Device) -> Option<u32> {
+    a.amd
+        .as_ref()?
+        .xgmi
+        .iter()
+        .find(|l| l.peer == b.pci_address)
+        .map(|l| l.hops)
+}
+
 /// Build the matrix over every device but NVSwitches, and fill each accelerator's `nearest_hcas`.
 pub fn build(devices: &mut [Device]) -> LinkMatrix {
     let members: Vec<usize> = (0..devices.len())
@@ -68,9 +78,10 @@ pub fn build(devices: &mut [Device]) -> LinkMatrix {
             .iter()
             .map(|&j| {
                 let (a, b) = (&devices[i], &devices[j]);
-                match nvlink_count(a, b) {
-                    0 => pcie_relation(a, b),
-                    n => Link::NvLink(n),
+                match (nvlink_count(a, b), xgmi_hops(a, b)) {
+                    (0, Some(hops)) => Link::Xgmi(hops),
+                    (0, None) => pcie_relation(a, b),
+                    (n, _) => Link::NvLink(n),
                 }
             })
             .collect();
@@ -125,6 +136,7 @@ mod tests {
             pci_path: path.iter().map(|s| (*s).to_owned()).collect(),
             pcie_link: None,
             nvidia: None,
+            amd: None,
             ib_devices: vec![],
             nearest_hcas: vec![],
         }

@@ -4,11 +4,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::accel_model::{
+    AmdInfo, AmdPartition, FabricState, MigDevice, NvlinkFabric, XgmiLink,
+};
 use crate::cpuset::CpuSet;
 use crate::warning::Warning;
 
 /// Version of the serialised model; bumped on incompatible changes.
-pub const MODEL_VERSION: u32 = 1;
+pub const MODEL_VERSION: u32 = 2;
 
 /// Everything isthmus knows about one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -19,6 +22,10 @@ pub struct NodeTopology {
     pub machine: Machine,
     /// CPU packages (sockets), in topology order (by first CPU).
     pub packages: Vec<Package>,
+    /// Cores that no package contains (hwloc dropped a package whose sysfs description contradicted itself but kept
+    /// its cores; slurmd still counts them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpackaged_cores: Vec<Core>,
     /// NUMA nodes, by OS index.
     pub numa_nodes: Vec<NumaNode>,
     /// Last-level CPU caches.
@@ -31,6 +38,10 @@ pub struct NodeTopology {
     pub links: LinkMatrix,
     /// Whether NVML enrichment happened.
     pub nvml: NvmlStatus,
+    /// The node's accelerator (NVLink) domain, `<ClusterUUID>.<CliqueId>`, when every NVIDIA GPU reports the same
+    /// completed fabric registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_domain: Option<String>,
     /// What could not be read.
     pub warnings: Vec<Warning>,
 }
@@ -64,7 +75,8 @@ pub struct Machine {
     pub product: Option<String>,
     /// Number of packages.
     pub packages: usize,
-    /// Number of cores.
+    /// Number of cores (those in packages and [`NodeTopology::unpackaged_cores`]); 0 when the platform reports no
+    /// core level.
     pub cores: usize,
     /// Number of logical CPUs (hardware threads, hwloc PUs).
     pub cpus: usize,
@@ -85,6 +97,12 @@ pub struct Machine {
     pub top_level_groups: usize,
     /// Total memory of all NUMA nodes, bytes.
     pub memory_bytes: u64,
+    /// `MemTotal` of `/proc/meminfo`, bytes: the system's page count, which slurmd reports as RealMemory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_memory_bytes: Option<u64>,
+    /// The normal page size, bytes, when hwloc reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size_bytes: Option<u64>,
 }
 
 /// A CPU package (socket).
@@ -234,6 +252,9 @@ pub struct Device {
     /// NVIDIA specifics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvidia: Option<NvidiaInfo>,
+    /// AMD Instinct specifics (KFD topology).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amd: Option<AmdInfo>,
     /// InfiniBand device names on this function (`mlx5_0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ib_devices: Vec<String>,
@@ -275,6 +296,12 @@ pub struct NvidiaInfo {
     /// MIG mode currently enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_enabled: Option<bool>,
+    /// MIG devices, by index (empty when MIG is off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
+    /// NVLink fabric registration (multi-node NVLink systems).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<NvlinkFabric>,
     /// NVLink links, when NVML reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvlinks: Vec<NvLink>,
@@ -420,6 +447,8 @@ pub enum Link {
     SelfLink,
     /// NVLink with this many links.
     NvLink(u32),
+    /// AMD xGMI, this many hops (1 = a direct link).
+    Xgmi(u32),
     /// Behind the same PCIe switch (one bridge on each side at most).
     SameSwitch,
     /// Several PCIe switches, without crossing the host bridge.
@@ -438,6 +467,8 @@ impl Link {
         match self {
             Self::SelfLink => "X".into(),
             Self::NvLink(n) => format!("NV{n}"),
+            Self::Xgmi(1) => "XGMI".into(),
+            Self::Xgmi(h) => format!("XGMI{h}"),
             Self::SameSwitch => "PIX".into(),
             Self::MultipleSwitches => "PXB".into(),
             Self::HostBridge => "PHB".into(),
@@ -455,15 +486,19 @@ impl Link {
             "PHB" => Self::HostBridge,
             "NODE" => Self::NumaNode,
             "SYS" => Self::System,
-            other => Self::NvLink(other.strip_prefix("NV")?.parse().ok()?),
+            "XGMI" => Self::Xgmi(1),
+            other => match other.strip_prefix("XGMI") {
+                Some(h) => Self::Xgmi(h.parse().ok()?),
+                None => Self::NvLink(other.strip_prefix("NV")?.parse().ok()?),
+            },
         })
     }
 
-    /// Rank for "nearest" decisions: lower is closer. NVLink beats every PCIe relation.
+    /// Rank for "nearest" decisions: lower is closer. NVLink and xGMI beat every PCIe relation.
     pub fn rank(self) -> u32 {
         match self {
             Self::SelfLink => 0,
-            Self::NvLink(_) => 1,
+            Self::NvLink(_) | Self::Xgmi(_) => 1,
             Self::SameSwitch => 2,
             Self::MultipleSwitches => 3,
             Self::HostBridge => 4,
@@ -536,4 +571,30 @@ impl NodeTopology {
     pub fn device(&self, pci_address: &str) -> Option<&Device> {
         self.devices.iter().find(|d| d.pci_address == pci_address)
     }
+
+    /// Refuse a model without CPU or NUMA facts (an empty or unreadable host root): renderers that describe the
+    /// node's CPUs and zones (the node line, the NodeResourceTopology object) call this first instead of publishing
+    /// a node with no CPUs.
+    pub fn require_cpus(&self) -> Result<(), NoCpuFacts> {
+        if self.machine.cpus == 0 {
+            return Err(NoCpuFacts::NoCpus);
+        }
+        if self.numa_nodes.is_empty() {
+            return Err(NoCpuFacts::NoNumaNodes);
+        }
+        Ok(())
+    }
+}
+
+/// Why [`NodeTopology::require_cpus`] refused a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoCpuFacts {
+    /// Discovery found no CPU.
+    #[error("no CPU was discovered under the host root; refusing to describe a node with no CPUs")]
+    NoCpus,
+    /// Discovery found no NUMA node.
+    #[error(
+        "no NUMA node was discovered under the host root; refusing to describe a node with no NUMA zones"
+    )]
+    NoNumaNodes,
 }

@@ -152,6 +152,7 @@ pub fn probe(
             pci_path,
             pcie_link,
             nvidia: None,
+            amd: None,
             ib_devices: Vec::new(),
             nearest_hcas: Vec::new(),
         });

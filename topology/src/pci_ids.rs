@@ -83,6 +83,17 @@ const MODELS: &[(u16, u16, &str)] = &[
     (vendor::AMD, 0x7408, "Instinct MI250X"),
     (vendor::AMD, 0x740c, "Instinct MI250X/MI250"),
     (vendor::AMD, 0x740f, "Instinct MI210"),
+    // MI300 series (pci.ids: "Aqua Vanjaram [Instinct MI300X]" ...; MI350X/MI355X from AMD's Instinct docs).
+    (vendor::AMD, 0x74a0, "Instinct MI300A"),
+    (vendor::AMD, 0x74a1, "Instinct MI300X"),
+    (vendor::AMD, 0x74a2, "Instinct MI308X"),
+    (vendor::AMD, 0x74a5, "Instinct MI325X"),
+    (vendor::AMD, 0x74a9, "Instinct MI300X HF"),
+    (vendor::AMD, 0x74b5, "Instinct MI300X VF"),
+    (vendor::AMD, 0x74b9, "Instinct MI325X VF"),
+    (vendor::AMD, 0x74bd, "Instinct MI300X HF"),
+    (vendor::AMD, 0x75a0, "Instinct MI350X"),
+    (vendor::AMD, 0x75a3, "Instinct MI355X"),
     (vendor::XILINX, 0x5000, "Alveo U200"),
     (vendor::XILINX, 0x5004, "Alveo U250"),
     (vendor::XILINX, 0x5005, "Alveo U250"),
@@ -241,6 +252,10 @@ mod tests {
         );
         assert_eq!(classify(0x8086, 0x1234, 0x060400, false), None);
         assert_eq!(model_name(0x1234, 0x5678), "other device 1234:5678");
+        assert_eq!(
+            classify(0x1002, 0x74a1, 0x120000, false).map(|c| (c.kind, c.model)),
+            Some((DeviceKind::Gpu, "Instinct MI300X".to_owned()))
+        );
     }
 
     #[test]

@@ -99,6 +99,23 @@ pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode>
             warnings.push(Warning::new(WarningSource::Numa, Some(&path), msg));
             CpuSet::new()
         });
+        // The mask is what hwloc reads: say so when it is garbage or disagrees with the list used here.
+        if let Ok(mask) = root.read_string(format!("{dir}/cpumap")) {
+            let path = format!("{dir}/cpumap");
+            match CpuSet::parse_mask(&mask) {
+                Err(e) => warnings.push(Warning::new(
+                    WarningSource::Numa,
+                    Some(&path),
+                    format!("NUMA node {id}'s CPU mask does not parse ({e})"),
+                )),
+                Ok(m) if !cpuset.is_empty() && m != cpuset => warnings.push(Warning::new(
+                    WarningSource::Numa,
+                    Some(&path),
+                    format!("NUMA node {id}'s CPU mask ({m}) contradicts its CPU list ({cpuset})"),
+                )),
+                Ok(_) => {}
+            }
+        }
         let memory_bytes = match root.read_string(format!("{dir}/meminfo")) {
             Ok(s) => parse_node_meminfo_total(&s).unwrap_or_else(|| {
                 warnings.push(Warning::new(
@@ -204,8 +221,9 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
         .and_then(|s| CpuSet::parse_list(&s).ok());
 
     // package id -> core, identified by core_id and its thread siblings (core_id repeats across dies on some AMD
-    // parts; siblings span both cores of a Bulldozer compute unit) -> (core_id, threads)
-    let mut tree: BTreeMap<u32, CoresOfPackage> = BTreeMap::new();
+    // parts; siblings span both cores of a Bulldozer compute unit) -> (core_id, threads). CPUs whose core cannot be
+    // identified (no core_id and no thread siblings) belong to their package but to no core, as in hwloc.
+    let mut tree: BTreeMap<u32, (CoresOfPackage, Vec<u32>)> = BTreeMap::new();
     for cpu in cpus {
         if online.as_ref().is_some_and(|o| !o.contains(cpu)) {
             continue;
@@ -216,16 +234,17 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
                 .ok()
                 .and_then(|s| s.trim().parse::<i64>().ok())
         };
-        let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) else {
-            warnings.push(Warning::new(
-                WarningSource::Cpu,
-                Some(&dir),
-                "no readable physical_package_id/core_id",
-            ));
-            continue;
+        let pkg = match read("physical_package_id") {
+            Some(p) => u32::try_from(p).unwrap_or(0),
+            None => {
+                warnings.push(Warning::new(
+                    WarningSource::Cpu,
+                    Some(&format!("{dir}/physical_package_id")),
+                    "unreadable package id; the CPU is counted in package 0",
+                ));
+                0
+            }
         };
-        let pkg = u32::try_from(pkg).unwrap_or(0);
-        let core = u32::try_from(core).unwrap_or(cpu);
         let list = |f: &str| {
             root.read_string(format!("{dir}/{f}"))
                 .ok()
@@ -240,22 +259,37 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
             .or_else(|| list("thread_siblings_list"))
             .or_else(|| mask("core_cpus"))
             .or_else(|| mask("thread_siblings"))
-            .filter(|s| s.contains(cpu))
-            .unwrap_or_else(|| CpuSet::from_ids([cpu]));
-        let entry = tree
-            .entry(pkg)
-            .or_default()
-            .entry((core, siblings))
-            .or_insert((core, Vec::new()));
-        entry.1.push(cpu);
+            .filter(|s| s.contains(cpu));
+        let core = read("core_id").and_then(|c| u32::try_from(c).ok());
+        let entry = tree.entry(pkg).or_default();
+        match (core, siblings) {
+            (None, None) => entry.1.push(cpu),
+            (core, siblings) => {
+                let siblings = siblings.unwrap_or_else(|| CpuSet::from_ids([cpu]));
+                let core = core.or(siblings.first()).unwrap_or(cpu);
+                entry
+                    .0
+                    .entry((core, siblings))
+                    .or_insert((core, Vec::new()))
+                    .1
+                    .push(cpu);
+            }
+        }
     }
 
-    let mut tree: Vec<(u32, CoresOfPackage)> = tree.into_iter().collect();
+    let mut tree: Vec<(u32, (CoresOfPackage, Vec<u32>))> = tree.into_iter().collect();
     // Topology order: by first CPU, as hwloc numbers packages.
-    tree.sort_by_key(|(_, cores)| cores.values().flat_map(|(_, t)| t).min().copied());
+    tree.sort_by_key(|(_, (cores, coreless))| {
+        cores
+            .values()
+            .flat_map(|(_, t)| t)
+            .chain(coreless)
+            .min()
+            .copied()
+    });
     let mut packages = Vec::new();
     let mut logical = 0u32;
-    for (pkg, cores) in tree {
+    for (pkg, (cores, coreless)) in tree {
         let mut core_list: Vec<Core> = cores
             .into_values()
             .map(|(id, threads)| Core {
@@ -272,7 +306,7 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
         }
         let cpuset = core_list
             .iter()
-            .fold(CpuSet::new(), |acc, c| acc.union(&c.cpuset));
+            .fold(CpuSet::from_ids(coreless), |acc, c| acc.union(&c.cpuset));
         packages.push(Package {
             id: pkg,
             cpuset,
@@ -313,6 +347,9 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
         dmi: (None, None),
         top_level_groups: 0,
         allowed_numa_nodes: None,
+        unpackaged_cores: Vec::new(),
+        core_count: logical as usize,
+        page_size_bytes: None,
     }
 }
 

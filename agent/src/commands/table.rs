@@ -123,6 +123,82 @@ fn device_row(d: &Device, topo: &NodeTopology, labels: &[String]) -> Vec<String>
     ]
 }
 
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| x.to_string())
+}
+
+/// MIG devices and AMD compute partitions: what the schedulers hand out on GPUs that are split.
+fn partitions(topo: &NodeTopology, out: &mut String) {
+    let mut mig = vec![
+        [
+            "GPU",
+            "MIG",
+            "PROFILE",
+            "GI",
+            "CI",
+            "SMS",
+            "MEMORY",
+            "DEVICE NODES",
+            "UUID",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let mut amd = vec![
+        [
+            "GPU",
+            "PARTITION",
+            "KFD NODE",
+            "RENDER",
+            "SIMDS",
+            "MEMORY",
+            "HIVE",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for d in &topo.devices {
+        for m in d.nvidia.iter().flat_map(|n| &n.mig_devices) {
+            mig.push(vec![
+                d.pci_address.clone(),
+                m.index.to_string(),
+                opt(m.profile.clone()),
+                m.gpu_instance_id.to_string(),
+                m.compute_instance_id.to_string(),
+                opt(m.multiprocessors),
+                opt(m.memory_bytes.map(human_bytes)),
+                if m.device_nodes.is_empty() {
+                    "-".into()
+                } else {
+                    m.device_nodes.join(",")
+                },
+                opt(m.uuid.clone()),
+            ]);
+        }
+        if let Some(a) = &d.amd {
+            for p in &a.partitions {
+                amd.push(vec![
+                    d.pci_address.clone(),
+                    p.index.to_string(),
+                    p.kfd_node.to_string(),
+                    format!("renderD{}", p.render_minor),
+                    p.simd_count.to_string(),
+                    opt(p.memory_bytes.map(human_bytes)),
+                    opt(a.hive_id.map(|h| format!("{h:x}"))),
+                ]);
+            }
+        }
+    }
+    if mig.len() > 1 {
+        out.push_str("\nMIG devices\n");
+        out.push_str(&columns(&mig));
+    }
+    if amd.len() > 1 {
+        out.push_str("\nAMD compute partitions\n");
+        out.push_str(&columns(&amd));
+    }
+}
+
 /// Render the whole table.
 pub fn render(topo: &NodeTopology) -> String {
     let m = &topo.machine;
@@ -176,6 +252,9 @@ pub fn render(topo: &NodeTopology) -> String {
         NvmlStatus::Unavailable { reason } => format!("unavailable ({reason})"),
     };
     let _ = writeln!(out, "  NVML: {nvml}");
+    if let Some(d) = &topo.accelerator_domain {
+        let _ = writeln!(out, "  accelerator (NVLink) domain: {d}");
+    }
 
     out.push_str("\nNUMA nodes\n");
     let mut rows = vec![vec![
@@ -254,6 +333,7 @@ pub fn render(topo: &NodeTopology) -> String {
     if topo.devices.is_empty() {
         out.push_str("\nDevices: none\n");
     }
+    partitions(topo, &mut out);
 
     if !topo.infiniband.is_empty() {
         out.push_str("\nInfiniBand / RoCE ports\n");
@@ -306,8 +386,8 @@ pub fn render(topo: &NodeTopology) -> String {
             );
         }
         out.push_str(&columns(&rows));
-        out.push_str("  X = self, NV# = NVLinks, PIX = same PCIe switch, PXB = several switches, PHB = same host bridge,\n");
-        out.push_str("  NODE = same NUMA node, SYS = across NUMA nodes\n");
+        out.push_str("  X = self, NV# = NVLinks, XGMI[#] = AMD xGMI (# hops when more than one), PIX = same PCIe switch,\n");
+        out.push_str("  PXB = several switches, PHB = same host bridge, NODE = same NUMA node, SYS = across NUMA nodes\n");
     }
 
     if topo.warnings.is_empty() {

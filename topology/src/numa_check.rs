@@ -1,0 +1,131 @@
+//! The NUMA sysfs files checked on the hwloc path too. libhwloc silently skips what it cannot parse (a garbage
+//! `cpumap` gives an empty CPU set, a garbage `distance` drops the matrix, a `nodeN` that loops or a `meminfo` without
+//! `MemTotal` loses the node or its memory); these checks read the same files and say which one is bad.
+
+use crate::cpuset::CpuSet;
+use crate::hostroot::HostRoot;
+use crate::model::NumaNode;
+use crate::sysfs_cpu::{parse_distances, parse_node_meminfo_total};
+use crate::warning::{Warning, WarningSource};
+
+const NODE_DIR: &str = "/sys/devices/system/node";
+
+fn warn(warnings: &mut Vec<Warning>, path: &str, msg: String) {
+    warnings.push(Warning::new(WarningSource::Numa, Some(path), msg));
+}
+
+/// Check every `nodeN` directory and compare with what hwloc reported in `nodes`.
+pub fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warning>) {
+    let Ok(entries) = root.list_dir(NODE_DIR) else {
+        return;
+    };
+    let ids: Vec<u32> = {
+        let mut v: Vec<u32> = entries
+            .iter()
+            .filter_map(|n| n.strip_prefix("node")?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    for &id in &ids {
+        let dir = format!("{NODE_DIR}/node{id}");
+        let hw = nodes.iter().find(|n| n.id == id);
+        if let Err(e) = root.list_dir(&dir) {
+            warn(
+                warnings,
+                &dir,
+                format!(
+                    "NUMA node {id} cannot be read ({}){}",
+                    e.source,
+                    if hw.is_none() {
+                        "; it is missing from the topology"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+            continue;
+        }
+        let list = root
+            .read_string(format!("{dir}/cpulist"))
+            .ok()
+            .map(|s| (CpuSet::parse_list(&s), s));
+        let map = root
+            .read_string(format!("{dir}/cpumap"))
+            .ok()
+            .map(|s| (CpuSet::parse_mask(&s), s));
+        if let Some((Err(e), _)) = &list {
+            warn(
+                warnings,
+                &format!("{dir}/cpulist"),
+                format!("NUMA node {id}'s CPU list does not parse ({e})"),
+            );
+        }
+        if let Some((Err(e), _)) = &map {
+            warn(
+                warnings,
+                &format!("{dir}/cpumap"),
+                format!("NUMA node {id}'s CPU mask does not parse ({e})"),
+            );
+        }
+        if let (Some((Ok(a), _)), Some((Ok(b), _))) = (&list, &map) {
+            if a != b {
+                warn(
+                    warnings,
+                    &format!("{dir}/cpumap"),
+                    format!(
+                        "NUMA node {id}'s CPU mask ({b}) contradicts its CPU list ({a}); hwloc reads the mask"
+                    ),
+                );
+            }
+        }
+        let sysfs_cpus = list
+            .as_ref()
+            .and_then(|(r, _)| r.as_ref().ok())
+            .or_else(|| map.as_ref().and_then(|(r, _)| r.as_ref().ok()));
+        if let (Some(cpus), None) = (sysfs_cpus, hw) {
+            if !cpus.is_empty() {
+                warn(
+                    warnings,
+                    &dir,
+                    format!("NUMA node {id} has CPUs {cpus} in sysfs but hwloc did not report it"),
+                );
+            }
+        }
+        if let Ok(text) = root.read_string(format!("{dir}/distance")) {
+            match parse_distances(&text) {
+                Some(v) if v.len() == ids.len() => {}
+                _ => warn(
+                    warnings,
+                    &format!("{dir}/distance"),
+                    format!(
+                        "NUMA node {id}'s distances are not {} numbers ({text:?}); its distances are unknown",
+                        ids.len()
+                    ),
+                ),
+            }
+        }
+        match root.read_string(format!("{dir}/meminfo")) {
+            Ok(text) => match parse_node_meminfo_total(&text) {
+                None => warn(
+                    warnings,
+                    &format!("{dir}/meminfo"),
+                    format!(
+                        "NUMA node {id}'s meminfo has no readable MemTotal; its memory is unknown"
+                    ),
+                ),
+                Some(total) if total > 0 && hw.is_some_and(|n| n.memory_bytes == 0) => warn(
+                    warnings,
+                    &format!("{dir}/meminfo"),
+                    format!(
+                        "NUMA node {id} has {} MiB in sysfs but hwloc reported no memory",
+                        total >> 20
+                    ),
+                ),
+                Some(_) => {}
+            },
+            Err(e) if !e.is_not_found() => warnings.push(e.warning(WarningSource::Numa)),
+            Err(_) => {}
+        }
+    }
+}
