@@ -164,11 +164,26 @@ pub enum Command {
         /// runs, so they are left out unless asked for.
         #[arg(long)]
         counters: bool,
+        /// Ask each active InfiniBand port's neighbour switch for its GUID and port (infiniband-diags' `smpquery`,
+        /// a directed-route SMP query; needs access to /dev/infiniband/umad*).
+        #[arg(long)]
+        neighbours: bool,
     },
     /// Render Slurm configuration from the discovered hardware.
     Render(Box<RenderArgs>),
     /// Run as the node agent: supervise munged and slurmd with generated configuration.
     Agent(Box<AgentArgs>),
+    /// The cluster controller.
+    #[command(subcommand)]
+    Controller(ControllerCommand),
+}
+
+/// What `controller` does.
+#[derive(Debug, Subcommand)]
+pub enum ControllerCommand {
+    /// Print what the controller would write, from files (an ibnetdiscover dump, NRT objects), through the same
+    /// model and renderers.
+    Render(Box<isthmus_controller::RenderArgs>),
 }
 
 /// How slurmd is run.
@@ -264,6 +279,20 @@ pub struct AgentArgs {
         value_name = "SECONDS"
     )]
     pub pod_resources_interval: f64,
+    /// How the NVIDIA device plugin on this node names MIG devices (`none`, `single`, `mixed`), so that the NRT's
+    /// device resources carry the same names.
+    #[arg(
+        long,
+        env = "ISTHMUS_MIG_STRATEGY",
+        default_value = "none",
+        value_name = "STRATEGY"
+    )]
+    pub mig_strategy: isthmus_topology::MigStrategy,
+    /// Ask each active InfiniBand port's neighbour switch for its GUID and port (a directed-route SMP query with
+    /// infiniband-diags' `smpquery`; needs read/write access to /dev/infiniband/umad*), so that the controller can
+    /// place the node under its leaf. Asked at start, when a port's state changes, and every 10 minutes.
+    #[arg(long, env = "ISTHMUS_NEIGHBOURS")]
+    pub neighbours: bool,
     /// Address of the /metrics, /healthz and /readyz endpoint.
     #[arg(
         long,
@@ -307,6 +336,20 @@ pub struct RenderArgs {
     /// nrt: the kubelet configuration file (a host path), for the topology manager policy and scope.
     #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
+    /// nrt: how the NVIDIA device plugin names MIG devices (`none`, `single`, `mixed`).
+    #[arg(
+        long,
+        env = "ISTHMUS_MIG_STRATEGY",
+        default_value = "none",
+        value_name = "STRATEGY"
+    )]
+    pub mig_strategy: isthmus_topology::MigStrategy,
+    /// nrt: also report the node's Slurm definition and gres.conf lines (for the controller's central files).
+    #[arg(long)]
+    pub slurm_report: bool,
+    /// discover, nrt: ask each active InfiniBand port's neighbour switch (smpquery).
+    #[arg(long)]
+    pub neighbours: bool,
 }
 
 impl Command {
@@ -316,6 +359,7 @@ impl Command {
             Command::Discover { host, .. } => Some(host),
             Command::Render(r) => Some(&r.host),
             Command::Agent(a) => Some(&a.host),
+            Command::Controller(_) => None,
         }
     }
 }

@@ -159,6 +159,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         Schedule {
             rediscover,
             telemetry: TELEMETRY_PERIOD,
+            neighbours: args.neighbours,
         },
         metrics.clone(),
         health.clone(),
@@ -179,6 +180,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
 
     let mut supervisor_task = None;
     let mut child_status = None;
+    let slurm_report = slurm.as_ref().map(|n| n.name().to_owned());
     if let Some(node) = slurm {
         let (requests, requests_rx) = mpsc::channel(8);
         let (status_tx, status_rx) = watch::channel(Vec::new());
@@ -228,10 +230,20 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         tokio::spawn(kubelet_view::run(source, view_tx, shutdown.clone()));
         let (nrt_tx, nrt_rx) = watch::channel(None);
         let name = node.clone();
+        let options = crate::k8s::NrtOptions {
+            mig_strategy: args.mig_strategy,
+            slurm: slurm_report.map(|n| (n, args.slurm.clone())),
+        };
         tokio::spawn(crate::k8s::render_task(
             topo_rx.clone(),
             view_rx,
-            move |topo, view| crate::k8s::nrt_for(&name, topo, view),
+            move |topo, view| match topo.require_cpus() {
+                Ok(()) => Some(crate::k8s::nrt_for(&name, topo, view, &options)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the NodeResourceTopology is not published");
+                    None
+                }
+            },
             nrt_tx,
             shutdown.clone(),
         ));

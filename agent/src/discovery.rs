@@ -111,6 +111,11 @@ pub fn discover(host: &HostArgs, ib_counters: bool) -> Result<NodeTopology, Disc
     discover_with(host, nvml.as_ref(), ib_counters)
 }
 
+/// Ask each active InfiniBand port's neighbour switch (infiniband-diags' `smpquery`); failures become warnings.
+pub fn probe_neighbours(topo: &mut NodeTopology) {
+    isthmus_topology::probe_neighbours(topo, &isthmus_topology::SmpQuery::default());
+}
+
 /// What the worker is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
@@ -125,6 +130,45 @@ pub struct Schedule {
     pub rediscover: Duration,
     /// Time between NVML telemetry reads (when NVML is available).
     pub telemetry: Duration,
+    /// Ask the InfiniBand neighbour switches (at start, when a port's state changes, and every
+    /// [`NEIGHBOUR_PERIOD`]); in between, the last answers are carried over.
+    pub neighbours: bool,
+}
+
+/// How often the neighbour switches are asked again while nothing changes.
+pub const NEIGHBOUR_PERIOD: Duration = Duration::from_secs(600);
+
+/// Which InfiniBand ports are up: a change means cables moved and the neighbours must be asked again.
+fn ports_up(topo: &NodeTopology) -> Vec<(String, u32)> {
+    topo.infiniband
+        .iter()
+        .flat_map(|d| {
+            d.ports
+                .iter()
+                .filter(|p| p.link_is_up())
+                .map(move |p| (d.name.clone(), p.port))
+        })
+        .collect()
+}
+
+/// When the neighbours were last asked, and what they said.
+#[derive(Default)]
+struct Neighbours {
+    last: Option<(Instant, NodeTopology)>,
+}
+
+impl Neighbours {
+    fn fill(&mut self, topo: &mut NodeTopology) {
+        let due = self.last.as_ref().is_none_or(|(at, old)| {
+            at.elapsed() >= NEIGHBOUR_PERIOD || ports_up(old) != ports_up(topo)
+        });
+        if due {
+            probe_neighbours(topo);
+            self.last = Some((Instant::now(), topo.clone()));
+        } else if let Some((_, old)) = &self.last {
+            isthmus_topology::carry_neighbours(old, topo);
+        }
+    }
 }
 
 /// The model consumers compare between discoveries: without InfiniBand counters, which change all the time and
@@ -167,13 +211,18 @@ fn worker(
     let mut next_discovery = Instant::now();
     let mut next_telemetry = Instant::now() + schedule.telemetry;
     let mut nvml_available = false;
+    let mut neighbours = Neighbours::default();
+    let mut last: Option<Arc<NodeTopology>> = None;
     loop {
         let now = Instant::now();
         if now >= next_discovery {
             next_discovery = now + schedule.rediscover;
             let started = Instant::now();
             match discover_with(host, nvml, true) {
-                Ok(topo) => {
+                Ok(mut topo) => {
+                    if schedule.neighbours {
+                        neighbours.fill(&mut topo);
+                    }
                     metrics.record_discovery(&topo, started.elapsed());
                     for w in &topo.warnings {
                         tracing::debug!(
@@ -192,6 +241,7 @@ fn worker(
                         *cur = Some(Arc::new(topo));
                         true
                     });
+                    last = out.borrow().clone();
                     health.beat();
                 }
                 Err(e) => tracing::warn!(error = %e, "discovery failed"),
@@ -200,7 +250,7 @@ fn worker(
         if nvml_available && now >= next_telemetry {
             next_telemetry = now + schedule.telemetry;
             match nvml.snapshot() {
-                Ok(snap) => metrics.record_gpus(&snap),
+                Ok(snap) => metrics.record_gpus(&snap, last.as_deref()),
                 Err(e) => tracing::debug!(error = %e, "NVML telemetry"),
             }
         }
@@ -263,6 +313,7 @@ mod tests {
         let schedule = Schedule {
             rediscover: Duration::from_secs(3600),
             telemetry: Duration::from_secs(3600),
+            neighbours: false,
         };
         let triggers = spawn_worker(
             host,

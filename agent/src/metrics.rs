@@ -115,6 +115,18 @@ fn describe() {
         "GPU temperature, from NVML."
     );
     describe_gauge!("isthmus_gpu_power_watts", "GPU power draw, from NVML.");
+    describe_gauge!(
+        "isthmus_gpu_mig_memory_used_bytes",
+        "Memory in use in a MIG device, from NVML."
+    );
+    describe_gauge!(
+        "isthmus_gpu_mig_memory_total_bytes",
+        "Memory of a MIG device's GPU instance, from NVML."
+    );
+    describe_gauge!(
+        "isthmus_gpu_fabric_registered",
+        "Whether the GPU completed its NVLink fabric registration (1), by state, from NVML."
+    );
     describe_counter!(
         "isthmus_gpu_xid_errors_total",
         "Critical XID errors NVML reported for the GPU since the agent started."
@@ -298,10 +310,33 @@ impl Metrics {
         });
     }
 
-    /// Record NVML telemetry (DCGM-exporter's labels in snake case, as promtool's lint asks: `gpu`, `uuid`, `pci_bus_id`, `model_name`).
-    pub fn record_gpus(&self, snapshot: &isthmus_topology::nvml::NvmlSnapshot) {
+    /// Record NVML telemetry (DCGM-exporter's labels in snake case, as promtool's lint asks: `gpu`, `uuid`,
+    /// `pci_bus_id`, `model_name`). MIG devices carry their parent's labels plus their instance ids, UUID and the
+    /// profile the model names (`topo`, the last discovery).
+    pub fn record_gpus(
+        &self,
+        snapshot: &isthmus_topology::nvml::NvmlSnapshot,
+        topo: Option<&NodeTopology>,
+    ) {
         self.with(|| {
             for g in &snapshot.gpus {
+                record_mig(g, topo);
+                if let Some(f) = &g.fabric {
+                    gauge!(
+                        "isthmus_gpu_fabric_registered",
+                        "gpu" => g.index.to_string(),
+                        "uuid" => g.uuid.clone().unwrap_or_default(),
+                        "pci_bus_id" => g.pci_address.clone(),
+                        "state" => f.state.as_str(),
+                    )
+                    .set(
+                        if f.state == isthmus_topology::FabricState::Completed {
+                            1.0
+                        } else {
+                            0.0
+                        },
+                    );
+                }
                 let labels = [
                     ("gpu", g.index.to_string()),
                     ("uuid", g.uuid.clone().unwrap_or_default()),
@@ -352,6 +387,47 @@ impl Metrics {
     /// The exposition text.
     pub fn render(&self) -> String {
         self.handle.render()
+    }
+}
+
+/// Memory of each MIG device of one GPU.
+fn record_mig(g: &isthmus_topology::nvml::NvmlGpu, topo: Option<&NodeTopology>) {
+    let model = topo
+        .and_then(|t| t.devices.iter().find(|d| d.pci_address == g.pci_address))
+        .and_then(|d| d.nvidia.as_ref());
+    for m in &g.mig_devices {
+        let profile = model
+            .and_then(|n| {
+                n.mig_devices.iter().find(|d| {
+                    Some(d.gpu_instance_id) == m.gpu_instance_id
+                        && Some(d.compute_instance_id) == m.compute_instance_id
+                })
+            })
+            .and_then(|d| d.profile.clone())
+            .unwrap_or_default();
+        let labels = [
+            ("gpu", g.index.to_string()),
+            ("uuid", g.uuid.clone().unwrap_or_default()),
+            ("pci_bus_id", g.pci_address.clone()),
+            (
+                "gpu_instance_id",
+                m.gpu_instance_id.map(|v| v.to_string()).unwrap_or_default(),
+            ),
+            (
+                "compute_instance_id",
+                m.compute_instance_id
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+            ),
+            ("mig_profile", profile),
+            ("mig_uuid", m.uuid.clone().unwrap_or_default()),
+        ];
+        if let Some(v) = m.memory_used_bytes {
+            gauge!("isthmus_gpu_mig_memory_used_bytes", &labels).set(v as f64);
+        }
+        if let Some(v) = m.memory_total_bytes {
+            gauge!("isthmus_gpu_mig_memory_total_bytes", &labels).set(v as f64);
+        }
     }
 }
 

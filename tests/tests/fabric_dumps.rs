@@ -271,3 +271,55 @@ fn hypernodes_and_the_kueue_topology_match_the_upstream_schemas() {
         );
     }
 }
+
+/// The command admins run: `isthmus controller render` prints the same topology.conf, and a degenerate dump is an
+/// error, not an empty topology.
+#[test]
+fn the_controller_render_command_prints_topology_and_refuses_a_degenerate_dump() {
+    let dumps = isthmus_tests::fixtures().join("fabric/dumps");
+    let good = dumps.join("dsx-topograph-ibnetdiscover-compute-storage.out");
+    let out = isthmus_tests::isthmus(
+        &[
+            "controller",
+            "render",
+            "--ibnetdiscover",
+            &good.display().to_string(),
+            "--output",
+            "topology-conf",
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("SwitchName=") && l.contains("Nodes=")),
+        "{text}"
+    );
+    let bad = dumps.join("topograph-ibnetdiscover-example-bad.out");
+    let out = isthmus_tests::isthmus(
+        &[
+            "controller",
+            "render",
+            "--ibnetdiscover",
+            &bad.display().to_string(),
+            "--output",
+            "topology-conf",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("isthmus: error: "))
+            .count(),
+        1,
+        "{err}"
+    );
+}

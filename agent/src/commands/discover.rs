@@ -21,8 +21,11 @@ pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String>
 }
 
 /// Run `discover`.
-pub fn run(host: &HostArgs, output: OutputFormat, counters: bool) -> Result<()> {
-    let topo = crate::discovery::discover(host, counters)?;
+pub fn run(host: &HostArgs, output: OutputFormat, counters: bool, neighbours: bool) -> Result<()> {
+    let mut topo = crate::discovery::discover(host, counters)?;
+    if neighbours {
+        crate::discovery::probe_neighbours(&mut topo);
+    }
     let text = render_model(&topo, output)?;
     let mut stdout = std::io::stdout().lock();
     stdout

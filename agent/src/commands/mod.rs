@@ -1,6 +1,7 @@
 //! One module per subcommand; [`run`] dispatches. Errors become one `isthmus: error:` line in `main`.
 
 pub mod agent;
+pub mod controller;
 pub mod discover;
 pub mod render;
 pub mod table;
@@ -16,8 +17,10 @@ pub fn run(command: Command) -> Result<()> {
             host,
             output,
             counters,
-        } => discover::run(&host, output, counters),
+            neighbours,
+        } => discover::run(&host, output, counters, neighbours),
         Command::Render(args) => render::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Controller(c) => controller::run(c),
     }
 }

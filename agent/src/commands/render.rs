@@ -34,11 +34,20 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                 format!("{text}\n"),
                 issues
                     .iter()
-                    .map(|i| format!("slurmd will log: {i}"))
+                    .map(|i| {
+                        if i.slurmd_logs() {
+                            format!("slurmd will log: {i}")
+                        } else {
+                            i.to_string()
+                        }
+                    })
                     .collect(),
             ))
         }
         RenderTarget::Nrt => {
+            // Like `render node`: no CPU or NUMA facts, no object (it would tell schedulers the node is empty).
+            topo.require_cpus()?;
+            let name = slurm.node_name()?;
             let root = isthmus_topology::HostRoot::new(&args.host.host_root);
             let (config, warning) = crate::k8s::kubelet::read_config(&root, &args.kubelet_config);
             let mut warnings: Vec<String> = warning.into_iter().collect();
@@ -58,9 +67,18 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                 None => None,
             };
             let input = crate::k8s::nrt::NrtInputs {
-                node_name: slurm.node_name()?,
+                node_name: name.clone(),
                 node_uid: args.node_uid.clone(),
                 topology_manager: crate::k8s::kubelet::topology_manager(&config),
+                mig_strategy: args.mig_strategy,
+                report: crate::k8s::node_report(
+                    topo,
+                    if args.slurm_report {
+                        Some((name.as_str(), slurm))
+                    } else {
+                        None
+                    },
+                ),
                 allocation,
             };
             let obj = crate::k8s::nrt::render(topo, &input);
@@ -81,7 +99,10 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
 
 /// Run `render`.
 pub fn run(args: &RenderArgs) -> Result<()> {
-    let topo = crate::discovery::discover(&args.host, false)?;
+    let mut topo = crate::discovery::discover(&args.host, false)?;
+    if args.neighbours {
+        crate::discovery::probe_neighbours(&mut topo);
+    }
     let (text, warnings) = render_text(&topo, args)?;
     for w in &warnings {
         eprintln!("isthmus: warning: {w}");

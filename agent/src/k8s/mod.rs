@@ -19,9 +19,51 @@ use tokio_util::sync::CancellationToken;
 
 use kubelet_view::KubeletView;
 
+/// What the node reports to the cluster controller in its NRT: its InfiniBand ports (and their neighbour switches
+/// when learned), its accelerator domain and, when it is a Slurm node, its node definition and gres.conf lines.
+pub fn node_report(
+    topo: &NodeTopology,
+    slurm: Option<(&str, &crate::cli::SlurmArgs)>,
+) -> Vec<isthmus_api::nrt::Attribute> {
+    let (line, gres) = match slurm {
+        Some((name, args)) => {
+            let line = isthmus_gres::node_def::node_line(topo, name, &args.node_options())
+                .ok()
+                .map(|(l, _)| l);
+            let gres = isthmus_gres::gres_conf::records(topo, &args.gres_options())
+                .0
+                .iter()
+                .map(isthmus_gres::GresRecord::line)
+                .collect();
+            (line, gres)
+        }
+        None => (None, Vec::new()),
+    };
+    isthmus_api::fabric::node_report_attributes(
+        topo,
+        topo.accelerator_domain.as_deref(),
+        line.as_deref(),
+        &gres,
+    )
+}
+
+/// What the NRT says besides discovery and the kubelet.
+#[derive(Debug, Clone, Default)]
+pub struct NrtOptions {
+    /// MIG naming of the NVIDIA device plugin.
+    pub mig_strategy: isthmus_topology::MigStrategy,
+    /// The Slurm node name and options, when the node reports its Slurm facts.
+    pub slurm: Option<(String, crate::cli::SlurmArgs)>,
+}
+
 /// The node's NodeResourceTopology for this discovery and this view of the kubelet (no owner reference: the
 /// publisher adds it).
-pub fn nrt_for(node: &str, topo: &NodeTopology, view: &KubeletView) -> NodeResourceTopology {
+pub fn nrt_for(
+    node: &str,
+    topo: &NodeTopology,
+    view: &KubeletView,
+    options: &NrtOptions,
+) -> NodeResourceTopology {
     let allocation = view
         .pod_resources
         .as_ref()
@@ -33,16 +75,19 @@ pub fn nrt_for(node: &str, topo: &NodeTopology, view: &KubeletView) -> NodeResou
             node_uid: None,
             topology_manager: view.topology_manager.clone(),
             allocation,
+            mig_strategy: options.mig_strategy,
+            report: node_report(topo, options.slurm.as_ref().map(|(n, a)| (n.as_str(), a))),
         },
     )
 }
 
 /// Render an object from the latest discovery and kubelet view each time either changes, and send it on `out`
-/// when it differs from the last one.
+/// when it differs from the last one. `render` returns `None` when the discovery cannot be described (no CPU or
+/// NUMA facts): the last object stays.
 pub async fn render_task<K: PartialEq>(
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut kubelet: watch::Receiver<KubeletView>,
-    render: impl Fn(&NodeTopology, &KubeletView) -> K,
+    render: impl Fn(&NodeTopology, &KubeletView) -> Option<K>,
     out: watch::Sender<Option<K>>,
     shutdown: CancellationToken,
 ) {
@@ -52,6 +97,14 @@ pub async fn render_task<K: PartialEq>(
             let obj = {
                 let view = kubelet.borrow_and_update();
                 render(&t, &view)
+            };
+            let Some(obj) = obj else {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    r = topo.changed() => if r.is_err() { return },
+                    r = kubelet.changed() => if r.is_err() { return },
+                }
+                continue;
             };
             out.send_if_modified(|cur| {
                 if cur.as_ref() == Some(&obj) {

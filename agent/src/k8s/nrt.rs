@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use isthmus_api::nrt::{
     Attribute, Cost, FINGERPRINT_METHOD_ALL, NodeResourceTopology, ResourceInfo, Zone,
 };
-use isthmus_topology::{DeviceKind, NodeTopology, NumaNode};
+use isthmus_topology::{DeviceKind, DeviceResource, MigStrategy, NodeTopology, NumaNode};
 
 use super::kubelet::TopologyManager;
 
@@ -34,6 +34,10 @@ pub struct NrtInputs {
     pub topology_manager: TopologyManager,
     /// Kubelet allocation, when the PodResources API answered.
     pub allocation: Option<Allocation>,
+    /// How MIG devices are named (the NVIDIA device plugin's strategy on this node).
+    pub mig_strategy: MigStrategy,
+    /// More node-level attributes (the node's fabric and Slurm report for the controller).
+    pub report: Vec<Attribute>,
 }
 
 /// Kubernetes' hugepages resource name for a page size (`hugepages-2Mi`, `hugepages-1Gi`).
@@ -47,22 +51,9 @@ pub fn hugepages_resource(page_size_bytes: u64) -> String {
     format!("hugepages-{page_size_bytes}")
 }
 
-/// Discovered devices a device plugin's resource name stands for, so that the capacity comes from discovery.
-fn discovered_for(resource: &str) -> Option<(DeviceKind, u16)> {
-    use isthmus_topology::pci_ids::vendor;
-    Some(match resource {
-        "nvidia.com/gpu" => (DeviceKind::Gpu, vendor::NVIDIA),
-        "amd.com/gpu" => (DeviceKind::Gpu, vendor::AMD),
-        "habana.ai/gaudi" => (DeviceKind::Hpu, vendor::HABANA),
-        "cambricon.com/mlu" => (DeviceKind::Mlu, vendor::CAMBRICON),
-        r if r.starts_with("huawei.com/Ascend") => (DeviceKind::Npu, vendor::HUAWEI),
-        _ => return None,
-    })
-}
-
 fn zone_resources(
-    topo: &NodeTopology,
     n: &NumaNode,
+    discovered: &[DeviceResource],
     alloc: Option<&BTreeMap<String, (u64, u64)>>,
 ) -> Vec<ResourceInfo> {
     let hugepage_bytes: u64 = n
@@ -90,18 +81,20 @@ fn zone_resources(
             if capacity.iter().any(|(c, _)| c == name) {
                 continue;
             }
-            // Capacity from discovery where we know which devices the resource stands for, else the kubelet's count.
-            let discovered = discovered_for(name).map(|(kind, vendor)| {
-                topo.devices
-                    .iter()
-                    .filter(|d| {
-                        d.kind == kind && d.vendor_id == vendor && d.numa_node == Some(n.id)
-                    })
-                    .count() as u64
-            });
+            // Capacity from discovery where we know which devices the resource stands for (as the device plugins
+            // name them), else the kubelet's count.
+            let discovered = discovered
+                .iter()
+                .filter(|d| d.numa_node == Some(n.id) && d.name == *name)
+                .map(|d| d.count)
+                .sum::<u64>();
             capacity.push((
                 name.clone(),
-                discovered.filter(|c| *c > 0).unwrap_or(*allocatable),
+                if discovered > 0 {
+                    discovered
+                } else {
+                    *allocatable
+                },
             ));
         }
     }
@@ -161,6 +154,7 @@ fn device_attributes(topo: &NodeTopology, numa: u32) -> Vec<Attribute> {
 /// Render the object. Zones are numbered densely (`node-0` .. `node-N-1`, as consumers index them); when a NUMA
 /// node's OS id differs from its zone number, the zone carries it in `isthmus.io/numa-node`.
 pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
+    let (discovered, _) = isthmus_topology::device_plugin_resources(topo, input.mig_strategy);
     let zone_name = |i: usize| format!("node-{i}");
     let index_of: BTreeMap<u32, usize> = topo
         .numa_nodes
@@ -211,7 +205,7 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
                 name: zone_name(i),
                 zone_type: "Node".into(),
                 costs,
-                resources: zone_resources(topo, n, alloc),
+                resources: zone_resources(n, &discovered, alloc),
                 attributes,
             }
         })
@@ -234,6 +228,7 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
             FINGERPRINT_METHOD_ALL,
         ));
     }
+    attributes.extend(input.report.iter().cloned());
     let mut obj = NodeResourceTopology::named(&input.node_name);
     obj.metadata.owner_references = input.node_uid.as_ref().map(|uid| {
         vec![
