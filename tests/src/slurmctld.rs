@@ -31,13 +31,19 @@ impl Controller {
         let d = dir.path();
         prepare_site(d, &["state", "spool"]);
         let p = d.display();
+        // Callers that define their own partitions put them in `settings`.
+        let partition = if settings.contains("PartitionName=") {
+            ""
+        } else {
+            "PartitionName=all Nodes=ALL Default=YES\n"
+        };
         let conf = format!(
             "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\nAuthType=auth/munge\n\
              AuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
-             StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool\nSlurmctldPidFile={p}/slurmctld.pid\n\
-             SlurmdPidFile={p}/slurmd.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd.log\n\
+             StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool/%n\nSlurmctldPidFile={p}/slurmctld.pid\n\
+             SlurmdPidFile={p}/slurmd-%n.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd-%n.log\n\
              ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\n\
-             {settings}\n{nodes}\nPartitionName=all Nodes=ALL Default=YES\n",
+             {settings}\n{nodes}\n{partition}",
             free_port(),
             free_port()
         );
@@ -76,28 +82,50 @@ impl Controller {
         site.munged = Some(munged);
         let sock = d.join("munge/munge.sock");
         wait_until("munged's socket", Duration::from_secs(20), || sock.exists());
-        let out = std::fs::File::create(d.join("slurmctld.out")).unwrap_or_else(|e| panic!("{e}"));
-        let ctld = Command::new("slurmctld")
-            .args(["-D", "-i", "-f"])
-            .arg(site.conf())
-            .env("SLURM_CONF", site.conf())
+        site.start_slurmctld(true);
+        site
+    }
+
+    /// Start slurmctld (again) and wait until it answers; `clean`: ignore saved state (`-i`), as at first start.
+    pub fn start_slurmctld(&mut self, clean: bool) {
+        let d = self.path().to_path_buf();
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("slurmctld.out"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut cmd = Command::new("slurmctld");
+        cmd.arg("-D");
+        if clean {
+            cmd.arg("-i");
+        }
+        let ctld = cmd
+            .arg("-f")
+            .arg(self.conf())
+            .env("SLURM_CONF", self.conf())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
             .unwrap_or_else(|e| panic!("slurmctld: {e}"));
-        site.slurmctld = Some(ctld);
+        self.slurmctld = Some(ctld);
         wait_until("slurmctld to answer", Duration::from_secs(60), || {
-            if let Some(status) = site
+            if let Some(status) = self
                 .slurmctld
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("slurmctld exited ({status}):\n{}", site.log());
+                panic!("slurmctld exited ({status}):\n{}", self.log());
             }
-            site.scontrol_ok(&["ping"])
+            self.scontrol_ok(&["ping"])
         });
-        site
+    }
+
+    /// Stop slurmctld (SIGTERM, then SIGKILL after 10 s); its saved state stays for [`Self::start_slurmctld`].
+    pub fn stop_slurmctld(&mut self) {
+        if let Some(child) = self.slurmctld.take() {
+            stop(child);
+        }
     }
 
     /// The directory.
@@ -140,23 +168,27 @@ impl Controller {
     }
 }
 
+/// SIGTERM a child, SIGKILL it after 10 s, and reap it.
+pub fn stop(mut child: Child) {
+    crate::slurm::term(child.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 impl Drop for Controller {
     fn drop(&mut self) {
         for child in [self.slurmctld.take(), self.munged.take()]
             .into_iter()
             .flatten()
         {
-            let mut child = child;
-            crate::slurm::term(child.id());
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while std::time::Instant::now() < deadline {
-                if child.try_wait().ok().flatten().is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            stop(child);
         }
     }
 }

@@ -1,0 +1,225 @@
+//! A throw-away Slurm cluster that runs jobs: Debian's munged and slurmctld ([`crate::slurmctld::Controller`]) plus
+//! one real `slurmd` per node, all on loopback (each slurmd on its own port), with fake GPU device files so that
+//! GRES can be allocated. For tests of what reads and changes Slurm's state: node states, drains, jobs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::free_port;
+use crate::slurm::wait_until;
+use crate::slurmctld::{Controller, stop};
+
+/// One node of the cluster.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// Node name.
+    pub name: String,
+    /// CPUs.
+    pub cpus: u32,
+    /// GPUs (`Gres=gpu:N`, files `dev/nvidia0..N-1`, at most 8).
+    pub gpus: u32,
+    /// RealMemory, MiB.
+    pub memory_mib: u64,
+}
+
+impl NodeSpec {
+    /// A node with `cpus` CPUs, `gpus` GPUs and 1000 MiB.
+    pub fn new(name: &str, cpus: u32, gpus: u32) -> Self {
+        Self {
+            name: name.to_owned(),
+            cpus,
+            gpus,
+            memory_mib: 1000,
+        }
+    }
+}
+
+/// slurmctld + munged + one slurmd per node; everything stopped when dropped.
+#[derive(Debug)]
+pub struct Cluster {
+    ctld: Controller,
+    nodes: Vec<NodeSpec>,
+    slurmds: BTreeMap<String, Child>,
+}
+
+impl Cluster {
+    /// Start a cluster of `nodes` with extra slurm.conf `settings` (which may define partitions: `PartitionName=`;
+    /// otherwise one default partition `all` holds every node) and wait until every node is IDLE.
+    pub fn start(nodes: &[NodeSpec], settings: &str) -> Self {
+        assert!(
+            crate::ibsim::which("slurmd").is_some(),
+            "slurmd is not installed: install Debian's slurmd (bash .ci/run does)"
+        );
+        let mut node_lines = String::new();
+        let mut gres = String::new();
+        for n in nodes {
+            assert!(n.gpus <= 8, "at most 8 fake GPUs per node");
+            node_lines.push_str(&format!(
+                "NodeName={} NodeAddr=127.0.0.1 Port={} CPUs={} RealMemory={}{}\n",
+                n.name,
+                free_port(),
+                n.cpus,
+                n.memory_mib,
+                if n.gpus > 0 {
+                    format!(" Gres=gpu:{}", n.gpus)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        // config_overrides: the nodes are declared bigger than this machine; slurmd reports what slurm.conf says.
+        let settings = format!(
+            "GresTypes=gpu\nReturnToService=2\nSlurmdTimeout=30\nSlurmdParameters=config_overrides\n{settings}"
+        );
+        let ctld = Controller::start(&settings, &node_lines, &[]);
+        let dev = ctld.path().join("dev");
+        for n in nodes.iter().filter(|n| n.gpus > 0) {
+            gres.push_str(&format!(
+                "NodeName={} Name=gpu File={}/nvidia[0-{}]\n",
+                n.name,
+                dev.display(),
+                n.gpus - 1
+            ));
+        }
+        std::fs::write(ctld.path().join("gres.conf"), gres).unwrap_or_else(|e| panic!("{e}"));
+        let mut cluster = Self {
+            ctld,
+            nodes: nodes.to_vec(),
+            slurmds: BTreeMap::new(),
+        };
+        for n in nodes {
+            cluster.start_slurmd(&n.name);
+        }
+        for n in nodes {
+            cluster.wait_state(&n.name, "IDLE", |s| {
+                s.starts_with("IDLE") && !s.contains("DRAIN") && !s.contains("NOT_RESPONDING")
+            });
+        }
+        cluster
+    }
+
+    /// The controller (slurm.conf, logs, slurmctld stop/start).
+    pub fn controller(&mut self) -> &mut Controller {
+        &mut self.ctld
+    }
+
+    /// slurm.conf, for `SLURM_CONF`.
+    pub fn conf(&self) -> PathBuf {
+        self.ctld.conf()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[NodeSpec] {
+        &self.nodes
+    }
+
+    /// Start (or restart) the slurmd of `name`.
+    pub fn start_slurmd(&mut self, name: &str) {
+        self.stop_slurmd(name);
+        let d = self.ctld.path().to_path_buf();
+        std::fs::create_dir_all(d.join("spool").join(name)).unwrap_or_else(|e| panic!("{e}"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join(format!("slurmd-{name}.out")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new("slurmd")
+            .args(["-D", "-N", name, "-f"])
+            .arg(self.conf())
+            .env("SLURM_CONF", self.conf())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("slurmd: {e}"));
+        self.slurmds.insert(name.to_owned(), child);
+    }
+
+    /// Stop the slurmd of `name` (SIGTERM, then SIGKILL).
+    pub fn stop_slurmd(&mut self, name: &str) {
+        if let Some(child) = self.slurmds.remove(name) {
+            stop(child);
+        }
+    }
+
+    /// Run a Slurm client program (`scontrol`, `squeue`, `sbatch`, `scancel`, ...) against this cluster.
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        Command::new("timeout")
+            .arg("60")
+            .arg(program)
+            .args(args)
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
+    }
+
+    /// Like [`Self::run`], asserting success; returns stdout.
+    pub fn run_ok(&self, program: &str, args: &[&str]) -> String {
+        let out = self.run(program, args);
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `scontrol show node NAME` as key → value.
+    pub fn node(&self, name: &str) -> BTreeMap<String, String> {
+        let text = String::from_utf8_lossy(&self.run("scontrol", &["show", "node", name]).stdout)
+            .into_owned();
+        let mut map = BTreeMap::new();
+        // `Reason=` runs to the end of its line and may hold spaces.
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(reason) = line.strip_prefix("Reason=") {
+                map.insert("Reason".to_owned(), reason.to_owned());
+                continue;
+            }
+            for kv in line.split_whitespace() {
+                if let Some((k, v)) = kv.split_once('=') {
+                    map.insert(k.to_owned(), v.to_owned());
+                }
+            }
+        }
+        map
+    }
+
+    /// The node's `State=` (e.g. `IDLE`, `IDLE+DRAIN`, `MIXED`).
+    pub fn state(&self, name: &str) -> String {
+        self.node(name).get("State").cloned().unwrap_or_default()
+    }
+
+    /// Wait (90 s at most) until the node's state satisfies `ok`.
+    pub fn wait_state(&self, name: &str, what: &str, ok: impl Fn(&str) -> bool) {
+        let mut last = String::new();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_until(
+                &format!("node {name} to be {what}"),
+                Duration::from_secs(90),
+                || {
+                    last = self.state(name);
+                    ok(&last)
+                },
+            )
+        }));
+        if result.is_err() {
+            panic!(
+                "node {name} never became {what} (last state {last:?})\n{}",
+                self.ctld.log()
+            );
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.slurmds.keys().cloned().collect();
+        for n in names {
+            self.stop_slurmd(&n);
+        }
+    }
+}
