@@ -295,6 +295,12 @@ impl ApiServer {
         audit::writes_by(&self.audit_log(), user, since)
     }
 
+    /// Every request (reads, watches and writes) a ServiceAccount's `user` made at or after `since`, from the audit
+    /// log: what a component under test really asked of the API server, to compare with its RBAC.
+    pub fn requests_by(&self, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+        audit::events_by(&self.audit_log(), user, since, true)
+    }
+
     /// The audit log (JSON lines, one event per write).
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")

@@ -1,7 +1,7 @@
 //! `deploy/daemonset` as an operator gets it: rendered by the real `kubectl kustomize`, as YAML documents.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 use serde_yaml_ng::Value;
 
@@ -230,4 +230,71 @@ pub fn cap_mask(caps: &[String]) -> u64 {
             cap.bitmask()
         })
         .fold(0, |a, b| a | b)
+}
+
+/// Start the agent as the DaemonSet's container starts it: exactly `caps`, its args (downward-API references
+/// expanded) plus `extra_args`, its literal environment with the host-specific values in `overrides`, the
+/// downward-API variables from `downward`, and the API server through `kubeconfig`. Its stderr goes to `log`.
+pub fn start_as_in_the_pod(
+    agent: &Value,
+    caps: &[String],
+    extra_args: &[String],
+    overrides: &[(&str, String)],
+    downward: &[(&str, &str)],
+    kubeconfig: &Path,
+    log: &Path,
+) -> Child {
+    let mut cmd = with_capabilities(caps);
+    cmd.arg(crate::isthmus_bin())
+        .args(container_args(agent, downward))
+        .args(extra_args);
+    let (env, _) = container_env(agent);
+    for (k, v) in env {
+        let v = overrides
+            .iter()
+            .find(|(name, _)| *name == k)
+            .map_or(v, |(_, value)| value.clone());
+        cmd.env(k, v);
+    }
+    cmd.envs(downward.iter().copied())
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("HWLOC_FSROOT")
+        .env_remove("HWLOC_COMPONENTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("setpriv: {e}"))
+}
+
+/// A child process killed (SIGTERM, then SIGKILL after 10 s) and reaped when dropped.
+#[derive(Debug)]
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        crate::slurm::term(self.0.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `deploy/daemonset` applied to `api` (`kubectl apply -k`, once per server and test process) and a kubeconfig that
+/// authenticates as the agent's shipped ServiceAccount (`isthmus-system/isthmus`, a TokenRequest token).
+pub fn install_agent(api: &crate::apiserver::ApiServer) -> PathBuf {
+    static APPLIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    {
+        let mut applied = APPLIED.lock().unwrap_or_else(|e| e.into_inner());
+        if !applied.contains(&api.url()) {
+            api.apply_kustomize(&deploy_dir());
+            api.wait_for_crd("noderesourcetopologies.topology.node.k8s.io");
+            applied.push(api.url());
+        }
+    }
+    api.kubeconfig_for_token(&api.token_for("isthmus-system", "isthmus"))
 }

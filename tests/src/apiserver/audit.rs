@@ -1,5 +1,5 @@
-//! The test server's audit log: a policy that records every write at level Metadata (nothing else), and a reader of
-//! the JSON-lines log it produces.
+//! The test server's audit log: a policy that records every write, and every request of a ServiceAccount (so that
+//! a test can list exactly what a component asked for), at level Metadata; and a reader of the JSON-lines log.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -7,8 +7,9 @@ use std::time::SystemTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde::Deserialize;
 
-/// `--audit-policy-file`: writes (create, update, patch, delete, deletecollection) at level Metadata, once each
-/// (when the response is complete); reads are not recorded.
+/// `--audit-policy-file`: writes (create, update, patch, delete, deletecollection) of anyone and every request of a
+/// ServiceAccount at level Metadata, once each (when the response is complete; a watch also when it starts); other
+/// reads are not recorded.
 pub(super) const POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -16,6 +17,8 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
+  - level: Metadata
+    userGroups: [\"system:serviceaccounts\"]
   - level: None
 ";
 
@@ -35,6 +38,12 @@ pub struct AuditEvent {
     pub user: String,
     /// When the server received the request.
     pub time: SystemTime,
+    /// The API group of the object (`""` for the core group; empty for non-resource requests too).
+    pub group: String,
+    /// The resource (`nodes`, `noderesourcetopologies`), empty for non-resource requests (`/apis/...`).
+    pub resource: String,
+    /// The subresource (`status`, `binding`), if any.
+    pub subresource: String,
 }
 
 #[derive(Deserialize)]
@@ -47,6 +56,19 @@ struct RawEvent {
     user: RawUser,
     response_status: Option<RawStatus>,
     request_received_timestamp: MicroTime,
+    #[serde(default)]
+    object_ref: Option<RawObjectRef>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RawObjectRef {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    api_group: String,
+    #[serde(default)]
+    subresource: String,
 }
 
 #[derive(Deserialize)]
@@ -60,25 +82,40 @@ struct RawStatus {
     code: Option<u16>,
 }
 
-/// Write events of `user` received at or after `since`, in log order. Lines that are not complete audit events
-/// (one being written, say) are skipped.
-pub(super) fn writes_by(log: &Path, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+/// Events of `user` received at or after `since`, in log order: every request (`all`) or only writes. Lines that
+/// are not complete audit events (one being written, say) are skipped; a watch counts once (when it started).
+pub(super) fn events_by(log: &Path, user: &str, since: SystemTime, all: bool) -> Vec<AuditEvent> {
     let text = std::fs::read(log)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<RawEvent>(l).ok())
-        .filter(|e| e.stage == "ResponseComplete" || e.stage == "Panic")
-        .filter(|e| WRITE_VERBS.contains(&e.verb.as_str()) && e.user.username == user)
-        .map(|e| AuditEvent {
-            verb: e.verb,
-            uri: e.request_uri,
-            code: e.response_status.and_then(|s| s.code).unwrap_or(0),
-            user: e.user.username,
-            time: SystemTime::from(e.request_received_timestamp.0),
+        .filter(|e| {
+            let watch_start = e.verb == "watch" && e.stage == "ResponseStarted";
+            let done = e.verb != "watch" && (e.stage == "ResponseComplete" || e.stage == "Panic");
+            watch_start || done
+        })
+        .filter(|e| (all || WRITE_VERBS.contains(&e.verb.as_str())) && e.user.username == user)
+        .map(|e| {
+            let o = e.object_ref.unwrap_or_default();
+            AuditEvent {
+                verb: e.verb,
+                uri: e.request_uri,
+                code: e.response_status.and_then(|s| s.code).unwrap_or(0),
+                user: e.user.username,
+                time: SystemTime::from(e.request_received_timestamp.0),
+                group: o.api_group,
+                resource: o.resource,
+                subresource: o.subresource,
+            }
         })
         .filter(|e| e.time >= since)
         .collect()
+}
+
+/// Write events of `user` received at or after `since`, in log order.
+pub(super) fn writes_by(log: &Path, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+    events_by(log, user, since, false)
 }
 
 #[cfg(test)]

@@ -1,0 +1,281 @@
+//! `deploy/daemonset` as an operator gets it, checked offline: every variant renders with the real `kubectl
+//! kustomize`, validates against the Kubernetes schemas (`kubernetes-validate`, from PyPI) and the upstream NRT CRD,
+//! its objects refer to each other correctly, the ClusterRole grants exactly the agent's API calls, and the
+//! DaemonSet is least privilege and safe to roll out. (Applied to a real API server: `tests/tests/apiserver.rs`; run
+//! with exactly the granted capabilities: `tests/tests/deploy_runtime.rs`.)
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use isthmus_tests::deploy::{
+    VARIANTS, added_capabilities, agent_container, at, container_env, of_kind, one, render,
+    render_text,
+};
+use isthmus_tests::fixtures;
+use serde_yaml_ng::Value;
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+#[test]
+fn every_variant_renders_and_validates_against_the_kubernetes_schemas() {
+    let default = render_text(".");
+    assert_eq!(
+        default,
+        render_text("overlays/kubernetes-only"),
+        "deploy/daemonset is the Kubernetes-only variant"
+    );
+    for (name, sub) in VARIANTS {
+        let text = render_text(sub);
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, &text).unwrap_or_else(|e| panic!("{e}"));
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "-k", "1.33.0"])
+            .arg(&file)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("kubernetes-validate could not run ({e}); `make deploy-tools` installs it")
+            });
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{name}: {report}");
+        let docs = render(sub);
+        let passed = report
+            .lines()
+            .filter(|l| l.contains(" passed for "))
+            .count();
+        let unknown: Vec<&str> = report
+            .lines()
+            .filter(|l| l.contains("Couldn't find schema"))
+            .collect();
+        // kubernetes-validate knows every built-in kind; the CRD's own objects are validated by the API server.
+        assert!(unknown.is_empty(), "{name}: {unknown:?}");
+        assert_eq!(passed + unknown.len(), docs.len(), "{name}: {report}");
+        check_references(name, &docs);
+    }
+}
+
+/// What the schemas cannot see: labels, selectors and port names that must agree across objects.
+fn check_references(variant: &str, docs: &[Value]) {
+    let ns = s(at(one(docs, "Namespace"), "metadata/name"));
+    for d in docs {
+        let kind = s(at(d, "kind"));
+        let cluster_scoped = [
+            "Namespace",
+            "CustomResourceDefinition",
+            "ClusterRole",
+            "ClusterRoleBinding",
+        ];
+        if !cluster_scoped.contains(&kind) {
+            assert_eq!(s(at(d, "metadata/namespace")), ns, "{variant}: {kind}");
+        }
+    }
+    let ds = one(docs, "DaemonSet");
+    let pod_labels = at(ds, "spec/template/metadata/labels");
+    let matches = |selector: &Value, labels: &Value| {
+        selector
+            .as_mapping()
+            .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+    };
+    assert!(matches(at(ds, "spec/selector/matchLabels"), pod_labels));
+    let svc = one(docs, "Service");
+    assert!(matches(at(svc, "spec/selector"), pod_labels), "{variant}");
+    let container = agent_container(docs);
+    let port_names: Vec<&str> = at(container, "ports")
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(|p| s(at(p, "name")))
+        .collect();
+    assert!(port_names.contains(&s(at(svc, "spec/ports/0/targetPort"))));
+    assert!(
+        of_kind(docs, "ServiceMonitor").is_empty(),
+        "{variant}: the ServiceMonitor is optional (deploy/daemonset/monitoring)"
+    );
+    // The optional ServiceMonitor (applied on its own where the Prometheus Operator runs) selects this Service.
+    let monitoring = render("monitoring");
+    let sm = one(&monitoring, "ServiceMonitor");
+    assert_eq!(monitoring.len(), 1);
+    assert_eq!(s(at(sm, "metadata/namespace")), ns);
+    assert!(matches(
+        at(sm, "spec/selector/matchLabels"),
+        at(svc, "metadata/labels")
+    ));
+    assert_eq!(
+        s(at(sm, "spec/endpoints/0/port")),
+        s(at(svc, "spec/ports/0/name"))
+    );
+    assert_eq!(s(at(sm, "spec/endpoints/0/path")), "/metrics");
+    assert_eq!(s(at(sm, "spec/namespaceSelector/matchNames/0")), ns);
+    let np = one(docs, "NetworkPolicy");
+    assert!(matches(at(np, "spec/podSelector/matchLabels"), pod_labels));
+    let crb = one(docs, "ClusterRoleBinding");
+    assert_eq!(
+        s(at(crb, "subjects/0/name")),
+        s(at(ds, "spec/template/spec/serviceAccountName"))
+    );
+    assert_eq!(s(at(crb, "subjects/0/namespace")), ns);
+    assert_eq!(
+        s(at(crb, "roleRef/name")),
+        s(at(one(docs, "ClusterRole"), "metadata/name"))
+    );
+    // The CRD is the upstream one our objects are validated against (tests/tests/nrt.rs).
+    let upstream: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(
+            fixtures().join("reference/noderesourcetopology-api_manifests_crd.yaml"),
+        )
+        .unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(one(docs, "CustomResourceDefinition"), &upstream);
+}
+
+#[test]
+fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
+    let want: BTreeSet<(String, String, String)> = isthmus_agent::k8s::access::API_ACCESS
+        .iter()
+        .flat_map(|a| {
+            a.verbs
+                .iter()
+                .map(|v| (a.group.to_owned(), a.resource.to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    for (name, sub) in VARIANTS {
+        let docs = render(sub);
+        assert!(of_kind(&docs, "Role").is_empty() && of_kind(&docs, "RoleBinding").is_empty());
+        let role = one(&docs, "ClusterRole");
+        let mut granted = BTreeSet::new();
+        for rule in at(role, "rules").as_sequence().into_iter().flatten() {
+            assert!(
+                rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(),
+                "{name}: {rule:?}"
+            );
+            let list = |k: &str| -> Vec<String> {
+                at(rule, k)
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| s(v).to_owned())
+                    .collect()
+            };
+            for g in list("apiGroups") {
+                for r in list("resources") {
+                    for v in list("verbs") {
+                        assert!(
+                            g != "*" && r != "*" && v != "*",
+                            "{name}: wildcard in {rule:?}"
+                        );
+                        granted.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+        assert_eq!(granted, want, "{name}: ClusterRole vs agent/src/access.rs");
+    }
+}
+
+#[test]
+fn the_daemonset_is_least_privilege_and_safe_to_roll_out() {
+    let slurm_caps: Vec<String> = {
+        let mut v: Vec<String> = isthmus_agent::privileges::SLURM_CAPABILITIES
+            .iter()
+            .map(|n| n.cap.to_string().trim_start_matches("CAP_").to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    for (name, sub) in VARIANTS {
+        let docs = render(sub);
+        let ds = one(&docs, "DaemonSet");
+        let pod = at(ds, "spec/template/spec");
+        let slurm = name == "kubernetes-slurm";
+        let mut containers: Vec<&Value> = at(pod, "containers")
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .collect();
+        containers.extend(
+            at(pod, "initContainers")
+                .as_sequence()
+                .into_iter()
+                .flatten(),
+        );
+        for c in &containers {
+            let sc = at(c, "securityContext");
+            let cname = s(at(c, "name"));
+            assert_eq!(
+                at(sc, "capabilities/drop"),
+                &Value::Sequence(vec!["ALL".into()]),
+                "{name}/{cname}"
+            );
+            assert_eq!(at(sc, "readOnlyRootFilesystem").as_bool(), Some(true));
+            assert_eq!(at(sc, "allowPrivilegeEscalation").as_bool(), Some(false));
+            assert_ne!(at(sc, "privileged").as_bool(), Some(true));
+            assert!(!at(c, "resources/requests/memory").is_null());
+        }
+        let agent = agent_container(&docs);
+        let added = added_capabilities(agent);
+        if slurm {
+            assert_eq!(
+                added, slurm_caps,
+                "the overlay grants agent/src/privileges.rs's list"
+            );
+        } else {
+            assert!(added.is_empty(), "{name}: {added:?}");
+            assert!(!at(agent, "resources/limits/memory").is_null());
+        }
+        // The node name from the downward API; host paths read-only except Slurm's writable directories.
+        let (_, downward) = container_env(agent);
+        assert!(downward.contains(&"NODE_NAME".to_owned()));
+        let node_name = at(agent, "env")
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|e| s(at(e, "name")) == "NODE_NAME")
+            .map(|e| s(at(e, "valueFrom/fieldRef/fieldPath")).to_owned());
+        assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
+        let host_volumes: Vec<&str> = at(pod, "volumes")
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("hostPath").is_some())
+            .map(|v| s(at(v, "name")))
+            .collect();
+        assert!(host_volumes.len() >= 4);
+        for c in &containers {
+            for m in at(c, "volumeMounts").as_sequence().into_iter().flatten() {
+                if host_volumes.contains(&s(at(m, "name"))) {
+                    assert_eq!(at(m, "readOnly").as_bool(), Some(true), "{name}: {m:?}");
+                }
+            }
+        }
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let path = s(at(agent, &format!("{probe}/httpGet/path")));
+            assert!(path == "/healthz" || path == "/readyz", "{probe}: {path}");
+        }
+        assert_eq!(s(at(agent, "livenessProbe/httpGet/path")), "/healthz");
+        assert_eq!(s(at(agent, "readinessProbe/httpGet/path")), "/readyz");
+        assert_eq!(at(pod, "hostPID").as_bool(), Some(false));
+        assert_eq!(at(pod, "hostNetwork").as_bool(), Some(slurm));
+        assert!(
+            at(pod, "tolerations")
+                .as_sequence()
+                .is_some_and(|t| !t.is_empty())
+        );
+        // Never the whole cluster at once: a bounded rolling update, or (Slurm) only pods an operator deletes.
+        let strategy = at(ds, "spec/updateStrategy");
+        if slurm {
+            assert_eq!(s(at(strategy, "type")), "OnDelete");
+        } else {
+            assert_eq!(s(at(strategy, "type")), "RollingUpdate");
+            let max = s(at(strategy, "rollingUpdate/maxUnavailable"));
+            let pct: u32 = max.trim_end_matches('%').parse().unwrap_or(100);
+            assert!(max.ends_with('%') && pct <= 25, "maxUnavailable {max}");
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The images and manifests through a security scan and a package check: `checkov` (from PyPI) fails only checks
+//! that `docs/deploy.md` explains and accepts, and the Containerfile's runtime stages install exactly the Debian
+//! packages that provide what the binary links and runs.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use isthmus_tests::deploy::{VARIANTS, render_text};
+use isthmus_tests::{isthmus_bin, repo_root};
+
+/// checkov's failed checks per target, and the table of accepted ones in docs/deploy.md.
+#[test]
+fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
+    // checkov skips hidden directories, such as tempfile's default `.tmpXXXX`.
+    let dir = tempfile::Builder::new()
+        .prefix("isthmus-checkov-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (name, sub) in VARIANTS.iter().skip(1) {
+        std::fs::write(dir.path().join(format!("{name}.yaml")), render_text(sub))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let docker = dir.path().join("containerfile");
+    std::fs::create_dir_all(&docker).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::copy(repo_root().join("Containerfile"), docker.join("Dockerfile"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new("checkov")
+        .arg("-d")
+        .arg(dir.path())
+        .args([
+            "--framework",
+            "kubernetes",
+            "dockerfile",
+            "--quiet",
+            "--compact",
+            "-o",
+            "json",
+        ])
+        .env("BC_SKIP_MAPPING", "TRUE")
+        .output()
+        .unwrap_or_else(|e| panic!("checkov could not run ({e}); `make deploy-tools` installs it"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "checkov output: {e}\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let reports = match json {
+        serde_json::Value::Array(a) => a,
+        other => vec![other],
+    };
+    let mut failed = BTreeSet::new();
+    let mut passed = 0;
+    for r in &reports {
+        passed += r["summary"]["passed"].as_u64().unwrap_or(0);
+        assert_eq!(
+            r["summary"]["parsing_errors"].as_u64().unwrap_or(0),
+            0,
+            "{r}"
+        );
+        for c in r["results"]["failed_checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let file = c["file_path"].as_str().unwrap_or_default();
+            let target = if file.contains("Dockerfile") {
+                "Containerfile".to_owned()
+            } else {
+                file.trim_start_matches('/')
+                    .trim_end_matches(".yaml")
+                    .to_owned()
+            };
+            failed.insert((
+                c["check_id"].as_str().unwrap_or_default().to_owned(),
+                target,
+            ));
+        }
+    }
+    let summaries: Vec<String> = reports
+        .iter()
+        .map(|r| format!("{} {}", r["check_type"], r["summary"]))
+        .collect();
+    assert!(
+        passed > 100 && reports.len() == 2,
+        "checkov ran too few checks: {summaries:?}"
+    );
+    let docs = std::fs::read_to_string(repo_root().join("docs/deploy.md")).unwrap_or_default();
+    let mut accepted = BTreeSet::new();
+    for line in docs.lines().filter(|l| l.starts_with("| CKV")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (id, targets, why) = (cells[1], cells[3], cells[4]);
+        assert!(why.len() > 20, "{id}: the reason must say why");
+        for t in targets.split(',').map(str::trim) {
+            accepted.insert((id.to_owned(), t.trim_matches('`').to_owned()));
+        }
+    }
+    let unexplained: Vec<_> = failed.difference(&accepted).collect();
+    assert!(
+        unexplained.is_empty(),
+        "failed and not accepted in docs/deploy.md: {unexplained:?}"
+    );
+    let stale: Vec<_> = accepted.difference(&failed).collect();
+    assert!(
+        stale.is_empty(),
+        "accepted in docs/deploy.md but no longer failing: {stale:?}"
+    );
+}
+
+/// The Containerfile's runtime stages install exactly the packages that provide what the binary and the agent use.
+#[test]
+fn the_runtime_images_hold_what_the_binary_links_and_runs() {
+    let text = std::fs::read_to_string(repo_root().join("Containerfile")).unwrap_or_default();
+    let mut stage = String::new();
+    let mut installed: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("FROM ") {
+            stage = rest.rsplit(' ').next().unwrap_or_default().to_owned();
+        }
+        if let Some((_, pkgs)) = line.split_once("--no-install-recommends ") {
+            let pkgs = pkgs.split("&&").next().unwrap_or_default();
+            installed.entry(stage.clone()).or_default().extend(
+                pkgs.split_whitespace()
+                    .filter(|w| *w != "\\")
+                    .map(str::to_owned),
+            );
+        }
+    }
+    let runtime = installed.get("runtime").cloned().unwrap_or_default();
+    let slurm: Vec<String> = runtime
+        .iter()
+        .chain(installed.get("runtime-slurm").into_iter().flatten())
+        .cloned()
+        .collect();
+    // Every shared library the binary needs, and the package that ships it here (Debian bookworm, as the image).
+    let ldd = Command::new("ldd")
+        .arg(isthmus_bin())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let base = ["libc6", "libgcc-s1"];
+    let mut needed = BTreeSet::new();
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        let Some(path) = line
+            .split("=>")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        else {
+            continue;
+        };
+        needed.insert(package_of(Path::new(path)));
+    }
+    assert!(needed.contains("libhwloc15"), "{needed:?}");
+    for p in &needed {
+        assert!(
+            base.contains(&p.as_str()) || runtime.contains(p),
+            "{p} is linked but not installed in the runtime stage ({runtime:?})"
+        );
+    }
+    // The Slurm image: the programs the agent runs.
+    for program in ["slurmd", "slurmstepd", "munged", "scontrol"] {
+        let path = which(program);
+        let pkg = package_of(&path);
+        assert!(
+            slurm.contains(&pkg),
+            "{program} comes from {pkg}, not installed in runtime-slurm"
+        );
+    }
+}
+
+fn which(program: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    std::fs::canonicalize(&p).unwrap_or(p)
+}
+
+/// The Debian package owning `path` (tries the path, its canonical form and the merged-/usr twin).
+fn package_of(path: &Path) -> String {
+    let mut candidates = vec![path.to_path_buf()];
+    if let Ok(c) = std::fs::canonicalize(path) {
+        candidates.push(c);
+    }
+    for c in candidates.clone() {
+        let t = c.display().to_string();
+        if let Some(rest) = t.strip_prefix("/usr") {
+            candidates.push(PathBuf::from(rest));
+        } else {
+            candidates.push(PathBuf::from(format!("/usr{t}")));
+        }
+    }
+    for c in candidates {
+        let out = Command::new("dpkg").arg("-S").arg(&c).output();
+        if let Ok(o) = out
+            && o.status.success()
+        {
+            let text = String::from_utf8_lossy(&o.stdout);
+            if let Some(pkg) = text.lines().next().and_then(|l| l.split(':').next()) {
+                return pkg.to_owned();
+            }
+        }
+    }
+    panic!("no Debian package owns {}", path.display());
+}
