@@ -1,6 +1,7 @@
 //! `isthmus agent` publishing its NodeResourceTopology to a loopback stand-in for the API server, with an in-test
-//! kubelet: one apply at start (owner reference to the Node), nothing while nothing changes, one apply after a pod-set
-//! change, and convergence after the API server failed for a while.
+//! kubelet. The stand-in is kept for what a real API server cannot be made to do on demand: answer 500 and then 403
+//! for a while (the agent counts the failures, stays healthy and converges once the server recovers). Everything
+//! else runs against the real kube-apiserver in `tests/tests/agent_kube.rs`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

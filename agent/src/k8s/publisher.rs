@@ -186,6 +186,9 @@ impl Default for Pacing {
     }
 }
 
+/// A restore this soon after the previous one counts as a fight with another writer.
+const RESTORE_QUIET: Duration = Duration::from_secs(2);
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -217,6 +220,27 @@ pub async fn run<K: Published>(
     let mut not_before: Option<Instant> = None;
     let mut last_apply: Option<Instant> = None;
     let mut watch_failing = false;
+    // A restore is applied at once; when restores follow each other (another writer keeps changing the object,
+    // e.g. a second NRT producer on the node), each waits twice as long as the one before, up to about a minute.
+    let mut urgent = false;
+    let mut last_restore: Option<Instant> = None;
+    let mut fights: u32 = 0;
+    let mut restore = |urgent: &mut bool, not_before: &mut Option<Instant>| {
+        fights = match last_restore {
+            Some(t) if t.elapsed() < RESTORE_QUIET => fights.saturating_add(1),
+            _ => 0,
+        };
+        last_restore = Some(Instant::now());
+        if fights == 0 {
+            *urgent = true;
+            *not_before = None;
+        } else {
+            if fights == 3 {
+                tracing::warn!(object = K::METRIC, name = %node, "another writer keeps changing the object; restoring it ever more slowly");
+            }
+            *not_before = Some(Instant::now() + pacing.min_interval * 2u32.pow(fights.min(7)));
+        }
+    };
     loop {
         let wait = if dirty { not_before } else { None };
         tokio::select! {
@@ -233,7 +257,7 @@ pub async fn run<K: Published>(
                     metrics.record_publication(K::METRIC, Publication::Restored);
                     publisher.forget(true);
                     dirty = true;
-                    not_before = None;
+                    restore(&mut urgent, &mut not_before);
                 }
                 Some(Ok(watcher::Event::Apply(live) | watcher::Event::InitApply(live))) => {
                     watch_failing = false;
@@ -242,7 +266,7 @@ pub async fn run<K: Published>(
                         metrics.record_publication(K::METRIC, Publication::Restored);
                         publisher.forget(false);
                         dirty = true;
-                        not_before = None;
+                        restore(&mut urgent, &mut not_before);
                     }
                 }
                 Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
@@ -259,12 +283,16 @@ pub async fn run<K: Published>(
         if !dirty || not_before.is_some_and(|t| Instant::now() < t) {
             continue;
         }
-        if let Some(t) = last_apply.map(|t| t + pacing.min_interval) {
-            if Instant::now() < t {
+        let paced = last_apply
+            .map(|t| t + pacing.min_interval)
+            .filter(|t| Instant::now() < *t);
+        if let Some(t) = paced {
+            if !urgent {
                 not_before = Some(t);
                 continue;
             }
         }
+        urgent = false;
         let Some(obj) = desired.borrow_and_update().clone() else {
             continue;
         };

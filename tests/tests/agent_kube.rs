@@ -1,0 +1,271 @@
+//! The agent and the real kube-apiserver: the agent runs as the Kubernetes-only DaemonSet starts it (its args and
+//! environment, no capability) and authenticates as the shipped ServiceAccount. Its NRT is created with the Node as
+//! owner and accepted by the server's schema validation; a deleted or edited NRT is put back at once; a pod-set
+//! change is published; an idle minute costs no write; every request it made is one `agent/src/k8s/access.rs`
+//! lists; and it converges after the API server restarts.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_tests::apiserver::{ApiServer, client_for, service_account_user};
+use isthmus_tests::deploy::{
+    Reaped, added_capabilities, agent_container, install_agent, render, start_as_in_the_pod,
+};
+use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
+use isthmus_tests::slurm::wait_until;
+use isthmus_tests::{fixtures, free_port, http_get};
+use kube::Api;
+use kube::api::DeleteParams;
+
+/// The test's runtime for its own API calls (the harness and the in-test kubelet run their own).
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+fn agent_user() -> String {
+    service_account_user("isthmus-system", "isthmus")
+}
+
+/// An agent on the 8×H100 fixture with an in-test kubelet, as the DaemonSet starts it.
+struct Running {
+    _agent: Reaped,
+    _kubelet_rt: tokio::runtime::Runtime,
+    kubelet: FakeKubelet,
+    listen: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn start_agent(kubeconfig: &Path, node: &str) -> Running {
+    let docs = render("overlays/kubernetes-only");
+    let container = agent_container(&docs);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        *pods = vec![pod("ml", "trainer-0", &[0, 1], &[1, 2, 3])];
+    }
+    let kubelet_rt = serve(&socket, kubelet.clone());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("agent.log");
+    let root = fixtures().join("hosts/xe9680-8xh100/root");
+    let child = start_as_in_the_pod(
+        container,
+        &added_capabilities(container),
+        &[],
+        &[
+            ("ISTHMUS_HOST_ROOT", root.display().to_string()),
+            ("ISTHMUS_POD_RESOURCES_SOCKET", socket.display().to_string()),
+            ("ISTHMUS_LISTEN", listen.clone()),
+        ],
+        &[("NODE_NAME", node)],
+        kubeconfig,
+        &log,
+    );
+    Running {
+        _agent: Reaped(child),
+        _kubelet_rt: kubelet_rt,
+        kubelet,
+        listen,
+        log,
+        _dir: dir,
+    }
+}
+
+impl Running {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn fingerprint(o: &NodeResourceTopology) -> String {
+    o.attribute("nodeTopologyPodsFingerprint")
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Poll the live NRT (every 10 ms) until `ok`; returns it and how long it took.
+async fn until(
+    api: &Api<NodeResourceTopology>,
+    name: &str,
+    what: &str,
+    ok: impl Fn(&NodeResourceTopology) -> bool,
+) -> (NodeResourceTopology, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(o)) = api.get_opt(name).await {
+            if ok(&o) {
+                return (o, start.elapsed());
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn publishes_restores_and_stays_quiet_as_its_service_account() {
+    let server = ApiServer::shared();
+    let started = SystemTime::now();
+    let kubeconfig = install_agent(server);
+    let node = "ak-gpu001";
+    let uid = server.create_node(node);
+    let agent = start_agent(&kubeconfig, node);
+    let admin = rt().block_on(client_for(server.admin_kubeconfig()));
+    let nrts: Api<NodeResourceTopology> = Api::all(admin);
+
+    // Created, accepted by the server, owned by the Node, with the kubelet's view and the node's fabric report.
+    let (obj, _) = rt().block_on(until(&nrts, node, "the NRT", |_| true));
+    let owner = obj
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no owner: {obj:?}"));
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Node", uid.as_str())
+    );
+    assert_eq!(obj.zones.len(), 2);
+    assert_eq!(
+        fingerprint(&obj),
+        isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0")])
+    );
+    assert!(
+        obj.attributes
+            .iter()
+            .any(|a| a.name.starts_with("isthmus.io/ib-port.")),
+        "{:?}",
+        obj.attributes
+    );
+    let managers: Vec<String> = obj
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(managers, ["isthmus"]);
+
+    // Someone else edits what the agent owns: put back.
+    let edited = server.kubectl(&[
+        "patch",
+        "noderesourcetopologies.topology.node.k8s.io",
+        node,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"zones":[{"name":"node-0","type":"Node"}]}"#,
+    ]);
+    assert!(edited.status.success());
+    let (_, took) = rt().block_on(until(&nrts, node, "the edited NRT restored", |o| {
+        o.zones.len() == 2
+    }));
+    eprintln!("edited NRT restored in {took:?}");
+
+    // Deleted: back in less than a second. (Restores in quick succession are paced ever more slowly — another
+    // writer fighting over the object — so this one comes a while after the first.)
+    std::thread::sleep(Duration::from_secs(3));
+    rt().block_on(nrts.delete(node, &DeleteParams::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (back, took) = rt().block_on(until(&nrts, node, "the deleted NRT back", |_| true));
+    eprintln!("deleted NRT restored in {took:?}");
+    assert!(took < Duration::from_secs(1), "restored after {took:?}");
+    assert_eq!(back.zones.len(), 2);
+
+    // A pod arrives: the new pod set is published.
+    if let Ok(mut pods) = agent.kubelet.pods.lock() {
+        pods.push(pod("ml", "trainer-1", &[4], &[9, 10]));
+    }
+    let want =
+        isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0"), ("ml", "trainer-1")]);
+    let (_, took) = rt().block_on(until(&nrts, node, "the new pod set", |o| {
+        fingerprint(o) == want
+    }));
+    eprintln!("pod-set change published in {took:?}");
+
+    // An idle minute: no write at all.
+    let quiet = SystemTime::now();
+    std::thread::sleep(Duration::from_secs(60));
+    let writes = server.writes_by(&agent_user(), quiet);
+    assert!(writes.is_empty(), "writes while idle: {writes:#?}");
+
+    // Every request was granted and is one the ClusterRole (= access.rs) lists.
+    let requests = server.requests_by(&agent_user(), started);
+    assert!(requests.iter().any(|r| r.verb == "watch"), "{requests:#?}");
+    for r in &requests {
+        assert_ne!(r.code, 403, "{r:?}");
+        let listed = isthmus_agent::k8s::access::API_ACCESS.iter().any(|a| {
+            a.group == r.group && a.resource == r.resource && a.verbs.contains(&r.verb.as_str())
+        });
+        assert!(
+            listed && r.subresource.is_empty(),
+            "not in access.rs: {r:?}"
+        );
+    }
+    assert_eq!(
+        http_get(&agent.listen, "/healthz").map(|r| r.0).ok(),
+        Some(200)
+    );
+    assert!(
+        !agent.log().contains("\"level\":\"ERROR\""),
+        "{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn converges_after_the_api_server_restarts_without_a_write_storm() {
+    let mut server = ApiServer::start();
+    let kubeconfig = install_agent(&server);
+    let node = "ak-restart";
+    server.create_node(node);
+    let agent = start_agent(&kubeconfig, node);
+    let nrts: Api<NodeResourceTopology> =
+        Api::all(rt().block_on(client_for(server.admin_kubeconfig())));
+    rt().block_on(until(&nrts, node, "the NRT", |_| true));
+
+    // The API server goes away; the pod set changes meanwhile; it comes back.
+    server.stop();
+    if let Ok(mut pods) = agent.kubelet.pods.lock() {
+        pods.push(pod("ml", "trainer-2", &[5], &[12]));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        http_get(&agent.listen, "/healthz").map(|r| r.0).ok(),
+        Some(200),
+        "the agent keeps serving while the API server is away"
+    );
+    let back = SystemTime::now();
+    server.restart();
+    let nrts: Api<NodeResourceTopology> =
+        Api::all(rt().block_on(client_for(server.admin_kubeconfig())));
+    let want =
+        isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0"), ("ml", "trainer-2")]);
+    let (_, took) = rt().block_on(until(&nrts, node, "the NRT after the restart", |o| {
+        fingerprint(o) == want
+    }));
+    eprintln!("converged {took:?} after the API server answered again");
+    std::thread::sleep(Duration::from_secs(5));
+    let writes = server.writes_by(&agent_user(), back);
+    assert!(
+        writes.len() <= 2,
+        "one apply catches up, no storm: {writes:#?}"
+    );
+    wait_until("a healthy agent", Duration::from_secs(5), || {
+        http_get(&agent.listen, "/healthz").map(|r| r.0).ok() == Some(200)
+    });
+}
