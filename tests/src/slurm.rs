@@ -169,3 +169,30 @@ pub fn wait_until(what: &str, timeout: std::time::Duration, mut f: impl FnMut() 
     }
     panic!("timed out after {timeout:?} waiting for {what}");
 }
+
+/// Send a signal by name (`HUP`, `TERM`, ...) to a process.
+pub fn kill_with(pid: u32, signal: &str) -> bool {
+    Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Processes whose parent is `pid`: (pid, comm, state letter).
+pub fn children_of(pid: u32) -> Vec<(u32, String, char)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_owned();
+            let mut f = rest.split_whitespace();
+            let state = f.next()?.chars().next()?;
+            let ppid: u32 = f.next()?.parse().ok()?;
+            (ppid == pid).then_some((p, comm, state))
+        })
+        .collect()
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use isthmus_tests::slurm::wait_until;
+use isthmus_tests::slurm::{children_of, wait_until};
 use isthmus_tests::{fixtures, free_port, isthmus_bin};
 
 /// Alive and not a zombie.
@@ -392,25 +392,6 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
             "pid {pid} left as a zombie or orphan"
         );
     }
-}
-
-/// Processes whose parent is `pid`: (pid, comm, state).
-fn children_of(pid: u32) -> Vec<(u32, String, char)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| {
-            let p: u32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-            let (head, rest) = stat.rsplit_once(')')?;
-            let comm = head.split_once('(')?.1.to_owned();
-            let mut f = rest.split_whitespace();
-            let state = f.next()?.chars().next()?;
-            let ppid: u32 = f.next()?.parse().ok()?;
-            (ppid == pid).then_some((p, comm, state))
-        })
-        .collect()
 }
 
 fn child_named(parent: u32, name: &str) -> Option<u32> {

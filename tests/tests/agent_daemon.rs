@@ -1,0 +1,197 @@
+//! The daemon's shape, from the outside: one runtime and a constant set of threads however often it rediscovers
+//! (one discovery per trigger, one NVML source for the life of the process), and SIGTERM honoured within the grace
+//! period while a discovery, a PodResources call and an API request are all stuck in flight.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use isthmus_tests::deploy::Reaped;
+use isthmus_tests::slurm::wait_until;
+use isthmus_tests::{fixtures, free_port, http_get, isthmus_bin};
+
+fn threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn metric(listen: &str, name: &str) -> Option<f64> {
+    let (_, body) = http_get(listen, "/metrics").ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn copy_fixture(to: &Path) {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("hosts/xe9680-8xh100/root"))
+        .arg(to)
+        .status();
+    assert!(st.is_ok_and(|s| s.success()));
+}
+
+/// 20 rediscoveries (SIGHUP) with NVML answering from a recording: 21 discoveries counted, the same threads before
+/// and after — the agent's main thread, which runs the one runtime, and the discovery thread that owns NVML.
+#[test]
+fn rediscovery_keeps_one_runtime_and_a_constant_set_of_threads() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let fixture = fixtures().join("hosts/xe9680-8xh100");
+    let child = Command::new(isthmus_bin())
+        .args(["agent", "--slurm-mode", "off", "--publish-nrt", "false"])
+        .arg("--host-root")
+        .arg(fixture.join("root"))
+        .arg("--nvml-replay")
+        .arg(fixture.join("nvidia-smi-q.txt"))
+        .args(["--listen", &listen, "--rediscover-seconds", "3600"])
+        .env_remove("HWLOC_FSROOT")
+        .env_remove("HWLOC_COMPONENTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pid = child.id();
+    let _agent = Reaped(child);
+    wait_until("the first discovery", Duration::from_secs(30), || {
+        metric(&listen, "isthmus_discoveries_total") == Some(1.0)
+    });
+    let before = threads(pid);
+    assert_eq!(
+        before,
+        ["discovery", "isthmus"],
+        "one runtime thread, one discovery thread"
+    );
+    for n in 2..=21 {
+        assert!(isthmus_tests::slurm::kill_with(pid, "HUP"));
+        wait_until(&format!("discovery {n}"), Duration::from_secs(30), || {
+            metric(&listen, "isthmus_discoveries_total") == Some(f64::from(n))
+        });
+    }
+    assert_eq!(threads(pid), before);
+    // The same source serves the telemetry (read every 10 s).
+    wait_until("GPU telemetry", Duration::from_secs(30), || {
+        http_get(&listen, "/metrics")
+            .is_ok_and(|(_, b)| b.contains("isthmus_gpu_temperature_celsius"))
+    });
+    assert_eq!(threads(pid), before);
+}
+
+/// A unix socket that accepts and never answers: the kubelet's PodResources call hangs.
+fn silent_unix_listener(path: &Path) -> std::os::unix::net::UnixListener {
+    std::os::unix::net::UnixListener::bind(path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// SIGTERM while a discovery is blocked on a file (a FIFO in sysfs), a PodResources call and an API request hang,
+/// and slurmd ignores SIGTERM: the agent kills slurmd after the grace period and is gone within grace + 1 s.
+#[test]
+fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = dir.path();
+    let root = d.join("root");
+    copy_fixture(&root);
+    // The kubelet and the API server accept connections and never answer.
+    let _kubelet = silent_unix_listener(&d.join("kubelet.sock"));
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let api_addr = api.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = d.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{api_addr}\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // A slurmd that ignores SIGTERM.
+    let slurmd = d.join("slurmd");
+    let mut f = std::fs::File::create(&slurmd).unwrap_or_else(|e| panic!("{e}"));
+    writeln!(f, "#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 1; done")
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(f);
+    std::fs::set_permissions(&slurmd, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(d.join("slurm.conf"), "# test\n").unwrap_or_else(|e| panic!("{e}"));
+    let listen = format!("127.0.0.1:{}", free_port());
+    let grace = 2;
+    let child = Command::new(isthmus_bin())
+        .args(["agent", "--no-munged", "--no-nvml", "--publish-nrt", "true"])
+        .args(["--node-name", "stuck", "--listen", &listen])
+        .args([
+            "--grace-seconds",
+            &grace.to_string(),
+            "--rediscover-seconds",
+            "3600",
+        ])
+        .arg("--slurmd")
+        .arg(&slurmd)
+        .arg("--slurm-conf")
+        .arg(d.join("slurm.conf"))
+        .arg("--host-root")
+        .arg(&root)
+        .arg("--pod-resources-socket")
+        .arg(d.join("kubelet.sock"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("HWLOC_FSROOT")
+        .env_remove("HWLOC_COMPONENTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pid = child.id();
+    let mut agent = Reaped(child);
+    let log = || std::fs::read_to_string(d.join("agent.log")).unwrap_or_default();
+    let slurmd_pid = || {
+        isthmus_tests::slurm::children_of(pid)
+            .into_iter()
+            .find(|(_, c, _)| c == "slurmd" || c == "sh")
+    };
+    wait_until("slurmd", Duration::from_secs(30), || slurmd_pid().is_some());
+    let (child_pid, _, _) = slurmd_pid().unwrap_or_default();
+    // The next discovery blocks reading a FIFO.
+    let meminfo = root.join("sys/devices/system/node/node0/meminfo");
+    std::fs::remove_file(&meminfo).unwrap_or_else(|e| panic!("{e}"));
+    let st = Command::new("mkfifo").arg(&meminfo).status();
+    assert!(st.is_ok_and(|s| s.success()));
+    assert!(isthmus_tests::slurm::kill_with(pid, "HUP"));
+    // Let the PodResources call and the API request start.
+    let (api_conn, _) = api
+        .accept()
+        .unwrap_or_else(|e| panic!("no API request: {e}\n{}", log()));
+    std::thread::sleep(Duration::from_millis(500));
+
+    let start = Instant::now();
+    assert!(isthmus_tests::slurm::term(pid));
+    let status = loop {
+        if let Ok(Some(s)) = agent.0.try_wait() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(grace + 1),
+            "the agent did not stop within the grace period + 1 s\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    eprintln!("stopped in {took:?}");
+    assert!(status.success(), "{status:?}\n{}", log());
+    assert!(
+        !Path::new(&format!("/proc/{child_pid}")).exists(),
+        "slurmd survived the agent\n{}",
+        log()
+    );
+    assert!(log().contains("SIGKILL"), "{}", log());
+    drop(api_conn);
+}
