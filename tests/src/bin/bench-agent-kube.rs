@@ -1,0 +1,158 @@
+//! The agent against the real kube-apiserver, measured: how long from a pod-set change (the kubelet's PodResources
+//! answer changes) to the NRT carrying it on the server, and the idle footprint (CPU, RSS, threads, API writes) with
+//! PodResources polled every second and NVML replayed from the fixture.
+//!
+//! ```text
+//! cargo build --release -p isthmus-tests --bin bench-agent-kube && target/release/bench-agent-kube [CHANGES] [IDLE_SECONDS]
+//! ```
+
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_tests::apiserver::{ApiServer, client_for, service_account_user};
+use isthmus_tests::deploy::{Reaped, install_agent};
+use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
+use isthmus_tests::{fixtures, free_port, isthmus_bin};
+use kube::Api;
+
+fn stat_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the comm: state is 0, utime is 11, stime is 12.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let changes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(30);
+    let idle: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(60);
+    let server = ApiServer::start();
+    let kubeconfig = install_agent(&server);
+    let node = "bench-node";
+    server.create_node(node);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        *pods = vec![pod("ml", "trainer-0", &[0], &[1])];
+    }
+    let _kubelet_rt = serve(&socket, kubelet.clone());
+    let fixture = fixtures().join("hosts/xe9680-8xh100");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let child = std::process::Command::new(isthmus_bin())
+        .args([
+            "agent",
+            "--slurm-mode",
+            "off",
+            "--publish-nrt",
+            "true",
+            "--node-name",
+            node,
+        ])
+        .arg("--host-root")
+        .arg(fixture.join("root"))
+        .arg("--nvml-replay")
+        .arg(fixture.join("nvidia-smi-q.txt"))
+        .arg("--pod-resources-socket")
+        .arg(&socket)
+        .args(["--listen", &listen, "--log-format", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("HWLOC_FSROOT")
+        .env_remove("HWLOC_COMPONENTS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pid = child.id();
+    let _agent = Reaped(child);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let nrts: Api<NodeResourceTopology> =
+        Api::all(rt.block_on(client_for(server.admin_kubeconfig())));
+    let fp = |o: &NodeResourceTopology| {
+        o.attribute("nodeTopologyPodsFingerprint")
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let wait_for = |want: &str| -> Duration {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(o)) = rt.block_on(nrts.get_opt(node)) {
+                if fp(&o) == want {
+                    return start.elapsed();
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no NRT with {want}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let mut names = vec![("ml".to_owned(), "trainer-0".to_owned())];
+    let current = |names: &[(String, String)]| {
+        isthmus_agent::k8s::fingerprint::fingerprint(
+            names.iter().map(|(a, b)| (a.as_str(), b.as_str())),
+        )
+    };
+    wait_for(&current(&names));
+    let mut latencies = Vec::new();
+    for i in 0..changes {
+        // Changes arrive at random points of the poll period.
+        std::thread::sleep(Duration::from_millis(700 + (i as u64 * 137) % 600));
+        let name = format!("job-{i}");
+        if let Ok(mut pods) = kubelet.pods.lock() {
+            pods.push(pod("ml", &name, &[], &[]));
+        }
+        names.push(("ml".to_owned(), name));
+        latencies.push(wait_for(&current(&names)));
+    }
+    latencies.sort();
+    println!(
+        "pod-set change -> NRT on the server, {} changes: p50 {:?}, p90 {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.9),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1]
+    );
+    // Idle.
+    std::thread::sleep(Duration::from_secs(15));
+    let quiet = SystemTime::now();
+    let ticks = stat_ticks(pid);
+    let threads_before = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    std::thread::sleep(Duration::from_secs(idle));
+    let used = stat_ticks(pid) - ticks;
+    // SAFETY: sysconf takes a constant and touches no memory.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let writes = server.writes_by(&service_account_user("isthmus-system", "isthmus"), quiet);
+    let threads_after = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    println!(
+        "idle {idle} s: CPU {used} ticks = {:.3} % of one core; RSS {} KiB (peak {} KiB); threads {threads_before} -> {threads_after}; API writes {}",
+        used as f64 / hz / idle as f64 * 100.0,
+        status_kib(pid, "VmRSS:"),
+        status_kib(pid, "VmHWM:"),
+        writes.len()
+    );
+}
