@@ -8,7 +8,8 @@
 //!   [`ApiServer::admin_kubeconfig`]); anything else runs as a real ServiceAccount through a TokenRequest token
 //!   ([`ApiServer::token_for`], [`ApiServer::kubeconfig_for_token`]), authorized by RBAC
 //!   (`--authorization-mode=RBAC`) exactly as a cluster would.
-//! - Audit: every write is logged (level Metadata); [`ApiServer::writes_by`] lists one identity's writes.
+//! - Audit: every write, and every request of a ServiceAccount, is logged (level Metadata);
+//!   [`ApiServer::writes_by`] lists one identity's writes, [`ApiServer::requests_by`] a ServiceAccount's calls.
 //! - There is no kubelet, scheduler or controller-manager: Nodes are objects ([`ApiServer::create_node`]), pods
 //!   stay Pending, owner references are not garbage-collected, namespaces get no `default` ServiceAccount.
 //!
@@ -295,7 +296,13 @@ impl ApiServer {
         audit::writes_by(&self.audit_log(), user, since)
     }
 
-    /// The audit log (JSON lines, one event per write).
+    /// Every completed request of `user` at or after `since` the audit policy records: an identity's writes, and
+    /// all of a ServiceAccount's calls (reads, and refused or failed calls with their status code).
+    pub fn requests_by(&self, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+        audit::requests_by(&self.audit_log(), user, since)
+    }
+
+    /// The audit log (JSON lines, one event per write and per ServiceAccount request).
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")
     }

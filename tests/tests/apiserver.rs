@@ -216,22 +216,35 @@ fn the_agents_service_account_has_exactly_its_rbac() {
             "{stderr}"
         );
     };
-    // Real calls.
-    assert!(ok(&["get", NRT_CRD, "rbac-node", "-o", "name"]).contains("rbac-node"));
+    // Real calls: the agent's watch lists its own NRT by a field selector, and reads its Node.
+    assert!(
+        ok(&[
+            "get",
+            NRT_CRD,
+            "--field-selector",
+            "metadata.name=rbac-node",
+            "-o",
+            "name"
+        ])
+        .contains("rbac-node")
+    );
     assert!(ok(&["get", "node", "rbac-node", "-o", "name"]).contains("rbac-node"));
     refused(&["get", "secrets", "-n", "isthmus-system"]);
     refused(&["get", "secrets", "--all-namespaces"]);
-    refused(&["get", NRT_CRD]);
+    refused(&["get", NRT_CRD, "rbac-node"]);
     refused(&["delete", NRT_CRD, "rbac-node"]);
     refused(&["get", "nodes"]);
     // What the server says the token may do.
     for (verb, resource, answer) in [
-        ("get", NRT_CRD, "yes"),
+        ("get", NRT_CRD, "no"),
         ("create", NRT_CRD, "yes"),
         ("patch", NRT_CRD, "yes"),
-        ("list", NRT_CRD, "no"),
+        ("list", NRT_CRD, "yes"),
+        ("watch", NRT_CRD, "yes"),
         ("update", NRT_CRD, "no"),
+        ("delete", NRT_CRD, "no"),
         ("get", "nodes", "yes"),
+        ("list", "nodes", "no"),
         ("list", "secrets", "no"),
         ("get", "secrets", "no"),
     ] {
@@ -247,11 +260,13 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     let list = ok(&["auth", "can-i", "--list"]);
     let secrets = list.lines().filter(|l| l.starts_with("secrets")).count();
     assert_eq!(secrets, 0, "{list}");
-    let nrt = list
-        .lines()
-        .find(|l| l.starts_with(NRT_CRD))
-        .unwrap_or_else(|| panic!("no NRT rule in:\n{list}"));
-    assert!(nrt.contains("[create get patch]"), "{nrt}");
+    for crd in [NRT_CRD, "numatopologies.nodeinfo.volcano.sh"] {
+        let rule = list
+            .lines()
+            .find(|l| l.starts_with(crd))
+            .unwrap_or_else(|| panic!("no rule for {crd} in:\n{list}"));
+        assert!(rule.contains("[create list patch watch]"), "{rule}");
+    }
 }
 
 #[test]

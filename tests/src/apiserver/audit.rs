@@ -1,5 +1,5 @@
-//! The test server's audit log: a policy that records every write at level Metadata (nothing else), and a reader of
-//! the JSON-lines log it produces.
+//! The test server's audit log: a policy that records every write, and every request of a ServiceAccount, at level
+//! Metadata (nothing else), and readers of the JSON-lines log it produces.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde::Deserialize;
 
 /// `--audit-policy-file`: writes (create, update, patch, delete, deletecollection) at level Metadata, once each
-/// (when the response is complete); reads are not recorded.
+/// (when the response is complete), and every request of a ServiceAccount (a component under test: its reads and
+/// failed calls too); other reads are not recorded.
 pub(super) const POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -16,16 +17,19 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
+  - level: Metadata
+    userGroups: [system:serviceaccounts]
   - level: None
 ";
 
 /// The verbs that change something.
 pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
-/// One write request, as the API server audited it.
+/// One request, as the API server audited it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent {
-    /// `create`, `update`, `patch`, `delete` or `deletecollection`.
+    /// `create`, `update`, `patch`, `delete` or `deletecollection` (and, for a ServiceAccount's reads, `get`,
+    /// `list`, `watch`; for a non-resource URL the HTTP method in lower case).
     pub verb: String,
     /// The request URI, with its query (e.g. `/api/v1/namespaces/ns/configmaps/cm?fieldManager=kubectl-patch`).
     pub uri: String,
@@ -63,13 +67,21 @@ struct RawStatus {
 /// Write events of `user` received at or after `since`, in log order. Lines that are not complete audit events
 /// (one being written, say) are skipped.
 pub(super) fn writes_by(log: &Path, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+    requests_by(log, user, since)
+        .into_iter()
+        .filter(|e| WRITE_VERBS.contains(&e.verb.as_str()))
+        .collect()
+}
+
+/// Every completed request of `user` received at or after `since` that the policy records, in log order.
+pub(super) fn requests_by(log: &Path, user: &str, since: SystemTime) -> Vec<AuditEvent> {
     let text = std::fs::read(log)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<RawEvent>(l).ok())
         .filter(|e| e.stage == "ResponseComplete" || e.stage == "Panic")
-        .filter(|e| WRITE_VERBS.contains(&e.verb.as_str()) && e.user.username == user)
+        .filter(|e| e.user.username == user)
         .map(|e| AuditEvent {
             verb: e.verb,
             uri: e.request_uri,
@@ -107,5 +119,10 @@ mod tests {
         );
         let later = t0 + std::time::Duration::from_secs(1);
         assert!(writes_by(&log, "system:serviceaccount:n:s", later).is_empty());
+        let all = requests_by(&log, "system:serviceaccount:n:s", t0);
+        assert_eq!(
+            all.iter().map(|e| e.verb.as_str()).collect::<Vec<_>>(),
+            ["patch", "get"]
+        );
     }
 }
