@@ -69,9 +69,24 @@ pub enum RenderTarget {
     Topology,
     /// The NodeResourceTopology (v1alpha2) object.
     Nrt,
+    /// Volcano's Numatopology (`nodeinfo.volcano.sh/v1alpha1`) object.
+    Numatopology,
 }
 
-/// Serialisation of `render nrt`.
+/// Whether the agent publishes an optional object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Switch {
+    /// When the agent publishes to Kubernetes and the API server serves the object's CRD (asked at start and
+    /// periodically until it does).
+    #[default]
+    Auto,
+    /// Always (with the Kubernetes side on).
+    True,
+    /// Never.
+    False,
+}
+
+/// Serialisation of `render nrt` and `render numatopology`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ObjectFormat {
     /// YAML.
@@ -264,10 +279,30 @@ pub struct AgentArgs {
     /// Default: on when running in a pod (KUBERNETES_SERVICE_HOST is set).
     #[arg(long, env = "ISTHMUS_PUBLISH_NRT")]
     pub publish_nrt: Option<bool>,
+    /// Publish Volcano's Numatopology (`nodeinfo.volcano.sh/v1alpha1`, what Volcano's numa-aware scheduler reads)
+    /// beside the NodeResourceTopology: `auto` when the API server serves its CRD, `true`, or `false`. `true` also
+    /// turns the Kubernetes side on without the NodeResourceTopology (`--publish-nrt false`).
+    #[arg(
+        long,
+        value_enum,
+        env = "ISTHMUS_PUBLISH_NUMATOPOLOGY",
+        default_value_t = Switch::Auto,
+        value_name = "auto|true|false"
+    )]
+    pub publish_numatopology: Switch,
+    /// With `--publish-numatopology auto`: seconds between two questions to the API server's discovery while the
+    /// Numatopology CRD is not installed (one `GET /apis`).
+    #[arg(
+        long,
+        env = "ISTHMUS_NUMATOPOLOGY_RECHECK_SECONDS",
+        default_value_t = 300,
+        value_name = "SECONDS"
+    )]
+    pub numatopology_recheck_seconds: u64,
     /// The kubelet PodResources socket (a path as seen by the agent).
     #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = crate::k8s::podresources::DEFAULT_SOCKET, value_name = "PATH")]
     pub pod_resources_socket: PathBuf,
-    /// The kubelet configuration file (a host path), for the topology manager policy and scope.
+    /// The kubelet configuration file (a host path), for its manager policies and reservations.
     #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
     /// Seconds between questions to the kubelet's PodResources API (what the pods hold changes the NRT's
@@ -324,16 +359,18 @@ pub struct RenderArgs {
     /// Write to FILE atomically (only when the content changed) instead of printing.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// nrt: output format.
+    /// nrt, numatopology: output format.
     #[arg(long, value_enum, default_value_t = ObjectFormat::Yaml)]
     pub output: ObjectFormat,
-    /// nrt: the Node's UID, for the owner reference.
+    /// nrt, numatopology: the Node's UID, for the owner reference.
     #[arg(long, env = "NODE_UID", value_name = "UID")]
     pub node_uid: Option<String>,
-    /// nrt: ask the kubelet's PodResources API on this socket for allocatable/available and the pod fingerprint.
+    /// nrt, numatopology: ask the kubelet's PodResources API on this socket for what the pods hold (allocatable,
+    /// available, the pod fingerprint; free CPUs and pod allocations).
     #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", value_name = "PATH")]
     pub pod_resources_socket: Option<PathBuf>,
-    /// nrt: the kubelet configuration file (a host path), for the topology manager policy and scope.
+    /// nrt, numatopology: the kubelet configuration file (a host path), for its manager policies (and, for the
+    /// numatopology, its reservations).
     #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
     /// nrt: how the NVIDIA device plugin names MIG devices (`none`, `single`, `mixed`).

@@ -1,8 +1,9 @@
 //! `isthmus agent`: the node daemon. One runtime (current-thread) runs every task; discovery and NVML run on the one
 //! discovery thread, which publishes each new topology on a `watch` channel. The tasks: the HTTP endpoint, the
 //! Slurm side (gres.conf + supervisor of munged and slurmd, which alone reaps children), and the Kubernetes side
-//! (kubelet view → NRT → publisher with its own-object watch). SIGTERM cancels one token; the supervisor then stops
-//! the children within the grace period and the process exits without waiting for anything else in flight.
+//! (kubelet view → NRT and Volcano's Numatopology → publishers with their own-object watches; `k8s::tasks`).
+//! SIGTERM cancels one token; the supervisor then stops the children within the grace period and the process exits
+//! without waiting for anything else in flight.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,11 +13,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{AgentArgs, NodeNameError, SlurmMode};
+use crate::cli::{AgentArgs, NodeNameError, SlurmMode, Switch};
 use crate::discovery::{DiscoveryError, Schedule, Trigger};
 use crate::http::{Endpoint, Health};
-use crate::k8s::kubelet_view::{self, KubeletView};
-use crate::k8s::publisher::{self, Pacing};
+use crate::k8s::kubelet_view;
 use crate::metrics::Metrics;
 use crate::slurm::node::{SlurmConfigError, SlurmNode};
 use crate::slurm::supervisor::backoff::Jitter;
@@ -37,12 +37,13 @@ pub enum DaemonError {
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
     /// Publication is on but the node name is unknown.
-    #[error("NodeResourceTopology publication needs the node's name: {0}")]
+    #[error("Kubernetes publication needs the node's name: {0}")]
     NodeName(NodeNameError),
     /// Publication is on but no Kubernetes client can be built.
     #[error(
-        "NodeResourceTopology publication is on but there is no Kubernetes client ({0}); in a pod the service \
-         account provides one, elsewhere set KUBECONFIG or pass --publish-nrt false"
+        "Kubernetes publication is on but there is no Kubernetes client ({0}); in a pod the service account \
+         provides one, elsewhere set KUBECONFIG or pass --publish-nrt false (and --publish-numatopology other than \
+         true)"
     )]
     Client(String),
     /// The HTTP endpoint cannot listen.
@@ -65,6 +66,7 @@ pub struct Plan {
     slurm: Option<SlurmNode>,
     munged: Option<ChildSpec>,
     publish_as: Option<String>,
+    publish_nrt: bool,
     nvml: Box<dyn NvmlSource + Send>,
     listener: std::net::TcpListener,
 }
@@ -90,9 +92,11 @@ impl Plan {
             _ => None,
         };
         crate::discovery::check_host_root(&args.host)?;
-        let publish = args
+        let nrt = args
             .publish_nrt
             .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
+        // `--publish-numatopology auto` follows the Kubernetes side; `true` turns it on by itself.
+        let publish = nrt || args.publish_numatopology == Switch::True;
         let publish_as = if publish {
             Some(args.slurm.node_name().map_err(DaemonError::NodeName)?)
         } else {
@@ -108,6 +112,7 @@ impl Plan {
             slurm,
             munged,
             publish_as,
+            publish_nrt: nrt,
             nvml,
             listener,
         })
@@ -134,6 +139,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         slurm,
         munged,
         publish_as,
+        publish_nrt,
         nvml,
         listener,
     } = plan;
@@ -220,41 +226,29 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     ));
 
     if let (Some(client), Some(node)) = (client, publish_as) {
-        let (view_tx, view_rx) = watch::channel(KubeletView::default());
-        let source = kubelet_view::Source {
-            root: isthmus_topology::HostRoot::new(&args.host.host_root),
-            config: args.kubelet_config.clone(),
-            socket: args.pod_resources_socket.clone(),
-            interval: Duration::from_secs_f64(args.pod_resources_interval.clamp(0.1, 3600.0)),
-        };
-        tokio::spawn(kubelet_view::run(source, view_tx, shutdown.clone()));
-        let (nrt_tx, nrt_rx) = watch::channel(None);
-        let name = node.clone();
-        let options = crate::k8s::NrtOptions {
-            mig_strategy: args.mig_strategy,
-            slurm: slurm_report.map(|n| (n, args.slurm.clone())),
-        };
-        tokio::spawn(crate::k8s::render_task(
-            topo_rx.clone(),
-            view_rx,
-            move |topo, view| match topo.require_cpus() {
-                Ok(()) => Some(crate::k8s::nrt_for(&name, topo, view, &options)),
-                Err(e) => {
-                    tracing::error!(error = %e, "the NodeResourceTopology is not published");
-                    None
-                }
+        crate::k8s::tasks::spawn(
+            crate::k8s::tasks::Publishing {
+                client,
+                node,
+                nrt: publish_nrt.then(|| crate::k8s::NrtOptions {
+                    mig_strategy: args.mig_strategy,
+                    slurm: slurm_report.map(|n| (n, args.slurm.clone())),
+                }),
+                numatopology: args.publish_numatopology,
+                numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),
+                kubelet: kubelet_view::Source {
+                    root: isthmus_topology::HostRoot::new(&args.host.host_root),
+                    config: args.kubelet_config.clone(),
+                    socket: args.pod_resources_socket.clone(),
+                    interval: Duration::from_secs_f64(
+                        args.pod_resources_interval.clamp(0.1, 3600.0),
+                    ),
+                },
             },
-            nrt_tx,
-            shutdown.clone(),
-        ));
-        tokio::spawn(publisher::run(
-            client,
-            node,
-            nrt_rx,
+            topo_rx.clone(),
             metrics.clone(),
-            Pacing::default(),
             shutdown.clone(),
-        ));
+        );
     }
 
     loop {

@@ -1,9 +1,12 @@
 //! Kubernetes resource types and conventions shared by the isthmus node agent (which writes them) and the cluster
 //! controller (which reads them): the NodeResourceTopology object, the names of the attributes isthmus puts in it,
-//! and the field managers each writer uses. Nothing here does I/O.
+//! Volcano's Numatopology object, resource quantities, and the field managers each writer uses. Nothing here does
+//! I/O.
 
 pub mod fabric;
 pub mod nrt;
+pub mod numatopo;
+pub mod quantity;
 
 /// Field manager of every server-side apply the node agent sends.
 pub const AGENT_FIELD_MANAGER: &str = "isthmus";

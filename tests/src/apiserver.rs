@@ -8,7 +8,8 @@
 //!   [`ApiServer::admin_kubeconfig`]); anything else runs as a real ServiceAccount through a TokenRequest token
 //!   ([`ApiServer::token_for`], [`ApiServer::kubeconfig_for_token`]), authorized by RBAC
 //!   (`--authorization-mode=RBAC`) exactly as a cluster would.
-//! - Audit: every write is logged (level Metadata); [`ApiServer::writes_by`] lists one identity's writes.
+//! - Audit: every write, and every request of a ServiceAccount, is logged (level Metadata);
+//!   [`ApiServer::writes_by`] lists one identity's writes, [`ApiServer::requests_by`] a ServiceAccount's calls.
 //! - There is no kubelet, scheduler or controller-manager: Nodes are objects ([`ApiServer::create_node`]), pods
 //!   stay Pending, owner references are not garbage-collected, namespaces get no `default` ServiceAccount.
 //!

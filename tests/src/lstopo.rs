@@ -16,12 +16,31 @@ pub struct LstopoTruth {
     pub numa_cpusets: BTreeMap<u32, CpuSet>,
     /// The NUMA latency matrix by logical index (console output's "Relative latency matrix").
     pub numa_latency: Vec<Vec<u32>>,
+    /// Every PU's OS index → the Package and Core above it.
+    pub pu_places: BTreeMap<u32, PuPlace>,
+}
+
+/// Where one PU sits in the tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PuPlace {
+    /// OS index of the Package above it (none when hwloc shows the PU outside any package).
+    pub package: Option<u32>,
+    /// The PUs (OS indexes) of the Core above it, as the output shows them (none without a core level).
+    pub core: Option<CpuSet>,
 }
 
 impl LstopoTruth {
     /// Count of a type (0 when the output has none).
     pub fn count(&self, ty: &str) -> usize {
         self.counts.get(ty).copied().unwrap_or(0)
+    }
+
+    /// The OS index of the NUMA node whose CPUs include PU `pu`.
+    pub fn numa_of(&self, pu: u32) -> Option<u32> {
+        self.numa_cpusets
+            .iter()
+            .find(|(_, cpus)| cpus.contains(pu))
+            .map(|(id, _)| *id)
     }
 }
 
@@ -94,7 +113,48 @@ pub fn parse_console(text: &str) -> LstopoTruth {
         }
     }
     truth.numa_latency = latency_matrix(text);
+    truth.pu_places = console_places(&lines);
     truth
+}
+
+/// Each PU's Package and Core, from the indentation: the enclosing lines of a PU are its ancestors.
+fn console_places(lines: &[(usize, &str, Option<u32>)]) -> BTreeMap<u32, PuPlace> {
+    let mut core_pus: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+    let mut found: Vec<(u32, Option<u32>, Option<usize>)> = Vec::new();
+    let mut stack: Vec<(usize, usize)> = Vec::new(); // (indent, line index)
+    for (i, (indent, ty, os)) in lines.iter().enumerate() {
+        while stack.last().is_some_and(|(d, _)| d >= indent) {
+            stack.pop();
+        }
+        if *ty == "PU" {
+            if let Some(os) = os {
+                let package = stack
+                    .iter()
+                    .rev()
+                    .find(|(_, j)| lines[*j].1 == "Package")
+                    .and_then(|(_, j)| lines[*j].2);
+                let core = stack
+                    .iter()
+                    .rev()
+                    .find(|(_, j)| lines[*j].1 == "Core")
+                    .map(|(_, j)| *j);
+                if let Some(c) = core {
+                    core_pus.entry(c).or_default().push(*os);
+                }
+                found.push((*os, package, core));
+            }
+        }
+        stack.push((*indent, i));
+    }
+    found
+        .into_iter()
+        .map(|(pu, package, core)| {
+            let core = core
+                .and_then(|c| core_pus.get(&c))
+                .map(|pus| CpuSet::from_ids(pus.iter().copied()));
+            (pu, PuPlace { package, core })
+        })
+        .collect()
 }
 
 /// The first "Relative latency matrix ... between N NUMANodes" block of a console output.
@@ -138,9 +198,11 @@ fn attrs(tag: &str) -> BTreeMap<&str, &str> {
     out
 }
 
-/// Parse hwloc XML (`lstopo --of xml`).
+/// Parse hwloc XML (`lstopo --of xml`). A PU's Package and Core are those whose cpuset holds it.
 pub fn parse_xml(text: &str) -> LstopoTruth {
     let mut truth = LstopoTruth::default();
+    let mut packages: Vec<(u32, CpuSet)> = Vec::new();
+    let mut cores: Vec<CpuSet> = Vec::new();
     for chunk in text.split("<object ").skip(1) {
         let tag = chunk.split('>').next().unwrap_or("");
         let a = attrs(tag);
@@ -157,9 +219,28 @@ pub fn parse_xml(text: &str) -> LstopoTruth {
             ("NUMANode", Some(os)) => {
                 truth.numa_cpusets.insert(os, cpuset);
             }
+            ("Package", Some(os)) => packages.push((os, cpuset)),
+            ("Core", _) => cores.push(cpuset),
             _ => {}
         }
     }
+    truth.pu_places = truth
+        .pus
+        .ids()
+        .iter()
+        .map(|pu| {
+            let place = PuPlace {
+                package: packages
+                    .iter()
+                    .find(|(_, c)| c.contains(*pu))
+                    .map(|(os, _)| *os),
+                core: cores.iter().find(|c| c.contains(*pu)).map(|c| {
+                    CpuSet::from_ids(c.ids().iter().copied().filter(|p| truth.pus.contains(*p)))
+                }),
+            };
+            (*pu, place)
+        })
+        .collect();
     truth
 }
 
@@ -175,6 +256,15 @@ mod tests {
         assert_eq!(truth.count("PU"), 3);
         assert_eq!(truth.numa_cpusets[&0].to_string(), "0,4");
         assert_eq!(truth.numa_cpusets[&1].to_string(), "1");
+        assert_eq!(
+            truth.pu_places[&4],
+            PuPlace {
+                package: Some(0),
+                core: Some(CpuSet::from_ids([0, 4]))
+            }
+        );
+        assert_eq!(truth.pu_places[&1].package, Some(1));
+        assert_eq!(truth.numa_of(1), Some(1));
     }
 
     #[test]
@@ -183,5 +273,6 @@ mod tests {
         let truth = parse(t);
         assert_eq!(truth.count("PU"), 2);
         assert_eq!(truth.numa_cpusets[&0].to_string(), "0-1");
+        assert_eq!(truth.pu_places[&1], PuPlace::default());
     }
 }

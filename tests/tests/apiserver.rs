@@ -213,8 +213,18 @@ fn the_agents_service_account_has_exactly_its_rbac() {
             "{stderr}"
         );
     };
-    // Real calls.
-    assert!(ok(&["get", NRT_CRD, "-o", "name"]).contains("rbac-node"));
+    // Real calls: the agent's watch lists its own NRT by a field selector, and reads its Node.
+    assert!(
+        ok(&[
+            "get",
+            NRT_CRD,
+            "--field-selector",
+            "metadata.name=rbac-node",
+            "-o",
+            "name"
+        ])
+        .contains("rbac-node")
+    );
     assert!(ok(&["get", "node", "rbac-node", "-o", "name"]).contains("rbac-node"));
     refused(&["get", "secrets", "-n", "isthmus-system"]);
     refused(&["get", "secrets", "--all-namespaces"]);
@@ -225,6 +235,7 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     let access = isthmus_agent::k8s::access::API_ACCESS;
     for (group, resource, name) in [
         ("topology.node.k8s.io", "noderesourcetopologies", NRT_CRD),
+        ("nodeinfo.volcano.sh", "numatopologies", "numatopologies.nodeinfo.volcano.sh"),
         ("", "nodes", "nodes"),
         ("", "secrets", "secrets"),
         ("", "pods", "pods"),
@@ -248,11 +259,13 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     let list = ok(&["auth", "can-i", "--list"]);
     let secrets = list.lines().filter(|l| l.starts_with("secrets")).count();
     assert_eq!(secrets, 0, "{list}");
-    let nrt = list
-        .lines()
-        .find(|l| l.starts_with(NRT_CRD))
-        .unwrap_or_else(|| panic!("no NRT rule in:\n{list}"));
-    assert!(nrt.contains("[create list patch watch]"), "{nrt}");
+    for crd in [NRT_CRD, "numatopologies.nodeinfo.volcano.sh"] {
+        let rule = list
+            .lines()
+            .find(|l| l.starts_with(crd))
+            .unwrap_or_else(|| panic!("no rule for {crd} in:\n{list}"));
+        assert!(rule.contains("[create list patch watch]"), "{rule}");
+    }
 }
 
 #[test]

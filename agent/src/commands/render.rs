@@ -1,4 +1,4 @@
-//! `isthmus render gres|node|topology`.
+//! `isthmus render gres|node|topology|nrt|numatopology`.
 
 use anyhow::{Context, Result};
 use isthmus_gres::{gres_conf, node_def, topology_conf};
@@ -48,24 +48,7 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             // Like `render node`: no CPU or NUMA facts, no object (it would tell schedulers the node is empty).
             topo.require_cpus()?;
             let name = slurm.node_name()?;
-            let root = isthmus_topology::HostRoot::new(&args.host.host_root);
-            let (config, warning) = crate::k8s::kubelet::read_config(&root, &args.kubelet_config);
-            let mut warnings: Vec<String> = warning.into_iter().collect();
-            let allocation = match &args.pod_resources_socket {
-                Some(socket) => match crate::k8s::podresources::query_blocking(
-                    socket,
-                    std::time::Duration::from_secs(10),
-                ) {
-                    Ok((alloc, list)) => {
-                        Some(crate::k8s::podresources::allocation(topo, &alloc, &list))
-                    }
-                    Err(e) => {
-                        warnings.push(format!("{e}; allocatable/available default to capacity"));
-                        None
-                    }
-                },
-                None => None,
-            };
+            let (config, pods, warnings) = kubelet_facts(args);
             let input = crate::k8s::nrt::NrtInputs {
                 node_name: name.clone(),
                 node_uid: args.node_uid.clone(),
@@ -79,22 +62,85 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                         None
                     },
                 ),
-                allocation,
+                allocation: pods
+                    .map(|(alloc, list)| crate::k8s::podresources::allocation(topo, &alloc, &list)),
             };
             let obj = crate::k8s::nrt::render(topo, &input);
-            let text = match args.output {
-                crate::cli::ObjectFormat::Yaml => serde_yaml_ng::to_string(&obj)?,
-                crate::cli::ObjectFormat::Json => {
-                    format!("{}\n", serde_json::to_string_pretty(&obj)?)
-                }
-            };
-            Ok((text, warnings))
+            Ok((object_text(&obj, args.output)?, warnings))
+        }
+        RenderTarget::Numatopology => {
+            topo.require_cpus()?;
+            let name = slurm.node_name()?;
+            let (config, pods, mut warnings) = kubelet_facts(args);
+            let (mut obj, more) = crate::k8s::numatopo::render(
+                topo,
+                &crate::k8s::numatopo::NumatopoInputs {
+                    node_name: &name,
+                    kubelet: &config,
+                    pods: pods.as_ref().map(|(_, list)| list),
+                },
+            );
+            warnings.extend(more);
+            obj.metadata.owner_references = args.node_uid.as_ref().map(|uid| {
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        name: name.clone(),
+                        uid: uid.clone(),
+                        ..Default::default()
+                    },
+                ]
+            });
+            Ok((object_text(&obj, args.output)?, warnings))
         }
         RenderTarget::Topology => {
             let text = topology_conf::fragment(&slurm.node_name()?, slurm.switch.as_deref(), None)?;
             Ok((text, Vec::new()))
         }
     }
+}
+
+type PodResourcesAnswers = (
+    crate::k8s::podresources::proto::AllocatableResourcesResponse,
+    crate::k8s::podresources::proto::ListPodResourcesResponse,
+);
+
+/// The kubelet configuration and, with `--pod-resources-socket`, the kubelet's PodResources answers; what could not
+/// be read becomes a warning.
+fn kubelet_facts(
+    args: &RenderArgs,
+) -> (
+    crate::k8s::kubelet::KubeletConfig,
+    Option<PodResourcesAnswers>,
+    Vec<String>,
+) {
+    let root = isthmus_topology::HostRoot::new(&args.host.host_root);
+    let (config, warning) = crate::k8s::kubelet::read_config(&root, &args.kubelet_config);
+    let mut warnings: Vec<String> = warning.into_iter().collect();
+    let pods = match &args.pod_resources_socket {
+        Some(socket) => match crate::k8s::podresources::query_blocking(
+            socket,
+            std::time::Duration::from_secs(10),
+        ) {
+            Ok(answers) => Some(answers),
+            Err(e) => {
+                warnings.push(format!(
+                    "{e}; rendered as if no pod held anything (allocatable = capacity)"
+                ));
+                None
+            }
+        },
+        None => None,
+    };
+    (config, pods, warnings)
+}
+
+fn object_text(obj: &impl serde::Serialize, format: crate::cli::ObjectFormat) -> Result<String> {
+    Ok(match format {
+        crate::cli::ObjectFormat::Yaml => serde_yaml_ng::to_string(obj)?,
+        crate::cli::ObjectFormat::Json => format!("{}\n", serde_json::to_string_pretty(obj)?),
+    })
 }
 
 /// Run `render`.

@@ -1,5 +1,6 @@
 //! The Kubernetes API calls the agent makes: one list, used by the code's tests and by the deploy test that checks
-//! the ClusterRole in `deploy/daemonset` grants exactly this and nothing more.
+//! the ClusterRole in `deploy/daemonset` grants exactly this and nothing more; plus the API discovery documents it
+//! reads, which need no RBAC of its own.
 
 /// One permission: verbs on a resource of an API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,13 +26,26 @@ pub const API_ACCESS: &[ApiAccess] = &[
               watch)",
     },
     ApiAccess {
+        group: "nodeinfo.volcano.sh",
+        resource: "numatopologies",
+        verbs: &["create", "list", "patch", "watch"],
+        why: "Volcano's Numatopology, where its CRD is installed: server-side apply of the node's object (patch; \
+              create when it does not exist yet) and the watch on it, with a field selector on its name, that \
+              restores it when it is deleted or edited (list, watch)",
+    },
+    ApiAccess {
         group: "",
         resource: "nodes",
         verbs: &["get"],
-        why: "the Node's UID for the NodeResourceTopology's owner reference (garbage collection with the Node); read \
-              at start and after the object was deleted",
+        why: "the Node's UID for the owner reference of the node's objects (garbage collection with the Node); read \
+              at start and after an object was deleted",
     },
 ];
+
+/// Non-resource URLs the agent reads (GET): the API discovery documents that tell whether Volcano's Numatopology
+/// CRD is installed. The `system:discovery` ClusterRole lets every authenticated client read them, so the
+/// agent's ClusterRole grants nothing for them.
+pub const DISCOVERY_READS: &[&str] = &["/apis", "/apis/nodeinfo.volcano.sh/v1alpha1"];
 
 /// The (group, resource, verb) an HTTP request to the API server is authorised as, for the request shapes the agent
 /// makes (cluster-scoped resources, named or listed/watched). `None` for anything else.
@@ -64,9 +78,13 @@ pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'stat
     Some((group.to_owned(), resource.to_owned(), verb))
 }
 
-/// Whether [`API_ACCESS`] covers the request. A server-side apply (PATCH) may create the object, which the API
-/// server authorises as `create` as well; the list has both.
+/// Whether [`API_ACCESS`] (or, for a GET, [`DISCOVERY_READS`]) covers the request. A server-side apply (PATCH)
+/// may create the object, which the API server authorises as `create` as well; the list has both.
 pub fn allowed(method: &str, path: &str) -> bool {
+    let bare = path.split_once('?').map_or(path, |(p, _)| p);
+    if method == "GET" && DISCOVERY_READS.contains(&bare) {
+        return true;
+    }
     authorised_as(method, path).is_some_and(|(g, r, v)| {
         API_ACCESS
             .iter()
@@ -96,6 +114,25 @@ mod tests {
             "GET",
             "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1"
         ));
+        assert!(allowed(
+            "PATCH",
+            "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies/node1?&force=true&fieldManager=isthmus"
+        ));
+        assert!(allowed(
+            "GET",
+            "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies?&watch=true&fieldSelector=metadata.name%3Dnode1"
+        ));
+        assert!(!allowed(
+            "DELETE",
+            "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies/node1"
+        ));
+        assert!(allowed("GET", "/apis"));
+        assert!(allowed("GET", "/apis/nodeinfo.volcano.sh/v1alpha1"));
+        assert!(
+            !allowed("GET", "/apis/apps/v1"),
+            "only the discovery the agent reads"
+        );
+        assert!(!allowed("POST", "/apis"));
         assert!(allowed("GET", "/api/v1/nodes/node1"));
         assert!(!allowed("GET", "/api/v1/nodes"), "list is not granted");
         assert!(

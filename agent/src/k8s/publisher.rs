@@ -34,7 +34,7 @@ pub trait Published:
     + Sync
     + 'static
 {
-    /// The name in metrics (`nrt`).
+    /// The name in metrics (`nrt`, `numatopology`).
     const METRIC: &'static str;
 
     /// Whether `live` carries the content the agent owns as `self` does (the rest — status, labels others set —
@@ -47,6 +47,14 @@ impl Published for isthmus_api::nrt::NodeResourceTopology {
 
     fn same_content(&self, live: &Self) -> bool {
         isthmus_api::nrt::NodeResourceTopology::same_content(self, live)
+    }
+}
+
+impl Published for isthmus_api::numatopo::Numatopology {
+    const METRIC: &'static str = "numatopology";
+
+    fn same_content(&self, live: &Self) -> bool {
+        isthmus_api::numatopo::Numatopology::same_content(self, live)
     }
 }
 

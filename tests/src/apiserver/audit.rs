@@ -25,10 +25,11 @@ rules:
 /// The verbs that change something.
 pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
-/// One write request, as the API server audited it.
+/// One request, as the API server audited it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent {
-    /// `create`, `update`, `patch`, `delete` or `deletecollection`.
+    /// `create`, `update`, `patch`, `delete` or `deletecollection` (and, for a ServiceAccount's reads, `get`,
+    /// `list`, `watch`; for a non-resource URL the HTTP method in lower case).
     pub verb: String,
     /// The request URI, with its query (e.g. `/api/v1/namespaces/ns/configmaps/cm?fieldManager=kubectl-patch`).
     pub uri: String,
@@ -144,5 +145,10 @@ mod tests {
         );
         let later = t0 + std::time::Duration::from_secs(1);
         assert!(writes_by(&log, "system:serviceaccount:n:s", later).is_empty());
+        let all = events_by(&log, "system:serviceaccount:n:s", t0, true);
+        assert_eq!(
+            all.iter().map(|e| e.verb.as_str()).collect::<Vec<_>>(),
+            ["patch", "get"]
+        );
     }
 }

@@ -1,0 +1,156 @@
+//! The Kubernetes side's tasks, started together: the kubelet view (polled once for both objects), then per object a
+//! renderer (discovery + kubelet view → desired object, sent only when it changed) and a publisher (server-side
+//! apply, own-object watch). The Numatopology's publisher waits, in `auto`, until the API server serves its CRD.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use isthmus_api::numatopo::Numatopology;
+use isthmus_topology::NodeTopology;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::kubelet_view::{self, KubeletView};
+use super::publisher::{self, Pacing};
+use super::{NrtOptions, api_discovery, numatopo};
+use crate::cli::Switch;
+use crate::metrics::Metrics;
+
+/// What the Kubernetes side publishes, and where it asks the kubelet.
+pub struct Publishing {
+    /// The client (in-cluster configuration or KUBECONFIG).
+    pub client: kube::Client,
+    /// The node's name (the objects' names and the owner Node).
+    pub node: String,
+    /// The NodeResourceTopology's options; `None`: not published.
+    pub nrt: Option<NrtOptions>,
+    /// Whether the Numatopology is published (`Auto`: once the API server serves its CRD).
+    pub numatopology: Switch,
+    /// With `Auto`: how often the API server is asked again while it does not serve the CRD.
+    pub numatopology_recheck: Duration,
+    /// Where and how often the kubelet is asked.
+    pub kubelet: kubelet_view::Source,
+}
+
+impl std::fmt::Debug for Publishing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publishing")
+            .field("node", &self.node)
+            .field("nrt", &self.nrt)
+            .field("numatopology", &self.numatopology)
+            .field("numatopology_recheck", &self.numatopology_recheck)
+            .field("kubelet", &self.kubelet)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Start every task of the Kubernetes side on the current runtime; they end with `shutdown`.
+pub fn spawn(
+    p: Publishing,
+    topo: watch::Receiver<Option<Arc<NodeTopology>>>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let (view_tx, view_rx) = watch::channel(KubeletView::default());
+    tokio::spawn(kubelet_view::run(p.kubelet, view_tx, shutdown.clone()));
+
+    if let Some(options) = p.nrt {
+        let (nrt_tx, nrt_rx) = watch::channel(None);
+        let name = p.node.clone();
+        tokio::spawn(super::render_task(
+            topo.clone(),
+            view_rx.clone(),
+            move |topo, view| match topo.require_cpus() {
+                Ok(()) => Some(super::nrt_for(&name, topo, view, &options)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the NodeResourceTopology is not published");
+                    None
+                }
+            },
+            nrt_tx,
+            shutdown.clone(),
+        ));
+        tokio::spawn(publisher::run(
+            p.client.clone(),
+            p.node.clone(),
+            nrt_rx,
+            metrics.clone(),
+            Pacing::default(),
+            shutdown.clone(),
+        ));
+    }
+
+    if p.numatopology == Switch::False {
+        return;
+    }
+    let (numa_tx, numa_rx) = watch::channel(None);
+    tokio::spawn(super::render_task(
+        topo,
+        view_rx,
+        numatopology_renderer(p.node.clone()),
+        numa_tx,
+        shutdown.clone(),
+    ));
+    match p.numatopology {
+        Switch::Auto => {
+            tokio::spawn(api_discovery::publish_when_served::<Numatopology>(
+                p.client,
+                p.node,
+                numa_rx,
+                metrics,
+                p.numatopology_recheck.max(Duration::from_secs(1)),
+                shutdown,
+            ));
+        }
+        _ => {
+            tokio::spawn(publisher::run(
+                p.client,
+                p.node,
+                numa_rx,
+                metrics,
+                Pacing::default(),
+                shutdown,
+            ));
+        }
+    }
+}
+
+/// The Numatopology renderer of the node `name`. Once the kubelet has answered, a view without its answer (the
+/// kubelet restarting) keeps the last object rather than publishing every CPU as free, as resource-exporter keeps
+/// its last state; warnings are logged when they change.
+fn numatopology_renderer(
+    name: String,
+) -> impl Fn(&NodeTopology, &KubeletView) -> Option<Numatopology> {
+    let kubelet_answered = AtomicBool::new(false);
+    let last_warnings = Mutex::new(Vec::<String>::new());
+    move |topo, view| {
+        if let Err(e) = topo.require_cpus() {
+            tracing::error!(error = %e, "the Numatopology is not published");
+            return None;
+        }
+        let pods = view.pod_resources.as_ref().map(|(_, list)| list);
+        if pods.is_some() {
+            kubelet_answered.store(true, Ordering::Relaxed);
+        } else if kubelet_answered.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (obj, warnings) = numatopo::render(
+            topo,
+            &numatopo::NumatopoInputs {
+                node_name: &name,
+                kubelet: &view.config,
+                pods,
+            },
+        );
+        if let Ok(mut last) = last_warnings.lock() {
+            if *last != warnings {
+                for w in &warnings {
+                    tracing::warn!(object = "numatopology", warning = %w);
+                }
+                *last = warnings;
+            }
+        }
+        Some(obj)
+    }
+}

@@ -1,0 +1,105 @@
+//! `isthmus agent` as a child process of a test (Kubernetes side only): on a copy of the 8×H100 fixture's host root
+//! with a kubelet configuration of the test's choosing, killed when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::{fixtures, free_port, isthmus_bin};
+
+/// A running agent.
+#[derive(Debug)]
+pub struct AgentProcess {
+    child: Child,
+    _dir: tempfile::TempDir,
+    /// Its `/metrics` address.
+    pub listen: String,
+    /// Its log (stdout and stderr).
+    pub log: PathBuf,
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl AgentProcess {
+    /// Start the agent on a copy of `fixtures/hosts/xe9680-8xh100/root` whose
+    /// `/var/lib/kubelet/config.yaml` is `kubelet_config`, as node `node`, with `KUBECONFIG=kubeconfig`, NVML off,
+    /// Slurm off, no re-discovery, and `args` added.
+    pub fn start(
+        node: &str,
+        kubeconfig: &Path,
+        kubelet_config: &str,
+        pod_resources_socket: &Path,
+        args: &[&str],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let root = dir.path().join("root");
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(fixtures().join("hosts/xe9680-8xh100/root"))
+            .arg(&root)
+            .status();
+        assert!(copied.is_ok_and(|s| s.success()), "copying the host root");
+        std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(root.join("var/lib/kubelet/config.yaml"), kubelet_config)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let listen = format!("127.0.0.1:{}", free_port());
+        let log = dir.path().join("agent.log");
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(isthmus_bin())
+            .args([
+                "agent",
+                "--slurm-mode",
+                "off",
+                "--no-nvml",
+                "--node-name",
+                node,
+                "--rediscover-seconds",
+                "3600",
+                "--listen",
+                &listen,
+            ])
+            .arg("--host-root")
+            .arg(&root)
+            .arg("--pod-resources-socket")
+            .arg(pod_resources_socket)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("ISTHMUS_PUBLISH_NUMATOPOLOGY")
+            .env_remove("ISTHMUS_PUBLISH_NRT")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the agent: {e}"));
+        Self {
+            child,
+            _dir: dir,
+            listen,
+            log,
+        }
+    }
+
+    /// What the agent logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The value of a counter or gauge on `/metrics` (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        crate::http_get(&self.listen, "/metrics")
+            .ok()
+            .and_then(|(_, body)| {
+                body.lines()
+                    .find(|l| l.split(' ').next() == Some(name))
+                    .and_then(|l| l.split(' ').nth(1)?.parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+}
