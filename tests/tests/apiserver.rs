@@ -235,7 +235,11 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     let access = isthmus_agent::k8s::access::API_ACCESS;
     for (group, resource, name) in [
         ("topology.node.k8s.io", "noderesourcetopologies", NRT_CRD),
-        ("nodeinfo.volcano.sh", "numatopologies", "numatopologies.nodeinfo.volcano.sh"),
+        (
+            "nodeinfo.volcano.sh",
+            "numatopologies",
+            "numatopologies.nodeinfo.volcano.sh",
+        ),
         ("", "nodes", "nodes"),
         ("", "secrets", "secrets"),
         ("", "pods", "pods"),
