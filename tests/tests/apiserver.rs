@@ -188,6 +188,10 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     }
     api.apply_yaml(&minimal_nrt("rbac-node"));
     api.create_node("rbac-node");
+    // Volcano's CRD, so that the server knows the resource the agent may also publish.
+    let volcano = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
+    api.apply_yaml(&std::fs::read_to_string(&volcano).unwrap_or_else(|e| panic!("{e}")));
+    api.wait_for_crd("numatopologies.nodeinfo.volcano.sh");
 
     let token = api.token_for("isthmus-system", "isthmus");
     let kc = api.kubeconfig_for_token(&token);
