@@ -395,3 +395,40 @@ fn a_private_server_restarts_under_a_kube_client() {
     api.restart();
     assert!(rt.block_on(cms.get("survives-restart")).is_ok());
 }
+
+/// The Slurm variant as its kustomization says to install it: the munge key Secret first, then `kubectl apply -k`.
+#[test]
+fn kubectl_apply_k_the_slurm_overlay_succeeds_with_its_secret() {
+    let api = ApiServer::start();
+    let namespace = deploy::deploy_dir().join("base/namespace.yaml");
+    let ns = api.kubectl(&["apply", "-f", &namespace.display().to_string()]);
+    assert!(ns.status.success(), "{}", describe(&ns));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let key = dir.path().join("munge.key");
+    std::fs::write(&key, [7u8; 1024]).unwrap_or_else(|e| panic!("{e}"));
+    let secret = api.kubectl(&[
+        "-n",
+        "isthmus-system",
+        "create",
+        "secret",
+        "generic",
+        "munge-key",
+        &format!("--from-file=munge.key={}", key.display()),
+    ]);
+    assert!(secret.status.success(), "{}", describe(&secret));
+    let out = api.apply_kustomize(&deploy::deploy_dir().join("overlays/kubernetes-slurm"));
+    let text = describe(&out);
+    assert!(!text.to_lowercase().contains("warning"), "{text}");
+    let ds = api.kubectl(&[
+        "-n",
+        "isthmus-system",
+        "get",
+        "daemonset",
+        "isthmus",
+        "-o",
+        "json",
+    ]);
+    let ds: serde_json::Value = serde_json::from_slice(&ds.stdout).unwrap_or_default();
+    assert_eq!(ds["spec"]["template"]["spec"]["hostNetwork"], true);
+    api.wait_for_crd(NRT_CRD);
+}

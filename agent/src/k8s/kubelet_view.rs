@@ -39,10 +39,12 @@ pub struct Source {
 pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: CancellationToken) {
     let mut warned_socket = false;
     let mut warned_config = false;
+    let mut kubelet = super::podresources::Kubelet::new(&source.socket, Duration::from_secs(2));
+    let mut config = super::kubelet::KubeletConfig::default();
+    type Stamp = Option<(Option<std::time::SystemTime>, u64)>;
+    let mut config_stamp: Option<Stamp> = None;
     loop {
-        let pod_resources = match super::podresources::query(&source.socket, Duration::from_secs(2))
-            .await
-        {
+        let pod_resources = match kubelet.query().await {
             Ok(answers) => {
                 if warned_socket {
                     tracing::info!("the kubelet's PodResources API answers again");
@@ -58,18 +60,26 @@ pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: Canc
                 None
             }
         };
-        let (config, warning) = super::kubelet::read_config(&source.root, &source.config);
-        match warning {
-            Some(w) if !warned_config => {
-                tracing::warn!(warning = %w, "kubelet configuration: using the kubelet's defaults");
-                warned_config = true;
+        // The configuration is read again only when the file changed (or appeared, or went away).
+        let stamp = std::fs::metadata(source.root.join(&source.config))
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
+        if config_stamp.as_ref() != Some(&stamp) {
+            config_stamp = Some(stamp);
+            let (read, warning) = super::kubelet::read_config(&source.root, &source.config);
+            match warning {
+                Some(w) if !warned_config => {
+                    tracing::warn!(warning = %w, "kubelet configuration: using the kubelet's defaults");
+                    warned_config = true;
+                }
+                Some(_) => {}
+                None => warned_config = false,
             }
-            Some(_) => {}
-            None => warned_config = false,
+            config = read;
         }
         let view = KubeletView {
             topology_manager: topology_manager(&config),
-            config,
+            config: config.clone(),
             pod_resources,
         };
         out.send_if_modified(|cur| {

@@ -38,39 +38,77 @@ pub enum PodResourcesError {
     Call(&'static str, String),
 }
 
-/// Ask the kubelet through `socket` (a path on this machine) for allocatable resources and the pod list.
-pub async fn query(
-    socket: &Path,
+/// Answers of one poll: what is allocatable and what every pod holds.
+pub type Answers = (AllocatableResourcesResponse, ListPodResourcesResponse);
+
+/// A PodResources client that keeps its connection to the kubelet between polls (a poll is then two requests on an
+/// open HTTP/2 connection, not a new handshake) and reconnects after a failure.
+#[derive(Debug)]
+pub struct Kubelet {
+    socket: PathBuf,
     timeout: Duration,
-) -> Result<(AllocatableResourcesResponse, ListPodResourcesResponse), PodResourcesError> {
-    let path: PathBuf = socket.to_path_buf();
-    let shown = socket.display().to_string();
-    // The URI is required by tonic but unused: the connector dials the unix socket.
-    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
-        .connect_timeout(timeout)
-        .timeout(timeout)
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .map_err(|e| PodResourcesError::Connect(shown.clone(), source_chain(&e)))?;
-    let mut client = PodResourcesListerClient::new(channel);
-    let alloc = client
-        .get_allocatable_resources(proto::AllocatableResourcesRequest {})
-        .await
-        .map_err(|e| PodResourcesError::Call("GetAllocatableResources", e.message().to_owned()))?
-        .into_inner();
-    let list = client
-        .list(proto::ListPodResourcesRequest {})
-        .await
-        .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
-        .into_inner();
-    Ok((alloc, list))
+    client: Option<PodResourcesListerClient<tonic::transport::Channel>>,
+}
+
+impl Kubelet {
+    /// A client for `socket` (a path on this machine); every call is bounded by `timeout`.
+    pub fn new(socket: &Path, timeout: Duration) -> Self {
+        Self {
+            socket: socket.to_path_buf(),
+            timeout,
+            client: None,
+        }
+    }
+
+    async fn connect(
+        &self,
+    ) -> Result<PodResourcesListerClient<tonic::transport::Channel>, PodResourcesError> {
+        let path = self.socket.clone();
+        // The URI is required by tonic but unused: the connector dials the unix socket.
+        let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
+            .connect_timeout(self.timeout)
+            .timeout(self.timeout)
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    tokio::net::UnixStream::connect(path)
+                        .await
+                        .map(hyper_util::rt::TokioIo::new)
+                }
+            }))
+            .await
+            .map_err(|e| {
+                PodResourcesError::Connect(self.socket.display().to_string(), source_chain(&e))
+            })?;
+        Ok(PodResourcesListerClient::new(channel))
+    }
+
+    /// Ask for allocatable resources and the pod list; a failure drops the connection (the next call reconnects).
+    pub async fn query(&mut self) -> Result<Answers, PodResourcesError> {
+        let mut client = match self.client.take() {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        let alloc = client
+            .get_allocatable_resources(proto::AllocatableResourcesRequest {})
+            .await
+            .map_err(|e| {
+                PodResourcesError::Call("GetAllocatableResources", e.message().to_owned())
+            })?
+            .into_inner();
+        let list = client
+            .list(proto::ListPodResourcesRequest {})
+            .await
+            .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
+            .into_inner();
+        self.client = Some(client);
+        Ok((alloc, list))
+    }
+}
+
+/// Ask the kubelet once through `socket` (a path on this machine) for allocatable resources and the pod list.
+pub async fn query(socket: &Path, timeout: Duration) -> Result<Answers, PodResourcesError> {
+    Kubelet::new(socket, timeout).query().await
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {
