@@ -3,6 +3,7 @@
 //! Volcano's Numatopology object, resource quantities, and the field managers each writer uses. Nothing here does
 //! I/O.
 
+pub mod access;
 pub mod fabric;
 pub mod nrt;
 pub mod numatopo;

@@ -10,5 +10,6 @@ pub mod label_sources;
 pub mod model;
 pub mod offline;
 pub mod render;
+pub mod slurm;
 
 pub use offline::{RenderArgs, run_render};

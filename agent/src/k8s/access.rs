@@ -2,18 +2,7 @@
 //! the ClusterRole in `deploy/daemonset` grants exactly this and nothing more; plus the API discovery documents it
 //! reads, which need no RBAC of its own.
 
-/// One permission: verbs on a resource of an API group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ApiAccess {
-    /// API group (`""` is the core group).
-    pub group: &'static str,
-    /// Resource (plural).
-    pub resource: &'static str,
-    /// Verbs.
-    pub verbs: &'static [&'static str],
-    /// What the agent does with it.
-    pub why: &'static str,
-}
+pub use isthmus_api::access::ApiAccess;
 
 /// Everything the agent asks of the API server.
 pub const API_ACCESS: &[ApiAccess] = &[

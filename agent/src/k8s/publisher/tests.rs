@@ -1,0 +1,208 @@
+//! The publisher's requests against kube-rs' `tower-test` mock API server: method, path, field manager, body.
+
+use super::*;
+use http::{Request, Response, StatusCode};
+use isthmus_api::nrt::{Attribute, NodeResourceTopology};
+use kube::client::Body;
+use serde_json::Value;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn object(pods_fp: &str) -> NodeResourceTopology {
+    let mut o: NodeResourceTopology = serde_json::from_value(serde_json::json!({
+        "apiVersion": "topology.node.k8s.io/v1alpha2",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": "node1"},
+        "attributes": [{"name": "topologyManagerPolicy", "value": "single-numa-node"}],
+        "zones": [{"name": "node-0", "type": "Node", "costs": [{"name": "node-0", "value": 10}],
+                   "resources": [{"name": "cpu", "capacity": "16", "allocatable": "15", "available": "12"}]}]
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    o.attributes
+        .push(Attribute::new("nodeTopologyPodsFingerprint", pods_fp));
+    o
+}
+
+fn owned(mut o: NodeResourceTopology, uid: &str) -> NodeResourceTopology {
+    o.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: "node1".into(),
+        uid: uid.into(),
+        ..OwnerReference::default()
+    }]);
+    o
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn expect_node_get(handle: &mut Handle, uid: Option<&str>) {
+    let (req, send) = handle
+        .next_request()
+        .await
+        .unwrap_or_else(|| panic!("no request"));
+    assert_eq!(
+        (req.method().as_str(), req.uri().path()),
+        ("GET", "/api/v1/nodes/node1")
+    );
+    assert!(crate::k8s::access::allowed("GET", req.uri().path()));
+    send.send_response(match uid {
+        Some(uid) => reply(
+            StatusCode::OK,
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "uid": uid}}),
+        ),
+        None => reply(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        ),
+    });
+}
+
+async fn expect_apply(handle: &mut Handle, want: &NodeResourceTopology, status: StatusCode) {
+    let (req, send) = handle
+        .next_request()
+        .await
+        .unwrap_or_else(|| panic!("no request"));
+    assert_eq!(req.method(), http::Method::PATCH);
+    assert!(crate::k8s::access::allowed(
+        req.method().as_str(),
+        &req.uri().to_string()
+    ));
+    assert_eq!(
+        req.uri().to_string(),
+        "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/node1?&force=true&fieldManager=isthmus"
+    );
+    assert_eq!(
+        req.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/apply-patch+yaml")
+    );
+    let body = req
+        .into_body()
+        .collect_bytes()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let sent: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sent, serde_json::to_value(want).unwrap_or_default());
+    send.send_response(if status.is_success() {
+        reply(status, sent)
+    } else {
+        reply(
+            status,
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": status.as_u16()}),
+        )
+    });
+}
+
+#[tokio::test]
+async fn applies_once_with_the_owner_skips_identical_and_patches_on_change() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let first = object("pfp0v001aaaaaaaaaaaaaaaa");
+    let server = tokio::spawn(async move {
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        // The identical second publication sends nothing; the next request is the changed pod set, and the
+        // Node is not read again.
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001bbbbbbbbbbbbbbbb"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        handle
+    });
+    assert_eq!(p.publish(&first).await.ok(), Some(Outcome::Written));
+    assert_eq!(p.publish(&first).await.ok(), Some(Outcome::Unchanged));
+    assert_eq!(
+        p.publish(&object("pfp0v001bbbbbbbbbbbbbbbb")).await.ok(),
+        Some(Outcome::Written)
+    );
+    let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), handle.next_request())
+            .await
+            .is_err(),
+        "no further request"
+    );
+}
+
+#[tokio::test]
+async fn failures_are_errors_and_the_next_publish_retries() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
+    let want = owned(obj.clone(), "u-1");
+    let server = tokio::spawn(async move {
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_apply(&mut handle, &want, StatusCode::INTERNAL_SERVER_ERROR).await;
+        expect_apply(&mut handle, &want, StatusCode::FORBIDDEN).await;
+        expect_apply(&mut handle, &want, StatusCode::OK).await;
+    });
+    assert!(p.publish(&obj).await.is_err(), "500 is an error");
+    assert!(
+        p.publish(&obj).await.is_err(),
+        "403 is an error and nothing is remembered"
+    );
+    assert_eq!(
+        p.publish(&obj).await.ok(),
+        Some(Outcome::Written),
+        "recovered"
+    );
+    server.await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn a_missing_node_is_an_error_never_an_empty_owner_and_is_asked_again() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
+    let want = owned(obj.clone(), "u-2");
+    let server = tokio::spawn(async move {
+        expect_node_get(&mut handle, None).await;
+        expect_node_get(&mut handle, Some("")).await;
+        expect_node_get(&mut handle, Some("u-2")).await;
+        expect_apply(&mut handle, &want, StatusCode::OK).await;
+    });
+    assert!(matches!(
+        p.publish(&obj).await,
+        Err(PublishError::NodeMissing(_))
+    ));
+    assert!(matches!(
+        p.publish(&obj).await,
+        Err(PublishError::NodeWithoutUid(_))
+    ));
+    assert_eq!(p.publish(&obj).await.ok(), Some(Outcome::Written));
+    server.await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn drift_is_only_about_our_content() {
+    let (mock, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _guard = rt.enter();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let applied = owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1");
+    assert!(!p.drifted(&applied), "nothing applied yet");
+    p.applied = Some(applied.clone());
+    let mut labelled = applied.clone();
+    labelled.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
+    labelled.metadata.resource_version = Some("42".into());
+    assert!(!p.drifted(&labelled));
+    let mut edited = applied;
+    edited.zones.clear();
+    assert!(p.drifted(&edited));
+}

@@ -1,0 +1,284 @@
+//! The Slurm client commands the controller runs (`scontrol`, `squeue`, `sbatch`, `scancel`): one runner with a
+//! timeout, the site's `slurm.conf`, a clear error per failure and a metric per call. Everything that reads or
+//! changes Slurm's state goes through [`SlurmClient::run`], so an idle loop can be proven to call nothing.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+/// Where the Slurm client tools are and how long one call may take.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SlurmArgs {
+    /// slurm.conf the client tools read (`SLURM_CONF`); default: theirs (configless sites find slurmctld by DNS).
+    #[arg(long, env = "SLURM_CONF", value_name = "FILE")]
+    pub slurm_conf: Option<PathBuf>,
+    /// Directory holding scontrol, squeue, sbatch and scancel; default: `PATH`.
+    #[arg(long, value_name = "DIR")]
+    pub slurm_bin_dir: Option<PathBuf>,
+    /// How long one Slurm command may take before it is killed and counted as failed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub slurm_timeout: Duration,
+}
+
+impl Default for SlurmArgs {
+    fn default() -> Self {
+        Self {
+            slurm_conf: None,
+            slurm_bin_dir: None,
+            slurm_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Parse `10s`, `500ms`, `2m` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 10s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{text:?} is not a duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Why a Slurm command gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    /// The program could not be started (not installed, not executable).
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The program did not finish in time and was killed.
+    #[error("{program} {args} did not answer within {after:?}")]
+    Timeout {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// The limit.
+        after: Duration,
+    },
+    /// The program exited non-zero.
+    #[error("{program} {args} failed ({status}): {stderr}")]
+    Failed {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// Exit status as text.
+        status: String,
+        /// Its standard error (trimmed).
+        stderr: String,
+    },
+    /// The program's `--json` output did not parse.
+    #[error("{program} {args}: unreadable JSON: {source}")]
+    Json {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+}
+
+impl SlurmError {
+    /// Whether slurmctld could not be reached (as opposed to a refused request): the caller retries later.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            SlurmError::Spawn { .. } | SlurmError::Timeout { .. } => true,
+            SlurmError::Failed { stderr, .. } => {
+                let s = stderr.to_ascii_lowercase();
+                s.contains("unable to contact slurm controller")
+                    || s.contains("connection refused")
+                    || s.contains("socket timed out")
+                    || s.contains("communication connection failure")
+                    || s.contains("zero bytes were transmitted")
+                    || s.contains("munge")
+            }
+            SlurmError::Json { .. } => false,
+        }
+    }
+}
+
+/// Runs the Slurm client tools.
+#[derive(Debug, Clone, Default)]
+pub struct SlurmClient {
+    args: SlurmArgs,
+}
+
+impl SlurmClient {
+    /// A client with these settings.
+    pub fn new(args: SlurmArgs) -> Self {
+        Self { args }
+    }
+
+    /// The settings.
+    pub fn args(&self) -> &SlurmArgs {
+        &self.args
+    }
+
+    fn program_path(&self, program: &str) -> PathBuf {
+        match &self.args.slurm_bin_dir {
+            Some(dir) => dir.join(program),
+            None => PathBuf::from(program),
+        }
+    }
+
+    /// Run `program args…`, return its standard output. Counted in
+    /// `isthmus_controller_slurm_commands_total{program,verb,result}` (`verb`: the first argument, e.g.
+    /// `update`, `show`) and timed in `isthmus_controller_slurm_command_seconds`.
+    pub async fn run(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
+        let started = std::time::Instant::now();
+        let result = self.run_inner(program, args).await;
+        let verb = args
+            .iter()
+            .find(|a| !a.starts_with('-'))
+            .copied()
+            .unwrap_or("")
+            .to_owned();
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) if e.is_unreachable() => "unreachable",
+            Err(_) => "error",
+        };
+        metrics::counter!("isthmus_controller_slurm_commands_total",
+            "program" => program.to_owned(), "verb" => verb, "result" => outcome)
+        .increment(1);
+        metrics::histogram!("isthmus_controller_slurm_command_seconds", "program" => program.to_owned())
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn run_inner(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
+        let mut cmd = tokio::process::Command::new(self.program_path(program));
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(conf) = &self.args.slurm_conf {
+            cmd.env("SLURM_CONF", conf);
+        }
+        let child = cmd.spawn().map_err(|source| SlurmError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
+        let joined = || args.join(" ");
+        let out = match tokio::time::timeout(self.args.slurm_timeout, child.wait_with_output()).await {
+            Err(_) => {
+                return Err(SlurmError::Timeout {
+                    program: program.to_owned(),
+                    args: joined(),
+                    after: self.args.slurm_timeout,
+                });
+            }
+            Ok(Err(source)) => {
+                return Err(SlurmError::Spawn {
+                    program: program.to_owned(),
+                    source,
+                });
+            }
+            Ok(Ok(out)) => out,
+        };
+        if !out.status.success() {
+            return Err(SlurmError::Failed {
+                program: program.to_owned(),
+                args: joined(),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Run `program args…` (which must include `--json`) and parse its output.
+    pub async fn json<T: DeserializeOwned>(&self, program: &str, args: &[&str]) -> Result<T, SlurmError> {
+        let text = self.run(program, args).await?;
+        serde_json::from_str(&text).map_err(|source| SlurmError::Json {
+            program: program.to_owned(),
+            args: args.join(" "),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn missing_program_is_unreachable_not_a_panic() {
+        let c = SlurmClient::new(SlurmArgs {
+            slurm_bin_dir: Some(PathBuf::from("/nonexistent")),
+            ..SlurmArgs::default()
+        });
+        let e = rt()
+            .block_on(c.run("scontrol", &["ping"]))
+            .expect_err("no such program");
+        assert!(e.is_unreachable(), "{e}");
+        assert!(e.to_string().contains("/nonexistent") || e.to_string().contains("scontrol"));
+    }
+
+    #[test]
+    fn timeout_kills_and_reports() {
+        let c = SlurmClient::new(SlurmArgs {
+            slurm_timeout: Duration::from_millis(100),
+            ..SlurmArgs::default()
+        });
+        let e = rt().block_on(c.run("sleep", &["5"])).expect_err("too slow");
+        assert!(matches!(e, SlurmError::Timeout { .. }), "{e}");
+    }
+
+    #[test]
+    fn failure_carries_stderr_and_json_errors_are_typed() {
+        let c = SlurmClient::default();
+        let e = rt()
+            .block_on(c.run("sh", &["-c", "echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2; exit 1"]))
+            .expect_err("exit 1");
+        assert!(e.is_unreachable(), "{e}");
+        let e = rt()
+            .block_on(c.json::<serde_json::Value>("echo", &["{not json"]))
+            .expect_err("bad json");
+        assert!(matches!(e, SlurmError::Json { .. }), "{e}");
+        let v: serde_json::Value = rt()
+            .block_on(c.json("echo", &[r#"{"nodes":[]}"#]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["nodes"], serde_json::json!([]));
+    }
+}
