@@ -22,7 +22,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+pub use tokio_util::sync::CancellationToken;
 
 use isthmus_api::CONTROLLER_FIELD_MANAGER;
 use isthmus_api::access::ApiAccess;
