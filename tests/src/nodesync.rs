@@ -3,6 +3,7 @@
 //! controller's node sync running in-process under the ServiceAccount's token. The Slurm tools are reached through
 //! wrapper scripts that log every call, so a test can count `scontrol update`s.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use isthmus_controller::nodesync::{self, CancellationToken, NodeSyncArgs, NodeSyncError};
@@ -38,7 +39,8 @@ impl SyncSite {
             ns = SA.0,
             sa = SA.1
         ));
-        let rbac = crate::deploy::deploy_dir().join("controller/rbac-nodesync.yaml");
+        let rbac = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/controller/rbac-nodesync.yaml");
         api.apply_yaml(
             &std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{}: {e}", rbac.display())),
         );
