@@ -197,7 +197,7 @@ fn outages_of_slurmctld_and_the_api_server_converge_without_a_write_storm() {
         "the node sync ended while slurmctld was down"
     );
     let reads = site.slurm_calls().len() - reads_before;
-    // Backoff from 2 s doubling to 10 s: about 6 reads in 30 s; a storm would be hundreds.
+    // Backoff from 1 s doubling to 10 s: about 7 reads in 30 s; a storm would be hundreds.
     assert!(reads <= 12, "{reads} Slurm calls while slurmctld was down");
     assert_eq!(
         site.slurm_updates().len(),

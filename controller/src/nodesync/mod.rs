@@ -40,8 +40,9 @@ pub struct NodeSyncArgs {
     /// Turn the node sync off.
     #[arg(long = "no-node-sync", overrides_with = "node_sync", action = clap::ArgAction::SetTrue)]
     pub no_node_sync: bool,
-    /// How often Slurm's node states are read (Node changes are acted on at once).
-    #[arg(long = "node-sync-interval", default_value = "2s", value_parser = parse_duration)]
+    /// How often Slurm's node states are read (Node changes are acted on at once). 1 s, so that a change made in
+    /// Slurm reaches the Node within 2 s, read and written included.
+    #[arg(long = "node-sync-interval", default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
     /// Longest wait between tries while slurmctld or the API server fails.
     #[arg(long = "node-sync-max-backoff", default_value = "10s", value_parser = parse_duration)]
@@ -63,7 +64,7 @@ impl Default for NodeSyncArgs {
         Self {
             node_sync: true,
             no_node_sync: false,
-            interval: Duration::from_secs(2),
+            interval: Duration::from_secs(1),
             max_backoff: Duration::from_secs(10),
             drain_conditions: Vec::new(),
             taint: true,
@@ -185,6 +186,9 @@ pub async fn run(
     Ok(())
 }
 
+/// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
+const FOLLOW_UP: Duration = Duration::from_millis(200);
+
 /// Doubling delay from `base` up to `max`.
 #[derive(Debug, Clone)]
 struct Backoff {
@@ -266,6 +270,7 @@ impl Shell {
         let mut paired = std::collections::BTreeSet::new();
         let mut unpaired_kube = 0u32;
         let mut disagreements = 0u32;
+        let mut slurm_changed = false;
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         for node in kube_nodes {
             let Some(slurm_name) = decide::slurm_name(node) else {
@@ -287,6 +292,9 @@ impl Shell {
             if !actions.is_empty() {
                 disagreements += 1;
             }
+            slurm_changed |= actions
+                .iter()
+                .any(|a| matches!(a, Action::Drain { .. } | Action::Undrain { .. }));
             for action in actions {
                 self.execute(action, node.metadata.resource_version.as_deref())
                     .await;
@@ -298,7 +306,12 @@ impl Shell {
             .set(f64::from(unpaired_kube));
         metrics::gauge!("isthmus_controller_nodesync_unpaired_nodes", "side" => "slurm")
             .set(unpaired_slurm as f64);
-        self.interval
+        if slurm_changed {
+            // The Nodes follow Slurm's new state soon, not a whole interval later.
+            FOLLOW_UP.min(self.interval)
+        } else {
+            self.interval
+        }
     }
 
     async fn execute(&mut self, action: Action, resource_version: Option<&str>) {
@@ -424,7 +437,7 @@ mod tests {
     fn flags() {
         let cli = Cli::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
         assert!(cli.sync.enabled() && cli.sync.taint);
-        assert_eq!(cli.sync.interval, Duration::from_secs(2));
+        assert_eq!(cli.sync.interval, Duration::from_secs(1));
         assert!(cli.sync.drain_conditions.is_empty());
         let cli = Cli::try_parse_from([
             "x",

@@ -2,7 +2,9 @@
 //! TOGGLES cordon/uncordon pairs of one Node; for each, the time from the API server's answer to the cordon (a patch
 //! of `spec.unschedulable`, as `kubectl cordon` sends) until `scontrol show node` reports the node DRAIN, and from
 //! the uncordon until it reports IDLE again; and, of each, the part until the node sync started its
-//! `scontrol update`. Slurm is polled every 10 ms.
+//! `scontrol update`. Then the other way: TOGGLES drains and resumes made in Slurm, each timed from `scontrol update`'s
+//! return until the Node (read every 10 ms) has, or no longer has, the taint and the matching condition. Slurm is
+//! polled every 10 ms.
 //!
 //! ```text
 //! cargo build -p isthmus-tests --bin bench-nodesync && target/debug/bench-nodesync [TOGGLES]
@@ -78,7 +80,52 @@ fn main() {
         idle.push(total);
         std::thread::sleep(Duration::from_millis(300));
     }
-    for v in [&mut drain, &mut idle, &mut drain_issued, &mut idle_issued] {
+    // Slurm → Kubernetes: a drain made in Slurm until the Node has the taint and the condition False, RESUME until
+    // both are cleared.
+    let node_shows = |drained: bool| {
+        let node = rt
+            .block_on(nodes.get("bench2"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tainted = node
+            .spec
+            .and_then(|s| s.taints)
+            .is_some_and(|t| t.iter().any(|t| t.key == "isthmus.io/slurm-drain"));
+        let condition = node
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "SlurmNodeState"))
+            .map(|c| c.status);
+        tainted == drained && condition.as_deref() == Some(if drained { "False" } else { "True" })
+    };
+    let (mut tainted, mut cleared) = (Vec::new(), Vec::new());
+    for _ in 0..toggles {
+        for (state, out) in [("DRAIN", &mut tainted), ("RESUME", &mut cleared)] {
+            let mut args = vec!["update", "NodeName=bench2"];
+            let state_arg = format!("State={state}");
+            args.push(&state_arg);
+            if state == "DRAIN" {
+                args.push("Reason=maintenance");
+            }
+            site.slurm.run_ok("scontrol", &args);
+            let start = Instant::now();
+            while !node_shows(state == "DRAIN") {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "Node never followed {state}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            out.push(start.elapsed());
+        }
+    }
+    for v in [
+        &mut drain,
+        &mut idle,
+        &mut drain_issued,
+        &mut idle_issued,
+        &mut tainted,
+        &mut cleared,
+    ] {
         v.sort();
     }
     let updates = site.slurm_updates().len();
@@ -91,6 +138,8 @@ fn main() {
         ("cordon -> Slurm shows DRAIN", &drain),
         ("uncordon -> scontrol update issued", &idle_issued),
         ("uncordon -> Slurm shows IDLE", &idle),
+        ("Slurm DRAIN -> Node tainted, condition False", &tainted),
+        ("Slurm RESUME -> taint gone, condition True", &cleared),
     ] {
         println!(
             "{what}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
