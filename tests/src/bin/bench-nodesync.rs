@@ -3,8 +3,8 @@
 //! of `spec.unschedulable`, as `kubectl cordon` sends) until `scontrol show node` reports the node DRAIN, and from
 //! the uncordon until it reports IDLE again; and, of each, the part until the node sync started its
 //! `scontrol update`. Then the other way: TOGGLES drains and resumes made in Slurm, each timed from `scontrol update`'s
-//! return until the Node (read every 10 ms) has, or no longer has, the taint and the matching condition. Slurm is
-//! polled every 10 ms.
+//! return until the Node (read every 10 ms) has, or no longer has, the taint and the matching condition; these
+//! changes are spread over the 1 s poll interval. Slurm is polled every 10 ms.
 //!
 //! ```text
 //! cargo build -p isthmus-tests --bin bench-nodesync && target/debug/bench-nodesync [TOGGLES]
@@ -98,8 +98,10 @@ fn main() {
         tainted == drained && condition.as_deref() == Some(if drained { "False" } else { "True" })
     };
     let (mut tainted, mut cleared) = (Vec::new(), Vec::new());
-    for _ in 0..toggles {
+    for i in 0..toggles {
         for (state, out) in [("DRAIN", &mut tainted), ("RESUME", &mut cleared)] {
+            // Spread the changes over the poll interval (0-990 ms after the last pass), as real ones are.
+            std::thread::sleep(Duration::from_millis((i as u64 * 379 + 100) % 1000));
             let mut args = vec!["update", "NodeName=bench2"];
             let state_arg = format!("State={state}");
             args.push(&state_arg);
