@@ -3,7 +3,6 @@
 //! controller's node sync running in-process under the ServiceAccount's token. The Slurm tools are reached through
 //! wrapper scripts that log every call, so a test can count `scontrol update`s.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use isthmus_controller::nodesync::{self, CancellationToken, NodeSyncArgs, NodeSyncError};
