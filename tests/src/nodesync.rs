@@ -38,8 +38,7 @@ impl SyncSite {
             ns = SA.0,
             sa = SA.1
         ));
-        let rbac = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../deploy/controller/rbac-nodesync.yaml");
+        let rbac = crate::repo_root().join("deploy/controller/rbac-nodesync.yaml");
         api.apply_yaml(
             &std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{}: {e}", rbac.display())),
         );
