@@ -125,6 +125,40 @@ fn clean_reason(text: &str) -> String {
         .collect()
 }
 
+/// A digest of what the decision reads from a Node, leaving out our own condition and every heartbeat time: a Node
+/// event that leaves it unchanged (a kubelet status update, our own condition write) needs no pass.
+pub fn fingerprint(node: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.metadata.name.hash(&mut h);
+    let label = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SLURM_NODE_NAME_LABEL));
+    let note = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DRAIN_REASON_ANNOTATION));
+    (label, note).hash(&mut h);
+    if let Some(spec) = &node.spec {
+        spec.unschedulable.hash(&mut h);
+        for t in spec.taints.iter().flatten() {
+            (&t.key, &t.value, &t.effect).hash(&mut h);
+        }
+    }
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    for c in conditions
+        .into_iter()
+        .flatten()
+        .filter(|c| c.type_ != CONDITION_TYPE)
+    {
+        (&c.type_, &c.status, &c.message).hash(&mut h);
+    }
+    h.finish()
+}
+
 /// Whether Slurm's drain reason is one of ours.
 pub fn is_ours(reason: &str) -> bool {
     reason.trim_start().starts_with(REASON_PREFIX)

@@ -315,6 +315,50 @@ fn last_transition_time_moves_only_with_the_status() {
 }
 
 #[test]
+fn fingerprint_ignores_heartbeats_and_our_condition() {
+    let n = with_condition(
+        node("n1"),
+        "Ready",
+        "True",
+        "kubelet is posting ready status",
+    );
+    let base = fingerprint(&n);
+    let mut beat = n.clone();
+    if let Some(c) = beat
+        .status
+        .as_mut()
+        .and_then(|s| s.conditions.as_mut())
+        .and_then(|c| c.first_mut())
+    {
+        c.last_heartbeat_time = Some(time(42));
+    }
+    beat.metadata.resource_version = Some("7".to_owned());
+    assert_eq!(fingerprint(&beat), base);
+    assert_eq!(
+        fingerprint(&with_condition(n.clone(), CONDITION_TYPE, "False", "x")),
+        base
+    );
+    assert_ne!(fingerprint(&cordoned(n.clone())), base);
+    assert_ne!(
+        fingerprint(&with_condition(n.clone(), "GpuUnhealthy", "True", "x")),
+        base
+    );
+    let mut tainted = n.clone();
+    tainted.spec.get_or_insert_with(Default::default).taints = Some(vec![Taint {
+        key: "k".to_owned(),
+        effect: "NoSchedule".to_owned(),
+        ..Default::default()
+    }]);
+    assert_ne!(fingerprint(&tainted), base);
+    let mut noted = n;
+    noted.metadata.annotations = Some(BTreeMap::from([(
+        DRAIN_REASON_ANNOTATION.to_owned(),
+        "x".to_owned(),
+    )]));
+    assert_ne!(fingerprint(&noted), base);
+}
+
+#[test]
 fn slurm_name_from_label_or_node_name() {
     let mut n = node("k8s-a");
     assert_eq!(slurm_name(&n), Some("k8s-a"));

@@ -6,7 +6,7 @@
 //!   that did not come from us, the `NoSchedule` taint `isthmus.io/slurm-drain`.
 //!
 //! Nodes come from a watch (reflector); Slurm is read every poll interval with one `scontrol show node --json`
-//! (`sinfo --json` on Slurm 22.05) and also right after a Node changed. [`decide::decide`] compares both sides and
+//! (`sinfo --json` on Slurm 22.05) and also right after a Node changed in what the decision reads. [`decide::decide`] compares both sides and
 //! returns the writes; this shell only reads, calls it and sends what it returned.
 
 pub mod decide;
@@ -139,9 +139,22 @@ pub async fn run(
             .reflect(writer);
         async move {
             futures::pin_mut!(stream);
+            // What the decision reads of each Node: events that leave it unchanged trigger no pass.
+            let mut seen: HashMap<String, u64> = HashMap::new();
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(_) => changed.notify_one(),
+                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                        let name = node.metadata.name.clone().unwrap_or_default();
+                        let print = decide::fingerprint(&node);
+                        if seen.insert(name, print) != Some(print) {
+                            changed.notify_one();
+                        }
+                    }
+                    Ok(watcher::Event::Delete(node)) => {
+                        seen.remove(node.metadata.name.as_deref().unwrap_or_default());
+                    }
+                    Ok(watcher::Event::Init) => {}
+                    Ok(watcher::Event::InitDone) => changed.notify_one(),
                     Err(e) => {
                         tracing::warn!(error = %e, "Node watch failed; retrying with backoff");
                         metrics::counter!("isthmus_controller_nodesync_watch_errors_total")
