@@ -110,10 +110,12 @@ pub fn wanted_drain(node: &Node, policy: &Policy) -> Option<String> {
         })
 }
 
-/// One line, no control characters, at most [`MAX_REASON`] characters: what Slurm stores and gives back unchanged.
+/// One line, no control characters or quotes (scontrol treats quotes as its own), at most [`MAX_REASON`]
+/// characters: what Slurm stores and gives back unchanged, so that comparing it with what we want is stable.
 fn clean_reason(text: &str) -> String {
     let one_line: String = text
         .chars()
+        .filter(|c| !matches!(c, '"' | '\''))
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     one_line

@@ -118,7 +118,7 @@ fn cordon_drains_with_our_prefix_and_the_annotation() {
     );
     n.metadata.annotations = Some(BTreeMap::from([(
         DRAIN_REASON_ANNOTATION.to_owned(),
-        "bad DIMM\nslot 3".to_owned(),
+        "bad \"DIMM\"\nslot 3".to_owned(),
     )]));
     let a = decide(&n, &slurm("MIXED", &[], ""), &policy(), &time(10));
     assert_eq!(
