@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use isthmus_controller::nodesync::NodeSyncArgs;
+use isthmus_controller::nodesync::{API_ACCESS, NodeSyncArgs};
 use isthmus_tests::nodesync::SyncSite;
 
 /// The functional deadline for one change to cross over.
@@ -180,6 +180,30 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
         .filter(|e| e.code == 403)
         .collect();
     assert!(denied.is_empty(), "{denied:#?}");
+    // ... and it asked for exactly what API_ACCESS lists (the ClusterRole's content), every item of it used.
+    let used: std::collections::BTreeSet<(String, String)> = site
+        .api
+        .requests_by(&site.user(), SystemTime::UNIX_EPOCH)
+        .into_iter()
+        .filter(|e| !e.resource.is_empty())
+        .map(|e| {
+            let resource = if e.subresource.is_empty() {
+                e.resource
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (resource, e.verb)
+        })
+        .collect();
+    let listed: std::collections::BTreeSet<(String, String)> = API_ACCESS
+        .iter()
+        .flat_map(|a| {
+            a.verbs
+                .iter()
+                .map(|v| (a.resource.to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    assert_eq!(used, listed);
 }
 
 #[test]
