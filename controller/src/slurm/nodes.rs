@@ -391,6 +391,63 @@ mod tests {
         assert!(e.to_string().contains("Unspecified error"), "{e}");
     }
 
+    /// A bin dir whose `scontrol` refuses `--json` as 22.05's does and whose `sinfo` answers `sinfo_json`.
+    fn slurm_22_05_tools(sinfo_json: &str) -> tempfile::TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let scripts = [
+            (
+                "scontrol",
+                "#!/bin/sh\necho \"scontrol: unrecognized option '--json'\" >&2\nexit 1\n"
+                    .to_owned(),
+            ),
+            (
+                "sinfo",
+                format!("#!/bin/sh\ncat <<'EOF'\n{sinfo_json}\nEOF\n"),
+            ),
+        ];
+        for (name, text) in scripts {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        dir
+    }
+
+    #[test]
+    fn reader_falls_back_to_sinfo_once_scontrol_refuses_json() {
+        let dir = slurm_22_05_tools(SINFO_22_05);
+        let mut reader = NodeReader::new(SlurmClient::new(crate::slurm::SlurmArgs {
+            slurm_bin_dir: Some(dir.path().to_path_buf()),
+            ..crate::slurm::SlurmArgs::default()
+        }));
+        assert_eq!(reader.command(), NodeCommand::Scontrol);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let nodes = rt
+            .block_on(reader.nodes())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(reader.command(), NodeCommand::Sinfo);
+        // Later reads go to sinfo directly: a scontrol that now fails differently is not asked.
+        std::fs::write(dir.path().join("scontrol"), "#!/bin/sh\nexit 3\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rt.block_on(reader.nodes()).map(|n| n.len()).ok(), Some(3));
+        // slurmctld down: sinfo exits 0 with errors in its JSON, which is a failure, not an empty cluster.
+        let down = slurm_22_05_tools(
+            r#"{"errors":[{"error":"Unspecified error","errno":-1}],"nodes":[]}"#,
+        );
+        let mut reader = NodeReader::new(SlurmClient::new(crate::slurm::SlurmArgs {
+            slurm_bin_dir: Some(down.path().to_path_buf()),
+            ..crate::slurm::SlurmArgs::default()
+        }));
+        let e = rt.block_on(reader.nodes()).expect_err("errors reported");
+        assert!(e.is_unreachable(), "{e}");
+    }
+
     #[test]
     fn camel_case_words() {
         assert_eq!(camel("NOT_RESPONDING"), "NotResponding");
