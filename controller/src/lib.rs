@@ -8,6 +8,7 @@ pub mod fabric;
 pub mod hostlist;
 pub mod label_sources;
 pub mod model;
+pub mod nodesync;
 pub mod offline;
 pub mod render;
 pub mod slurm;

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+pub mod nodes;
+
 /// Where the Slurm client tools are and how long one call may take.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SlurmArgs {

@@ -1,0 +1,211 @@
+//! A site for the node sync: a private real API server (with the shipped `rbac-nodesync.yaml` applied and the
+//! controller's ServiceAccount), a real Slurm cluster whose nodes have a Node object of the same name, and the
+//! controller's node sync running in-process under the ServiceAccount's token. The Slurm tools are reached through
+//! wrapper scripts that log every call, so a test can count `scontrol update`s.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_controller::nodesync::{self, CancellationToken, NodeSyncArgs, NodeSyncError};
+use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
+
+use crate::apiserver::{ApiServer, AuditEvent, client_for, describe, service_account_user};
+use crate::slurm_cluster::{Cluster, NodeSpec};
+
+/// Namespace and name of the controller's ServiceAccount.
+pub const SA: (&str, &str) = ("isthmus-system", "isthmus-controller");
+
+/// API server + Slurm cluster + the running node sync; everything stops when dropped.
+#[allow(missing_debug_implementations)]
+pub struct SyncSite {
+    /// The API server (private: tests may restart it).
+    pub api: ApiServer,
+    /// The Slurm cluster.
+    pub slurm: Cluster,
+    bin: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), NodeSyncError>>>,
+}
+
+impl SyncSite {
+    /// Start everything for Slurm nodes `names` (2 CPUs, no GPU each) with these flags, and wait until every Node
+    /// shows `SlurmNodeState` `True`.
+    pub fn start(names: &[&str], args: NodeSyncArgs) -> Self {
+        let api = ApiServer::start();
+        api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
+             metadata:\n  name: {sa}\n  namespace: {ns}\n",
+            ns = SA.0,
+            sa = SA.1
+        ));
+        let rbac = crate::repo_root().join("deploy/controller/rbac-nodesync.yaml");
+        api.apply_yaml(
+            &std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{}: {e}", rbac.display())),
+        );
+        for n in names {
+            api.create_node(n);
+        }
+        let specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n, 2, 0)).collect();
+        let slurm = Cluster::start(&specs, "");
+        let bin = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = bin.path().join("calls.log");
+        for program in ["scontrol", "sinfo"] {
+            let real =
+                crate::ibsim::which(program).unwrap_or_else(|| panic!("{program} not installed"));
+            let path = bin.path().join(program);
+            std::fs::write(
+                &path,
+                format!(
+                    "#!/bin/sh\nprintf '%s %s\\n' {program} \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+                    log.display(),
+                    real.display()
+                ),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let token = api.token_for(SA.0, SA.1);
+        let kubeconfig = api.kubeconfig_for_token(&token);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = rt.block_on(client_for(&kubeconfig));
+        let slurm_client = SlurmClient::new(SlurmArgs {
+            slurm_conf: Some(slurm.conf()),
+            slurm_bin_dir: Some(bin.path().to_path_buf()),
+            slurm_timeout: Duration::from_secs(10),
+        });
+        let shutdown = CancellationToken::new();
+        let task = rt.spawn(nodesync::run(client, slurm_client, args, shutdown.clone()));
+        let site = Self {
+            api,
+            slurm,
+            bin,
+            rt,
+            shutdown,
+            task: Some(task),
+        };
+        for n in names {
+            site.wait(
+                &format!("{n}'s SlurmNodeState True"),
+                Duration::from_secs(30),
+                || site.condition(n).is_some_and(|c| c.0 == "True"),
+            );
+        }
+        site
+    }
+
+    /// The node sync's ServiceAccount as the audit log names it.
+    pub fn user(&self) -> String {
+        service_account_user(SA.0, SA.1)
+    }
+
+    /// `kubectl ARGS` as the administrator, asserting success.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.api.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The Node as JSON (`Null` when it cannot be read, e.g. while the API server restarts).
+    pub fn node(&self, name: &str) -> serde_json::Value {
+        let out = self.api.kubectl(&["get", "node", name, "-o", "json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The Node's `SlurmNodeState` condition: (status, reason, message, lastTransitionTime).
+    pub fn condition(&self, name: &str) -> Option<(String, String, String, String)> {
+        let node = self.node(name);
+        let conditions = node["status"]["conditions"].as_array()?.clone();
+        let c = conditions.iter().find(|c| c["type"] == "SlurmNodeState")?;
+        let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+        Some((
+            s("status"),
+            s("reason"),
+            s("message"),
+            s("lastTransitionTime"),
+        ))
+    }
+
+    /// Whether the Node carries the `isthmus.io/slurm-drain:NoSchedule` taint.
+    pub fn tainted(&self, name: &str) -> bool {
+        self.node(name)["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t["key"] == "isthmus.io/slurm-drain" && t["effect"] == "NoSchedule")
+            })
+    }
+
+    /// Every Slurm command the node sync ran so far (`scontrol update NodeName=n1 State=DRAIN Reason=…`).
+    pub fn slurm_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.bin.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The `scontrol update` calls so far.
+    pub fn slurm_updates(&self) -> Vec<String> {
+        self.slurm_calls()
+            .into_iter()
+            .filter(|c| c.starts_with("scontrol update"))
+            .collect()
+    }
+
+    /// The ServiceAccount's writes since `since` (after a short pause: the audit log lags the answers a little).
+    pub fn writes_since(&self, since: SystemTime) -> Vec<AuditEvent> {
+        std::thread::sleep(Duration::from_millis(500));
+        self.api.writes_by(&self.user(), since)
+    }
+
+    /// Whether the node sync still runs (it has not returned or panicked).
+    pub fn running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Wait until `f` holds, polling every 50 ms; panic after `timeout` with the node sync's last Slurm calls.
+    pub fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+        let start = Instant::now();
+        loop {
+            if f() {
+                return start.elapsed();
+            }
+            if start.elapsed() > timeout {
+                let calls = self.slurm_calls();
+                let tail = &calls[calls.len().saturating_sub(10)..];
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; running: {}; last Slurm calls: {tail:#?}",
+                    self.running()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop the node sync and return what `run` returned.
+    pub fn stop(&mut self) -> Result<(), NodeSyncError> {
+        self.shutdown.cancel();
+        match self.task.take() {
+            Some(task) => self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
+                .unwrap_or_else(|_| {
+                    panic!("the node sync did not stop within 10 s of its cancellation")
+                })
+                .unwrap_or_else(|e| panic!("the node sync panicked: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for SyncSite {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
