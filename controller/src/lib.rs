@@ -10,6 +10,7 @@ pub mod label_sources;
 pub mod model;
 pub mod offline;
 pub mod render;
+pub mod run;
 pub mod slurm;
 
 pub use offline::{RenderArgs, run_render};
