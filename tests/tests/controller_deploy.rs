@@ -185,12 +185,11 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
     // PodSecurity admission accepts it (dry run) without a warning.
     api.apply_yaml(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: restricted-check\n  labels:\n    \
-         pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/warn: restricted\n",
+         pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/warn: restricted\n\
+         ---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: isthmus-controller\n  \
+         namespace: restricted-check\n",
     );
-    let mut spec = d["spec"]["template"]["spec"].clone();
-    if let Value::Mapping(m) = &mut spec {
-        m.remove("serviceAccountName");
-    }
+    let spec = d["spec"]["template"]["spec"].clone();
     let pod = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
