@@ -128,7 +128,7 @@ fn expected(dir: &Path) -> Expected {
 /// A cluster of `n` generated nodes on `api`, and the same NRTs in a directory for the offline render.
 fn cluster(api: &ApiServer, n: usize) -> (Vec<NodeResourceTopology>, tempfile::TempDir) {
     let t = Template::h100();
-    let nrts: Vec<_> = (0..n).map(|i| cluster_gen::node_nrt(&t, i)).collect();
+    let nrts: Vec<_> = (0..n).map(|i| controller::generated_nrt(&t, i)).collect();
     controller::create_cluster(api, &nrts);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     controller::write_nrt_dir(dir.path(), &nrts);
@@ -164,6 +164,30 @@ fn change_node(
     controller::write_nrt_dir(dir, std::slice::from_ref(o));
 }
 
+/// [`wait_until`] that shows the controllers' logs when it times out.
+fn wait_for(
+    what: &str,
+    timeout: Duration,
+    logs: &[&ControllerProcess],
+    mut f: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text: Vec<String> = logs
+        .iter()
+        .map(|c| format!("--- {} ---\n{}", c.identity, c.log_text()))
+        .collect();
+    panic!(
+        "timed out after {timeout:?} waiting for {what}\n{}",
+        text.join("\n")
+    );
+}
+
 fn sa_writes_except_leases(api: &ApiServer, since: SystemTime) -> Vec<String> {
     api.writes_by(&service_account_user(NAMESPACE, SERVICE_ACCOUNT), since)
         .into_iter()
@@ -190,11 +214,16 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     if let Some(l) = want_labels.get_mut(&hand) {
         l.insert(key0.clone(), "set-by-hand".into());
     }
-    wait_until("every output written", Duration::from_secs(120), || {
-        configmap_data(&api).as_ref() == Some(&want.data)
-            && node_labels(&api) == want_labels
-            && hypernodes(&api).len() == want.hypernodes.len()
-    });
+    wait_for(
+        "every output written",
+        Duration::from_secs(120),
+        &[&c],
+        || {
+            configmap_data(&api).as_ref() == Some(&want.data)
+                && node_labels(&api) == want_labels
+                && hypernodes(&api).len() == want.hypernodes.len()
+        },
+    );
     println!(
         "64 nodes: every output written {:?} after start",
         started.elapsed()
