@@ -7,6 +7,7 @@
 //! - one NRT changed → the outputs follow; 30 s idle → no write by the ServiceAccount (audit log) except the
 //!   leader's Lease renewals;
 //! - two replicas: only the leader writes; killing it hands over to the other;
+//! - a node no source places gets no label, a status entry and the metric;
 //! - a kube-apiserver restart: the controller keeps running and converges after it.
 
 use std::collections::BTreeMap;
@@ -349,16 +350,31 @@ fn only_the_leader_writes_and_the_standby_takes_over() {
 }
 
 #[test]
-fn an_api_server_restart_is_survived() {
+fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
     let mut api = ApiServer::start();
     controller::install_crds(&api);
     let kc = controller::install_controller(&api);
     let (mut nrts, dir) = cluster(&api, 8);
+    // A Node without a report, an ibnetdiscover dump or a topology label: no source places it.
+    api.create_node("lonely");
     let mut c = ControllerProcess::start("replica-a", &kc, &[]);
     let want = expected(dir.path());
     wait_until("the ConfigMap", Duration::from_secs(60), || {
         configmap_data(&api).as_ref() == Some(&want.data)
     });
+    // It gets no label, a status entry with the reason, and the metric.
+    let labels = node_labels(&api);
+    assert_eq!(labels.len(), 8, "{labels:?}");
+    assert!(!labels.contains_key("lonely"));
+    let status = get_json(
+        &api,
+        &["configmap", "isthmus-topology-status", "-n", NAMESPACE],
+    )
+    .unwrap_or(Value::Null);
+    let unplaced = status["data"]["unplaced"].as_str().unwrap_or_default();
+    assert!(unplaced.starts_with("lonely: "), "{status}");
+    assert_eq!(unplaced.lines().count(), 1, "{status}");
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 1.0);
     api.stop();
     std::thread::sleep(Duration::from_secs(5));
     assert!(c.running(), "{}", c.log_text());

@@ -62,6 +62,12 @@ pub struct TopologyArgs {
     /// The form of `topology.conf` in the Slurm ConfigMap.
     #[arg(long, value_enum, default_value_t = SlurmTopology::Tree)]
     pub slurm_topology: SlurmTopology,
+    /// Write the status ConfigMap: the nodes no source placed, each with the reason (a status entry per node).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub status_configmap: bool,
+    /// Name of the status ConfigMap (in the controller's namespace).
+    #[arg(long, default_value = "isthmus-topology-status")]
+    pub status_configmap_name: String,
     /// Run `scontrol reconfigure` after the Slurm ConfigMap changed (needs the Slurm client and its auth in the pod).
     #[arg(long)]
     pub scontrol_reconfigure: bool,
@@ -180,6 +186,7 @@ pub struct State {
     hypernodes: ObjectSink,
     kueue: ObjectSink,
     configmap: ObjectSink,
+    status: ObjectSink,
     /// The dump in use and the text it was parsed from.
     fabric: Option<(String, Fabric)>,
     /// Whether each optional CRD was found served (HyperNode, Kueue Topology); asked again while not.
@@ -226,6 +233,13 @@ impl State {
             ),
             kueue: ObjectSink::new(client.clone(), "kueue-topology", &kq, None, None),
             configmap: ObjectSink::new(client.clone(), "configmap", &cm, Some(&namespace), None),
+            status: ObjectSink::new(
+                client.clone(),
+                "status-configmap",
+                &cm,
+                Some(&namespace),
+                None,
+            ),
             args,
             namespace,
             slurm,
@@ -361,6 +375,37 @@ pub fn slurm_files(
     ]))
 }
 
+/// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed) and `nodes` (how
+/// many nodes the model holds, how many are placed).
+pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
+    let mut unplaced = String::new();
+    for (n, why) in model.unplaced() {
+        unplaced.push_str(&format!("{}: {why}\n", n.name));
+    }
+    let total = model.nodes.len();
+    let placed = total - model.unplaced().count();
+    BTreeMap::from([
+        (
+            "nodes".to_owned(),
+            format!("{total} nodes, {placed} placed\n"),
+        ),
+        ("unplaced".to_owned(), unplaced),
+    ])
+}
+
+fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+        },
+        "data": data,
+    })
+}
+
 /// One pass: rebuild the model, render every enabled output, write what differs. Every output is tried even when
 /// one fails; the first error is returned (and the pass retried by the caller).
 pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
@@ -459,16 +504,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
     if args.slurm_configmap {
         let r = async {
             let data = slurm_files(&model, &args)?;
-            let cm = json!({
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": args.slurm_configmap_name,
-                    "namespace": state.namespace,
-                    "labels": { MANAGED_BY.0: MANAGED_BY.1 },
-                },
-                "data": data,
-            });
+            let cm = configmap(&args.slurm_configmap_name, &state.namespace, &data);
             let desired = BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]);
             let w = state
                 .configmap
@@ -486,6 +522,21 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         }
         .await;
         note("slurm-configmap", r);
+    }
+
+    if args.status_configmap {
+        let cm = configmap(
+            &args.status_configmap_name,
+            &state.namespace,
+            &status_data(&model),
+        );
+        let desired = BTreeMap::from([(args.status_configmap_name.clone(), cm)]);
+        let r = state
+            .status
+            .sync(&desired)
+            .await
+            .map_err(TopologyError::api("status configmap"));
+        note("status-configmap", r);
     }
 
     let took = started.elapsed();
