@@ -4,7 +4,7 @@
 //!
 //! - node labels (SSA), HyperNodes and the Kueue Topology (accepted by the server's schema) and the Slurm ConfigMap
 //!   equal what `isthmus controller render` prints for the same NRTs; a label another field manager owns is kept;
-//! - one NRT changed → the outputs follow; 30 s idle → no write by the ServiceAccount (audit log) except the
+//! - one NRT changed → the outputs follow; reports removed → their HyperNodes deleted and their labels removed; 30 s idle → no write by the ServiceAccount (audit log) except the
 //!   leader's Lease renewals;
 //! - two replicas: only the leader writes; killing it hands over to the other;
 //! - a node no source places gets no label, a status entry and the metric;
@@ -279,6 +279,38 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     let writes = sa_writes_except_leases(&api, since);
     assert_eq!(writes.len(), 1, "{writes:#?}");
     assert!(writes[0].contains("/configmaps/"), "{writes:#?}");
+
+    // The second unit's 32 reports go away: their leaves' HyperNodes are deleted, their labels removed (the Nodes
+    // stay), and everything again equals the offline render of the remaining reports.
+    for o in &nrts[32..] {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let out = api.kubectl(&["delete", controller::NRT_CRD, &name]);
+        assert!(out.status.success(), "{}", describe(&out));
+        std::fs::remove_file(dir.path().join(format!("{name}.json")))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let want = expected(dir.path());
+    let mut want_labels = want.labels.clone();
+    if let Some(l) = want_labels.get_mut(&hand) {
+        l.insert(key0.clone(), "set-by-hand".into());
+    }
+    wait_for(
+        "the outputs of 32 nodes",
+        Duration::from_secs(60),
+        &[&c],
+        || {
+            configmap_data(&api).as_ref() == Some(&want.data)
+                && node_labels(&api) == want_labels
+                && hypernodes(&api) == want.hypernodes
+        },
+    );
+    assert!(
+        c.metric_with(
+            "isthmus_controller_topology_writes_total",
+            "kind=\"hypernode\",result=\"deleted\""
+        ) > 0.0
+    );
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 32.0);
 }
 
 #[test]

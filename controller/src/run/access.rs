@@ -48,7 +48,7 @@ pub const NAMESPACE_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "configmaps",
         verbs: &["create", "get", "list", "patch", "watch"],
-        why: "the Slurm ConfigMap: read, then server-side apply (patch; create when new); the watch on the \
+        why: "the Slurm and status ConfigMaps: read, then server-side apply (patch; create when new); the watch on the \
               ibnetdiscover ConfigMap (list, watch with a field selector on its name)",
     },
 ];
