@@ -8,6 +8,8 @@
 //!   leader's Lease renewals;
 //! - two replicas: only the leader writes; killing it hands over to the other;
 //! - a node no source places gets no label, a status entry and the metric;
+//! - an ibnetdiscover dump in a ConfigMap is used (outputs equal the offline render with the same dump); a
+//!   degenerate dump put in its place is refused and the topology stays;
 //! - a kube-apiserver restart: the controller keeps running and converges after it.
 
 use std::collections::BTreeMap;
@@ -423,5 +425,83 @@ fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
         c.metric("isthmus_controller_leader") > 0.5,
         "{}",
         c.log_text()
+    );
+}
+
+#[test]
+fn an_ibnetdiscover_configmap_is_used_and_a_degenerate_one_is_refused() {
+    let api = ApiServer::start();
+    controller::install_crds(&api);
+    let kc = controller::install_controller(&api);
+    let t = Template::h100();
+    let nrts: Vec<_> = (0..64).map(|i| controller::generated_nrt(&t, i)).collect();
+    controller::create_cluster(&api, &nrts);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let nrt_dir = dir.path().join("nrts");
+    controller::write_nrt_dir(&nrt_dir, &nrts);
+    let dump = dir.path().join("fabric.txt");
+    std::fs::write(&dump, cluster_gen::dump(64)).unwrap_or_else(|e| panic!("{e}"));
+    let dump_arg = format!("ibnetdiscover={}", dump.display());
+    let out = api.kubectl(&[
+        "create",
+        "configmap",
+        "fabric",
+        "-n",
+        NAMESPACE,
+        "--from-file",
+        &dump_arg,
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let c = ControllerProcess::start("replica-a", &kc, &["--ibnetdiscover-configmap", "fabric"]);
+    let with_dump = ["--ibnetdiscover", &dump.to_string_lossy()];
+    let r = |o: &str| controller::render_offline(&nrt_dir, o, &with_dump);
+    let want_labels: BTreeMap<String, BTreeMap<String, String>> =
+        serde_yaml_ng::from_str(&r("labels")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(want_labels.len(), 64, "every node placed offline");
+    let want_topology = r("topology-conf");
+    // The dump adds the tiers above the leaves and the switch names: not what the reports alone give.
+    assert_ne!(
+        want_topology,
+        controller::render_offline(&nrt_dir, "topology-conf", &[])
+    );
+    wait_for(
+        "the dump's topology",
+        Duration::from_secs(60),
+        &[&c],
+        || {
+            node_labels(&api) == want_labels
+                && configmap_data(&api)
+                    .and_then(|d| d.get("topology.conf").cloned())
+                    .as_ref()
+                    == Some(&want_topology)
+        },
+    );
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 0.0);
+
+    // A degenerate dump (one CA, no switch) replaces the ConfigMap's: refused, the topology stays.
+    let bad =
+        isthmus_tests::fixtures().join("fabric/dumps/topograph-ibnetdiscover-example-bad.out");
+    let bad_arg = format!("ibnetdiscover={}", bad.display());
+    let out = api.kubectl(&["delete", "configmap", "fabric", "-n", NAMESPACE]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = api.kubectl(&[
+        "create",
+        "configmap",
+        "fabric",
+        "-n",
+        NAMESPACE,
+        "--from-file",
+        &bad_arg,
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    wait_for("the refusal", Duration::from_secs(30), &[&c], || {
+        c.metric("isthmus_controller_topology_dumps_refused_total") >= 1.0
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(node_labels(&api), want_labels);
+    assert_eq!(
+        configmap_data(&api).and_then(|d| d.get("topology.conf").cloned()),
+        Some(want_topology)
     );
 }
