@@ -6,6 +6,7 @@
 //! To add a task: one [`LeaderTask`] line in [`leader_tasks`], its `clap::Args` flattened into [`RunArgs`].
 
 pub mod access;
+pub mod inputs;
 pub mod leader;
 pub mod objects;
 pub mod topology;

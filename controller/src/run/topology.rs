@@ -9,22 +9,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt as _, Stream, StreamExt as _};
-use isthmus_api::fabric::decode;
-use isthmus_api::nrt::NodeResourceTopology;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, PartialObjectMeta};
+use futures::FutureExt as _;
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::inputs::{Inputs, build_model, start_reflectors};
 use super::leader::{Backoff, sleep_or_cancel};
 use super::objects::{LabelSink, ObjectSink, Writes};
 use crate::fabric::{Fabric, ibnetdiscover};
-use crate::model::{self, ClusterModel, ModelOptions, NodeInput};
+use crate::model::{ClusterModel, ModelOptions};
 use crate::offline::{self, OutputKind, RenderArgs};
 use crate::render::{self, RenderOptions, hypernodes, kueue};
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
@@ -165,17 +160,6 @@ impl TopologyError {
     }
 }
 
-/// What the reconciler reads.
-#[derive(Debug, Clone)]
-pub struct Inputs {
-    /// NodeResourceTopologies (zones and managedFields dropped: only the attributes are read).
-    pub nrts: Store<NodeResourceTopology>,
-    /// Nodes' metadata.
-    pub nodes: Store<PartialObjectMeta<Node>>,
-    /// The ibnetdiscover ConfigMap, when one is configured.
-    pub dump: Option<Store<ConfigMap>>,
-}
-
 /// The reconciler's state between runs.
 pub struct State {
     args: TopologyArgs,
@@ -307,42 +291,6 @@ impl State {
             }
         }
     }
-}
-
-/// Build the model from the stores (every NRT, with its Node's labels; Nodes without an NRT with their labels).
-pub fn build_model(inputs: &Inputs, fabric: Option<&Fabric>, opts: &ModelOptions) -> ClusterModel {
-    let mut labels: BTreeMap<String, BTreeMap<String, String>> = inputs
-        .nodes
-        .state()
-        .iter()
-        .filter_map(|n| {
-            Some((
-                n.metadata.name.clone()?,
-                n.metadata.labels.clone().unwrap_or_default(),
-            ))
-        })
-        .collect();
-    let mut nodes: Vec<NodeInput> = inputs
-        .nrts
-        .state()
-        .iter()
-        .filter_map(|o| {
-            let name = o.metadata.name.clone()?;
-            Some(NodeInput {
-                labels: labels.remove(&name).unwrap_or_default(),
-                report: Some(decode(o)),
-                name,
-                ..NodeInput::default()
-            })
-        })
-        .collect();
-    nodes.extend(labels.into_iter().map(|(name, labels)| NodeInput {
-        name,
-        labels,
-        ..NodeInput::default()
-    }));
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    model::build(nodes, fabric, opts)
 }
 
 fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, TopologyError> {
@@ -557,85 +505,6 @@ pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
     metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
         .increment(1);
     backoff.next_delay()
-}
-
-/// Drive a reflector stream, waking `notify` on every event; errors are logged and counted (the stream backs off).
-fn spawn_reflector<S, T>(
-    what: &'static str,
-    stream: S,
-    notify: Arc<Notify>,
-    cancel: CancellationToken,
-) -> tokio::task::JoinHandle<()>
-where
-    S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
-    T: Send,
-{
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let item = tokio::select! {
-                () = cancel.cancelled() => return,
-                item = stream.next() => item,
-            };
-            match item {
-                Some(Ok(_)) => notify.notify_one(),
-                Some(Err(e)) => {
-                    tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff");
-                    metrics::counter!("isthmus_controller_topology_watch_errors_total", "resource" => what)
-                        .increment(1);
-                }
-                None => return,
-            }
-        }
-    })
-}
-
-/// Start the reflectors (their tasks end with `cancel`).
-pub fn start_reflectors(
-    client: &kube::Client,
-    args: &TopologyArgs,
-    namespace: &str,
-    notify: &Arc<Notify>,
-    cancel: &CancellationToken,
-) -> Inputs {
-    let (nrts, nrt_writer) = reflector::store::<NodeResourceTopology>();
-    let nrt_stream = watcher(
-        Api::<NodeResourceTopology>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|o| {
-        o.zones.clear();
-        o.metadata.managed_fields = None;
-    })
-    .reflect(nrt_writer);
-    spawn_reflector(
-        "noderesourcetopologies",
-        nrt_stream,
-        notify.clone(),
-        cancel.clone(),
-    );
-
-    let (nodes, node_writer) = reflector::store::<PartialObjectMeta<Node>>();
-    let node_stream = watcher(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|n| n.metadata.annotations = None)
-    .reflect(node_writer);
-    spawn_reflector("nodes", node_stream, notify.clone(), cancel.clone());
-
-    let dump = args.ibnetdiscover_configmap.as_ref().map(|name| {
-        let (store, writer) = reflector::store::<ConfigMap>();
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let stream = watcher(Api::<ConfigMap>::namespaced(client.clone(), namespace), cfg)
-            .default_backoff()
-            .reflect(writer);
-        spawn_reflector("configmaps", stream, notify.clone(), cancel.clone());
-        store
-    });
-    Inputs { nrts, nodes, dump }
 }
 
 /// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
