@@ -97,6 +97,30 @@ where
     })
 }
 
+/// Reduce each `managedFields` entry to the label keys it owns (all the label sink reads) and drop the entries that
+/// own none: on a real Node the kubelet's entries (status, images, conditions) are most of the metadata.
+pub fn keep_label_fields(meta: &mut kube::api::ObjectMeta) {
+    let Some(entries) = meta.managed_fields.take() else {
+        return;
+    };
+    let kept: Vec<_> = entries
+        .into_iter()
+        .filter_map(|mut e| {
+            let labels = e
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata"))
+                .and_then(|m| m.get("f:labels"))
+                .cloned()?;
+            e.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                serde_json::json!({ "f:metadata": { "f:labels": labels } }),
+            ));
+            Some(e)
+        })
+        .collect();
+    meta.managed_fields = Some(kept);
+}
+
 /// Start the reflectors (their tasks end with `cancel`).
 pub fn start_reflectors(
     client: &kube::Client,
@@ -129,7 +153,10 @@ pub fn start_reflectors(
         watcher::Config::default(),
     )
     .default_backoff()
-    .modify(|n| n.metadata.annotations = None)
+    .modify(|n| {
+        n.metadata.annotations = None;
+        keep_label_fields(&mut n.metadata);
+    })
     .reflect(node_writer);
     spawn_reflector("nodes", node_stream, notify.clone(), cancel.clone());
 
@@ -143,4 +170,38 @@ pub fn start_reflectors(
         store
     });
     Inputs { nrts, nodes, dump }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    use serde_json::json;
+
+    #[test]
+    fn only_label_ownership_is_kept() {
+        let entry = |m: &str, f: serde_json::Value| ManagedFieldsEntry {
+            manager: Some(m.into()),
+            fields_v1: Some(FieldsV1(f)),
+            ..ManagedFieldsEntry::default()
+        };
+        let mut meta = kube::api::ObjectMeta {
+            managed_fields: Some(vec![
+                entry("kubelet", json!({"f:status": {"f:conditions": {}}})),
+                entry(
+                    "kubectl",
+                    json!({"f:metadata": {"f:labels": {"f:a": {}}, "f:annotations": {"f:b": {}}}, "f:spec": {}}),
+                ),
+            ]),
+            ..kube::api::ObjectMeta::default()
+        };
+        keep_label_fields(&mut meta);
+        let kept = meta.managed_fields.unwrap_or_default();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].manager.as_deref(), Some("kubectl"));
+        assert_eq!(
+            kept[0].fields_v1.as_ref().map(|f| f.0.clone()),
+            Some(json!({"f:metadata": {"f:labels": {"f:a": {}}}}))
+        );
+    }
 }
