@@ -318,7 +318,11 @@ impl LabelSink {
                         "metadata": { "name": name, "labels": labels },
                     });
                     let pp = PatchParams::apply(CONTROLLER_FIELD_MANAGER);
-                    let r = api.patch_metadata(&name, &pp, &Patch::Apply(&body)).await;
+                    // The answer is not kept: 10,000 of them would be most of the memory of a first pass.
+                    let r = api
+                        .patch_metadata(&name, &pp, &Patch::Apply(&body))
+                        .await
+                        .map(drop);
                     (name, rv, labels, r)
                 }
             })

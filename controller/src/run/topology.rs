@@ -365,7 +365,6 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         state.fabric.as_ref().map(|(_, f)| f),
         &args.model_options(),
     );
-    let opts = args.render_options();
     let unplaced: Vec<&str> = model.unplaced().map(|(n, _)| n.name.as_str()).collect();
     metrics::gauge!("isthmus_controller_topology_nodes").set(model.nodes.len() as f64);
     metrics::gauge!("isthmus_controller_topology_nodes_unplaced").set(unplaced.len() as f64);
@@ -377,6 +376,10 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
             "nodes whose leaf no source gives: no topology label for them"
         );
     }
+    let nodes = model.nodes.len();
+    let out = Rendered::new(&model, &args, &state.namespace)?;
+    // The model is the largest thing in memory: gone before the writes.
+    drop(model);
     let mut first_error: Option<TopologyError> = None;
     let mut note = |kind: &str, r: Result<Writes, TopologyError>| match r {
         Ok(w) if w.any() => tracing::info!(
@@ -392,11 +395,10 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         }
     };
 
-    if args.node_labels {
-        let desired = render::labels::render(&model, &opts);
+    if let Some(desired) = &out.labels {
         let r = state
             .labels
-            .sync(&inputs.nodes.state(), &desired)
+            .sync(&inputs.nodes.state(), desired)
             .await
             .map(|(w, foreign)| {
                 metrics::gauge!("isthmus_controller_topology_labels_foreign").set(foreign as f64);
@@ -406,7 +408,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         note("node-labels", r);
     }
 
-    if args.hypernodes {
+    if let Some(desired) = &out.hypernodes {
         let r = async {
             if !state
                 .served("topology.volcano.sh/v1alpha1", hypernodes::PLURAL)
@@ -414,14 +416,9 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
             {
                 return Ok(Writes::default());
             }
-            let mut desired = BTreeMap::new();
-            for h in render::hypernodes::render(&model, &opts) {
-                let name = h.metadata.name.clone().unwrap_or_default();
-                desired.insert(name, to_value(&h)?);
-            }
             state
                 .hypernodes
-                .sync(&desired)
+                .sync(desired)
                 .await
                 .map_err(TopologyError::api("hypernodes"))
         }
@@ -429,7 +426,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         note("hypernodes", r);
     }
 
-    if args.kueue_topology {
+    if let Some(desired) = &out.kueue {
         let r = async {
             if !state
                 .served("kueue.x-k8s.io/v1beta2", kueue::PLURAL)
@@ -437,11 +434,9 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
             {
                 return Ok(Writes::default());
             }
-            let t = render::kueue::render(&model, &opts);
-            let desired = BTreeMap::from([(args.kueue_topology_name.clone(), to_value(&t)?)]);
             state
                 .kueue
-                .sync(&desired)
+                .sync(desired)
                 .await
                 .map_err(TopologyError::api("kueue topology"))
         }
@@ -449,14 +444,11 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         note("kueue-topology", r);
     }
 
-    if args.slurm_configmap {
+    if let Some(desired) = &out.slurm {
         let r = async {
-            let data = slurm_files(&model, &args)?;
-            let cm = configmap(&args.slurm_configmap_name, &state.namespace, &data);
-            let desired = BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]);
             let w = state
                 .configmap
-                .sync(&desired)
+                .sync(desired)
                 .await
                 .map_err(TopologyError::api("slurm configmap"))?;
             if w.any() && args.scontrol_reconfigure {
@@ -472,16 +464,10 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         note("slurm-configmap", r);
     }
 
-    if args.status_configmap {
-        let cm = configmap(
-            &args.status_configmap_name,
-            &state.namespace,
-            &status_data(&model),
-        );
-        let desired = BTreeMap::from([(args.status_configmap_name.clone(), cm)]);
+    if let Some(desired) = &out.status {
         let r = state
             .status
-            .sync(&desired)
+            .sync(desired)
             .await
             .map_err(TopologyError::api("status configmap"));
         note("status-configmap", r);
@@ -489,14 +475,68 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
 
     let took = started.elapsed();
     metrics::histogram!("isthmus_controller_topology_recompute_seconds").record(took.as_secs_f64());
-    tracing::debug!(
-        nodes = model.nodes.len(),
-        took_ms = took.as_millis() as u64,
-        "recomputed"
-    );
+    tracing::debug!(nodes, took_ms = took.as_millis() as u64, "recomputed");
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Every enabled output, rendered (objects by name); `None` for a disabled one.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// Node → labels.
+    pub labels: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// HyperNodes.
+    pub hypernodes: Option<BTreeMap<String, Value>>,
+    /// The Kueue Topology.
+    pub kueue: Option<BTreeMap<String, Value>>,
+    /// The Slurm ConfigMap.
+    pub slurm: Option<BTreeMap<String, Value>>,
+    /// The status ConfigMap.
+    pub status: Option<BTreeMap<String, Value>>,
+}
+
+impl Rendered {
+    /// Render what `args` enables.
+    pub fn new(
+        model: &ClusterModel,
+        args: &TopologyArgs,
+        namespace: &str,
+    ) -> Result<Self, TopologyError> {
+        let opts = args.render_options();
+        let mut out = Self::default();
+        if args.node_labels {
+            out.labels = Some(render::labels::render(model, &opts));
+        }
+        if args.hypernodes {
+            let mut desired = BTreeMap::new();
+            for h in render::hypernodes::render(model, &opts) {
+                let name = h.metadata.name.clone().unwrap_or_default();
+                desired.insert(name, to_value(&h)?);
+            }
+            out.hypernodes = Some(desired);
+        }
+        if args.kueue_topology {
+            let t = render::kueue::render(model, &opts);
+            out.kueue = Some(BTreeMap::from([(
+                args.kueue_topology_name.clone(),
+                to_value(&t)?,
+            )]));
+        }
+        if args.slurm_configmap {
+            let cm = configmap(
+                &args.slurm_configmap_name,
+                namespace,
+                &slurm_files(model, args)?,
+            );
+            out.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
+        }
+        if args.status_configmap {
+            let cm = configmap(&args.status_configmap_name, namespace, &status_data(model));
+            out.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
+        }
+        Ok(out)
     }
 }
 
