@@ -199,6 +199,9 @@ pub enum ControllerCommand {
     /// Print what the controller would write, from files (an ibnetdiscover dump, NRT objects), through the same
     /// model and renderers.
     Render(Box<isthmus_controller::RenderArgs>),
+    /// Run the controller: campaign for the Lease, and while leading keep the topology outputs (node labels,
+    /// HyperNodes, Kueue Topology, the Slurm ConfigMap) equal to the model of every node's report.
+    Run(Box<crate::commands::controller::ControllerRunArgs>),
 }
 
 /// How slurmd is run.

@@ -213,6 +213,17 @@ impl Metrics {
         m
     }
 
+    /// A registry whose recorder is the process's global one, for a process whose library code records through the
+    /// `metrics` macros from any task (the controller). Fails when a global recorder is already installed.
+    pub fn install_global() -> Result<Self, String> {
+        let global = PrometheusBuilder::new().build_recorder();
+        let handle = global.handle();
+        metrics::set_global_recorder(global).map_err(|e| e.to_string())?;
+        // `recorder` only serves the agent's own `record_*` calls, which the controller does not make.
+        let recorder = PrometheusBuilder::new().build_recorder();
+        Ok(Self { recorder, handle })
+    }
+
     fn with<T>(&self, f: impl FnOnce() -> T) -> T {
         metrics::with_local_recorder(&self.recorder, f)
     }

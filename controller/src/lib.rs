@@ -11,6 +11,7 @@ pub mod model;
 pub mod nodesync;
 pub mod offline;
 pub mod render;
+pub mod run;
 pub mod slurm;
 
 pub use offline::{RenderArgs, run_render};

@@ -1,10 +1,40 @@
-//! `isthmus controller ...`.
+//! `isthmus controller ...`: `render` (offline) and `run` (the controller: one runtime, logs, `/metrics`,
+//! `/healthz`, `/readyz`, SIGTERM/SIGINT → clean stop, leader election and the leader tasks from
+//! `isthmus_controller::run`).
 
 use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 
-use crate::cli::ControllerCommand;
+use crate::cli::{ControllerCommand, LogFormat};
+use crate::http::{Endpoint, Health};
+use crate::metrics::Metrics;
+
+/// Arguments of `isthmus controller run`.
+#[derive(Debug, clap::Args)]
+pub struct ControllerRunArgs {
+    /// Leader election, Slurm client and the topology task's inputs and outputs.
+    #[command(flatten)]
+    pub run: isthmus_controller::run::RunArgs,
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(
+        long,
+        env = "ISTHMUS_LISTEN",
+        default_value = "0.0.0.0:9465",
+        value_name = "ADDR"
+    )]
+    pub listen: String,
+    /// Log format.
+    #[arg(long, value_enum, env = "ISTHMUS_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How often the main loop proves it is alive for `/healthz`.
+const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// Run a controller subcommand.
 pub fn run(command: ControllerCommand) -> Result<()> {
@@ -20,5 +50,66 @@ pub fn run(command: ControllerCommand) -> Result<()> {
             out.flush().context("writing to stdout")?;
             Ok(())
         }
+        ControllerCommand::Run(args) => run_controller(*args),
     }
+}
+
+/// `isthmus controller run` until SIGTERM/SIGINT.
+fn run_controller(args: ControllerRunArgs) -> Result<()> {
+    crate::commands::agent::init_logging(args.log_format);
+    let metrics = Arc::new(Metrics::install_global().map_err(anyhow::Error::msg)?);
+    let listener =
+        crate::http::bind(&args.listen).with_context(|| format!("binding {}", args.listen))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let result = rt.block_on(serve(args.run, listener, metrics));
+    rt.shutdown_timeout(Duration::from_millis(500));
+    result
+}
+
+async fn serve(
+    args: isthmus_controller::run::RunArgs,
+    listener: std::net::TcpListener,
+    metrics: Arc<Metrics>,
+) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let health = Arc::new(Health::default());
+    health.beat();
+    let endpoint = Endpoint {
+        metrics,
+        health: health.clone(),
+        stale_after: HEARTBEAT * 6,
+    };
+    tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
+    let http = tokio::spawn(crate::http::serve(listener, endpoint, shutdown.clone()));
+
+    let client = kube::Client::try_default()
+        .await
+        .context("building the Kubernetes client (in-cluster or KUBECONFIG)")?;
+    let controller = tokio::spawn(isthmus_controller::run::run(client, args, shutdown.clone()));
+    // Ready once the client exists: a standby replica is ready too (it takes over without a restart).
+    health.set_ready(true);
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            _ = heartbeat.tick() => health.beat(),
+        }
+    }
+    tracing::info!("stopping");
+    health.set_ready(false);
+    shutdown.cancel();
+    if tokio::time::timeout(Duration::from_secs(15), controller)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the controller did not stop within 15 s");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), http).await;
+    Ok(())
 }

@@ -1,0 +1,69 @@
+//! What the running controller asks of the API server. The deploy test checks that
+//! `deploy/controller/rbac-topology.yaml` grants exactly [`API_ACCESS`] cluster-wide and that the namespaced Role
+//! in `deploy/controller/role.yaml` grants exactly [`NAMESPACE_ACCESS`].
+
+use isthmus_api::access::ApiAccess;
+
+/// Cluster-scoped permissions of the topology task (ClusterRole `isthmus-controller-topology`).
+pub const API_ACCESS: &[ApiAccess] = &[
+    ApiAccess {
+        group: "topology.node.k8s.io",
+        resource: "noderesourcetopologies",
+        verbs: &["list", "watch"],
+        why: "the reflector on every node's NodeResourceTopology (its fabric report)",
+    },
+    ApiAccess {
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "patch", "watch"],
+        why: "the metadata reflector on Nodes (labels, managedFields) and server-side apply of the topology labels \
+              (patch; never create)",
+    },
+    ApiAccess {
+        group: "topology.volcano.sh",
+        resource: "hypernodes",
+        verbs: &["create", "delete", "list", "patch"],
+        why: "Volcano HyperNodes where the CRD is installed: server-side apply (patch; create when new), the list \
+              of the ones isthmus owns (label selector) and the deletion of those the model no longer has",
+    },
+    ApiAccess {
+        group: "kueue.x-k8s.io",
+        resource: "topologies",
+        verbs: &["create", "get", "patch"],
+        why: "the Kueue Topology where the CRD is installed and the output is enabled: read, then server-side apply \
+              (patch; create when new)",
+    },
+];
+
+/// Permissions in the controller's own namespace (Role `isthmus-controller`).
+pub const NAMESPACE_ACCESS: &[ApiAccess] = &[
+    ApiAccess {
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["create", "get", "patch"],
+        why: "leader election: the Lease is created when missing, read, and claimed or renewed by server-side apply \
+              and strategic merge patches",
+    },
+    ApiAccess {
+        group: "",
+        resource: "configmaps",
+        verbs: &["create", "get", "list", "patch", "watch"],
+        why: "the Slurm and status ConfigMaps: read, then server-side apply (patch; create when new); the watch on the \
+              ibnetdiscover ConfigMap (list, watch with a field selector on its name)",
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_are_sorted_and_unique() {
+        for a in API_ACCESS.iter().chain(NAMESPACE_ACCESS) {
+            let mut v = a.verbs.to_vec();
+            v.sort_unstable();
+            v.dedup();
+            assert_eq!(v, a.verbs, "{}", a.resource);
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! `isthmus controller run`: the running controller. Every replica campaigns for the `coordination.k8s.io` Lease
+//! (see [`leader`]); only the leader runs the [`leader_tasks`], each under a child [`CancellationToken`] that is
+//! cancelled when the lease is lost, while the process keeps campaigning. A task that fails is restarted with
+//! backoff as long as the replica leads.
+//!
+//! To add a task: one [`LeaderTask`] line in [`leader_tasks`], its `clap::Args` flattened into [`RunArgs`].
+
+pub mod access;
+pub mod inputs;
+pub mod leader;
+pub mod objects;
+pub mod topology;
+
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+pub use access::{API_ACCESS, NAMESPACE_ACCESS};
+
+use crate::slurm::{SlurmArgs, SlurmClient};
+
+/// Field manager of the Lease (the lease manager's own SSA writes); each replica appends its identity, so that
+/// two replicas' claims conflict instead of silently merging.
+pub const LEASE_FIELD_MANAGER_PREFIX: &str = "isthmus-controller-lease";
+
+/// Arguments of `isthmus controller run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Namespace of the Lease and of the ConfigMaps the controller reads and writes.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "isthmus-system")]
+    pub namespace: String,
+    /// This replica's identity in the Lease (default: the host name and a random suffix).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Name of the Lease the replicas campaign for.
+    #[arg(long, default_value = "isthmus-controller")]
+    pub lease_name: String,
+    /// How long a claim on the Lease is valid without renewal, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub lease_seconds: u64,
+    /// How long before expiry the leader renews its claim, in seconds.
+    #[arg(long, default_value_t = 5)]
+    pub lease_grace_seconds: u64,
+    /// The Slurm client tools (for the optional `scontrol reconfigure`).
+    #[command(flatten)]
+    pub slurm: SlurmArgs,
+    /// The topology task: what it reads and which outputs it writes.
+    #[command(flatten)]
+    pub topology: topology::TopologyArgs,
+}
+
+impl RunArgs {
+    /// This replica's identity: `--identity`, or the host name plus a random suffix.
+    pub fn identity(&self) -> String {
+        match &self.identity {
+            Some(i) if !i.is_empty() => i.clone(),
+            _ => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "isthmus-controller".into());
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                format!("{host}-{:08x}", nanos ^ std::process::id())
+            }
+        }
+    }
+}
+
+/// What every leader task is given.
+#[derive(Clone)]
+pub struct LeaderContext {
+    /// The API client.
+    pub client: kube::Client,
+    /// The Slurm client tools.
+    pub slurm: SlurmClient,
+    /// All arguments.
+    pub args: Arc<RunArgs>,
+}
+
+impl std::fmt::Debug for LeaderContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderContext")
+            .field("args", &self.args)
+            .finish()
+    }
+}
+
+/// A leader task's future; its error is logged and counted, then the task is restarted with backoff.
+pub type TaskFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// One task the leader runs. It must return soon after its token is cancelled.
+#[derive(Clone, Copy)]
+pub struct LeaderTask {
+    /// Name (log field and metric label).
+    pub name: &'static str,
+    /// Start it.
+    pub start: fn(LeaderContext, CancellationToken) -> TaskFuture,
+}
+
+impl std::fmt::Debug for LeaderTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderTask")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Box a task's future, its error turned into text.
+pub fn boxed<E: Display>(f: impl Future<Output = Result<(), E>> + Send + 'static) -> TaskFuture {
+    Box::pin(async move { f.await.map_err(|e| e.to_string()) })
+}
+
+/// The tasks started on acquiring the lease.
+pub fn leader_tasks() -> Vec<LeaderTask> {
+    vec![
+        LeaderTask {
+            name: "topology",
+            start: |c, t| {
+                boxed(topology::run(
+                    c.client,
+                    c.slurm,
+                    c.args.topology.clone(),
+                    c.args.namespace.clone(),
+                    t,
+                ))
+            },
+        },
+        // Node state sync and Slurm placement plug in here, one line each.
+    ]
+}
+
+/// Campaign for the lease and run the leader tasks while leading, until `shutdown`. Never returns early on an
+/// API error: every failure is logged, counted and retried.
+pub async fn run(client: kube::Client, args: RunArgs, shutdown: CancellationToken) {
+    let ctx = LeaderContext {
+        client,
+        slurm: SlurmClient::new(args.slurm.clone()),
+        args: Arc::new(args),
+    };
+    leader::campaign(ctx, leader_tasks(), shutdown).await;
+}

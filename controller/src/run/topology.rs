@@ -1,0 +1,658 @@
+//! The topology task: reflectors on NodeResourceTopologies, Nodes (metadata only) and, optionally, the ConfigMap
+//! holding an `ibnetdiscover` dump; on any change (debounced) the cluster model is rebuilt with
+//! [`crate::model::build`], rendered with the same renderers as `isthmus controller render`, and each enabled
+//! output is written only where it differs from what the server holds. Shaped like kube-rs's controller-rs: one
+//! [`reconcile`] and an [`error_policy`] that retries with capped exponential backoff; API errors never end the
+//! task.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::inputs::{Inputs, build_model, start_reflectors};
+use super::leader::{Backoff, sleep_or_cancel};
+use super::objects::{LabelSink, ObjectSink, Writes};
+use crate::fabric::{Fabric, ibnetdiscover};
+use crate::model::{ClusterModel, ModelOptions};
+use crate::offline::{self, OutputKind, RenderArgs};
+use crate::render::{self, RenderOptions, hypernodes, kueue};
+use crate::slurm::{SlurmClient, SlurmError, parse_duration};
+
+/// Label on every object the topology task owns whole (besides HyperNodes' own source label).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "isthmus-controller");
+
+/// The Slurm topology form written into `topology.conf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlurmTopology {
+    /// `topology/tree`: `SwitchName=… Switches=…` / `Nodes=…`.
+    Tree,
+    /// `topology/block` (Slurm >= 23.11): `BlockName=… Nodes=…`, `BlockSizes=`.
+    Block,
+}
+
+/// Arguments of the topology task: inputs, outputs (each switchable) and render options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopologyArgs {
+    /// Write the topology node labels (`<tier-label-prefix>N`, the accelerator domain) on Nodes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub node_labels: bool,
+    /// Write Volcano HyperNodes (only where the `hypernodes.topology.volcano.sh` CRD is installed).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub hypernodes: bool,
+    /// Write the Kueue Topology (only where the `topologies.kueue.x-k8s.io` CRD is installed).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kueue_topology: bool,
+    /// Write the Slurm ConfigMap (`topology.conf`, `gres.conf`, `nodes.conf`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub slurm_configmap: bool,
+    /// Name of the Slurm ConfigMap (in the controller's namespace).
+    #[arg(long, default_value = "isthmus-slurm-topology")]
+    pub slurm_configmap_name: String,
+    /// The form of `topology.conf` in the Slurm ConfigMap.
+    #[arg(long, value_enum, default_value_t = SlurmTopology::Tree)]
+    pub slurm_topology: SlurmTopology,
+    /// Write the status ConfigMap: the nodes no source placed, each with the reason (a status entry per node).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub status_configmap: bool,
+    /// Name of the status ConfigMap (in the controller's namespace).
+    #[arg(long, default_value = "isthmus-topology-status")]
+    pub status_configmap_name: String,
+    /// Run `scontrol reconfigure` after the Slurm ConfigMap changed (needs the Slurm client and its auth in the pod).
+    #[arg(long)]
+    pub scontrol_reconfigure: bool,
+    /// ConfigMap (in the controller's namespace) holding an ibnetdiscover dump: the second topology source.
+    #[arg(long, value_name = "NAME")]
+    pub ibnetdiscover_configmap: Option<String>,
+    /// Key of the dump in that ConfigMap.
+    #[arg(long, default_value = "ibnetdiscover", value_name = "KEY")]
+    pub ibnetdiscover_key: String,
+    /// Switches whose description or name contains this are never leaves (e.g. storage leaves); repeatable.
+    #[arg(long = "exclude-switch", value_name = "TEXT")]
+    pub exclude_switches: Vec<String>,
+    /// Prefix of the tier label keys (`fabric.topograph.run/tier-` writes Topograph's keys).
+    #[arg(long, default_value = "topology.isthmus.io/tier-")]
+    pub tier_label_prefix: String,
+    /// The accelerator domain label key.
+    #[arg(long, default_value = "topology.isthmus.io/accelerator-domain")]
+    pub accelerator_label: String,
+    /// `BlockSizes=` base of the block topology (default: the smallest block).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Name of the Kueue Topology.
+    #[arg(long, default_value = "isthmus")]
+    pub kueue_topology_name: String,
+    /// How long to wait after a change for more changes before recomputing.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub debounce: Duration,
+}
+
+impl TopologyArgs {
+    /// The same options as `isthmus controller render` with these flags (so both render identically).
+    pub fn render_args(&self, output: OutputKind) -> RenderArgs {
+        RenderArgs {
+            ibnetdiscover: None,
+            nrt_dir: None,
+            output,
+            exclude_switches: self.exclude_switches.clone(),
+            tier_label_prefix: self.tier_label_prefix.clone(),
+            accelerator_label: self.accelerator_label.clone(),
+            block_size: self.block_size,
+            kueue_topology_name: self.kueue_topology_name.clone(),
+        }
+    }
+
+    /// Render options (through `offline::render_options`, shared with `isthmus controller render`).
+    pub fn render_options(&self) -> RenderOptions {
+        offline::render_options(&self.render_args(OutputKind::Labels))
+    }
+
+    /// Model options, as `isthmus controller render` builds them.
+    pub fn model_options(&self) -> ModelOptions {
+        ModelOptions {
+            exclude_switches: self.exclude_switches.clone(),
+            ignore_label_prefixes: vec![
+                self.tier_label_prefix.clone(),
+                self.accelerator_label.clone(),
+            ],
+            ..ModelOptions::default()
+        }
+    }
+}
+
+/// Why a reconcile failed (it is retried).
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An output could not be rendered.
+    #[error("rendering: {0}")]
+    Render(#[from] offline::Error),
+    /// `scontrol reconfigure` failed.
+    #[error("scontrol reconfigure: {0}")]
+    Slurm(#[from] SlurmError),
+}
+
+impl TopologyError {
+    fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
+        move |source| Self::Api { what, source }
+    }
+
+    /// Short name for the error metric's label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Api { what, .. } => what,
+            Self::Render(_) => "render",
+            Self::Slurm(_) => "scontrol",
+        }
+    }
+}
+
+/// The reconciler's state between runs.
+pub struct State {
+    args: TopologyArgs,
+    namespace: String,
+    slurm: SlurmClient,
+    client: kube::Client,
+    labels: LabelSink,
+    hypernodes: ObjectSink,
+    kueue: ObjectSink,
+    configmap: ObjectSink,
+    status: ObjectSink,
+    /// The dump in use and the text it was parsed from.
+    fabric: Option<(String, Fabric)>,
+    /// Whether each optional CRD was found served (HyperNode, Kueue Topology); asked again while not.
+    served: BTreeMap<&'static str, bool>,
+    /// A `scontrol reconfigure` is owed (the ConfigMap changed and the call failed).
+    reconfigure_due: bool,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State").field("args", &self.args).finish()
+    }
+}
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+impl State {
+    /// Fresh state.
+    pub fn new(
+        client: kube::Client,
+        slurm: SlurmClient,
+        args: TopologyArgs,
+        namespace: String,
+    ) -> Self {
+        let hn = resource(
+            hypernodes::GROUP,
+            hypernodes::VERSION,
+            hypernodes::KIND,
+            hypernodes::PLURAL,
+        );
+        let kq = resource(kueue::GROUP, kueue::VERSION, kueue::KIND, kueue::PLURAL);
+        let cm = resource("", "v1", "ConfigMap", "configmaps");
+        let source = RenderOptions::default().hypernode_source;
+        Self {
+            labels: LabelSink::new(client.clone()),
+            hypernodes: ObjectSink::new(
+                client.clone(),
+                "hypernode",
+                &hn,
+                None,
+                Some(format!("{}={source}", hypernodes::SOURCE_LABEL)),
+            ),
+            kueue: ObjectSink::new(client.clone(), "kueue-topology", &kq, None, None),
+            configmap: ObjectSink::new(client.clone(), "configmap", &cm, Some(&namespace), None),
+            status: ObjectSink::new(
+                client.clone(),
+                "status-configmap",
+                &cm,
+                Some(&namespace),
+                None,
+            ),
+            args,
+            namespace,
+            slurm,
+            client,
+            fabric: None,
+            served: BTreeMap::new(),
+            reconfigure_due: false,
+        }
+    }
+
+    /// Whether `group/version` serves `plural` (asked until it does; a read, never a write).
+    async fn served(
+        &mut self,
+        group_version: &'static str,
+        plural: &str,
+    ) -> Result<bool, TopologyError> {
+        if self.served.get(group_version).copied().unwrap_or(false) {
+            return Ok(true);
+        }
+        let found = match self.client.list_api_group_resources(group_version).await {
+            Ok(list) => list.resources.iter().any(|r| r.name == plural),
+            Err(kube::Error::Api(s)) if s.code == 404 => false,
+            Err(e) => return Err(TopologyError::api("API discovery")(e)),
+        };
+        if found {
+            tracing::info!(
+                api = group_version,
+                resource = plural,
+                "CRD served: writing it"
+            );
+        }
+        self.served.insert(group_version, found);
+        Ok(found)
+    }
+
+    /// The dump to use: the ConfigMap's text parsed, unless it cannot replace the one in use (a degenerate dump).
+    fn update_fabric(&mut self, inputs: &Inputs) {
+        let Some(store) = &inputs.dump else {
+            return;
+        };
+        let text = store
+            .state()
+            .first()
+            .and_then(|cm| cm.data.as_ref()?.get(&self.args.ibnetdiscover_key).cloned());
+        let Some(text) = text else {
+            if self.fabric.is_some() {
+                tracing::warn!(
+                    "the ibnetdiscover ConfigMap or its key is gone: keeping the last good dump"
+                );
+            }
+            return;
+        };
+        if self.fabric.as_ref().is_some_and(|(t, _)| *t == text) {
+            return;
+        }
+        let parsed = ibnetdiscover::parse(&text);
+        match parsed.may_replace(self.fabric.as_ref().map(|(_, f)| f)) {
+            Ok(()) => {
+                tracing::info!(summary = ?parsed.summary(), "using the ibnetdiscover dump");
+                self.fabric = Some((text, parsed));
+            }
+            Err(why) => {
+                tracing::warn!(%why, "refusing the ibnetdiscover dump: keeping the previous one");
+                metrics::counter!("isthmus_controller_topology_dumps_refused_total").increment(1);
+            }
+        }
+    }
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, TopologyError> {
+    serde_json::to_value(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
+}
+
+/// The Slurm ConfigMap's data.
+pub fn slurm_files(
+    model: &ClusterModel,
+    args: &TopologyArgs,
+) -> Result<BTreeMap<String, String>, TopologyError> {
+    let opts = args.render_options();
+    let topo = match args.slurm_topology {
+        SlurmTopology::Tree => OutputKind::TopologyConf,
+        SlurmTopology::Block => OutputKind::TopologyBlock,
+    };
+    Ok(BTreeMap::from([
+        (
+            "topology.conf".to_owned(),
+            offline::render_output(model, topo, &opts)?,
+        ),
+        (
+            "gres.conf".to_owned(),
+            offline::render_output(model, OutputKind::GresConf, &opts)?,
+        ),
+        (
+            "nodes.conf".to_owned(),
+            offline::render_output(model, OutputKind::NodeConf, &opts)?,
+        ),
+    ]))
+}
+
+/// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed) and `nodes` (how
+/// many nodes the model holds, how many are placed).
+pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
+    let mut unplaced = String::new();
+    for (n, why) in model.unplaced() {
+        unplaced.push_str(&format!("{}: {why}\n", n.name));
+    }
+    let total = model.nodes.len();
+    let placed = total - model.unplaced().count();
+    BTreeMap::from([
+        (
+            "nodes".to_owned(),
+            format!("{total} nodes, {placed} placed\n"),
+        ),
+        ("unplaced".to_owned(), unplaced),
+    ])
+}
+
+fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+        },
+        "data": data,
+    })
+}
+
+/// One pass: rebuild the model, render every enabled output, write what differs. Every output is tried even when
+/// one fails; the first error is returned (and the pass retried by the caller).
+pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
+    let started = Instant::now();
+    state.update_fabric(inputs);
+    let args = state.args.clone();
+    let model = build_model(
+        inputs,
+        state.fabric.as_ref().map(|(_, f)| f),
+        &args.model_options(),
+    );
+    let unplaced: Vec<&str> = model.unplaced().map(|(n, _)| n.name.as_str()).collect();
+    metrics::gauge!("isthmus_controller_topology_nodes").set(model.nodes.len() as f64);
+    metrics::gauge!("isthmus_controller_topology_nodes_unplaced").set(unplaced.len() as f64);
+    metrics::counter!("isthmus_controller_topology_recomputes_total").increment(1);
+    if !unplaced.is_empty() {
+        tracing::warn!(
+            count = unplaced.len(),
+            first = ?unplaced.iter().take(5).collect::<Vec<_>>(),
+            "nodes whose leaf no source gives: no topology label for them"
+        );
+    }
+    let nodes = model.nodes.len();
+    let out = Rendered::new(&model, &args, &state.namespace)?;
+    // The model is the largest thing in memory: gone before the writes.
+    drop(model);
+    let mut first_error: Option<TopologyError> = None;
+    let mut note = |kind: &str, r: Result<Writes, TopologyError>| match r {
+        Ok(w) if w.any() => tracing::info!(
+            output = kind,
+            applied = w.applied,
+            deleted = w.deleted,
+            "written"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(output = kind, error = %e, "writing failed; will retry");
+            first_error.get_or_insert(e);
+        }
+    };
+
+    if let Some(desired) = &out.labels {
+        let r = state
+            .labels
+            .sync(&inputs.nodes.state(), desired)
+            .await
+            .map(|(w, foreign)| {
+                metrics::gauge!("isthmus_controller_topology_labels_foreign").set(foreign as f64);
+                w
+            })
+            .map_err(TopologyError::api("node labels"));
+        note("node-labels", r);
+    }
+
+    if let Some(desired) = &out.hypernodes {
+        let r = async {
+            if !state
+                .served("topology.volcano.sh/v1alpha1", hypernodes::PLURAL)
+                .await?
+            {
+                return Ok(Writes::default());
+            }
+            state
+                .hypernodes
+                .sync(desired)
+                .await
+                .map_err(TopologyError::api("hypernodes"))
+        }
+        .await;
+        note("hypernodes", r);
+    }
+
+    if let Some(desired) = &out.kueue {
+        let r = async {
+            if !state
+                .served("kueue.x-k8s.io/v1beta2", kueue::PLURAL)
+                .await?
+            {
+                return Ok(Writes::default());
+            }
+            state
+                .kueue
+                .sync(desired)
+                .await
+                .map_err(TopologyError::api("kueue topology"))
+        }
+        .await;
+        note("kueue-topology", r);
+    }
+
+    if let Some(desired) = &out.slurm {
+        let r = async {
+            let w = state
+                .configmap
+                .sync(desired)
+                .await
+                .map_err(TopologyError::api("slurm configmap"))?;
+            if w.any() && args.scontrol_reconfigure {
+                state.reconfigure_due = true;
+            }
+            if state.reconfigure_due {
+                state.slurm.run("scontrol", &["reconfigure"]).await?;
+                state.reconfigure_due = false;
+            }
+            Ok(w)
+        }
+        .await;
+        note("slurm-configmap", r);
+    }
+
+    if let Some(desired) = &out.status {
+        let r = state
+            .status
+            .sync(desired)
+            .await
+            .map_err(TopologyError::api("status configmap"));
+        note("status-configmap", r);
+    }
+
+    let took = started.elapsed();
+    metrics::histogram!("isthmus_controller_topology_recompute_seconds").record(took.as_secs_f64());
+    tracing::debug!(nodes, took_ms = took.as_millis() as u64, "recomputed");
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Every enabled output, rendered (objects by name); `None` for a disabled one.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// Node → labels.
+    pub labels: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// HyperNodes.
+    pub hypernodes: Option<BTreeMap<String, Value>>,
+    /// The Kueue Topology.
+    pub kueue: Option<BTreeMap<String, Value>>,
+    /// The Slurm ConfigMap.
+    pub slurm: Option<BTreeMap<String, Value>>,
+    /// The status ConfigMap.
+    pub status: Option<BTreeMap<String, Value>>,
+}
+
+impl Rendered {
+    /// Render what `args` enables.
+    pub fn new(
+        model: &ClusterModel,
+        args: &TopologyArgs,
+        namespace: &str,
+    ) -> Result<Self, TopologyError> {
+        let opts = args.render_options();
+        let mut out = Self::default();
+        if args.node_labels {
+            out.labels = Some(render::labels::render(model, &opts));
+        }
+        if args.hypernodes {
+            let mut desired = BTreeMap::new();
+            for h in render::hypernodes::render(model, &opts) {
+                let name = h.metadata.name.clone().unwrap_or_default();
+                desired.insert(name, to_value(&h)?);
+            }
+            out.hypernodes = Some(desired);
+        }
+        if args.kueue_topology {
+            let t = render::kueue::render(model, &opts);
+            out.kueue = Some(BTreeMap::from([(
+                args.kueue_topology_name.clone(),
+                to_value(&t)?,
+            )]));
+        }
+        if args.slurm_configmap {
+            let cm = configmap(
+                &args.slurm_configmap_name,
+                namespace,
+                &slurm_files(model, args)?,
+            );
+            out.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
+        }
+        if args.status_configmap {
+            let cm = configmap(&args.status_configmap_name, namespace, &status_data(model));
+            out.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
+        }
+        Ok(out)
+    }
+}
+
+/// How long to wait before retrying after `error` (capped exponential backoff), counted per kind of failure.
+pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
+    metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
+        .increment(1);
+    backoff.next_delay()
+}
+
+/// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
+/// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
+pub async fn run(
+    client: kube::Client,
+    slurm: SlurmClient,
+    args: TopologyArgs,
+    namespace: String,
+    cancel: CancellationToken,
+) -> Result<(), TopologyError> {
+    let notify = Arc::new(Notify::new());
+    // The reflectors stop with this task, whether it is cancelled or returns.
+    let reflectors = cancel.child_token();
+    let _stop_reflectors = reflectors.clone().drop_guard();
+    let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
+    let ready = async {
+        let _ = inputs.nrts.wait_until_ready().await;
+        let _ = inputs.nodes.wait_until_ready().await;
+        if let Some(d) = &inputs.dump {
+            let _ = d.wait_until_ready().await;
+        }
+    };
+    tokio::select! {
+        () = cancel.cancelled() => return Ok(()),
+        () = ready => {}
+    }
+    tracing::info!(
+        nrts = inputs.nrts.state().len(),
+        nodes = inputs.nodes.state().len(),
+        "topology inputs listed"
+    );
+    let debounce = args.debounce;
+    let mut state = State::new(client, slurm, args, namespace);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        let retry = match reconcile(&inputs, &mut state).await {
+            Ok(()) => {
+                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+                None
+            }
+            Err(e) => {
+                let d = error_policy(&e, &mut backoff);
+                tracing::warn!(error = %e, retry_in = ?d, "topology reconcile failed");
+                Some(d)
+            }
+        };
+        let retry_sleep = async {
+            match retry {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            () = notify.notified() => {}
+            () = retry_sleep => {}
+        }
+        if !sleep_or_cancel(debounce, &cancel).await {
+            return Ok(());
+        }
+        // Events during the debounce are part of this pass.
+        let _ = notify.notified().now_or_never();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TopologyArgs,
+    }
+
+    #[test]
+    fn every_output_can_be_switched() {
+        let d = Cli::parse_from(["x"]).args;
+        assert!(d.node_labels && d.hypernodes && d.slurm_configmap && !d.kueue_topology);
+        let a = Cli::parse_from([
+            "x",
+            "--node-labels=false",
+            "--hypernodes",
+            "false",
+            "--kueue-topology=true",
+            "--slurm-configmap=false",
+            "--slurm-topology=block",
+            "--debounce=50ms",
+        ])
+        .args;
+        assert!(!a.node_labels && !a.hypernodes && a.kueue_topology && !a.slurm_configmap);
+        assert_eq!(a.slurm_topology, SlurmTopology::Block);
+        assert_eq!(a.debounce, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn options_match_the_offline_render() {
+        let a = Cli::parse_from(["x", "--tier-label-prefix=fabric.topograph.run/tier-"]).args;
+        let o = a.render_options();
+        assert_eq!(o.tier_key(0), "fabric.topograph.run/tier-0");
+        assert_eq!(
+            a.model_options().ignore_label_prefixes,
+            vec![
+                "fabric.topograph.run/tier-",
+                "topology.isthmus.io/accelerator-domain"
+            ]
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! The running controller (`isthmus controller run`) in end-to-end tests: install what it needs on a real API
+//! server (the NRT, Volcano and Kueue CRDs, `deploy/controller`), write a generated cluster's NRTs and Nodes, and
+//! start the real binary as the shipped ServiceAccount (a TokenRequest token), killed when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use isthmus_api::nrt::NodeResourceTopology;
+
+use crate::apiserver::ApiServer;
+use crate::{fixtures, free_port, isthmus_bin, repo_root};
+
+/// The controller's namespace and ServiceAccount.
+pub const NAMESPACE: &str = "isthmus-system";
+/// The controller's ServiceAccount.
+pub const SERVICE_ACCOUNT: &str = "isthmus-controller";
+/// The NRT CRD.
+pub const NRT_CRD: &str = "noderesourcetopologies.topology.node.k8s.io";
+/// Volcano's HyperNode CRD.
+pub const HYPERNODE_CRD: &str = "hypernodes.topology.volcano.sh";
+/// Kueue's Topology CRD.
+pub const KUEUE_CRD: &str = "topologies.kueue.x-k8s.io";
+
+/// `deploy/controller`.
+pub fn deploy_dir() -> PathBuf {
+    repo_root().join("deploy/controller")
+}
+
+/// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode and Kueue Topology CRDs.
+pub fn install_crds(api: &ApiServer) {
+    for (path, name) in [
+        (
+            repo_root().join("deploy/daemonset/base/noderesourcetopology-crd.yaml"),
+            NRT_CRD,
+        ),
+        (
+            fixtures().join("reference/volcano/topology.volcano.sh_hypernodes.yaml"),
+            HYPERNODE_CRD,
+        ),
+        (
+            fixtures().join("reference/kueue/kueue.x-k8s.io_topologies.yaml"),
+            KUEUE_CRD,
+        ),
+    ] {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        api.apply_yaml(&text);
+        api.wait_for_crd(name);
+    }
+}
+
+/// `kubectl apply -k deploy/controller` as the administrator, then a kubeconfig with a token of the controller's
+/// ServiceAccount.
+pub fn install_controller(api: &ApiServer) -> PathBuf {
+    api.apply_kustomize(&deploy_dir());
+    let token = api.token_for(NAMESPACE, SERVICE_ACCOUNT);
+    api.kubeconfig_for_token(&token)
+}
+
+/// Node `i` of the generated cluster (`cluster_gen::node_nrt`) with each attribute once: `node_nrt` appends the
+/// node's own port attributes (unique GUIDs, neighbour facts) after the template's, and a reader keeps the first of
+/// two equal names, so the later one is kept here.
+pub fn generated_nrt(t: &crate::cluster_gen::Template, i: usize) -> NodeResourceTopology {
+    let mut o = crate::cluster_gen::node_nrt(t, i);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut kept: Vec<_> = o
+        .attributes
+        .drain(..)
+        .rev()
+        .filter(|a| seen.insert(a.name.clone()))
+        .collect();
+    kept.reverse();
+    o.attributes = kept;
+    o
+}
+
+/// Apply `nrts` (as the administrator, one JSON List) and create their Nodes.
+pub fn create_cluster(api: &ApiServer, nrts: &[NodeResourceTopology]) {
+    for o in nrts {
+        if let Some(name) = &o.metadata.name {
+            api.create_node(name);
+        }
+    }
+    apply_nrts(api, nrts);
+}
+
+/// Apply `nrts` as the administrator.
+pub fn apply_nrts(api: &ApiServer, nrts: &[NodeResourceTopology]) {
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": nrts});
+    api.apply_yaml(&list.to_string());
+}
+
+/// Write `nrts` into `dir` (one JSON file each) for `isthmus controller render --nrt-dir`.
+pub fn write_nrt_dir(dir: &Path, nrts: &[NodeResourceTopology]) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+    for o in nrts {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let text = serde_json::to_string(o).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.join(format!("{name}.json")), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// `isthmus controller render --nrt-dir DIR --output OUTPUT` plus `extra`; panics when it fails.
+pub fn render_offline(nrt_dir: &Path, output: &str, extra: &[&str]) -> String {
+    let dir = nrt_dir.display().to_string();
+    let mut args = vec![
+        "controller",
+        "render",
+        "--nrt-dir",
+        &dir,
+        "--output",
+        output,
+    ];
+    args.extend_from_slice(extra);
+    let out = crate::isthmus(&args, &[]);
+    assert!(
+        out.status.success(),
+        "render {output}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A running `isthmus controller run`.
+#[derive(Debug)]
+pub struct ControllerProcess {
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+    /// Its identity in the Lease.
+    pub identity: String,
+    /// Its `/metrics` address.
+    pub listen: String,
+    /// Its log (stdout and stderr).
+    pub log: PathBuf,
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl ControllerProcess {
+    /// Start `isthmus controller run --identity IDENTITY` with `KUBECONFIG=kubeconfig` in [`NAMESPACE`], plus `args`.
+    pub fn start(identity: &str, kubeconfig: &Path, args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let listen = format!("127.0.0.1:{}", free_port());
+        let log = dir.path().join("controller.log");
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(isthmus_bin())
+            .args([
+                "controller",
+                "run",
+                "--namespace",
+                NAMESPACE,
+                "--identity",
+                identity,
+                "--listen",
+                &listen,
+            ])
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,kube_lease_manager=warn")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the controller: {e}"));
+        Self {
+            child: Some(child),
+            _dir: dir,
+            identity: identity.to_owned(),
+            listen,
+            log,
+        }
+    }
+
+    /// What it logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGKILL it (a crashed replica: the lease is not released).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM it and wait for its exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        c.wait().ok()
+    }
+
+    /// The sum of a metric's series on `/metrics` (every label set; 0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        crate::http_get(&self.listen, "/metrics")
+            .ok()
+            .map(|(_, body)| {
+                body.lines()
+                    .filter(|l| l.split([' ', '{']).next() == Some(name))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// One series of a metric, by its exact label text (`kind="configmap",result="applied"`).
+    pub fn metric_with(&self, name: &str, labels: &str) -> f64 {
+        let prefix = format!("{name}{{{labels}}} ");
+        crate::http_get(&self.listen, "/metrics")
+            .ok()
+            .and_then(|(_, body)| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+}

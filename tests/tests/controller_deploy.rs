@@ -1,0 +1,206 @@
+//! `deploy/controller` on the real kube-apiserver: `kubectl apply -k` succeeds without a warning; the shipped
+//! ClusterRole and Role grant exactly what `isthmus_controller::run` declares (the YAML and, verb by verb, what the
+//! server says the ServiceAccount's TokenRequest token may do); the Deployment runs two replicas and its pod meets
+//! the "restricted" Pod Security level, checked by the server's own admission.
+
+use isthmus_api::access::ApiAccess;
+use isthmus_controller::run::{API_ACCESS, NAMESPACE_ACCESS};
+use isthmus_tests::apiserver::{ApiServer, describe, kubectl_with};
+use isthmus_tests::controller::{self, NAMESPACE, SERVICE_ACCOUNT};
+use serde_yaml_ng::Value;
+
+fn docs(file: &str) -> Vec<Value> {
+    let path = controller::deploy_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}")))
+        .collect()
+}
+
+/// The rules of the one object of `kind` in `file`, as (group, resource, sorted verbs).
+fn rules(file: &str, kind: &str) -> Vec<(String, String, Vec<String>)> {
+    let all = docs(file);
+    let obj = all
+        .iter()
+        .find(|d| d["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("no {kind} in {file}"));
+    let mut out = Vec::new();
+    for r in obj["rules"].as_sequence().into_iter().flatten() {
+        let strs = |k: &str| -> Vec<String> {
+            r[k].as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        };
+        for g in strs("apiGroups") {
+            for res in strs("resources") {
+                let mut verbs = strs("verbs");
+                verbs.sort();
+                out.push((g.clone(), res, verbs));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn declared(access: &[ApiAccess]) -> Vec<(String, String, Vec<String>)> {
+    let mut out: Vec<_> = access
+        .iter()
+        .map(|a| {
+            let mut v: Vec<String> = a.verbs.iter().map(|s| (*s).to_owned()).collect();
+            v.sort();
+            (a.group.to_owned(), a.resource.to_owned(), v)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_shipped_rbac_files_equal_the_declared_access() {
+    assert_eq!(
+        rules("rbac-topology.yaml", "ClusterRole"),
+        declared(API_ACCESS)
+    );
+    assert_eq!(rules("role.yaml", "Role"), declared(NAMESPACE_ACCESS));
+    // Both are bound to the controller's ServiceAccount.
+    for (file, kind) in [
+        ("rbac-topology.yaml", "ClusterRoleBinding"),
+        ("role.yaml", "RoleBinding"),
+    ] {
+        let all = docs(file);
+        let b = all
+            .iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind} in {file}"));
+        assert_eq!(b["subjects"][0]["name"].as_str(), Some(SERVICE_ACCOUNT));
+        assert_eq!(b["subjects"][0]["namespace"].as_str(), Some(NAMESPACE));
+    }
+}
+
+#[test]
+fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access() {
+    let api = ApiServer::shared();
+    controller::install_crds(api);
+    let out = api.apply_kustomize(&controller::deploy_dir());
+    let text = describe(&out);
+    assert!(!text.to_lowercase().contains("warning"), "{text}");
+    // Applying again changes nothing and still warns about nothing.
+    let again = describe(&api.apply_kustomize(&controller::deploy_dir()));
+    assert!(!again.to_lowercase().contains("warning"), "{again}");
+
+    let kc = controller::install_controller(api);
+    let can = |verb: &str, what: &str, ns: Option<&str>| -> bool {
+        let mut args = vec!["auth", "can-i", verb, what];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        let out = kubectl_with(&kc, &args);
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    let verbs = [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ];
+    let name = |a: &ApiAccess| {
+        if a.group.is_empty() {
+            a.resource.to_owned()
+        } else {
+            format!("{}.{}", a.resource, a.group)
+        }
+    };
+    for a in API_ACCESS {
+        for v in verbs {
+            assert_eq!(
+                can(v, &name(a), None),
+                a.verbs.contains(&v),
+                "cluster-wide {v} {}",
+                name(a)
+            );
+        }
+    }
+    for a in NAMESPACE_ACCESS {
+        for v in verbs {
+            assert_eq!(
+                can(v, &name(a), Some(NAMESPACE)),
+                a.verbs.contains(&v)
+                    || API_ACCESS
+                        .iter()
+                        .any(|c| c.resource == a.resource && c.verbs.contains(&v)),
+                "{v} {} in {NAMESPACE}",
+                name(a)
+            );
+            // Nothing in other namespaces.
+            assert!(
+                !can(v, &name(a), Some("default")),
+                "{v} {} in default",
+                name(a)
+            );
+        }
+    }
+    for (v, what) in [
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("get", "nodes"),
+        ("update", "nodes"),
+        ("delete", "nodes"),
+        ("create", "nodes"),
+        ("list", "pods"),
+    ] {
+        assert!(!can(v, what, None), "{v} {what} should be refused");
+        assert!(
+            !can(v, what, Some(NAMESPACE)),
+            "{v} {what} in {NAMESPACE} should be refused"
+        );
+    }
+}
+
+#[test]
+fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
+    let api = ApiServer::shared();
+    let all = docs("deployment.yaml");
+    let d = &all[0];
+    assert_eq!(d["spec"]["replicas"].as_u64(), Some(2));
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["args"][0].as_str(), Some("controller"));
+    assert_eq!(c["args"][1].as_str(), Some("run"));
+    let agent = std::fs::read_to_string(
+        isthmus_tests::repo_root().join("deploy/daemonset/base/daemonset.yaml"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let image = c["image"].as_str().unwrap_or_default();
+    assert!(
+        agent.contains(&format!("image: {image}")),
+        "not the agent's image: {image}"
+    );
+    // The pod as the Deployment would create it, in a namespace that enforces "restricted": the server's
+    // PodSecurity admission accepts it (dry run) without a warning.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: restricted-check\n  labels:\n    \
+         pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/warn: restricted\n\
+         ---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: isthmus-controller\n  \
+         namespace: restricted-check\n",
+    );
+    let spec = d["spec"]["template"]["spec"].clone();
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "controller", "namespace": "restricted-check"},
+        "spec": spec,
+    });
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("pod.json");
+    std::fs::write(&file, pod.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let out = api.kubectl(&["create", "--dry-run=server", "-f", &file.to_string_lossy()]);
+    let text = describe(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.to_lowercase().contains("warning"), "{text}");
+}

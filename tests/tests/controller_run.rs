@@ -1,0 +1,507 @@
+//! `isthmus controller run` (the real binary) against the real kube-apiserver with the upstream NRT, Volcano
+//! HyperNode and Kueue Topology CRDs, authenticated as the shipped ServiceAccount (TokenRequest token, the RBAC of
+//! `deploy/controller`), on a generated cluster of 8-GPU nodes (`isthmus_tests::cluster_gen`):
+//!
+//! - node labels (SSA), HyperNodes and the Kueue Topology (accepted by the server's schema) and the Slurm ConfigMap
+//!   equal what `isthmus controller render` prints for the same NRTs; a label another field manager owns is kept;
+//! - one NRT changed → the outputs follow; reports removed → their HyperNodes deleted and their labels removed; 30 s idle → no write by the ServiceAccount (audit log) except the
+//!   leader's Lease renewals;
+//! - two replicas: only the leader writes; killing it hands over to the other;
+//! - a node no source places gets no label, a status entry and the metric;
+//! - an ibnetdiscover dump in a ConfigMap is used (outputs equal the offline render with the same dump); a
+//!   degenerate dump put in its place is refused and the topology stays;
+//! - a kube-apiserver restart: the controller keeps running and converges after it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_tests::apiserver::{ApiServer, describe, service_account_user};
+use isthmus_tests::cluster_gen::{self, Template};
+use isthmus_tests::controller::{self, ControllerProcess, NAMESPACE, SERVICE_ACCOUNT};
+use isthmus_tests::slurm::wait_until;
+use serde_json::Value;
+
+const CONFIGMAP: &str = "isthmus-slurm-topology";
+const LABEL_PREFIX: &str = "topology.isthmus.io/";
+
+fn get_json(api: &ApiServer, args: &[&str]) -> Option<Value> {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
+    let out = api.kubectl(&all);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn configmap_data(api: &ApiServer) -> Option<BTreeMap<String, String>> {
+    let cm = get_json(api, &["configmap", CONFIGMAP, "-n", NAMESPACE])?;
+    serde_json::from_value(cm["data"].clone()).ok()
+}
+
+/// Node → the labels under `topology.isthmus.io/`.
+fn node_labels(api: &ApiServer) -> BTreeMap<String, BTreeMap<String, String>> {
+    let list = get_json(api, &["nodes"]).unwrap_or(Value::Null);
+    let mut out = BTreeMap::new();
+    for n in list["items"].as_array().into_iter().flatten() {
+        let name = n["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let labels: BTreeMap<String, String> = n["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with(LABEL_PREFIX))
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+            .collect();
+        if !labels.is_empty() {
+            out.insert(name, labels);
+        }
+    }
+    out
+}
+
+/// Name → (labels, spec) of the HyperNodes on the server.
+fn hypernodes(api: &ApiServer) -> BTreeMap<String, (Value, Value)> {
+    let list = get_json(api, &[controller::HYPERNODE_CRD]).unwrap_or(Value::Null);
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|h| {
+            (
+                h["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                (h["metadata"]["labels"].clone(), h["spec"].clone()),
+            )
+        })
+        .collect()
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// What the offline render says for the NRTs in `dir`: (labels, HyperNodes, Kueue spec, ConfigMap data).
+struct Expected {
+    labels: BTreeMap<String, BTreeMap<String, String>>,
+    hypernodes: BTreeMap<String, (Value, Value)>,
+    kueue: Value,
+    data: BTreeMap<String, String>,
+}
+
+fn expected(dir: &Path) -> Expected {
+    let r = |o: &str| controller::render_offline(dir, o, &[]);
+    let labels = serde_yaml_ng::from_str(&r("labels")).unwrap_or_else(|e| panic!("{e}"));
+    let hypernodes = yaml_docs(&r("hypernodes"))
+        .into_iter()
+        .map(|h| {
+            (
+                h["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                (h["metadata"]["labels"].clone(), h["spec"].clone()),
+            )
+        })
+        .collect();
+    let kueue = yaml_docs(&r("kueue")).remove(0)["spec"].clone();
+    let data = BTreeMap::from([
+        ("topology.conf".to_owned(), r("topology-conf")),
+        ("gres.conf".to_owned(), r("gres-conf")),
+        ("nodes.conf".to_owned(), r("node-conf")),
+    ]);
+    Expected {
+        labels,
+        hypernodes,
+        kueue,
+        data,
+    }
+}
+
+/// A cluster of `n` generated nodes on `api`, and the same NRTs in a directory for the offline render.
+fn cluster(api: &ApiServer, n: usize) -> (Vec<NodeResourceTopology>, tempfile::TempDir) {
+    let t = Template::h100();
+    let nrts: Vec<_> = (0..n).map(|i| controller::generated_nrt(&t, i)).collect();
+    controller::create_cluster(api, &nrts);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    controller::write_nrt_dir(dir.path(), &nrts);
+    (nrts, dir)
+}
+
+/// Change node `i`'s Slurm node line (its RealMemory), on the server and in `dir`.
+fn change_node(
+    api: &ApiServer,
+    nrts: &mut [NodeResourceTopology],
+    i: usize,
+    memory: u64,
+    dir: &Path,
+) {
+    let o = &mut nrts[i];
+    for a in &mut o.attributes {
+        if a.name == isthmus_api::fabric::SLURM_NODE {
+            a.value = a
+                .value
+                .split(' ')
+                .map(|w| {
+                    if w.starts_with("RealMemory=") {
+                        format!("RealMemory={memory}")
+                    } else {
+                        w.to_owned()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+        }
+    }
+    controller::apply_nrts(api, std::slice::from_ref(o));
+    controller::write_nrt_dir(dir, std::slice::from_ref(o));
+}
+
+/// [`wait_until`] that shows the controllers' logs when it times out.
+fn wait_for(
+    what: &str,
+    timeout: Duration,
+    logs: &[&ControllerProcess],
+    mut f: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text: Vec<String> = logs
+        .iter()
+        .map(|c| format!("--- {} ---\n{}", c.identity, c.log_text()))
+        .collect();
+    panic!(
+        "timed out after {timeout:?} waiting for {what}\n{}",
+        text.join("\n")
+    );
+}
+
+fn sa_writes_except_leases(api: &ApiServer, since: SystemTime) -> Vec<String> {
+    api.writes_by(&service_account_user(NAMESPACE, SERVICE_ACCOUNT), since)
+        .into_iter()
+        .filter(|e| e.resource != "leases")
+        .map(|e| format!("{} {} {}", e.verb, e.uri, e.code))
+        .collect()
+}
+
+#[test]
+fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
+    let api = ApiServer::start();
+    controller::install_crds(&api);
+    let kc = controller::install_controller(&api);
+    let (mut nrts, dir) = cluster(&api, 64);
+    let hand = cluster_gen::node_name(0);
+    let key0 = format!("{LABEL_PREFIX}tier-0");
+    let out = api.kubectl(&["label", "node", &hand, &format!("{key0}=set-by-hand")]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let started = Instant::now();
+    let c = ControllerProcess::start("replica-a", &kc, &["--kueue-topology=true"]);
+    let want = expected(dir.path());
+    let mut want_labels = want.labels.clone();
+    if let Some(l) = want_labels.get_mut(&hand) {
+        l.insert(key0.clone(), "set-by-hand".into());
+    }
+    wait_for(
+        "every output written",
+        Duration::from_secs(120),
+        &[&c],
+        || {
+            configmap_data(&api).as_ref() == Some(&want.data)
+                && node_labels(&api) == want_labels
+                && hypernodes(&api).len() == want.hypernodes.len()
+        },
+    );
+    println!(
+        "64 nodes: every output written {:?} after start",
+        started.elapsed()
+    );
+    assert_eq!(hypernodes(&api), want.hypernodes, "{}", c.log_text());
+    let kueue = get_json(&api, &[controller::KUEUE_CRD, "isthmus"]).unwrap_or(Value::Null);
+    assert_eq!(kueue["spec"], want.kueue);
+    assert!(c.metric("isthmus_controller_leader") > 0.5);
+    assert_eq!(c.metric("isthmus_controller_topology_labels_foreign"), 1.0);
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 0.0);
+    // The hand-set label is still owned by kubectl alone.
+    let node = get_json(&api, &["node", &hand, "--show-managed-fields"]).unwrap_or(Value::Null);
+    let f = format!("f:{key0}");
+    for m in node["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let owns = m["fieldsV1"]["f:metadata"]["f:labels"].get(&f).is_some();
+        if m["manager"] == "isthmus-controller" {
+            assert!(!owns, "isthmus-controller took {key0}: {m}");
+        }
+    }
+
+    // Idle: nothing written but Lease renewals.
+    std::thread::sleep(Duration::from_secs(2));
+    let since = SystemTime::now();
+    let writes_before = c.metric("isthmus_controller_topology_writes_total");
+    std::thread::sleep(Duration::from_secs(30));
+    let writes = sa_writes_except_leases(&api, since);
+    assert!(writes.is_empty(), "writes while idle: {writes:#?}");
+    assert_eq!(
+        c.metric("isthmus_controller_topology_writes_total"),
+        writes_before
+    );
+
+    // One NRT changes: the Slurm ConfigMap follows, nothing else is rewritten.
+    let since = SystemTime::now();
+    let changed_at = Instant::now();
+    change_node(&api, &mut nrts, 5, 123_456, dir.path());
+    let want = expected(dir.path());
+    wait_until(
+        "the change in the Slurm ConfigMap",
+        Duration::from_secs(30),
+        || configmap_data(&api).as_ref() == Some(&want.data),
+    );
+    println!(
+        "one NRT changed → ConfigMap updated in {:?}",
+        changed_at.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let writes = sa_writes_except_leases(&api, since);
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert!(writes[0].contains("/configmaps/"), "{writes:#?}");
+
+    // The second unit's 32 reports go away: their leaves' HyperNodes are deleted, their labels removed (the Nodes
+    // stay), and everything again equals the offline render of the remaining reports.
+    for o in &nrts[32..] {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let out = api.kubectl(&["delete", controller::NRT_CRD, &name]);
+        assert!(out.status.success(), "{}", describe(&out));
+        std::fs::remove_file(dir.path().join(format!("{name}.json")))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let want = expected(dir.path());
+    let mut want_labels = want.labels.clone();
+    if let Some(l) = want_labels.get_mut(&hand) {
+        l.insert(key0.clone(), "set-by-hand".into());
+    }
+    wait_for(
+        "the outputs of 32 nodes",
+        Duration::from_secs(60),
+        &[&c],
+        || {
+            configmap_data(&api).as_ref() == Some(&want.data)
+                && node_labels(&api) == want_labels
+                && hypernodes(&api) == want.hypernodes
+        },
+    );
+    assert!(
+        c.metric_with(
+            "isthmus_controller_topology_writes_total",
+            "kind=\"hypernode\",result=\"deleted\""
+        ) > 0.0
+    );
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 32.0);
+}
+
+#[test]
+fn only_the_leader_writes_and_the_standby_takes_over() {
+    let api = ApiServer::start();
+    controller::install_crds(&api);
+    let kc = controller::install_controller(&api);
+    let (mut nrts, dir) = cluster(&api, 8);
+    let lease = ["--lease-seconds", "4", "--lease-grace-seconds", "1"];
+    let mut a = ControllerProcess::start("replica-a", &kc, &lease);
+    let mut b = ControllerProcess::start("replica-b", &kc, &lease);
+    let want = expected(dir.path());
+    wait_until("the ConfigMap", Duration::from_secs(60), || {
+        configmap_data(&api).as_ref() == Some(&want.data)
+    });
+    let leading = |c: &ControllerProcess| c.metric("isthmus_controller_leader") > 0.5;
+    wait_until("exactly one leader", Duration::from_secs(30), || {
+        leading(&a) != leading(&b)
+    });
+    let (leader, standby) = if leading(&a) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert!(leader.metric("isthmus_controller_topology_writes_total") > 0.0);
+    assert_eq!(
+        standby.metric("isthmus_controller_topology_recomputes_total"),
+        0.0
+    );
+    assert_eq!(
+        standby.metric("isthmus_controller_topology_writes_total"),
+        0.0
+    );
+    let holder =
+        get_json(&api, &["lease", "isthmus-controller", "-n", NAMESPACE]).unwrap_or(Value::Null);
+    assert_eq!(
+        holder["spec"]["holderIdentity"].as_str(),
+        Some(leader.identity.as_str())
+    );
+
+    // The leader crashes (the lease is not released): the standby takes over once the claim expires.
+    leader.kill();
+    let killed = Instant::now();
+    wait_until("the standby leads", Duration::from_secs(30), || {
+        leading(standby)
+    });
+    println!(
+        "standby leads {:?} after the leader was killed",
+        killed.elapsed()
+    );
+    change_node(&api, &mut nrts, 3, 77_777, dir.path());
+    let want = expected(dir.path());
+    wait_until("the new leader's write", Duration::from_secs(30), || {
+        configmap_data(&api).as_ref() == Some(&want.data)
+    });
+    assert!(standby.metric("isthmus_controller_topology_writes_total") > 0.0);
+
+    // SIGTERM: a clean stop that releases the lease.
+    let status = standby.terminate();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let holder =
+        get_json(&api, &["lease", "isthmus-controller", "-n", NAMESPACE]).unwrap_or(Value::Null);
+    assert!(
+        holder["spec"]["holderIdentity"]
+            .as_str()
+            .is_none_or(str::is_empty),
+        "{holder}"
+    );
+}
+
+#[test]
+fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
+    let mut api = ApiServer::start();
+    controller::install_crds(&api);
+    let kc = controller::install_controller(&api);
+    let (mut nrts, dir) = cluster(&api, 8);
+    // A Node without a report, an ibnetdiscover dump or a topology label: no source places it.
+    api.create_node("lonely");
+    let mut c = ControllerProcess::start("replica-a", &kc, &[]);
+    let want = expected(dir.path());
+    wait_until("the ConfigMap", Duration::from_secs(60), || {
+        configmap_data(&api).as_ref() == Some(&want.data)
+    });
+    // It gets no label, a status entry with the reason, and the metric.
+    let labels = node_labels(&api);
+    assert_eq!(labels.len(), 8, "{labels:?}");
+    assert!(!labels.contains_key("lonely"));
+    let status = get_json(
+        &api,
+        &["configmap", "isthmus-topology-status", "-n", NAMESPACE],
+    )
+    .unwrap_or(Value::Null);
+    let unplaced = status["data"]["unplaced"].as_str().unwrap_or_default();
+    assert!(unplaced.starts_with("lonely: "), "{status}");
+    assert_eq!(unplaced.lines().count(), 1, "{status}");
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 1.0);
+    api.stop();
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(c.running(), "{}", c.log_text());
+    api.restart();
+    change_node(&api, &mut nrts, 2, 55_555, dir.path());
+    let want = expected(dir.path());
+    wait_until(
+        "convergence after the restart",
+        Duration::from_secs(120),
+        || configmap_data(&api).as_ref() == Some(&want.data),
+    );
+    assert!(c.running(), "{}", c.log_text());
+    assert!(
+        c.metric("isthmus_controller_leader") > 0.5,
+        "{}",
+        c.log_text()
+    );
+}
+
+#[test]
+fn an_ibnetdiscover_configmap_is_used_and_a_degenerate_one_is_refused() {
+    let api = ApiServer::start();
+    controller::install_crds(&api);
+    let kc = controller::install_controller(&api);
+    let t = Template::h100();
+    let nrts: Vec<_> = (0..64).map(|i| controller::generated_nrt(&t, i)).collect();
+    controller::create_cluster(&api, &nrts);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let nrt_dir = dir.path().join("nrts");
+    controller::write_nrt_dir(&nrt_dir, &nrts);
+    let dump = dir.path().join("fabric.txt");
+    std::fs::write(&dump, cluster_gen::dump(64)).unwrap_or_else(|e| panic!("{e}"));
+    let dump_arg = format!("ibnetdiscover={}", dump.display());
+    let out = api.kubectl(&[
+        "create",
+        "configmap",
+        "fabric",
+        "-n",
+        NAMESPACE,
+        "--from-file",
+        &dump_arg,
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let c = ControllerProcess::start("replica-a", &kc, &["--ibnetdiscover-configmap", "fabric"]);
+    let with_dump = ["--ibnetdiscover", &dump.to_string_lossy()];
+    let r = |o: &str| controller::render_offline(&nrt_dir, o, &with_dump);
+    let want_labels: BTreeMap<String, BTreeMap<String, String>> =
+        serde_yaml_ng::from_str(&r("labels")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(want_labels.len(), 64, "every node placed offline");
+    let want_topology = r("topology-conf");
+    // The dump adds the tiers above the leaves and the switch names: not what the reports alone give.
+    assert_ne!(
+        want_topology,
+        controller::render_offline(&nrt_dir, "topology-conf", &[])
+    );
+    wait_for(
+        "the dump's topology",
+        Duration::from_secs(60),
+        &[&c],
+        || {
+            node_labels(&api) == want_labels
+                && configmap_data(&api)
+                    .and_then(|d| d.get("topology.conf").cloned())
+                    .as_ref()
+                    == Some(&want_topology)
+        },
+    );
+    assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 0.0);
+
+    // A degenerate dump (one CA, no switch) replaces the ConfigMap's: refused, the topology stays.
+    let bad =
+        isthmus_tests::fixtures().join("fabric/dumps/topograph-ibnetdiscover-example-bad.out");
+    let bad_arg = format!("ibnetdiscover={}", bad.display());
+    let out = api.kubectl(&["delete", "configmap", "fabric", "-n", NAMESPACE]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = api.kubectl(&[
+        "create",
+        "configmap",
+        "fabric",
+        "-n",
+        NAMESPACE,
+        "--from-file",
+        &bad_arg,
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    wait_for("the refusal", Duration::from_secs(30), &[&c], || {
+        c.metric("isthmus_controller_topology_dumps_refused_total") >= 1.0
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(node_labels(&api), want_labels);
+    assert_eq!(
+        configmap_data(&api).and_then(|d| d.get("topology.conf").cloned()),
+        Some(want_topology)
+    );
+}
