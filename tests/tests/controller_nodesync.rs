@@ -7,11 +7,12 @@ use std::time::{Duration, SystemTime};
 use isthmus_controller::nodesync::{API_ACCESS, NodeSyncArgs};
 use isthmus_tests::nodesync::SyncSite;
 
-/// The functional deadline for one change to cross over.
+/// The deadline for one change to cross over.
 const CROSS: Duration = Duration::from_secs(2);
 
 fn args() -> NodeSyncArgs {
     NodeSyncArgs {
+        node_sync: true,
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
         ..NodeSyncArgs::default()
     }

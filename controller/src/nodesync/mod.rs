@@ -34,8 +34,9 @@ use decide::{Action, Policy};
 /// The node sync's flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeSyncArgs {
-    /// Keep Kubernetes cordons and Slurm drains in agreement (`--no-node-sync` turns it off).
-    #[arg(long = "node-sync", overrides_with = "no_node_sync", default_value_t = true, action = clap::ArgAction::SetTrue)]
+    /// Keep Kubernetes cordons and Slurm drains in agreement. Off by default: it needs the Slurm client tools and
+    /// munge in the controller's pod (`deploy/controller/overlays/slurm`).
+    #[arg(long = "node-sync", overrides_with = "no_node_sync", action = clap::ArgAction::SetTrue)]
     pub node_sync: bool,
     /// Turn the node sync off.
     #[arg(long = "no-node-sync", overrides_with = "node_sync", action = clap::ArgAction::SetTrue)]
@@ -62,7 +63,7 @@ pub struct NodeSyncArgs {
 impl Default for NodeSyncArgs {
     fn default() -> Self {
         Self {
-            node_sync: true,
+            node_sync: false,
             no_node_sync: false,
             interval: Duration::from_secs(1),
             max_backoff: Duration::from_secs(10),
@@ -449,11 +450,14 @@ mod tests {
     #[test]
     fn flags() {
         let cli = Cli::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
-        assert!(cli.sync.enabled() && cli.sync.taint);
+        assert!(!cli.sync.enabled() && cli.sync.taint);
+        let cli = Cli::try_parse_from(["x", "--node-sync"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cli.sync.enabled());
         assert_eq!(cli.sync.interval, Duration::from_secs(1));
         assert!(cli.sync.drain_conditions.is_empty());
         let cli = Cli::try_parse_from([
             "x",
+            "--node-sync",
             "--no-node-sync",
             "--node-sync-interval=500ms",
             "--node-sync-drain-conditions=GpuUnhealthy,NicDown",

@@ -35,6 +35,26 @@ pub const API_ACCESS: &[ApiAccess] = &[
     },
 ];
 
+/// Every task's cluster-scoped permissions, with the file in `deploy/controller` whose ClusterRole grants them.
+pub const TASK_ACCESS: &[(&str, &[ApiAccess])] = &[
+    ("rbac-topology.yaml", API_ACCESS),
+    ("rbac-nodesync.yaml", crate::nodesync::API_ACCESS),
+];
+
+/// The verbs the controller's ServiceAccount holds cluster-wide on `resource` of `group`: the union of every task's
+/// ClusterRole.
+pub fn cluster_verbs(group: &str, resource: &str) -> Vec<&'static str> {
+    let mut verbs: Vec<&'static str> = TASK_ACCESS
+        .iter()
+        .flat_map(|(_, access)| access.iter())
+        .filter(|a| a.group == group && a.resource == resource)
+        .flat_map(|a| a.verbs.iter().copied())
+        .collect();
+    verbs.sort_unstable();
+    verbs.dedup();
+    verbs
+}
+
 /// Permissions in the controller's own namespace (Role `isthmus-controller`).
 pub const NAMESPACE_ACCESS: &[ApiAccess] = &[
     ApiAccess {

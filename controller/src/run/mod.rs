@@ -50,6 +50,9 @@ pub struct RunArgs {
     /// The topology task: what it reads and which outputs it writes.
     #[command(flatten)]
     pub topology: topology::TopologyArgs,
+    /// The node state sync between Kubernetes and Slurm (off unless `--node-sync`).
+    #[command(flatten)]
+    pub node_sync: crate::nodesync::NodeSyncArgs,
 }
 
 impl RunArgs {
@@ -129,7 +132,17 @@ pub fn leader_tasks() -> Vec<LeaderTask> {
                 ))
             },
         },
-        // Node state sync and Slurm placement plug in here, one line each.
+        LeaderTask {
+            name: "nodesync",
+            start: |c, t| {
+                boxed(crate::nodesync::run(
+                    c.client,
+                    c.slurm,
+                    c.args.node_sync.clone(),
+                    t,
+                ))
+            },
+        },
     ]
 }
 

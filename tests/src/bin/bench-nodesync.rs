@@ -54,7 +54,13 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(50);
-    let site = SyncSite::start(&["bench1", "bench2"], NodeSyncArgs::default());
+    let site = SyncSite::start(
+        &["bench1", "bench2"],
+        NodeSyncArgs {
+            node_sync: true,
+            ..NodeSyncArgs::default()
+        },
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
