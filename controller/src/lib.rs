@@ -9,6 +9,7 @@ pub mod hostlist;
 pub mod label_sources;
 pub mod model;
 pub mod offline;
+pub mod placement;
 pub mod render;
 pub mod slurm;
 

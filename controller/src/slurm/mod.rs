@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+pub mod jobs;
+
 /// Where the Slurm client tools are and how long one call may take.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SlurmArgs {
@@ -183,22 +185,23 @@ impl SlurmClient {
             source,
         })?;
         let joined = || args.join(" ");
-        let out = match tokio::time::timeout(self.args.slurm_timeout, child.wait_with_output()).await {
-            Err(_) => {
-                return Err(SlurmError::Timeout {
-                    program: program.to_owned(),
-                    args: joined(),
-                    after: self.args.slurm_timeout,
-                });
-            }
-            Ok(Err(source)) => {
-                return Err(SlurmError::Spawn {
-                    program: program.to_owned(),
-                    source,
-                });
-            }
-            Ok(Ok(out)) => out,
-        };
+        let out =
+            match tokio::time::timeout(self.args.slurm_timeout, child.wait_with_output()).await {
+                Err(_) => {
+                    return Err(SlurmError::Timeout {
+                        program: program.to_owned(),
+                        args: joined(),
+                        after: self.args.slurm_timeout,
+                    });
+                }
+                Ok(Err(source)) => {
+                    return Err(SlurmError::Spawn {
+                        program: program.to_owned(),
+                        source,
+                    });
+                }
+                Ok(Ok(out)) => out,
+            };
         if !out.status.success() {
             return Err(SlurmError::Failed {
                 program: program.to_owned(),
@@ -211,7 +214,11 @@ impl SlurmClient {
     }
 
     /// Run `program args…` (which must include `--json`) and parse its output.
-    pub async fn json<T: DeserializeOwned>(&self, program: &str, args: &[&str]) -> Result<T, SlurmError> {
+    pub async fn json<T: DeserializeOwned>(
+        &self,
+        program: &str,
+        args: &[&str],
+    ) -> Result<T, SlurmError> {
         let text = self.run(program, args).await?;
         serde_json::from_str(&text).map_err(|source| SlurmError::Json {
             program: program.to_owned(),
