@@ -19,7 +19,8 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+/// The shutdown signal [`run`] takes.
+pub use tokio_util::sync::CancellationToken;
 
 use crate::slurm::{SlurmClient, jobs, parse_duration};
 use decide::{Action, PodView};
