@@ -68,8 +68,10 @@ impl Placement {
             ns: ns.to_owned(),
             sa_kubeconfig,
             conf: cluster.conf(),
+            // A scheduler name per test: the API server is shared, each test's Slurm cluster is not.
             args: PlacementArgs {
                 enabled: true,
+                scheduler_name: format!("isthmus-slurm-{ns}"),
                 ..PlacementArgs::default()
             },
             running: None,
@@ -105,7 +107,9 @@ impl Placement {
             token.cancel();
             self.rt
                 .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
-                .unwrap_or_else(|_| panic!("placement::run did not return within 10 s of its cancellation"))
+                .unwrap_or_else(|_| {
+                    panic!("placement::run did not return within 10 s of its cancellation")
+                })
                 .unwrap_or_else(|e| panic!("placement task: {e}"));
         }
     }
@@ -114,12 +118,12 @@ impl Placement {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
 
-    /// Create a pod for the isthmus-slurm scheduler asking `gpus` GPUs and 1 CPU, with `annotations`; its UID.
+    /// Create a pod for this test's scheduler (`isthmus-slurm-<namespace>`) asking `gpus` GPUs and 1 CPU, with `annotations`; its UID.
     pub fn create_pod(&self, name: &str, gpus: u32, annotations: &[(&str, &str)]) -> String {
         let mut pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": self.ns},
             "spec": {
-                "schedulerName": "isthmus-slurm",
+                "schedulerName": self.args.scheduler_name,
                 "containers": [{"name": "main", "image": "registry.invalid/app:1",
                     "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
             }
@@ -229,7 +233,8 @@ impl Drop for Placement {
 
 /// Every job Slurm lists (`squeue --json`).
 pub fn jobs(cluster: &Cluster) -> Vec<Job> {
-    parse_jobs(&cluster.run_ok("squeue", &["--json"])).unwrap_or_else(|e| panic!("squeue --json: {e}"))
+    parse_jobs(&cluster.run_ok("squeue", &["--json"]))
+        .unwrap_or_else(|e| panic!("squeue --json: {e}"))
 }
 
 /// The jobs whose comment names the pod UID.
@@ -251,7 +256,8 @@ pub fn sbatch(cluster: &Cluster, args: &[&str]) -> u64 {
     all.extend(args);
     all.push("--wrap=exec sleep 600");
     let out = cluster.run_ok("sbatch", &all);
-    isthmus_controller::slurm::jobs::parse_parsable(&out).unwrap_or_else(|| panic!("sbatch said {out:?}"))
+    isthmus_controller::slurm::jobs::parse_parsable(&out)
+        .unwrap_or_else(|| panic!("sbatch said {out:?}"))
 }
 
 /// slurm.conf lines for preemption by partition priority: partitions `low` (default) and `high` over every node.

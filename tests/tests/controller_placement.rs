@@ -22,7 +22,10 @@ fn active(c: &Cluster, id: u64) -> bool {
 #[test]
 fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
     let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("pa1", 4, 0), NodeSpec::new("pa2", 4, 1)], "");
+    let cluster = Cluster::start(
+        &[NodeSpec::new("pa1", 4, 0), NodeSpec::new("pa2", 4, 1)],
+        "",
+    );
     let mut p = Placement::new(api, &cluster, "placement-basic");
     let since = SystemTime::now();
     p.start();
@@ -31,34 +34,45 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
     let uid = p.create_pod("gpu", 1, &[]);
     wait_until("the pod to be bound", WAIT, || p.node_of("gpu").is_some());
     assert_eq!(p.node_of("gpu").as_deref(), Some("pa2"));
-    let id = p.job_id_of("gpu").unwrap_or_else(|| panic!("no job id on the pod"));
+    let id = p
+        .job_id_of("gpu")
+        .unwrap_or_else(|| panic!("no job id on the pod"));
     let j = job(&cluster, id).unwrap_or_else(|| panic!("job {id} not in squeue"));
     assert!(j.is_running(), "{j:?}");
     assert_eq!(j.nodes, "pa2");
     assert_eq!(j.comment, format!("k8s:placement-basic/gpu/{uid}"));
     assert_eq!(jobs_of(&cluster, &uid).len(), 1, "one job per pod");
     wait_until("the Scheduled event", WAIT, || {
-        p.events("gpu").iter().any(|(r, m)| r == "Scheduled" && m.contains("pa2"))
+        p.events("gpu")
+            .iter()
+            .any(|(r, m)| r == "Scheduled" && m.contains("pa2"))
     });
 
     // Pod deleted: the job is gone within 2 s.
     p.delete_pod("gpu");
     let deleted = Instant::now();
-    wait_until("the job to be cancelled", Duration::from_secs(2), || !active(&cluster, id));
-    eprintln!("job cancelled {:?} after the pod's deletion", deleted.elapsed());
+    wait_until("the job to be cancelled", Duration::from_secs(2), || {
+        !active(&cluster, id)
+    });
+    eprintln!(
+        "job cancelled {:?} after the pod's deletion",
+        deleted.elapsed()
+    );
 
     // Job cancelled in Slurm: the pod is deleted, with an Event naming the Slurm state.
     p.create_pod("gpu2", 1, &[]);
     wait_until("gpu2 to be bound", WAIT, || p.node_of("gpu2").is_some());
-    let id2 = p.job_id_of("gpu2").unwrap_or_else(|| panic!("no job id on gpu2"));
+    let id2 = p
+        .job_id_of("gpu2")
+        .unwrap_or_else(|| panic!("no job id on gpu2"));
     assert_ne!(id, id2);
     cluster.run_ok("scancel", &[&id2.to_string()]);
     wait_until("gpu2 to be deleted", WAIT, || p.deleted("gpu2"));
     let events = p.events("gpu2");
     assert!(
-        events
-            .iter()
-            .any(|(r, m)| r == "SlurmJobEnded" && m.contains(&id2.to_string()) && m.contains("CANCELLED")),
+        events.iter().any(|(r, m)| r == "SlurmJobEnded"
+            && m.contains(&id2.to_string())
+            && m.contains("CANCELLED")),
         "{events:?}"
     );
 
@@ -100,17 +114,33 @@ fn preemption_by_partition_priority_works_both_ways() {
 
     // A low-priority Slurm batch job holds the only GPU; a pod in the high partition preempts it and is bound.
     let low = sbatch(&cluster, &["--partition=low", "--gres=gpu:1"]);
-    wait_until("the batch job to run", WAIT, || job(&cluster, low).is_some_and(|j| j.is_running()));
+    let deadline = Instant::now() + WAIT;
+    while !job(&cluster, low).is_some_and(|j| j.is_running()) {
+        assert!(
+            Instant::now() < deadline,
+            "the batch job never ran: {:?}\n{}",
+            job(&cluster, low),
+            cluster.run_ok("scontrol", &["show", "partition"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     p.create_pod("urgent", 1, &[("slurm.isthmus.io/partition", "high")]);
-    wait_until("the high-priority pod to be bound", WAIT, || p.node_of("urgent").is_some());
+    wait_until("the high-priority pod to be bound", WAIT, || {
+        p.node_of("urgent").is_some()
+    });
     assert_eq!(p.node_of("urgent").as_deref(), Some("pb1"));
     let state = job(&cluster, low).map(|j| j.state).unwrap_or_default();
-    assert!(state == "PREEMPTED" || state.is_empty(), "the batch job is {state}");
+    assert!(
+        state == "PREEMPTED" || state.is_empty(),
+        "the batch job is {state}"
+    );
     p.delete_pod("urgent");
 
     // The reverse: a low-priority pod runs; a high-priority Slurm job evicts it.
     p.create_pod("batchy", 1, &[("slurm.isthmus.io/partition", "low")]);
-    wait_until("the low-priority pod to be bound", WAIT, || p.node_of("batchy").is_some());
+    wait_until("the low-priority pod to be bound", WAIT, || {
+        p.node_of("batchy").is_some()
+    });
     let placeholder = p.job_id_of("batchy").unwrap_or_else(|| panic!("no job id"));
     let high = sbatch(&cluster, &["--partition=high", "--gres=gpu:1"]);
     wait_until("the pod to be evicted", WAIT, || p.deleted("batchy"));
@@ -139,9 +169,15 @@ fn a_gang_of_two_on_one_node_stays_pending_as_a_whole() {
     ];
     p.create_pod("m0", 1, &gang);
     wait_until("m0 to wait for its gang", WAIT, || {
-        p.waiting_message("m0").is_some_and(|m| m.contains("1 of 2"))
+        p.waiting_message("m0")
+            .is_some_and(|m| m.contains("1 of 2"))
     });
-    assert!(jobs(&cluster).iter().all(|j| !j.comment.starts_with("k8s:")), "no job for half a gang");
+    assert!(
+        jobs(&cluster)
+            .iter()
+            .all(|j| !j.comment.starts_with("k8s:")),
+        "no job for half a gang"
+    );
     p.create_pod("m1", 1, &gang);
     wait_until("both to say why they wait", WAIT, || {
         ["m0", "m1"].iter().all(|m| {
@@ -169,13 +205,19 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans() {
     let mut p = Placement::new(api, &cluster, "placement-restart");
     p.start();
     let running = p.create_pod("running", 1, &[]);
-    wait_until("the first pod to be bound", WAIT, || p.node_of("running").is_some());
+    wait_until("the first pod to be bound", WAIT, || {
+        p.node_of("running").is_some()
+    });
     let waiting = p.create_pod("waiting", 1, &[]);
-    wait_until("the second pod's job", WAIT, || !jobs_of(&cluster, &waiting).is_empty());
+    wait_until("the second pod's job", WAIT, || {
+        !jobs_of(&cluster, &waiting).is_empty()
+    });
     let first = p.job_id_of("running");
 
     // Killed mid-way: a burst of new pods, then the loop is cancelled while it works on them.
-    let burst: Vec<String> = (0..5).map(|i| p.create_pod(&format!("burst{i}"), 1, &[])).collect();
+    let burst: Vec<String> = (0..5)
+        .map(|i| p.create_pod(&format!("burst{i}"), 1, &[]))
+        .collect();
     std::thread::sleep(Duration::from_millis(30));
     p.stop();
     // While it is down: a waiting pod goes away (its job becomes an orphan), and another comes.
@@ -187,7 +229,10 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans() {
         jobs_of(&cluster, &waiting).iter().all(|j| j.is_finished())
     });
     wait_until("every pod to have its job", WAIT, || {
-        burst.iter().chain([&late]).all(|u| !jobs_of(&cluster, u).is_empty())
+        burst
+            .iter()
+            .chain([&late])
+            .all(|u| !jobs_of(&cluster, u).is_empty())
     });
     std::thread::sleep(Duration::from_secs(2));
     for uid in burst.iter().chain([&late, &running]) {
