@@ -243,3 +243,29 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans() {
     assert!(!p.deleted("running"));
     p.stop();
 }
+
+#[test]
+fn slurmctld_down_is_waited_out() {
+    let api = ApiServer::shared();
+    let mut cluster = Cluster::start(&[NodeSpec::new("pe1", 4, 1)], "");
+    let mut p = Placement::new(api, &cluster, "placement-outage");
+    p.start();
+    cluster.controller().stop_slurmctld();
+    p.create_pod("patient", 1, &[]);
+    // squeue fails for a while: the loop warns, backs off and keeps going.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(p.node_of("patient"), None);
+    cluster.controller().start_slurmctld(false);
+    wait_until(
+        "the pod to be bound once Slurm answers",
+        Duration::from_secs(90),
+        || p.node_of("patient").is_some(),
+    );
+    assert_eq!(p.node_of("patient").as_deref(), Some("pe1"));
+    let uid = p
+        .pod("patient")
+        .and_then(|x| x.metadata.uid)
+        .unwrap_or_default();
+    assert_eq!(jobs_of(&cluster, &uid).len(), 1);
+    p.stop();
+}

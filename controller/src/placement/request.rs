@@ -33,7 +33,7 @@ pub const COMMENT_PREFIX: &str = "k8s:";
 pub struct Resources {
     /// Whole CPUs (requests rounded up, at least 1).
     pub cpus: u64,
-    /// Memory in MiB (requests rounded up; 0: none requested).
+    /// Memory in MiB (requests rounded up; 0: none requested, sent to Slurm as 1 MiB).
     pub mem_mib: u64,
     /// GRES name → count.
     pub gres: BTreeMap<String, u64>,
@@ -204,9 +204,8 @@ pub fn sbatch_args(
         "--ntasks-per-node=1".to_owned(),
         format!("--cpus-per-task={}", res.cpus),
     ];
-    if res.mem_mib > 0 {
-        a.push(format!("--mem={}M", res.mem_mib));
-    }
+    // Always a memory size: without one, a site where memory is consumable gives the job the whole node.
+    a.push(format!("--mem={}M", res.mem_mib.max(1)));
     if !res.gres.is_empty() {
         let g: Vec<String> = res.gres.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         a.push(format!("--gres={}", g.join(",")));

@@ -115,8 +115,23 @@ fn main() {
             })
             .unwrap_or(0)
     };
+    let mut last_report = Instant::now();
     wait_until("every pod to be bound", Duration::from_secs(600), || {
-        bound() == pods
+        let n = bound();
+        if last_report.elapsed() > Duration::from_secs(5) {
+            last_report = Instant::now();
+            let mut states: BTreeMap<String, usize> = BTreeMap::new();
+            for j in isthmus_tests::placement::jobs(&cluster) {
+                *states
+                    .entry(format!("{} {}", j.state, j.reason))
+                    .or_default() += 1;
+            }
+            eprintln!(
+                "{:>6.1?}: {n} of {pods} bound; Slurm jobs: {states:?}",
+                started.elapsed()
+            );
+        }
+        n == pods
     });
     let all_bound = started.elapsed();
     p.stop();
