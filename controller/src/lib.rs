@@ -10,6 +10,7 @@ pub mod label_sources;
 pub mod model;
 pub mod nodesync;
 pub mod offline;
+pub mod placement;
 pub mod render;
 pub mod run;
 pub mod slurm;

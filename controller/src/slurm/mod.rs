@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+pub mod jobs;
 pub mod nodes;
 
 /// Where the Slurm client tools are and how long one call may take.

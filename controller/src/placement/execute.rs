@@ -1,0 +1,220 @@
+//! The I/O of each [`Action`]: sbatch/scancel through [`SlurmClient`], bindings, status patches, Events and pod
+//! deletions through the API server.
+
+use k8s_openapi::api::core::v1::{Binding, Event, EventSource, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+
+use super::decide::{Action, PodRef};
+use super::request::{self, JOB_ID};
+use crate::slurm::{SlurmClient, SlurmError, jobs};
+
+/// Why one action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// A Slurm command failed.
+    #[error(transparent)]
+    Slurm(#[from] SlurmError),
+    /// An API request failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// The request.
+        what: String,
+        /// The client's error.
+        source: kube::Error,
+    },
+}
+
+/// Everything an action needs.
+#[derive(Clone)]
+pub struct Executor {
+    /// The API client.
+    pub client: kube::Client,
+    /// The Slurm tools.
+    pub slurm: SlurmClient,
+    /// `--placement-partition`.
+    pub default_partition: Option<String>,
+    /// `--placement-command`.
+    pub command: String,
+    /// The scheduler name (Events' source).
+    pub scheduler_name: String,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("scheduler_name", &self.scheduler_name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn api_err(what: String) -> impl FnOnce(kube::Error) -> ActionError {
+    move |source| ActionError::Api { what, source }
+}
+
+/// Whether the API said the object is gone (or changed identity): nothing left to do.
+fn gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+}
+
+impl Executor {
+    fn pods(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// Do `action`; a submission returns its job id.
+    pub async fn run(&self, action: &Action) -> Result<Option<u64>, ActionError> {
+        match action {
+            Action::Submit {
+                name,
+                comment,
+                nodes,
+                resources,
+                options,
+                ..
+            } => {
+                let args = request::sbatch_args(
+                    name,
+                    comment,
+                    *nodes,
+                    resources,
+                    options,
+                    self.default_partition.as_deref(),
+                    &self.command,
+                );
+                Ok(Some(jobs::submit(&self.slurm, &args).await?))
+            }
+            Action::Cancel { job, .. } => {
+                jobs::cancel(&self.slurm, *job).await?;
+                Ok(None)
+            }
+            Action::Bind { pod, node, job } => {
+                self.bind(pod, node, *job).await?;
+                Ok(None)
+            }
+            Action::DeletePod { pod, message } => {
+                self.event(pod, "Warning", "SlurmJobEnded", message).await?;
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(pod.uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match self.pods(&pod.namespace).delete(&pod.name, &dp).await {
+                    Err(e) if !gone(&e) => Err(api_err(format!(
+                        "deleting pod {}/{}",
+                        pod.namespace, pod.name
+                    ))(e)),
+                    _ => Ok(None),
+                }
+            }
+            Action::Wait { pod, message } => {
+                let patch = serde_json::json!({"status": {"conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": message, "lastTransitionTime": Time(jiff_now()),
+                }]}});
+                let pp = PatchParams {
+                    field_manager: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
+                    ..PatchParams::default()
+                };
+                match self
+                    .pods(&pod.namespace)
+                    .patch_status(&pod.name, &pp, &Patch::Strategic(patch))
+                    .await
+                {
+                    Err(e) if !gone(&e) => Err(api_err(format!(
+                        "pod {}/{} status",
+                        pod.namespace, pod.name
+                    ))(e)),
+                    _ => Ok(None),
+                }
+            }
+        }
+    }
+
+    async fn bind(&self, pod: &PodRef, node: &str, job: u64) -> Result<(), ActionError> {
+        // The binding's annotations are copied onto the pod: one write binds and records the job.
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.clone()),
+                annotations: Some([(JOB_ID.to_owned(), job.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(node.to_owned()),
+                ..ObjectReference::default()
+            },
+        };
+        let pp = PostParams {
+            field_manager: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        self.pods(&pod.namespace)
+            .create_subresource::<_, serde_json::Value>("binding", &pod.name, &pp, &binding)
+            .await
+            .map_err(api_err(format!(
+                "binding pod {}/{} to {node}",
+                pod.namespace, pod.name
+            )))?;
+        let message = format!(
+            "Successfully assigned {}/{} to {node} (Slurm job {job})",
+            pod.namespace, pod.name
+        );
+        self.event(pod, "Normal", "Scheduled", &message).await
+    }
+
+    async fn event(
+        &self,
+        pod: &PodRef,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ActionError> {
+        let now = Time(jiff_now());
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", pod.name)),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.clone()),
+                ..ObjectReference::default()
+            },
+            type_: Some(type_.to_owned()),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            source: Some(EventSource {
+                component: Some(self.scheduler_name.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.scheduler_name.clone()),
+            reporting_instance: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Event::default()
+        };
+        Api::<Event>::namespaced(self.client.clone(), &pod.namespace)
+            .create(&PostParams::default(), &event)
+            .await
+            .map(drop)
+            .map_err(api_err(format!(
+                "Event {reason} for pod {}/{}",
+                pod.namespace, pod.name
+            )))
+    }
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}

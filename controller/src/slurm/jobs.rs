@@ -1,0 +1,189 @@
+//! Slurm jobs through the client tools: the job list (`squeue --json`, Slurm 22.05 and later), submission
+//! (`sbatch --parsable`) and cancellation (`scancel`). The JSON is read field by field so that the shapes of
+//! 22.05 (`"job_state": "RUNNING"`, plain numbers) and of 23.11+ (`"job_state": ["RUNNING"]`,
+//! `{"set": true, "number": N}`) both parse.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{SlurmClient, SlurmError};
+
+/// One job as `squeue --json` reports it (only what the controller needs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Job id.
+    pub id: u64,
+    /// Job name.
+    pub name: String,
+    /// `--comment`.
+    pub comment: String,
+    /// State (`PENDING`, `RUNNING`, `CANCELLED`, `PREEMPTED` …; the first flag when Slurm lists several).
+    pub state: String,
+    /// Why it is in that state (`Priority`, `Resources`, `None` …).
+    pub reason: String,
+    /// Allocated nodes as a hostlist expression (`n[1-2]`), empty while pending.
+    pub nodes: String,
+    /// Partition.
+    pub partition: String,
+    /// Start time (Unix seconds; 0 when unknown).
+    pub start_time: u64,
+}
+
+impl Job {
+    /// Whether the job is over (or ending) and will not run again under this id.
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self.state.as_str(),
+            "COMPLETED"
+                | "COMPLETING"
+                | "CANCELLED"
+                | "FAILED"
+                | "TIMEOUT"
+                | "PREEMPTED"
+                | "NODE_FAIL"
+                | "BOOT_FAIL"
+                | "DEADLINE"
+                | "OUT_OF_MEMORY"
+                | "SPECIAL_EXIT"
+                | "REVOKED"
+        )
+    }
+
+    /// Whether the job holds its allocation now.
+    pub fn is_running(&self) -> bool {
+        self.state == "RUNNING"
+    }
+}
+
+#[derive(Deserialize)]
+struct JobList {
+    #[serde(default)]
+    jobs: Vec<Value>,
+}
+
+/// A string field, or the first string of an array field.
+fn text(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a
+            .first()
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// A number field, or `{"set": true, "number": N}` (0 when unset or absent).
+fn number(v: &Value, key: &str) -> u64 {
+    match v.get(key) {
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        Some(o @ Value::Object(_)) if o.get("set").and_then(Value::as_bool) != Some(false) => {
+            o.get("number").and_then(Value::as_u64).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+/// Parse `squeue --json` output; entries without a job id are skipped.
+pub fn parse_jobs(json: &str) -> Result<Vec<Job>, serde_json::Error> {
+    let list: JobList = serde_json::from_str(json)?;
+    Ok(list
+        .jobs
+        .iter()
+        .filter_map(|j| {
+            let id = number(j, "job_id");
+            (id != 0).then(|| Job {
+                id,
+                name: text(j, "name"),
+                comment: text(j, "comment"),
+                state: text(j, "job_state"),
+                reason: text(j, "state_reason"),
+                nodes: text(j, "nodes"),
+                partition: text(j, "partition"),
+                start_time: number(j, "start_time"),
+            })
+        })
+        .collect())
+}
+
+/// Every job slurmctld knows (pending, running, and those ended within `MinJobAge`): one `squeue --json`.
+pub async fn list(slurm: &SlurmClient) -> Result<Vec<Job>, SlurmError> {
+    let args = ["--json"];
+    let text = slurm.run("squeue", &args).await?;
+    parse_jobs(&text).map_err(|source| SlurmError::Json {
+        program: "squeue".to_owned(),
+        args: args.join(" "),
+        source,
+    })
+}
+
+/// Submit a batch job: `args` are sbatch options (each `--name=value`), `--parsable` is added. Returns the job id.
+pub async fn submit(slurm: &SlurmClient, args: &[String]) -> Result<u64, SlurmError> {
+    let mut all: Vec<&str> = vec!["--parsable"];
+    all.extend(args.iter().map(String::as_str));
+    let out = slurm.run("sbatch", &all).await?;
+    parse_parsable(&out).ok_or_else(|| SlurmError::Failed {
+        program: "sbatch".to_owned(),
+        args: all.join(" "),
+        status: "exit status: 0".to_owned(),
+        stderr: format!("no job id in the answer {:?}", out.trim()),
+    })
+}
+
+/// The job id in `sbatch --parsable` output (`123` or `123;cluster`).
+pub fn parse_parsable(out: &str) -> Option<u64> {
+    out.trim().split(';').next()?.trim().parse().ok()
+}
+
+/// Cancel a job (`scancel ID`); cancelling a job that already ended is not an error for Slurm.
+pub async fn cancel(slurm: &SlurmClient, id: u64) -> Result<(), SlurmError> {
+    slurm.run("scancel", &[&id.to_string()]).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_22_05_shape() {
+        let json = r#"{"meta":{},"errors":[],"jobs":[
+          {"job_id":12,"name":"k8s-a","comment":"k8s:ns/a/u1","job_state":"RUNNING","state_reason":"None",
+           "nodes":"n[1-2]","partition":"high","start_time":1700000000},
+          {"job_id":13,"name":"x","job_state":"PENDING","state_reason":"Resources","nodes":"","partition":"low"}]}"#;
+        let jobs = parse_jobs(json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0].id, 12);
+        assert_eq!(jobs[0].comment, "k8s:ns/a/u1");
+        assert!(jobs[0].is_running());
+        assert_eq!(jobs[0].nodes, "n[1-2]");
+        assert_eq!(jobs[0].start_time, 1_700_000_000);
+        assert_eq!(jobs[1].reason, "Resources");
+        assert_eq!(jobs[1].comment, "");
+        assert!(!jobs[1].is_running() && !jobs[1].is_finished());
+    }
+
+    #[test]
+    fn slurm_23_11_shape() {
+        let json = r#"{"jobs":[{"job_id":7,"job_state":["PREEMPTED","REQUEUED"],
+          "start_time":{"set":true,"infinite":false,"number":5},"nodes":"n1"},{"name":"no id"}]}"#;
+        let jobs = parse_jobs(json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].state, "PREEMPTED");
+        assert!(jobs[0].is_finished());
+        assert_eq!(jobs[0].start_time, 5);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(parse_jobs("{").is_err());
+        assert!(parse_jobs(r#"{"jobs":[1,"x",null]}"#).is_ok_and(|j| j.is_empty()));
+    }
+
+    #[test]
+    fn parsable() {
+        assert_eq!(parse_parsable("42\n"), Some(42));
+        assert_eq!(parse_parsable("42;cluster\n"), Some(42));
+        assert_eq!(parse_parsable("Submitted"), None);
+    }
+}

@@ -1,0 +1,209 @@
+//! Placement through Slurm, measured: a burst of pods against a real Slurm cluster and the real API server, the
+//! placement loop in-process as the controller's ServiceAccount. For every pod, the time from Slurm's allocation
+//! of its placeholder job (slurmctld's log: `sched: Allocate JobId=N` or `backfill: Started JobId=N`, millisecond
+//! timestamps) to the binding request on the API server (audit log), and the API writes per pod.
+//!
+//! ```text
+//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES]
+//! ```
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_tests::apiserver::{ApiServer, service_account_user};
+use isthmus_tests::placement::{CONTROLLER_NS, CONTROLLER_SA, Placement};
+use isthmus_tests::slurm::wait_until;
+use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{Timestamp, civil::DateTime, tz::TimeZone};
+use kube::api::{Api, ListParams, PostParams};
+
+fn arg(n: usize, default: usize) -> usize {
+    std::env::args()
+        .nth(n)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Job id → allocation time, from slurmctld's log.
+fn allocations(log: &str) -> BTreeMap<u64, Timestamp> {
+    let mut out = BTreeMap::new();
+    for line in log.lines() {
+        let Some(rest) = line.strip_prefix('[') else {
+            continue;
+        };
+        let Some((stamp, msg)) = rest.split_once("] ") else {
+            continue;
+        };
+        let Some(id) = ["Allocate JobId=", "Started JobId="]
+            .iter()
+            .find_map(|p| msg.split_once(p))
+            .and_then(|(_, r)| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|d| d.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let Ok(dt) = DateTime::from_str(stamp) else {
+            continue;
+        };
+        if let Ok(z) = dt.to_zoned(TimeZone::system()) {
+            out.entry(id).or_insert(z.timestamp());
+        }
+    }
+    out
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let pods = arg(1, 200);
+    let nodes = arg(2, 4).max(1);
+    let per_node = pods.div_ceil(nodes) as u32;
+    let specs: Vec<NodeSpec> = (0..nodes)
+        .map(|i| NodeSpec {
+            memory_mib: 1 << 20,
+            ..NodeSpec::new(&format!("bp{i}"), per_node, 0)
+        })
+        .collect();
+    let cluster = Cluster::start(&specs, "");
+    let api = ApiServer::start();
+    let mut p = Placement::new(&api, &cluster, "bench-placement");
+    let scheduler = p.args_mut().scheduler_name.clone();
+    p.start();
+    std::thread::sleep(Duration::from_secs(1));
+
+    let since = SystemTime::now();
+    let started = Instant::now();
+    let api_pods: Api<Pod> = Api::namespaced(p.admin.clone(), &p.ns);
+    p.rt.block_on(async {
+        let mut creates = tokio::task::JoinSet::new();
+        for i in 0..pods {
+            let api_pods = api_pods.clone();
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("p{i}")},
+                "spec": {"schedulerName": scheduler, "automountServiceAccountToken": false,
+                    "containers": [{"name": "main", "image": "registry.invalid/app:1",
+                        "resources": {"requests": {"cpu": "1"}}}]}
+            }))
+            .unwrap_or_else(|e| panic!("{e}"));
+            creates.spawn(async move {
+                api_pods
+                    .create(&PostParams::default(), &pod)
+                    .await
+                    .unwrap_or_else(|e| panic!("creating a pod: {e}"))
+            });
+        }
+        while let Some(r) = creates.join_next().await {
+            r.unwrap_or_else(|e| panic!("{e}"));
+        }
+    });
+    let created = started.elapsed();
+    let bound = || {
+        p.rt.block_on(api_pods.list(&ListParams::default()))
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let mut last_report = Instant::now();
+    wait_until("every pod to be bound", Duration::from_secs(600), || {
+        let n = bound();
+        if last_report.elapsed() > Duration::from_secs(5) {
+            last_report = Instant::now();
+            let mut states: BTreeMap<String, usize> = BTreeMap::new();
+            for j in isthmus_tests::placement::jobs(&cluster) {
+                *states
+                    .entry(format!("{} {}", j.state, j.reason))
+                    .or_default() += 1;
+            }
+            eprintln!(
+                "{:>6.1?}: {n} of {pods} bound; Slurm jobs: {states:?}",
+                started.elapsed()
+            );
+        }
+        n == pods
+    });
+    let all_bound = started.elapsed();
+    p.stop();
+
+    // Job id of each pod (its annotation) → allocation time; pod → binding time (audit).
+    let list =
+        p.rt.block_on(api_pods.list(&ListParams::default()))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let job_of: BTreeMap<String, u64> = list
+        .items
+        .iter()
+        .filter_map(|pod| {
+            let id = pod
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("slurm.isthmus.io/job-id")?
+                .parse()
+                .ok()?;
+            Some((pod.metadata.name.clone()?, id))
+        })
+        .collect();
+    let log_path = cluster.conf().with_file_name("slurmctld.log");
+    let allocated = allocations(&std::fs::read_to_string(&log_path).unwrap_or_default());
+    let user = service_account_user(CONTROLLER_NS, CONTROLLER_SA);
+    // The audit log is written as responses complete: give it a moment.
+    std::thread::sleep(Duration::from_secs(2));
+    let requests = api.requests_by(&user, since);
+    let mut latencies: Vec<f64> = Vec::new();
+    for r in requests
+        .iter()
+        .filter(|r| r.subresource == "binding" && r.code < 300)
+    {
+        let name = r
+            .uri
+            .split('?')
+            .next()
+            .and_then(|u| u.strip_suffix("/binding"))
+            .and_then(|u| u.rsplit('/').next())
+            .unwrap_or("");
+        let (Some(job), Ok(at)) = (job_of.get(name), Timestamp::try_from(r.time)) else {
+            continue;
+        };
+        if let Some(alloc) = allocated.get(job) {
+            latencies.push((at.as_millisecond() - alloc.as_millisecond()) as f64 / 1000.0);
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let writes = api.writes_by(&user, since);
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for w in &writes {
+        let sub = if w.subresource.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", w.subresource)
+        };
+        *by_kind
+            .entry(format!("{} {}{sub}", w.verb, w.resource))
+            .or_default() += 1;
+    }
+    println!("pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod");
+    println!("created in {created:.2?}; all bound after {all_bound:.2?}");
+    println!(
+        "allocation → binding: {} measured, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "API writes by the controller: {} ({:.2} per pod): {by_kind:?}",
+        writes.len(),
+        writes.len() as f64 / pods as f64
+    );
+}

@@ -1,0 +1,271 @@
+//! Slurm decides, Kubernetes runs: pods of the `isthmus-slurm` scheduler get their node from a real Slurm cluster
+//! (munged, slurmctld, a slurmd per node with fake GPU device files) through placeholder jobs, bound on the real
+//! API server by the placement loop running as the controller's ServiceAccount with only its shipped RBAC. There
+//! is no kubelet: a bound pod is one with `spec.nodeName`, and a deleted bound pod stays, being deleted.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_tests::apiserver::{ApiServer, service_account_user};
+use isthmus_tests::placement::{
+    CONTROLLER_NS, CONTROLLER_SA, PREEMPTION, Placement, job, jobs, jobs_of, sbatch,
+};
+use isthmus_tests::slurm::wait_until;
+use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn active(c: &Cluster, id: u64) -> bool {
+    job(c, id).is_some_and(|j| !j.is_finished())
+}
+
+#[test]
+fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
+    let api = ApiServer::shared();
+    let cluster = Cluster::start(
+        &[NodeSpec::new("pa1", 4, 0), NodeSpec::new("pa2", 4, 1)],
+        "",
+    );
+    let mut p = Placement::new(api, &cluster, "placement-basic");
+    let since = SystemTime::now();
+    p.start();
+
+    // A pod asking one GPU: a job holding it, the pod bound to the node Slurm chose (the only one with a GPU).
+    let uid = p.create_pod("gpu", 1, &[]);
+    wait_until("the pod to be bound", WAIT, || p.node_of("gpu").is_some());
+    assert_eq!(p.node_of("gpu").as_deref(), Some("pa2"));
+    let id = p
+        .job_id_of("gpu")
+        .unwrap_or_else(|| panic!("no job id on the pod"));
+    let j = job(&cluster, id).unwrap_or_else(|| panic!("job {id} not in squeue"));
+    assert!(j.is_running(), "{j:?}");
+    assert_eq!(j.nodes, "pa2");
+    assert_eq!(j.comment, format!("k8s:placement-basic/gpu/{uid}"));
+    assert_eq!(jobs_of(&cluster, &uid).len(), 1, "one job per pod");
+    wait_until("the Scheduled event", WAIT, || {
+        p.events("gpu")
+            .iter()
+            .any(|(r, m)| r == "Scheduled" && m.contains("pa2"))
+    });
+
+    // Pod deleted: the job is gone within 2 s.
+    p.delete_pod("gpu");
+    let deleted = Instant::now();
+    wait_until("the job to be cancelled", Duration::from_secs(2), || {
+        !active(&cluster, id)
+    });
+    eprintln!(
+        "job cancelled {:?} after the pod's deletion",
+        deleted.elapsed()
+    );
+
+    // Job cancelled in Slurm: the pod is deleted, with an Event naming the Slurm state.
+    p.create_pod("gpu2", 1, &[]);
+    wait_until("gpu2 to be bound", WAIT, || p.node_of("gpu2").is_some());
+    let id2 = p
+        .job_id_of("gpu2")
+        .unwrap_or_else(|| panic!("no job id on gpu2"));
+    assert_ne!(id, id2);
+    cluster.run_ok("scancel", &[&id2.to_string()]);
+    wait_until("gpu2 to be deleted", WAIT, || p.deleted("gpu2"));
+    let events = p.events("gpu2");
+    assert!(
+        events.iter().any(|(r, m)| r == "SlurmJobEnded"
+            && m.contains(&id2.to_string())
+            && m.contains("CANCELLED")),
+        "{events:?}"
+    );
+
+    // Everything the ServiceAccount asked of the API server is in its RBAC (the server would have refused the
+    // rest), and nothing was refused.
+    p.stop();
+    let user = service_account_user(CONTROLLER_NS, CONTROLLER_SA);
+    let requests = api.requests_by(&user, since);
+    let refused: Vec<_> = requests.iter().filter(|r| r.code == 403).collect();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    let used: BTreeSet<(String, String)> = requests
+        .iter()
+        .filter(|r| !r.resource.is_empty())
+        .map(|r| {
+            let res = if r.subresource.is_empty() {
+                r.resource.clone()
+            } else {
+                format!("{}/{}", r.resource, r.subresource)
+            };
+            (res, r.verb.clone())
+        })
+        .collect();
+    for (res, verb) in &used {
+        assert!(
+            isthmus_controller::placement::API_ACCESS
+                .iter()
+                .any(|a| a.resource == res && a.verbs.contains(&verb.as_str())),
+            "{verb} {res} is not in placement::API_ACCESS"
+        );
+    }
+}
+
+#[test]
+fn preemption_by_partition_priority_works_both_ways() {
+    let api = ApiServer::shared();
+    let cluster = Cluster::start(&[NodeSpec::new("pb1", 4, 1)], PREEMPTION);
+    let mut p = Placement::new(api, &cluster, "placement-preempt");
+    p.start();
+
+    // A low-priority Slurm batch job holds the only GPU; a pod in the high partition preempts it and is bound.
+    let low = sbatch(&cluster, &["--partition=low", "--gres=gpu:1"]);
+    let deadline = Instant::now() + WAIT;
+    while !job(&cluster, low).is_some_and(|j| j.is_running()) {
+        assert!(
+            Instant::now() < deadline,
+            "the batch job never ran: {:?}\n{}",
+            job(&cluster, low),
+            cluster.run_ok("scontrol", &["show", "partition"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    p.create_pod("urgent", 1, &[("slurm.isthmus.io/partition", "high")]);
+    wait_until("the high-priority pod to be bound", WAIT, || {
+        p.node_of("urgent").is_some()
+    });
+    assert_eq!(p.node_of("urgent").as_deref(), Some("pb1"));
+    let state = job(&cluster, low).map(|j| j.state).unwrap_or_default();
+    assert!(
+        state == "PREEMPTED" || state.is_empty(),
+        "the batch job is {state}"
+    );
+    p.delete_pod("urgent");
+
+    // The reverse: a low-priority pod runs; a high-priority Slurm job evicts it.
+    p.create_pod("batchy", 1, &[("slurm.isthmus.io/partition", "low")]);
+    wait_until("the low-priority pod to be bound", WAIT, || {
+        p.node_of("batchy").is_some()
+    });
+    let placeholder = p.job_id_of("batchy").unwrap_or_else(|| panic!("no job id"));
+    let high = sbatch(&cluster, &["--partition=high", "--gres=gpu:1"]);
+    wait_until("the pod to be evicted", WAIT, || p.deleted("batchy"));
+    wait_until("the high-priority job to run", WAIT, || {
+        job(&cluster, high).is_some_and(|j| j.is_running())
+    });
+    let events = p.events("batchy");
+    assert!(
+        events.iter().any(|(r, m)| r == "SlurmJobEnded"
+            && m.contains(&placeholder.to_string())
+            && m.contains("PREEMPTED")),
+        "{events:?}"
+    );
+    p.stop();
+}
+
+#[test]
+fn a_gang_of_two_on_one_node_stays_pending_as_a_whole() {
+    let api = ApiServer::shared();
+    let cluster = Cluster::start(&[NodeSpec::new("pc1", 4, 1)], "");
+    let mut p = Placement::new(api, &cluster, "placement-gang");
+    p.start();
+    let gang = [
+        ("slurm.isthmus.io/group", "pair"),
+        ("slurm.isthmus.io/group-size", "2"),
+    ];
+    p.create_pod("m0", 1, &gang);
+    wait_until("m0 to wait for its gang", WAIT, || {
+        p.waiting_message("m0")
+            .is_some_and(|m| m.contains("1 of 2"))
+    });
+    assert!(
+        jobs(&cluster)
+            .iter()
+            .all(|j| !j.comment.starts_with("k8s:")),
+        "no job for half a gang"
+    );
+    p.create_pod("m1", 1, &gang);
+    wait_until("both to say why they wait", WAIT, || {
+        ["m0", "m1"].iter().all(|m| {
+            p.waiting_message(m)
+                .is_some_and(|msg| !msg.contains("of 2 pods exist"))
+        })
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(p.node_of("m0"), None);
+    assert_eq!(p.node_of("m1"), None);
+    let ours: Vec<_> = jobs(&cluster)
+        .into_iter()
+        .filter(|j| j.comment.starts_with("k8s:placement-gang/pair/"))
+        .collect();
+    assert!(ours.len() <= 1, "at most one job for the gang: {ours:?}");
+    assert!(ours.iter().all(|j| !j.is_running()), "{ours:?}");
+    eprintln!("m0 waits: {:?}", p.waiting_message("m0"));
+    p.stop();
+}
+
+#[test]
+fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans() {
+    let api = ApiServer::shared();
+    let cluster = Cluster::start(&[NodeSpec::new("pd1", 4, 1)], "");
+    let mut p = Placement::new(api, &cluster, "placement-restart");
+    p.start();
+    let running = p.create_pod("running", 1, &[]);
+    wait_until("the first pod to be bound", WAIT, || {
+        p.node_of("running").is_some()
+    });
+    let waiting = p.create_pod("waiting", 1, &[]);
+    wait_until("the second pod's job", WAIT, || {
+        !jobs_of(&cluster, &waiting).is_empty()
+    });
+    let first = p.job_id_of("running");
+
+    // Killed mid-way: a burst of new pods, then the loop is cancelled while it works on them.
+    let burst: Vec<String> = (0..5)
+        .map(|i| p.create_pod(&format!("burst{i}"), 1, &[]))
+        .collect();
+    std::thread::sleep(Duration::from_millis(30));
+    p.stop();
+    // While it is down: a waiting pod goes away (its job becomes an orphan), and another comes.
+    p.delete_pod("waiting");
+    let late = p.create_pod("late", 1, &[]);
+    p.start();
+
+    wait_until("the orphan to be cancelled", WAIT, || {
+        jobs_of(&cluster, &waiting).iter().all(|j| j.is_finished())
+    });
+    wait_until("every pod to have its job", WAIT, || {
+        burst
+            .iter()
+            .chain([&late])
+            .all(|u| !jobs_of(&cluster, u).is_empty())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    for uid in burst.iter().chain([&late, &running]) {
+        let js = jobs_of(&cluster, uid);
+        assert_eq!(js.len(), 1, "exactly one job for pod {uid}: {js:?}");
+    }
+    assert_eq!(p.job_id_of("running"), first, "the bound pod keeps its job");
+    assert!(!p.deleted("running"));
+    p.stop();
+}
+
+#[test]
+fn slurmctld_down_is_waited_out() {
+    let api = ApiServer::shared();
+    let mut cluster = Cluster::start(&[NodeSpec::new("pe1", 4, 1)], "");
+    let mut p = Placement::new(api, &cluster, "placement-outage");
+    p.start();
+    cluster.controller().stop_slurmctld();
+    p.create_pod("patient", 1, &[]);
+    // squeue fails for a while: the loop warns, backs off and keeps going.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(p.node_of("patient"), None);
+    cluster.controller().start_slurmctld(false);
+    wait_until(
+        "the pod to be bound once Slurm answers",
+        Duration::from_secs(90),
+        || p.node_of("patient").is_some(),
+    );
+    assert_eq!(p.node_of("patient").as_deref(), Some("pe1"));
+    let uid = p
+        .pod("patient")
+        .and_then(|x| x.metadata.uid)
+        .unwrap_or_default();
+    assert_eq!(jobs_of(&cluster, &uid).len(), 1);
+    p.stop();
+}
