@@ -38,7 +38,7 @@ impl SyncSite {
             ns = SA.0,
             sa = SA.1
         ));
-        let rbac = crate::repo_root().join("deploy/controller/rbac-nodesync.yaml");
+        let rbac = crate::repo_root().join("deploy/controller/overlays/slurm/rbac-nodesync.yaml");
         api.apply_yaml(
             &std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{}: {e}", rbac.display())),
         );

@@ -1,6 +1,6 @@
 //! Placement through Slurm under test: the controller's placement loop
 //! ([`isthmus_controller::placement::run`]) in-process, authenticated as the shipped ServiceAccount with only
-//! `deploy/controller/rbac-placement.yaml` granted, against the real API server and a real Slurm cluster; and
+//! `deploy/controller/overlays/slurm/rbac-placement.yaml` granted, against the real API server and a real Slurm cluster; and
 //! what the tests read back (pods, Events, Slurm's jobs).
 
 use std::path::PathBuf;
@@ -20,9 +20,9 @@ pub const CONTROLLER_NS: &str = "isthmus-system";
 /// The controller's ServiceAccount.
 pub const CONTROLLER_SA: &str = "isthmus-controller";
 
-/// `deploy/controller/rbac-placement.yaml`.
+/// `deploy/controller/overlays/slurm/rbac-placement.yaml`.
 pub fn rbac_yaml() -> String {
-    let path = crate::repo_root().join("deploy/controller/rbac-placement.yaml");
+    let path = crate::repo_root().join("deploy/controller/overlays/slurm/rbac-placement.yaml");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 

@@ -4,7 +4,7 @@
 //! the "restricted" Pod Security level, checked by the server's own admission.
 
 use isthmus_api::access::ApiAccess;
-use isthmus_controller::run::access::{NAMESPACE_ACCESS, TASK_ACCESS, cluster_verbs};
+use isthmus_controller::run::access::{NAMESPACE_ACCESS, TASK_ACCESS};
 use isthmus_tests::apiserver::{ApiServer, describe, kubectl_with};
 use isthmus_tests::controller::{self, NAMESPACE, SERVICE_ACCOUNT};
 use serde_yaml_ng::Value;
@@ -63,20 +63,24 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
     for (file, access) in TASK_ACCESS {
         assert_eq!(rules(file, "ClusterRole"), declared(access), "{file}");
     }
-    assert_eq!(rules("role.yaml", "Role"), declared(NAMESPACE_ACCESS));
-    // Every file is listed in the kustomization, and each is bound to the controller's ServiceAccount.
-    let kustomization =
-        std::fs::read_to_string(controller::deploy_dir().join("kustomization.yaml"))
-            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rules("base/role.yaml", "Role"), declared(NAMESPACE_ACCESS));
+    // Every file is listed in the kustomization of its directory, and each is bound to the controller's
+    // ServiceAccount.
     let mut bound: Vec<(&str, &str)> = TASK_ACCESS
         .iter()
         .map(|(file, _)| (*file, "ClusterRoleBinding"))
         .collect();
-    bound.push(("role.yaml", "RoleBinding"));
+    bound.push(("base/role.yaml", "RoleBinding"));
     for (file, kind) in bound {
+        let (dir, name) = file.rsplit_once('/').unwrap_or(("", file));
+        let kustomization = controller::deploy_dir()
+            .join(dir)
+            .join("kustomization.yaml");
+        let text = std::fs::read_to_string(&kustomization).unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            kustomization.contains(&format!("- {file}")),
-            "{file} is not in deploy/controller/kustomization.yaml"
+            text.contains(&format!("- {name}")),
+            "{name} is not in {}",
+            kustomization.display()
         );
         let all = docs(file);
         let b = all
@@ -90,16 +94,42 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
 
 #[test]
 fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access() {
-    let api = ApiServer::shared();
-    controller::install_crds(api);
-    let out = api.apply_kustomize(&controller::deploy_dir());
+    let api = ApiServer::start();
+    controller::install_crds(&api);
+    // The base: the topology task's ClusterRole only.
+    check_apply(
+        &api,
+        &controller::deploy_dir(),
+        &["base/rbac-topology.yaml"],
+    );
+    // The Slurm overlay adds the node sync's and the placement's.
+    let all: Vec<&str> = TASK_ACCESS.iter().map(|(f, _)| *f).collect();
+    check_apply(&api, &controller::deploy_dir().join("overlays/slurm"), &all);
+}
+
+/// `kubectl apply -k dir` twice without a warning; then, verb by verb, the ServiceAccount may do exactly what the
+/// ClusterRoles of `files` (entries of `TASK_ACCESS`) and the namespaced Role grant.
+fn check_apply(api: &ApiServer, dir: &std::path::Path, files: &[&str]) {
+    let out = api.apply_kustomize(dir);
     let text = describe(&out);
     assert!(!text.to_lowercase().contains("warning"), "{text}");
     // Applying again changes nothing and still warns about nothing.
-    let again = describe(&api.apply_kustomize(&controller::deploy_dir()));
+    let again = describe(&api.apply_kustomize(dir));
     assert!(!again.to_lowercase().contains("warning"), "{again}");
 
     let kc = controller::install_controller(api);
+    let held = |group: &str, resource: &str| -> Vec<&str> {
+        let mut v: Vec<&str> = TASK_ACCESS
+            .iter()
+            .filter(|(f, _)| files.contains(f))
+            .flat_map(|(_, access)| access.iter())
+            .filter(|a| a.group == group && a.resource == resource)
+            .flat_map(|a| a.verbs.iter().copied())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
     let can = |verb: &str, what: &str, ns: Option<&str>| -> bool {
         // `nodes/status` would read as the Node named "status": a subresource is its own flag.
         let (what, sub) = match what.split_once('/') {
@@ -142,7 +172,7 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
         }
     };
     for a in TASK_ACCESS.iter().flat_map(|(_, access)| access.iter()) {
-        let held = cluster_verbs(a.group, a.resource);
+        let held = held(a.group, a.resource);
         for v in verbs {
             assert_eq!(
                 can(v, &name(a), None),
@@ -156,7 +186,7 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
         for v in verbs {
             assert_eq!(
                 can(v, &name(a), Some(NAMESPACE)),
-                a.verbs.contains(&v) || cluster_verbs(a.group, a.resource).contains(&v),
+                a.verbs.contains(&v) || held(a.group, a.resource).contains(&v),
                 "{v} {} in {NAMESPACE}",
                 name(a)
             );
@@ -177,18 +207,21 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
         ("create", "nodes"),
         ("list", "pods"),
     ] {
-        assert!(!can(v, what, None), "{v} {what} should be refused");
-        assert!(
-            !can(v, what, Some(NAMESPACE)),
-            "{v} {what} in {NAMESPACE} should be refused"
-        );
+        // Refused unless a ClusterRole of `files` grants it (then it holds in every namespace, as checked above).
+        if !held("", what).contains(&v) {
+            assert!(!can(v, what, None), "{v} {what} should be refused");
+            assert!(
+                !can(v, what, Some(NAMESPACE)),
+                "{v} {what} in {NAMESPACE} should be refused"
+            );
+        }
     }
 }
 
 #[test]
 fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
     let api = ApiServer::shared();
-    let all = docs("deployment.yaml");
+    let all = docs("base/deployment.yaml");
     let d = &all[0];
     assert_eq!(d["spec"]["replicas"].as_u64(), Some(2));
     let c = &d["spec"]["template"]["spec"]["containers"][0];

@@ -483,7 +483,7 @@ mod tests {
 
     #[test]
     fn rbac_yaml_matches_the_list() {
-        let text = include_str!("../../../deploy/controller/rbac-nodesync.yaml");
+        let text = include_str!("../../../deploy/controller/overlays/slurm/rbac-nodesync.yaml");
         let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(text)
             .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
             .collect();

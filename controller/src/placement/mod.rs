@@ -108,6 +108,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), PlacementError> {
     if !args.enabled {
+        shutdown.cancelled().await;
         return Ok(());
     }
     if args.scheduler_name.is_empty() || args.scheduler_name.contains([',', '=']) {
@@ -294,7 +295,7 @@ mod tests {
 
     #[test]
     fn rbac_file_grants_exactly_api_access() {
-        let text = include_str!("../../../deploy/controller/rbac-placement.yaml");
+        let text = include_str!("../../../deploy/controller/overlays/slurm/rbac-placement.yaml");
         let mut granted = Vec::new();
         for doc in serde_yaml_ng::Deserializer::from_str(text) {
             let v = <serde_json::Value as serde::Deserialize>::deserialize(doc)

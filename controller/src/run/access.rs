@@ -1,6 +1,6 @@
 //! What the running controller asks of the API server. The deploy test checks that
-//! `deploy/controller/rbac-topology.yaml` grants exactly [`API_ACCESS`] cluster-wide and that the namespaced Role
-//! in `deploy/controller/role.yaml` grants exactly [`NAMESPACE_ACCESS`].
+//! `deploy/controller/base/rbac-topology.yaml` grants exactly [`API_ACCESS`] cluster-wide and that the namespaced Role
+//! in `deploy/controller/base/role.yaml` grants exactly [`NAMESPACE_ACCESS`].
 
 use isthmus_api::access::ApiAccess;
 
@@ -35,10 +35,18 @@ pub const API_ACCESS: &[ApiAccess] = &[
     },
 ];
 
-/// Every task's cluster-scoped permissions, with the file in `deploy/controller` whose ClusterRole grants them.
+/// Every task's cluster-scoped permissions, with the file under `deploy/controller` whose ClusterRole grants them
+/// (the Slurm tasks' come with `overlays/slurm`, which turns them on).
 pub const TASK_ACCESS: &[(&str, &[ApiAccess])] = &[
-    ("rbac-topology.yaml", API_ACCESS),
-    ("rbac-nodesync.yaml", crate::nodesync::API_ACCESS),
+    ("base/rbac-topology.yaml", API_ACCESS),
+    (
+        "overlays/slurm/rbac-nodesync.yaml",
+        crate::nodesync::API_ACCESS,
+    ),
+    (
+        "overlays/slurm/rbac-placement.yaml",
+        crate::placement::API_ACCESS,
+    ),
 ];
 
 /// The verbs the controller's ServiceAccount holds cluster-wide on `resource` of `group`: the union of every task's

@@ -53,6 +53,9 @@ pub struct RunArgs {
     /// The node state sync between Kubernetes and Slurm (off unless `--node-sync`).
     #[command(flatten)]
     pub node_sync: crate::nodesync::NodeSyncArgs,
+    /// Pods placed by Slurm's scheduler (off unless `--placement`).
+    #[command(flatten)]
+    pub placement: crate::placement::PlacementArgs,
 }
 
 impl RunArgs {
@@ -139,6 +142,17 @@ pub fn leader_tasks() -> Vec<LeaderTask> {
                     c.client,
                     c.slurm,
                     c.args.node_sync.clone(),
+                    t,
+                ))
+            },
+        },
+        LeaderTask {
+            name: "placement",
+            start: |c, t| {
+                boxed(crate::placement::run(
+                    c.client,
+                    c.slurm,
+                    c.args.placement.clone(),
                     t,
                 ))
             },
