@@ -337,6 +337,15 @@ fn only_the_leader_writes_and_the_standby_takes_over() {
     } else {
         (&mut b, &mut a)
     };
+    // Both replicas are live and ready (a standby takes over without a restart).
+    for c in [&*leader, &*standby] {
+        for path in ["/healthz", "/readyz"] {
+            let got = isthmus_tests::http_get(&c.listen, path)
+                .map(|(code, _)| code)
+                .ok();
+            assert_eq!(got, Some(200), "{} {path}", c.identity);
+        }
+    }
     assert!(leader.metric("isthmus_controller_topology_writes_total") > 0.0);
     assert_eq!(
         standby.metric("isthmus_controller_topology_recomputes_total"),
