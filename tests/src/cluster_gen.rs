@@ -132,8 +132,12 @@ pub fn node_nrt(t: &Template, i: usize) -> NodeResourceTopology {
         .replacen("NodeName=NODE", &format!("NodeName={name}"), 1);
     let mut nrt = t.nrt.clone();
     nrt.metadata.name = Some(name);
+    // The node's own report replaces the template's attributes of the same names (a reader keeps the first of two
+    // equal names, so appending would leave the template's ports in force).
+    let report = node_report_attributes(&topo, None, Some(&line), &t.gres);
     nrt.attributes
-        .extend(node_report_attributes(&topo, None, Some(&line), &t.gres));
+        .retain(|a| !report.iter().any(|r| r.name == a.name));
+    nrt.attributes.extend(report);
     nrt
 }
 

@@ -57,23 +57,6 @@ pub fn install_controller(api: &ApiServer) -> PathBuf {
     api.kubeconfig_for_token(&token)
 }
 
-/// Node `i` of the generated cluster (`cluster_gen::node_nrt`) with each attribute once: `node_nrt` appends the
-/// node's own port attributes (unique GUIDs, neighbour facts) after the template's, and a reader keeps the first of
-/// two equal names, so the later one is kept here.
-pub fn generated_nrt(t: &crate::cluster_gen::Template, i: usize) -> NodeResourceTopology {
-    let mut o = crate::cluster_gen::node_nrt(t, i);
-    let mut seen = std::collections::BTreeSet::new();
-    let mut kept: Vec<_> = o
-        .attributes
-        .drain(..)
-        .rev()
-        .filter(|a| seen.insert(a.name.clone()))
-        .collect();
-    kept.reverse();
-    o.attributes = kept;
-    o
-}
-
 /// Apply `nrts` (as the administrator, one JSON List) and create their Nodes.
 pub fn create_cluster(api: &ApiServer, nrts: &[NodeResourceTopology]) {
     for o in nrts {

@@ -131,7 +131,7 @@ fn expected(dir: &Path) -> Expected {
 /// A cluster of `n` generated nodes on `api`, and the same NRTs in a directory for the offline render.
 fn cluster(api: &ApiServer, n: usize) -> (Vec<NodeResourceTopology>, tempfile::TempDir) {
     let t = Template::h100();
-    let nrts: Vec<_> = (0..n).map(|i| controller::generated_nrt(&t, i)).collect();
+    let nrts: Vec<_> = (0..n).map(|i| cluster_gen::node_nrt(&t, i)).collect();
     controller::create_cluster(api, &nrts);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     controller::write_nrt_dir(dir.path(), &nrts);
@@ -443,7 +443,7 @@ fn an_ibnetdiscover_configmap_is_used_and_a_degenerate_one_is_refused() {
     controller::install_crds(&api);
     let kc = controller::install_controller(&api);
     let t = Template::h100();
-    let nrts: Vec<_> = (0..64).map(|i| controller::generated_nrt(&t, i)).collect();
+    let nrts: Vec<_> = (0..64).map(|i| cluster_gen::node_nrt(&t, i)).collect();
     controller::create_cluster(&api, &nrts);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let nrt_dir = dir.path().join("nrts");

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_tests::apiserver::{ApiServer, client_for, service_account_user};
-use isthmus_tests::cluster_gen::Template;
+use isthmus_tests::cluster_gen::{self, Template};
 use isthmus_tests::controller::{self, ControllerProcess, NAMESPACE, SERVICE_ACCOUNT};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
@@ -81,7 +81,7 @@ fn main() {
     let kc = controller::install_controller(&api);
     let admin = rt.block_on(client_for(api.admin_kubeconfig()));
     let t = Template::h100();
-    let mut nrts: Vec<_> = (0..n).map(|i| controller::generated_nrt(&t, i)).collect();
+    let mut nrts: Vec<_> = (0..n).map(|i| cluster_gen::node_nrt(&t, i)).collect();
     let started = Instant::now();
     rt.block_on(populate(admin.clone(), nrts.clone()));
     println!(
