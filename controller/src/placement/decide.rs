@@ -173,6 +173,8 @@ pub fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
         };
         match jobs.iter().find(|j| j.id == id) {
             Some(j) if j.is_running() && !cancelled.contains(&id) => {}
+            // Ending: its final state (PREEMPTED, CANCELLED, TIMEOUT …) names the reason; wait for it.
+            Some(j) if j.state == "COMPLETING" => {}
             Some(j) => {
                 if !j.is_finished() && cancelled.insert(id) {
                     actions.push(Action::Cancel {
@@ -286,7 +288,7 @@ fn unit(
         return;
     }
     if let Some(o) = owned.iter().filter(mine).max_by_key(|o| o.job.id) {
-        if !cancelled.contains(&o.job.id) {
+        if !cancelled.contains(&o.job.id) && o.job.state != "COMPLETING" {
             for m in unbound {
                 actions.push(Action::DeletePod {
                     pod: m.pod.clone(),

@@ -161,6 +161,11 @@ impl Executor {
                 "binding pod {}/{} to {node}",
                 pod.namespace, pod.name
             )))?;
+        Ok(())
+    }
+
+    /// The `Scheduled` Event of a pod bound by [`Action::Bind`] (sent after the pass's bindings, off their path).
+    pub async fn scheduled(&self, pod: &PodRef, node: &str, job: u64) -> Result<(), ActionError> {
         let message = format!(
             "Successfully assigned {}/{} to {node} (Slurm job {job})",
             pod.namespace, pod.name

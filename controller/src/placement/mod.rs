@@ -201,6 +201,37 @@ fn action_name(a: &Action) -> &'static str {
     }
 }
 
+type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
+
+/// Run `actions`, `parallelism` at a time.
+async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> Vec<Outcome> {
+    futures::stream::iter(actions)
+        .map(|a| async move {
+            let r = exec.run(&a).await;
+            (a, r)
+        })
+        .buffer_unordered(parallelism.max(1))
+        .collect()
+        .await
+}
+
+/// The `Scheduled` Events of the pods just bound.
+async fn scheduled_events(
+    exec: &Executor,
+    bound: Vec<(decide::PodRef, String, u64)>,
+    parallelism: usize,
+) {
+    futures::stream::iter(bound)
+        .for_each_concurrent(parallelism.max(1), |(pod, node, job)| async move {
+            if let Err(e) = exec.scheduled(&pod, &node, job).await {
+                tracing::warn!(error = %e, "placement: no Scheduled event");
+                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "event")
+                    .increment(1);
+            }
+        })
+        .await;
+}
+
 /// One pass: read Slurm's jobs, decide against the watched pods, act.
 async fn pass(
     store: &Store<Pod>,
@@ -221,15 +252,23 @@ async fn pass(
         .into_iter()
         .filter(|a| recent.should_run(a, now))
         .collect();
-    let results: Vec<(Action, Result<Option<u64>, execute::ActionError>)> =
-        futures::stream::iter(actions)
-            .map(|a| async move {
-                let r = exec.run(&a).await;
-                (a, r)
-            })
-            .buffer_unordered(args.parallelism.max(1))
-            .collect()
-            .await;
+    // Bindings first: they are what a waiting pod waits for; their Events and everything else after them.
+    let (binds, rest): (Vec<Action>, Vec<Action>) = actions
+        .into_iter()
+        .partition(|a| matches!(a, Action::Bind { .. }));
+    let mut results = run_all(exec, binds, args.parallelism).await;
+    let bound: Vec<(decide::PodRef, String, u64)> = results
+        .iter()
+        .filter_map(|(a, r)| match (a, r) {
+            (Action::Bind { pod, node, job }, Ok(_)) => Some((pod.clone(), node.clone(), *job)),
+            _ => None,
+        })
+        .collect();
+    let (_, more) = futures::join!(
+        scheduled_events(exec, bound, args.parallelism),
+        run_all(exec, rest, args.parallelism)
+    );
+    results.extend(more);
     let now = Instant::now();
     for (a, r) in results {
         let result = if r.is_ok() { "ok" } else { "error" };

@@ -4,7 +4,7 @@
 //! timestamps) to the binding request on the API server (audit log), and the API writes per pod.
 //!
 //! ```text
-//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES]
+//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES] [PARALLELISM]
 //! ```
 
 use std::collections::BTreeMap;
@@ -75,6 +75,8 @@ fn main() {
     let cluster = Cluster::start(&specs, "");
     let api = ApiServer::start();
     let mut p = Placement::new(&api, &cluster, "bench-placement");
+    let parallelism = arg(3, p.args_mut().parallelism);
+    p.args_mut().parallelism = parallelism;
     let scheduler = p.args_mut().scheduler_name.clone();
     p.start();
     std::thread::sleep(Duration::from_secs(1));
@@ -134,6 +136,8 @@ fn main() {
         n == pods
     });
     let all_bound = started.elapsed();
+    // The Scheduled Events follow each pass's bindings: let the last ones go out.
+    std::thread::sleep(Duration::from_secs(2));
     p.stop();
 
     // Job id of each pod (its annotation) → allocation time; pod → binding time (audit).
@@ -192,7 +196,9 @@ fn main() {
             .entry(format!("{} {}{sub}", w.verb, w.resource))
             .or_default() += 1;
     }
-    println!("pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod");
+    println!(
+        "pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod; --placement-parallelism {parallelism}"
+    );
     println!("created in {created:.2?}; all bound after {all_bound:.2?}");
     println!(
         "allocation → binding: {} measured, p50 {:.3} s, p99 {:.3} s, max {:.3} s",

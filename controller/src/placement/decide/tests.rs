@@ -109,6 +109,11 @@ fn an_ended_job_deletes_its_pod() {
         kinds(&decide(std::slice::from_ref(&p), &jobs)),
         ["delete a"]
     );
+    let jobs = [job(5, "k8s:ns/a/uid-a", "COMPLETING", "None", "n2")];
+    assert!(
+        decide(std::slice::from_ref(&p), &jobs).is_empty(),
+        "the final state names the reason"
+    );
     let jobs = [job(5, "k8s:ns/a/uid-a", "PREEMPTED", "None", "n2")];
     assert_eq!(
         kinds(&decide(std::slice::from_ref(&p), &jobs)),
