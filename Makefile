@@ -41,7 +41,7 @@ deploy-tools:
 	fi
 
 deploy-check: deploy-tools
-	$(CARGO) test -p isthmus-tests --features system --test deploy_manifests --test deploy_scan --test deploy_runtime
+	$(CARGO) test -p isthmus-tests --features system --test deploy_manifests --test deploy_scan --test deploy_runtime --test controller_deploy
 
 # kube-apiserver v1.26.0 from tests/kube-apiserver/ (Debian's Go 1.19; ~3 min the first time, instant afterwards),
 # so that the first Kubernetes test does not spend its time building it. The tests build it themselves otherwise.
