@@ -53,6 +53,15 @@ pub struct RenderArgs {
     /// What to print.
     #[arg(long, value_enum)]
     pub output: OutputKind,
+    /// How the model is built and the outputs are named.
+    #[command(flatten)]
+    pub model: ModelFlags,
+}
+
+/// The flags that shape the model and name its outputs: the same for `isthmus controller render` and the running
+/// controller, so that both render identically.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelFlags {
     /// Switches whose description or name contains this are never leaves (e.g. storage leaves); repeatable.
     #[arg(long = "exclude-switch", value_name = "TEXT")]
     pub exclude_switches: Vec<String>,
@@ -68,6 +77,43 @@ pub struct RenderArgs {
     /// Name of the Kueue Topology.
     #[arg(long, default_value = "isthmus")]
     pub kueue_topology_name: String,
+}
+
+impl Default for ModelFlags {
+    fn default() -> Self {
+        Self {
+            exclude_switches: Vec::new(),
+            tier_label_prefix: "topology.isthmus.io/tier-".into(),
+            accelerator_label: "topology.isthmus.io/accelerator-domain".into(),
+            block_size: None,
+            kueue_topology_name: "isthmus".into(),
+        }
+    }
+}
+
+impl ModelFlags {
+    /// The model options these flags ask for (the labels isthmus writes are never read back as a source).
+    pub fn model_options(&self) -> ModelOptions {
+        ModelOptions {
+            exclude_switches: self.exclude_switches.clone(),
+            ignore_label_prefixes: vec![
+                self.tier_label_prefix.clone(),
+                self.accelerator_label.clone(),
+            ],
+            ..ModelOptions::default()
+        }
+    }
+
+    /// The render options these flags ask for.
+    pub fn render_options(&self) -> RenderOptions {
+        RenderOptions {
+            tier_label_prefix: self.tier_label_prefix.clone(),
+            accelerator_label: self.accelerator_label.clone(),
+            block_size: self.block_size,
+            kueue_topology_name: self.kueue_topology_name.clone(),
+            ..RenderOptions::default()
+        }
+    }
 }
 
 /// Why nothing could be rendered.
@@ -203,15 +249,7 @@ pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Err
             .map(model::nodes_from_fabric)
             .unwrap_or_default(),
     };
-    let opts = ModelOptions {
-        exclude_switches: args.exclude_switches.clone(),
-        ignore_label_prefixes: vec![
-            args.tier_label_prefix.clone(),
-            args.accelerator_label.clone(),
-        ],
-        ..ModelOptions::default()
-    };
-    let model = model::build(inputs, fabric.as_ref(), &opts);
+    let model = model::build(inputs, fabric.as_ref(), &args.model.model_options());
     if model.nodes.is_empty() {
         warnings.push(
             "no node: no NodeResourceTopology was read and no CA description in the dump names a host".into(),
@@ -226,13 +264,7 @@ pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Err
 
 /// The render options the arguments ask for.
 pub fn render_options(args: &RenderArgs) -> RenderOptions {
-    RenderOptions {
-        tier_label_prefix: args.tier_label_prefix.clone(),
-        accelerator_label: args.accelerator_label.clone(),
-        block_size: args.block_size,
-        kueue_topology_name: args.kueue_topology_name.clone(),
-        ..RenderOptions::default()
-    }
+    args.model.render_options()
 }
 
 /// Render one output of a model.
@@ -325,11 +357,7 @@ mod tests {
             ibnetdiscover: None,
             nrt_dir: None,
             output: OutputKind::TopologyConf,
-            exclude_switches: Vec::new(),
-            tier_label_prefix: String::new(),
-            accelerator_label: String::new(),
-            block_size: None,
-            kueue_topology_name: String::new(),
+            model: ModelFlags::default(),
         };
         assert!(matches!(run_render(&args), Err(Error::NoInput)));
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use isthmus_controller::fabric::{NodeKind, ibnetdiscover};
 use isthmus_controller::hostlist;
 use isthmus_controller::model::{self, ModelOptions};
-use isthmus_controller::offline::{self, OutputKind, RenderArgs};
+use isthmus_controller::offline::{self, ModelFlags, OutputKind, RenderArgs};
 use isthmus_controller::render::{self, RenderOptions};
 use isthmus_tests::fixtures;
 use serde_json::Value;
@@ -30,11 +30,10 @@ fn args(dump_name: &str, output: OutputKind, exclude: &[&str]) -> RenderArgs {
         ibnetdiscover: Some(dump(dump_name)),
         nrt_dir: None,
         output,
-        exclude_switches: exclude.iter().map(|s| (*s).to_owned()).collect(),
-        tier_label_prefix: "topology.isthmus.io/tier-".into(),
-        accelerator_label: "topology.isthmus.io/accelerator-domain".into(),
-        block_size: None,
-        kueue_topology_name: "isthmus".into(),
+        model: ModelFlags {
+            exclude_switches: exclude.iter().map(|s| (*s).to_owned()).collect(),
+            ..ModelFlags::default()
+        },
     }
 }
 

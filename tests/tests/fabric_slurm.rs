@@ -11,7 +11,7 @@ use isthmus_api::fabric::node_report_attributes;
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_controller::hostlist;
 use isthmus_controller::model::ClusterModel;
-use isthmus_controller::offline::{self, OutputKind, RenderArgs};
+use isthmus_controller::offline::{self, ModelFlags, OutputKind, RenderArgs};
 use isthmus_tests::slurm::{SlurmDir, problems, slurmd_g};
 use isthmus_tests::slurmctld::Controller;
 use isthmus_tests::{fabric_gen, fixtures, isthmus};
@@ -23,11 +23,7 @@ fn args(dump: Option<&Path>, nrt_dir: Option<&Path>) -> RenderArgs {
         ibnetdiscover: dump.map(Path::to_path_buf),
         nrt_dir: nrt_dir.map(Path::to_path_buf),
         output: OutputKind::TopologyConf,
-        exclude_switches: Vec::new(),
-        tier_label_prefix: "topology.isthmus.io/tier-".into(),
-        accelerator_label: "topology.isthmus.io/accelerator-domain".into(),
-        block_size: None,
-        kueue_topology_name: "isthmus".into(),
+        model: ModelFlags::default(),
     }
 }
 

@@ -20,7 +20,7 @@ use super::leader::{Backoff, sleep_or_cancel};
 use super::objects::{LabelSink, ObjectSink, Writes};
 use crate::fabric::{Fabric, ibnetdiscover};
 use crate::model::{ClusterModel, ModelOptions};
-use crate::offline::{self, OutputKind, RenderArgs};
+use crate::offline::{self, OutputKind};
 use crate::render::{self, RenderOptions, hypernodes, kueue};
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
 
@@ -72,56 +72,23 @@ pub struct TopologyArgs {
     /// Key of the dump in that ConfigMap.
     #[arg(long, default_value = "ibnetdiscover", value_name = "KEY")]
     pub ibnetdiscover_key: String,
-    /// Switches whose description or name contains this are never leaves (e.g. storage leaves); repeatable.
-    #[arg(long = "exclude-switch", value_name = "TEXT")]
-    pub exclude_switches: Vec<String>,
-    /// Prefix of the tier label keys (`fabric.topograph.run/tier-` writes Topograph's keys).
-    #[arg(long, default_value = "topology.isthmus.io/tier-")]
-    pub tier_label_prefix: String,
-    /// The accelerator domain label key.
-    #[arg(long, default_value = "topology.isthmus.io/accelerator-domain")]
-    pub accelerator_label: String,
-    /// `BlockSizes=` base of the block topology (default: the smallest block).
-    #[arg(long)]
-    pub block_size: Option<usize>,
-    /// Name of the Kueue Topology.
-    #[arg(long, default_value = "isthmus")]
-    pub kueue_topology_name: String,
+    /// How the model is built and the outputs are named (the same flags as `isthmus controller render`).
+    #[command(flatten)]
+    pub model: offline::ModelFlags,
     /// How long to wait after a change for more changes before recomputing.
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     pub debounce: Duration,
 }
 
 impl TopologyArgs {
-    /// The same options as `isthmus controller render` with these flags (so both render identically).
-    pub fn render_args(&self, output: OutputKind) -> RenderArgs {
-        RenderArgs {
-            ibnetdiscover: None,
-            nrt_dir: None,
-            output,
-            exclude_switches: self.exclude_switches.clone(),
-            tier_label_prefix: self.tier_label_prefix.clone(),
-            accelerator_label: self.accelerator_label.clone(),
-            block_size: self.block_size,
-            kueue_topology_name: self.kueue_topology_name.clone(),
-        }
-    }
-
-    /// Render options (through `offline::render_options`, shared with `isthmus controller render`).
+    /// Render options, as `isthmus controller render` builds them from the same flags.
     pub fn render_options(&self) -> RenderOptions {
-        offline::render_options(&self.render_args(OutputKind::Labels))
+        self.model.render_options()
     }
 
-    /// Model options, as `isthmus controller render` builds them.
+    /// Model options, as `isthmus controller render` builds them from the same flags.
     pub fn model_options(&self) -> ModelOptions {
-        ModelOptions {
-            exclude_switches: self.exclude_switches.clone(),
-            ignore_label_prefixes: vec![
-                self.tier_label_prefix.clone(),
-                self.accelerator_label.clone(),
-            ],
-            ..ModelOptions::default()
-        }
+        self.model.model_options()
     }
 }
 
@@ -520,7 +487,7 @@ impl Rendered {
         if args.kueue_topology {
             let t = render::kueue::render(model, &opts);
             out.kueue = Some(BTreeMap::from([(
-                args.kueue_topology_name.clone(),
+                args.model.kueue_topology_name.clone(),
                 to_value(&t)?,
             )]));
         }

@@ -12,6 +12,7 @@ use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_tests::apiserver::{ApiServer, client_for, service_account_user};
 use isthmus_tests::deploy::{Reaped, install_agent};
 use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
+use isthmus_tests::proc_status_kib as status_kib;
 use isthmus_tests::{fixtures, free_port, isthmus_bin};
 use kube::Api;
 
@@ -22,15 +23,6 @@ fn stat_ticks(pid: u32) -> u64 {
     // Fields after the comm: state is 0, utime is 11, stime is 12.
     f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
         + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -19,18 +19,10 @@ use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_tests::apiserver::{ApiServer, client_for, service_account_user};
 use isthmus_tests::cluster_gen::{self, Template};
 use isthmus_tests::controller::{self, ControllerProcess, NAMESPACE, SERVICE_ACCOUNT};
+use isthmus_tests::proc_status_kib as status_kib;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// Create the Nodes and apply the NRTs, 32 requests at a time.
 async fn populate(client: kube::Client, nrts: Vec<NodeResourceTopology>) {
