@@ -2,10 +2,12 @@
 //! Slurm. Each pod (or complete gang) gets a placeholder batch job that holds what the pod asks for; when Slurm
 //! starts the job the pod is bound to the job's node, and when the job ends the pod is deleted (and the other way
 //! round). The decisions are pure ([`decide::decide`]); [`run`] is the loop around them: one pod watch, one
-//! `squeue --json` per pass, and the actions. See `docs/placement.md`.
+//! `squeue --json` per pass, the API writes in the pass, and the Slurm writes (`sbatch`, `scancel`) in a queue
+//! beside it ([`queue`]). See `docs/placement.md`.
 
 pub mod decide;
 pub mod execute;
+pub mod queue;
 pub mod recent;
 pub mod request;
 
@@ -25,6 +27,7 @@ pub use tokio_util::sync::CancellationToken;
 use crate::slurm::{SlurmClient, jobs, parse_duration};
 use decide::{Action, PodView};
 use execute::Executor;
+use queue::Queue;
 use recent::Recent;
 
 /// What placement asks of the API server.
@@ -144,10 +147,14 @@ pub async fn run(
         command: args.command.clone(),
         scheduler_name: args.scheduler_name.clone(),
     };
-    let main = passes(store, exec, &args, changed, shutdown.clone());
+    let (queue, workers) = queue::queue();
+    // A finished submission wakes the passes as pod events do: its job may already run.
+    let work = queue::work(workers, exec.clone(), args.parallelism, changed.clone());
+    let main = passes(store, exec, queue, &args, changed, shutdown.clone());
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = watch => tracing::warn!("placement: the pod watch ended"),
+        _ = work => {}
         _ = main => {}
     }
     Ok(())
@@ -156,6 +163,7 @@ pub async fn run(
 async fn passes(
     store: Store<Pod>,
     exec: Executor,
+    queue: Queue,
     args: &PlacementArgs,
     changed: Arc<Notify>,
     shutdown: CancellationToken,
@@ -179,7 +187,7 @@ async fn passes(
             }
             _ = tokio::time::sleep(wait) => {}
         }
-        match pass(&store, &exec, args, &mut recent).await {
+        match pass(&store, &exec, &queue, args, &mut recent).await {
             Ok(()) => failures = 0,
             Err(e) => {
                 failures += 1;
@@ -201,7 +209,8 @@ fn action_name(a: &Action) -> &'static str {
     }
 }
 
-type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
+/// An action and how it went (a submission's job id).
+pub type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
 
 /// Run `actions`, `parallelism` at a time.
 async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> Vec<Outcome> {
@@ -232,30 +241,44 @@ async fn scheduled_events(
         .await;
 }
 
-/// One pass: read Slurm's jobs, decide against the watched pods, act.
+/// One pass: read Slurm's jobs, take in the Slurm writes finished meanwhile, decide against the watched pods,
+/// queue the Slurm writes and do the API writes.
 async fn pass(
     store: &Store<Pod>,
     exec: &Executor,
+    queue: &Queue,
     args: &PlacementArgs,
     recent: &mut Recent,
 ) -> Result<(), crate::slurm::SlurmError> {
     let started = Instant::now();
     let jobs = jobs::list(&exec.slurm).await?;
+    let (finished, in_flight) = queue.take();
+    let now = Instant::now();
+    recent.prune(now);
+    let mut refused = Vec::new();
+    record(finished, recent, now, &mut refused);
     let pods: Vec<PodView> = store
         .state()
         .iter()
         .filter_map(|p| PodView::from_pod(p))
         .collect();
-    let now = Instant::now();
-    recent.prune(now);
-    let actions: Vec<Action> = decide::decide(&pods, &jobs)
+    let mut binds = Vec::new();
+    let mut rest = Vec::new();
+    for a in decide::decide(&pods, &jobs, &in_flight)
         .into_iter()
+        .chain(refused)
         .filter(|a| recent.should_run(a, now))
-        .collect();
+    {
+        match a {
+            Action::Submit { .. } | Action::Cancel { .. } => {
+                // Not queued (the queue is full): the next pass decides it again.
+                queue.push(a);
+            }
+            Action::Bind { .. } => binds.push(a),
+            _ => rest.push(a),
+        }
+    }
     // Bindings first: they are what a waiting pod waits for; their Events and everything else after them.
-    let (binds, rest): (Vec<Action>, Vec<Action>) = actions
-        .into_iter()
-        .partition(|a| matches!(a, Action::Bind { .. }));
     let mut results = run_all(exec, binds, args.parallelism).await;
     let bound: Vec<(decide::PodRef, String, u64)> = results
         .iter()
@@ -269,7 +292,15 @@ async fn pass(
         run_all(exec, rest, args.parallelism)
     );
     results.extend(more);
-    let now = Instant::now();
+    record(results, recent, Instant::now(), &mut Vec::new());
+    metrics::histogram!("isthmus_controller_placement_pass_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Count and remember what was done; a refused submission backs off and says why on its pods (`refused` gets
+/// those [`Action::Wait`]s).
+fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mut Vec<Action>) {
     for (a, r) in results {
         let result = if r.is_ok() { "ok" } else { "error" };
         metrics::counter!("isthmus_controller_placement_actions_total",
@@ -286,23 +317,15 @@ async fn pass(
                 tracing::warn!(error = %e, action = action_name(&a), "placement: action failed; retrying");
                 if let Action::Submit { comment, pods, .. } = &a {
                     recent.submit_failed(comment, now);
-                    // Say why on the pods (a refused submission is as much a reason to wait as a pending job).
-                    for pod in pods {
-                        let wait = Action::Wait {
-                            pod: pod.clone(),
-                            message: format!("Slurm refused the job: {e}"),
-                        };
-                        if recent.should_run(&wait, now) && exec.run(&wait).await.is_ok() {
-                            recent.done(&wait, now);
-                        }
-                    }
+                    // A refused submission is as much a reason to wait as a pending job.
+                    refused.extend(pods.iter().map(|pod| Action::Wait {
+                        pod: pod.clone(),
+                        message: format!("Slurm refused the job: {e}"),
+                    }));
                 }
             }
         }
     }
-    metrics::histogram!("isthmus_controller_placement_pass_seconds")
-        .record(started.elapsed().as_secs_f64());
-    Ok(())
 }
 
 #[cfg(test)]
