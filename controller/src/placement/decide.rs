@@ -38,6 +38,8 @@ pub struct PodView {
     pub options: Result<BTreeMap<String, String>, String>,
     /// Message of its `PodScheduled=False` condition, if it has one.
     pub waiting_message: Option<String>,
+    /// `metadata.resourceVersion`.
+    pub version: Option<String>,
 }
 
 impl PodView {
@@ -70,6 +72,7 @@ impl PodView {
             resources: request::resources(pod),
             options: request::options(pod),
             waiting_message,
+            version: meta.resource_version.clone(),
         })
     }
 }
@@ -121,6 +124,18 @@ pub enum Action {
         pod: PodRef,
         /// Message.
         message: String,
+        /// The pod's resourceVersion it was decided on: the patch is refused if the pod changed since (it may
+        /// have been bound meanwhile).
+        version: Option<String>,
+    },
+    /// The `Scheduled` Event of a pod just bound (sent after the bindings, off their path; never decided).
+    Scheduled {
+        /// Pod.
+        pod: PodRef,
+        /// Node.
+        node: String,
+        /// Job.
+        job: u64,
     },
 }
 
@@ -255,6 +270,7 @@ fn wait_all(actions: &mut Vec<Action>, members: &[&PodView], message: &str) {
             actions.push(Action::Wait {
                 pod: m.pod.clone(),
                 message: message.to_owned(),
+                version: m.version.clone(),
             });
         }
     }

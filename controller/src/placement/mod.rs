@@ -77,7 +77,7 @@ pub struct PlacementArgs {
     /// How often Slurm's job list is read when nothing happens in Kubernetes.
     #[arg(long = "placement-poll-interval", default_value = "500ms", value_parser = parse_duration)]
     pub poll_interval: Duration,
-    /// How many Slurm commands and API writes run at once.
+    /// How many sbatch/scancel run at once, and, apart from them, how many API writes.
     #[arg(long = "placement-parallelism", default_value_t = 16)]
     pub parallelism: usize,
 }
@@ -147,23 +147,43 @@ pub async fn run(
         command: args.command.clone(),
         scheduler_name: args.scheduler_name.clone(),
     };
-    let (queue, workers) = queue::queue();
+    let (slurm_queue, slurm_workers) = queue::queue("slurm");
+    let (api_queue, api_workers) = queue::queue("api");
     // A finished submission wakes the passes as pod events do: its job may already run.
-    let work = queue::work(workers, exec.clone(), args.parallelism, changed.clone());
-    let main = passes(store, exec, queue, &args, changed, shutdown.clone());
+    let slurm_work = queue::work(
+        slurm_workers,
+        exec.clone(),
+        args.parallelism,
+        Some(changed.clone()),
+    );
+    let api_work = queue::work(api_workers, exec.clone(), args.parallelism, None);
+    let queues = Queues {
+        slurm: slurm_queue,
+        api: api_queue,
+    };
+    let main = passes(store, exec, queues, &args, changed, shutdown.clone());
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = watch => tracing::warn!("placement: the pod watch ended"),
-        _ = work => {}
+        _ = slurm_work => {}
+        _ = api_work => {}
         _ = main => {}
     }
     Ok(())
 }
 
+/// The writes beside the passes.
+struct Queues {
+    /// `sbatch`, `scancel`.
+    slurm: Queue,
+    /// Pending reasons, Events, pod deletions.
+    api: Queue,
+}
+
 async fn passes(
     store: Store<Pod>,
     exec: Executor,
-    queue: Queue,
+    queues: Queues,
     args: &PlacementArgs,
     changed: Arc<Notify>,
     shutdown: CancellationToken,
@@ -187,7 +207,7 @@ async fn passes(
             }
             _ = tokio::time::sleep(wait) => {}
         }
-        match pass(&store, &exec, &queue, args, &mut recent).await {
+        match pass(&store, &exec, &queues, args, &mut recent).await {
             Ok(()) => failures = 0,
             Err(e) => {
                 failures += 1;
@@ -206,8 +226,13 @@ fn action_name(a: &Action) -> &'static str {
         Action::Cancel { .. } => "cancel",
         Action::DeletePod { .. } => "delete_pod",
         Action::Wait { .. } => "wait",
+        Action::Scheduled { .. } => "scheduled",
     }
 }
+
+/// Bindings run this many times `--placement-parallelism` at once: many at a time are what a burst of jobs
+/// started together waits for, and the API server commits concurrent writes together.
+const BIND_FACTOR: usize = 4;
 
 /// An action and how it went (a submission's job id).
 pub type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
@@ -224,75 +249,61 @@ async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> V
         .await
 }
 
-/// The `Scheduled` Events of the pods just bound.
-async fn scheduled_events(
-    exec: &Executor,
-    bound: Vec<(decide::PodRef, String, u64)>,
-    parallelism: usize,
-) {
-    futures::stream::iter(bound)
-        .for_each_concurrent(parallelism.max(1), |(pod, node, job)| async move {
-            if let Err(e) = exec.scheduled(&pod, &node, job).await {
-                tracing::warn!(error = %e, "placement: no Scheduled event");
-                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "event")
-                    .increment(1);
-            }
-        })
-        .await;
-}
-
-/// One pass: read Slurm's jobs, take in the Slurm writes finished meanwhile, decide against the watched pods,
-/// queue the Slurm writes and do the API writes.
+/// One pass: read Slurm's jobs, take in the writes finished meanwhile, decide against the watched pods, bind, and
+/// queue every other write.
 async fn pass(
     store: &Store<Pod>,
     exec: &Executor,
-    queue: &Queue,
+    queues: &Queues,
     args: &PlacementArgs,
     recent: &mut Recent,
 ) -> Result<(), crate::slurm::SlurmError> {
     let started = Instant::now();
     let jobs = jobs::list(&exec.slurm).await?;
-    let (finished, in_flight) = queue.take();
+    let listed = started.elapsed();
+    let (finished, in_flight) = queues.slurm.take();
+    let (api_finished, _) = queues.api.take();
     let now = Instant::now();
     recent.prune(now);
     let mut refused = Vec::new();
     record(finished, recent, now, &mut refused);
+    record(api_finished, recent, now, &mut refused);
     let pods: Vec<PodView> = store
         .state()
         .iter()
         .filter_map(|p| PodView::from_pod(p))
         .collect();
     let mut binds = Vec::new();
-    let mut rest = Vec::new();
     for a in decide::decide(&pods, &jobs, &in_flight)
         .into_iter()
         .chain(refused)
         .filter(|a| recent.should_run(a, now))
     {
+        // Not queued (in flight, or the queue is full): the next pass decides it again.
         match a {
             Action::Submit { .. } | Action::Cancel { .. } => {
-                // Not queued (the queue is full): the next pass decides it again.
-                queue.push(a);
+                queues.slurm.push(a);
             }
             Action::Bind { .. } => binds.push(a),
-            _ => rest.push(a),
+            _ => {
+                queues.api.push(a);
+            }
         }
     }
-    // Bindings first: they are what a waiting pod waits for; their Events and everything else after them.
-    let mut results = run_all(exec, binds, args.parallelism).await;
-    let bound: Vec<(decide::PodRef, String, u64)> = results
-        .iter()
-        .filter_map(|(a, r)| match (a, r) {
-            (Action::Bind { pod, node, job }, Ok(_)) => Some((pod.clone(), node.clone(), *job)),
-            _ => None,
-        })
-        .collect();
-    let (_, more) = futures::join!(
-        scheduled_events(exec, bound, args.parallelism),
-        run_all(exec, rest, args.parallelism)
-    );
-    results.extend(more);
+    // Bindings here: they are what a waiting pod waits for; their Events queued after them.
+    let n = binds.len();
+    let results = run_all(exec, binds, args.parallelism * BIND_FACTOR).await;
+    for (a, r) in &results {
+        if let (Action::Bind { pod, node, job }, Ok(_)) = (a, r) {
+            queues.api.push(Action::Scheduled {
+                pod: pod.clone(),
+                node: node.clone(),
+                job: *job,
+            });
+        }
+    }
     record(results, recent, Instant::now(), &mut Vec::new());
+    tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
     metrics::histogram!("isthmus_controller_placement_pass_seconds")
         .record(started.elapsed().as_secs_f64());
     Ok(())
@@ -302,6 +313,10 @@ async fn pass(
 /// those [`Action::Wait`]s).
 fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mut Vec<Action>) {
     for (a, r) in results {
+        if let Err(e @ execute::ActionError::Stale(_)) = &r {
+            tracing::debug!(error = %e, "placement: not written");
+            continue;
+        }
         let result = if r.is_ok() { "ok" } else { "error" };
         metrics::counter!("isthmus_controller_placement_actions_total",
             "action" => action_name(&a), "result" => result)
@@ -321,6 +336,7 @@ fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mu
                     refused.extend(pods.iter().map(|pod| Action::Wait {
                         pod: pod.clone(),
                         message: format!("Slurm refused the job: {e}"),
+                        version: None,
                     }));
                 }
             }

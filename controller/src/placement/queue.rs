@@ -1,9 +1,11 @@
-//! Slurm's writes (`sbatch`, `scancel`) in their own bounded queue beside the passes: a pass hands them over and
-//! goes on, so reading the job list and binding the pods whose jobs started never wait behind a burst of
-//! submissions. What is queued or running is [`InFlight`] for the decisions (one submission per pod, one cancel per
-//! job); what finished waits in the queue for the next pass, which records it. Each finished write wakes the passes:
-//! the job just submitted may already run.
+//! Writes in bounded queues beside the passes: one for Slurm's (`sbatch`, `scancel`), one for the API writes other
+//! than bindings (pending reasons, Events, pod deletions). A pass hands them over and goes on, so reading the job
+//! list and binding the pods whose jobs started never wait behind a burst of submissions or status patches. What is
+//! queued or running is not queued again (one submission per pod, one cancel per job, one write per pod and kind),
+//! and is [`InFlight`] for the decisions; what finished waits in the queue for the next pass, which records it.
+//! Each finished Slurm write wakes the passes: the job just submitted may already run.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
@@ -20,12 +22,13 @@ pub const LIMIT: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Ledger {
     in_flight: InFlight,
+    other: HashSet<String>,
     count: usize,
     finished: Vec<Outcome>,
 }
 
 impl Ledger {
-    /// Take `a` in (a submission or a cancel not in flight yet, while fewer than [`LIMIT`] are): whether it was.
+    /// Take `a` in (anything but a binding, not in flight yet, while fewer than [`LIMIT`] are): whether it was.
     pub fn admit(&mut self, a: &Action) -> bool {
         if self.count >= LIMIT {
             return false;
@@ -44,7 +47,12 @@ impl Ledger {
                     return false;
                 }
             }
-            _ => return false,
+            Action::Bind { .. } => return false,
+            _ => {
+                if !self.other.insert(super::recent::key(a).0) {
+                    return false;
+                }
+            }
         }
         self.count += 1;
         true
@@ -68,7 +76,12 @@ impl Ledger {
             Action::Cancel { job, .. } => {
                 self.in_flight.jobs.remove(job);
             }
-            _ => return false,
+            Action::Bind { .. } => return false,
+            _ => {
+                if !self.other.remove(&super::recent::key(a).0) {
+                    return false;
+                }
+            }
         }
         self.count = self.count.saturating_sub(1);
         true
@@ -94,6 +107,7 @@ impl Ledger {
 /// The passes' end of the queue.
 #[derive(Debug, Clone)]
 pub struct Queue {
+    name: &'static str,
     ledger: Arc<Mutex<Ledger>>,
     tx: mpsc::UnboundedSender<Action>,
 }
@@ -101,20 +115,22 @@ pub struct Queue {
 /// The workers' end: run by [`work`].
 #[derive(Debug)]
 pub struct Workers {
+    name: &'static str,
     ledger: Arc<Mutex<Ledger>>,
     rx: mpsc::UnboundedReceiver<Action>,
 }
 
-/// A new queue.
-pub fn queue() -> (Queue, Workers) {
+/// A new queue; `name` labels its depth, `isthmus_controller_placement_queue_depth{queue}`.
+pub fn queue(name: &'static str) -> (Queue, Workers) {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let (tx, rx) = mpsc::unbounded_channel();
     (
         Queue {
+            name,
             ledger: ledger.clone(),
             tx,
         },
-        Workers { ledger, rx },
+        Workers { name, ledger, rx },
     )
 }
 
@@ -124,7 +140,7 @@ fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
 }
 
 impl Queue {
-    /// Queue `a` (a submission or a cancel); false when it is in flight already or the queue is full.
+    /// Queue `a` (anything but a binding); false when it is in flight already or the queue is full.
     pub fn push(&self, a: Action) -> bool {
         let mut ledger = lock(&self.ledger);
         if !ledger.admit(&a) {
@@ -135,7 +151,8 @@ impl Queue {
             ledger.release(&a);
             return false;
         }
-        metrics::gauge!("isthmus_controller_placement_queue_depth").set(ledger.len() as f64);
+        metrics::gauge!("isthmus_controller_placement_queue_depth", "queue" => self.name)
+            .set(ledger.len() as f64);
         true
     }
 
@@ -145,9 +162,10 @@ impl Queue {
     }
 }
 
-/// Run the queued writes in order, `parallelism` at once, until the queue is dropped; wake `done` after each.
-pub async fn work(workers: Workers, exec: Executor, parallelism: usize, done: Arc<Notify>) {
-    let Workers { ledger, rx } = workers;
+/// Run the queued writes in order, `parallelism` at once, until the queue is dropped; wake `done` (if any) after
+/// each.
+pub async fn work(workers: Workers, exec: Executor, parallelism: usize, done: Option<Arc<Notify>>) {
+    let Workers { name, ledger, rx } = workers;
     let actions =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|a| (a, rx)) });
     actions
@@ -162,9 +180,12 @@ pub async fn work(workers: Workers, exec: Executor, parallelism: usize, done: Ar
         .for_each(|(a, r)| {
             let mut l = lock(&ledger);
             l.finish(a, r);
-            metrics::gauge!("isthmus_controller_placement_queue_depth").set(l.len() as f64);
+            metrics::gauge!("isthmus_controller_placement_queue_depth", "queue" => name)
+                .set(l.len() as f64);
             drop(l);
-            done.notify_one();
+            if let Some(done) = &done {
+                done.notify_one();
+            }
             futures::future::ready(())
         })
         .await;
@@ -208,17 +229,31 @@ mod tests {
         assert!(l.admit(&submit(&["c"])));
         assert!(l.admit(&cancel(5)));
         assert!(!l.admit(&cancel(5)));
-        assert!(!l.admit(&Action::Wait {
-            pod: PodRef {
-                namespace: "ns".into(),
-                name: "x".into(),
-                uid: "x".into()
-            },
-            message: "m".into()
+        let x = PodRef {
+            namespace: "ns".into(),
+            name: "x".into(),
+            uid: "x".into(),
+        };
+        let wait = |m: &str| Action::Wait {
+            pod: x.clone(),
+            message: m.into(),
+            version: None,
+        };
+        assert!(l.admit(&wait("Priority")));
+        assert!(
+            !l.admit(&wait("Resources")),
+            "one status write per pod at once"
+        );
+        assert!(!l.admit(&Action::Bind {
+            pod: x.clone(),
+            node: "n1".into(),
+            job: 5
         }));
-        assert_eq!(l.len(), 3);
+        assert_eq!(l.len(), 4);
+        l.finish(wait("Priority"), Ok(None));
+        assert!(l.admit(&wait("Resources")));
         let (done, busy) = l.take();
-        assert!(done.is_empty());
+        assert_eq!(done.len(), 1);
         assert_eq!(
             busy.pods.iter().map(String::as_str).collect::<Vec<_>>(),
             ["a", "b", "c"]

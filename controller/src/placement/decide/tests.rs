@@ -23,6 +23,7 @@ fn pod(name: &str) -> PodView {
         }),
         options: Ok(BTreeMap::new()),
         waiting_message: None,
+        version: None,
     }
 }
 
@@ -60,7 +61,8 @@ fn kinds(actions: &[Action]) -> Vec<String> {
             Action::Bind { pod, node, job } => format!("bind {} {node} {job}", pod.name),
             Action::Cancel { job, .. } => format!("cancel {job}"),
             Action::DeletePod { pod, .. } => format!("delete {}", pod.name),
-            Action::Wait { pod, message } => format!("wait {} {message}", pod.name),
+            Action::Wait { pod, message, .. } => format!("wait {} {message}", pod.name),
+            Action::Scheduled { pod, .. } => format!("scheduled {}", pod.name),
         })
         .collect()
 }
