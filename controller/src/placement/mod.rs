@@ -230,10 +230,6 @@ fn action_name(a: &Action) -> &'static str {
     }
 }
 
-/// Bindings run this many times `--placement-parallelism` at once: many at a time are what a burst of jobs
-/// started together waits for, and the API server commits concurrent writes together.
-const BIND_FACTOR: usize = 4;
-
 /// An action and how it went (a submission's job id).
 pub type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
 
@@ -292,7 +288,7 @@ async fn pass(
     }
     // Bindings here: they are what a waiting pod waits for; their Events queued after them.
     let n = binds.len();
-    let results = run_all(exec, binds, args.parallelism * BIND_FACTOR).await;
+    let results = run_all(exec, binds, args.parallelism).await;
     for (a, r) in &results {
         if let (Action::Bind { pod, node, job }, Ok(_)) = (a, r) {
             queues.api.push(Action::Scheduled {
