@@ -38,6 +38,8 @@ pub struct PodView {
     pub options: Result<BTreeMap<String, String>, String>,
     /// Message of its `PodScheduled=False` condition, if it has one.
     pub waiting_message: Option<String>,
+    /// `metadata.resourceVersion`.
+    pub version: Option<String>,
 }
 
 impl PodView {
@@ -70,6 +72,7 @@ impl PodView {
             resources: request::resources(pod),
             options: request::options(pod),
             waiting_message,
+            version: meta.resource_version.clone(),
         })
     }
 }
@@ -121,7 +124,28 @@ pub enum Action {
         pod: PodRef,
         /// Message.
         message: String,
+        /// The pod's resourceVersion it was decided on: the patch is refused if the pod changed since (it may
+        /// have been bound meanwhile).
+        version: Option<String>,
     },
+    /// The `Scheduled` Event of a pod just bound (sent after the bindings, off their path; never decided).
+    Scheduled {
+        /// Pod.
+        pod: PodRef,
+        /// Node.
+        node: String,
+        /// Job.
+        job: u64,
+    },
+}
+
+/// Slurm writes queued or running beside the passes ([`super::queue`]): not to be asked for again meanwhile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// UIDs of the pods whose job is being submitted.
+    pub pods: BTreeSet<String>,
+    /// Jobs being cancelled.
+    pub jobs: BTreeSet<u64>,
 }
 
 struct OwnedJob<'a> {
@@ -137,9 +161,10 @@ fn describe(job: &Job) -> String {
     }
 }
 
-/// Everything to do now. Jobs not submitted by this controller (no `k8s:` comment) are only looked at when a bound
-/// pod's annotation names them.
-pub fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
+/// Everything to do now, but what is `in_flight`: no second submission for a pod whose submission is under way
+/// (its job may not show in `jobs` yet), no second cancel. Jobs not submitted by this controller (no `k8s:`
+/// comment) are only looked at when a bound pod's annotation names them.
+pub fn decide(pods: &[PodView], jobs: &[Job], in_flight: &InFlight) -> Vec<Action> {
     let mut actions = Vec::new();
     let live: BTreeMap<&str, &PodView> = pods
         .iter()
@@ -159,10 +184,12 @@ pub fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
     for o in owned.iter().filter(|o| !o.job.is_finished()) {
         if let Some(gone) = o.uids.iter().find(|u| !live.contains_key(u.as_str())) {
             cancelled.insert(o.job.id);
-            actions.push(Action::Cancel {
-                job: o.job.id,
-                why: format!("pod {gone} no longer waits or runs"),
-            });
+            if !in_flight.jobs.contains(&o.job.id) {
+                actions.push(Action::Cancel {
+                    job: o.job.id,
+                    why: format!("pod {gone} no longer waits or runs"),
+                });
+            }
         }
     }
 
@@ -176,7 +203,7 @@ pub fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
             // Ending: its final state (PREEMPTED, CANCELLED, TIMEOUT …) names the reason; wait for it.
             Some(j) if j.state == "COMPLETING" => {}
             Some(j) => {
-                if !j.is_finished() && cancelled.insert(id) {
+                if !j.is_finished() && cancelled.insert(id) && !in_flight.jobs.contains(&id) {
                     actions.push(Action::Cancel {
                         job: id,
                         why: format!("its pod is deleted: {}", describe(j)),
@@ -205,7 +232,15 @@ pub fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
     }
     for p in singles {
         if p.node.is_none() {
-            unit(&mut actions, &p.pod.name, 1, &[p], &owned, &cancelled);
+            unit(
+                &mut actions,
+                &p.pod.name,
+                1,
+                &[p],
+                &owned,
+                &cancelled,
+                in_flight,
+            );
         }
     }
     for ((_, g), members) in gangs {
@@ -213,7 +248,15 @@ pub fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
             continue;
         }
         match &members[0].group {
-            Some((_, Ok(size))) => unit(&mut actions, g, *size, &members, &owned, &cancelled),
+            Some((_, Ok(size))) => unit(
+                &mut actions,
+                g,
+                *size,
+                &members,
+                &owned,
+                &cancelled,
+                in_flight,
+            ),
             Some((_, Err(e))) => wait_all(&mut actions, &members, e),
             None => {}
         }
@@ -227,6 +270,7 @@ fn wait_all(actions: &mut Vec<Action>, members: &[&PodView], message: &str) {
             actions.push(Action::Wait {
                 pod: m.pod.clone(),
                 message: message.to_owned(),
+                version: m.version.clone(),
             });
         }
     }
@@ -240,6 +284,7 @@ fn unit(
     members: &[&PodView],
     owned: &[OwnedJob],
     cancelled: &BTreeSet<u64>,
+    in_flight: &InFlight,
 ) {
     let uids: BTreeSet<&str> = members.iter().map(|m| m.pod.uid.as_str()).collect();
     let mine = |o: &&OwnedJob| o.uids.iter().any(|u| uids.contains(u.as_str()));
@@ -296,6 +341,10 @@ fn unit(
                 });
             }
         }
+        return;
+    }
+    // Its job is being submitted: nothing more until the submission is done and the job shows.
+    if uids.iter().any(|u| in_flight.pods.contains(*u)) {
         return;
     }
     if members.len() != size {

@@ -15,6 +15,9 @@ pub enum ActionError {
     /// A Slurm command failed.
     #[error(transparent)]
     Slurm(#[from] SlurmError),
+    /// The pod changed since the decision (a conditional write was refused): decided again in the next pass.
+    #[error("pod {0} changed since the decision")]
+    Stale(String),
     /// An API request failed.
     #[error("{what}: {source}")]
     Api {
@@ -109,11 +112,23 @@ impl Executor {
                     _ => Ok(None),
                 }
             }
-            Action::Wait { pod, message } => {
-                let patch = serde_json::json!({"status": {"conditions": [{
+            Action::Scheduled { pod, node, job } => {
+                self.scheduled(pod, node, *job).await?;
+                Ok(None)
+            }
+            Action::Wait {
+                pod,
+                message,
+                version,
+            } => {
+                let mut patch = serde_json::json!({"status": {"conditions": [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                     "message": message, "lastTransitionTime": Time(jiff_now()),
                 }]}});
+                // A resourceVersion in the patch makes it conditional: 409 if the pod changed (bound) meanwhile.
+                if let Some(v) = version {
+                    patch["metadata"] = serde_json::json!({"resourceVersion": v});
+                }
                 let pp = PatchParams {
                     field_manager: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
                     ..PatchParams::default()
@@ -123,6 +138,9 @@ impl Executor {
                     .patch_status(&pod.name, &pp, &Patch::Strategic(patch))
                     .await
                 {
+                    Err(kube::Error::Api(s)) if s.code == 409 && version.is_some() => Err(
+                        ActionError::Stale(format!("{}/{}", pod.namespace, pod.name)),
+                    ),
                     Err(e) if !gone(&e) => Err(api_err(format!(
                         "pod {}/{} status",
                         pod.namespace, pod.name

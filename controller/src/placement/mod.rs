@@ -2,10 +2,12 @@
 //! Slurm. Each pod (or complete gang) gets a placeholder batch job that holds what the pod asks for; when Slurm
 //! starts the job the pod is bound to the job's node, and when the job ends the pod is deleted (and the other way
 //! round). The decisions are pure ([`decide::decide`]); [`run`] is the loop around them: one pod watch, one
-//! `squeue --json` per pass, and the actions. See `docs/placement.md`.
+//! `squeue --json` per pass, the API writes in the pass, and the Slurm writes (`sbatch`, `scancel`) in a queue
+//! beside it ([`queue`]). See `docs/placement.md`.
 
 pub mod decide;
 pub mod execute;
+pub mod queue;
 pub mod recent;
 pub mod request;
 
@@ -25,6 +27,7 @@ pub use tokio_util::sync::CancellationToken;
 use crate::slurm::{SlurmClient, jobs, parse_duration};
 use decide::{Action, PodView};
 use execute::Executor;
+use queue::Queue;
 use recent::Recent;
 
 /// What placement asks of the API server.
@@ -74,7 +77,7 @@ pub struct PlacementArgs {
     /// How often Slurm's job list is read when nothing happens in Kubernetes.
     #[arg(long = "placement-poll-interval", default_value = "500ms", value_parser = parse_duration)]
     pub poll_interval: Duration,
-    /// How many Slurm commands and API writes run at once.
+    /// How many sbatch/scancel run at once, and, apart from them, how many API writes.
     #[arg(long = "placement-parallelism", default_value_t = 16)]
     pub parallelism: usize,
 }
@@ -144,18 +147,43 @@ pub async fn run(
         command: args.command.clone(),
         scheduler_name: args.scheduler_name.clone(),
     };
-    let main = passes(store, exec, &args, changed, shutdown.clone());
+    let (slurm_queue, slurm_workers) = queue::queue("slurm");
+    let (api_queue, api_workers) = queue::queue("api");
+    // A finished submission wakes the passes as pod events do: its job may already run.
+    let slurm_work = queue::work(
+        slurm_workers,
+        exec.clone(),
+        args.parallelism,
+        Some(changed.clone()),
+    );
+    let api_work = queue::work(api_workers, exec.clone(), args.parallelism, None);
+    let queues = Queues {
+        slurm: slurm_queue,
+        api: api_queue,
+    };
+    let main = passes(store, exec, queues, &args, changed, shutdown.clone());
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = watch => tracing::warn!("placement: the pod watch ended"),
+        _ = slurm_work => {}
+        _ = api_work => {}
         _ = main => {}
     }
     Ok(())
 }
 
+/// The writes beside the passes.
+struct Queues {
+    /// `sbatch`, `scancel`.
+    slurm: Queue,
+    /// Pending reasons, Events, pod deletions.
+    api: Queue,
+}
+
 async fn passes(
     store: Store<Pod>,
     exec: Executor,
+    queues: Queues,
     args: &PlacementArgs,
     changed: Arc<Notify>,
     shutdown: CancellationToken,
@@ -179,7 +207,7 @@ async fn passes(
             }
             _ = tokio::time::sleep(wait) => {}
         }
-        match pass(&store, &exec, args, &mut recent).await {
+        match pass(&store, &exec, &queues, args, &mut recent).await {
             Ok(()) => failures = 0,
             Err(e) => {
                 failures += 1;
@@ -198,10 +226,12 @@ fn action_name(a: &Action) -> &'static str {
         Action::Cancel { .. } => "cancel",
         Action::DeletePod { .. } => "delete_pod",
         Action::Wait { .. } => "wait",
+        Action::Scheduled { .. } => "scheduled",
     }
 }
 
-type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
+/// An action and how it went (a submission's job id).
+pub type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
 
 /// Run `actions`, `parallelism` at a time.
 async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> Vec<Outcome> {
@@ -215,62 +245,74 @@ async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> V
         .await
 }
 
-/// The `Scheduled` Events of the pods just bound.
-async fn scheduled_events(
-    exec: &Executor,
-    bound: Vec<(decide::PodRef, String, u64)>,
-    parallelism: usize,
-) {
-    futures::stream::iter(bound)
-        .for_each_concurrent(parallelism.max(1), |(pod, node, job)| async move {
-            if let Err(e) = exec.scheduled(&pod, &node, job).await {
-                tracing::warn!(error = %e, "placement: no Scheduled event");
-                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "event")
-                    .increment(1);
-            }
-        })
-        .await;
-}
-
-/// One pass: read Slurm's jobs, decide against the watched pods, act.
+/// One pass: read Slurm's jobs, take in the writes finished meanwhile, decide against the watched pods, bind, and
+/// queue every other write.
 async fn pass(
     store: &Store<Pod>,
     exec: &Executor,
+    queues: &Queues,
     args: &PlacementArgs,
     recent: &mut Recent,
 ) -> Result<(), crate::slurm::SlurmError> {
     let started = Instant::now();
     let jobs = jobs::list(&exec.slurm).await?;
+    let listed = started.elapsed();
+    let (finished, in_flight) = queues.slurm.take();
+    let (api_finished, _) = queues.api.take();
+    let now = Instant::now();
+    recent.prune(now);
+    let mut refused = Vec::new();
+    record(finished, recent, now, &mut refused);
+    record(api_finished, recent, now, &mut refused);
     let pods: Vec<PodView> = store
         .state()
         .iter()
         .filter_map(|p| PodView::from_pod(p))
         .collect();
-    let now = Instant::now();
-    recent.prune(now);
-    let actions: Vec<Action> = decide::decide(&pods, &jobs)
+    let mut binds = Vec::new();
+    for a in decide::decide(&pods, &jobs, &in_flight)
         .into_iter()
+        .chain(refused)
         .filter(|a| recent.should_run(a, now))
-        .collect();
-    // Bindings first: they are what a waiting pod waits for; their Events and everything else after them.
-    let (binds, rest): (Vec<Action>, Vec<Action>) = actions
-        .into_iter()
-        .partition(|a| matches!(a, Action::Bind { .. }));
-    let mut results = run_all(exec, binds, args.parallelism).await;
-    let bound: Vec<(decide::PodRef, String, u64)> = results
-        .iter()
-        .filter_map(|(a, r)| match (a, r) {
-            (Action::Bind { pod, node, job }, Ok(_)) => Some((pod.clone(), node.clone(), *job)),
-            _ => None,
-        })
-        .collect();
-    let (_, more) = futures::join!(
-        scheduled_events(exec, bound, args.parallelism),
-        run_all(exec, rest, args.parallelism)
-    );
-    results.extend(more);
-    let now = Instant::now();
+    {
+        // Not queued (in flight, or the queue is full): the next pass decides it again.
+        match a {
+            Action::Submit { .. } | Action::Cancel { .. } => {
+                queues.slurm.push(a);
+            }
+            Action::Bind { .. } => binds.push(a),
+            _ => {
+                queues.api.push(a);
+            }
+        }
+    }
+    // Bindings here: they are what a waiting pod waits for; their Events queued after them.
+    let n = binds.len();
+    let results = run_all(exec, binds, args.parallelism).await;
+    for (a, r) in &results {
+        if let (Action::Bind { pod, node, job }, Ok(_)) = (a, r) {
+            queues.api.push(Action::Scheduled {
+                pod: pod.clone(),
+                node: node.clone(),
+                job: *job,
+            });
+        }
+    }
+    record(results, recent, Instant::now(), &mut Vec::new());
+    tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
+    metrics::histogram!("isthmus_controller_placement_pass_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Count and remember what was done; a refused submission backs off and says why on its pods (`refused` gets
+/// those [`Action::Wait`]s).
+fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mut Vec<Action>) {
     for (a, r) in results {
+        if let Err(e @ execute::ActionError::Stale(_)) = &r {
+            tracing::debug!(error = %e, "placement: not written");
+            continue;
+        }
         let result = if r.is_ok() { "ok" } else { "error" };
         metrics::counter!("isthmus_controller_placement_actions_total",
             "action" => action_name(&a), "result" => result)
@@ -286,23 +328,16 @@ async fn pass(
                 tracing::warn!(error = %e, action = action_name(&a), "placement: action failed; retrying");
                 if let Action::Submit { comment, pods, .. } = &a {
                     recent.submit_failed(comment, now);
-                    // Say why on the pods (a refused submission is as much a reason to wait as a pending job).
-                    for pod in pods {
-                        let wait = Action::Wait {
-                            pod: pod.clone(),
-                            message: format!("Slurm refused the job: {e}"),
-                        };
-                        if recent.should_run(&wait, now) && exec.run(&wait).await.is_ok() {
-                            recent.done(&wait, now);
-                        }
-                    }
+                    // A refused submission is as much a reason to wait as a pending job.
+                    refused.extend(pods.iter().map(|pod| Action::Wait {
+                        pod: pod.clone(),
+                        message: format!("Slurm refused the job: {e}"),
+                        version: None,
+                    }));
                 }
             }
         }
     }
-    metrics::histogram!("isthmus_controller_placement_pass_seconds")
-        .record(started.elapsed().as_secs_f64());
-    Ok(())
 }
 
 #[cfg(test)]

@@ -17,13 +17,15 @@ pub struct Recent {
     failed_submits: HashMap<String, (u32, Instant)>,
 }
 
-fn key(a: &Action) -> (String, String) {
+/// What `a` acts on, and the detail that makes a repeat a change.
+pub(crate) fn key(a: &Action) -> (String, String) {
     match a {
         Action::Submit { comment, .. } => (format!("submit {comment}"), String::new()),
         Action::Bind { pod, node, .. } => (format!("bind {}", pod.uid), node.clone()),
         Action::Cancel { job, .. } => (format!("cancel {job}"), String::new()),
         Action::DeletePod { pod, .. } => (format!("delete {}", pod.uid), String::new()),
-        Action::Wait { pod, message } => (format!("wait {}", pod.uid), message.clone()),
+        Action::Wait { pod, message, .. } => (format!("wait {}", pod.uid), message.clone()),
+        Action::Scheduled { pod, node, .. } => (format!("scheduled {}", pod.uid), node.clone()),
     }
 }
 
@@ -95,6 +97,7 @@ mod tests {
         let wait = |m: &str| Action::Wait {
             pod: pod(),
             message: m.into(),
+            version: None,
         };
         r.done(&wait("Resources"), t0);
         assert!(!r.should_run(&wait("Resources"), t0));

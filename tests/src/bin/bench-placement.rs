@@ -4,7 +4,7 @@
 //! timestamps) to the binding request on the API server (audit log), and the API writes per pod.
 //!
 //! ```text
-//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES] [PARALLELISM]
+//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES] [PARALLELISM] [POLL_MS]
 //! ```
 
 use std::collections::BTreeMap;
@@ -77,6 +77,8 @@ fn main() {
     let mut p = Placement::new(&api, &cluster, "bench-placement");
     let parallelism = arg(3, p.args_mut().parallelism);
     p.args_mut().parallelism = parallelism;
+    let poll_ms = arg(4, p.args_mut().poll_interval.as_millis() as usize);
+    p.args_mut().poll_interval = Duration::from_millis(poll_ms as u64);
     let scheduler = p.args_mut().scheduler_name.clone();
     p.start();
     std::thread::sleep(Duration::from_secs(1));
@@ -197,7 +199,7 @@ fn main() {
             .or_default() += 1;
     }
     println!(
-        "pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod; --placement-parallelism {parallelism}"
+        "pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod; --placement-parallelism {parallelism}, --placement-poll-interval {poll_ms}ms"
     );
     println!("created in {created:.2?}; all bound after {all_bound:.2?}");
     println!(

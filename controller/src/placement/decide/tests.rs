@@ -1,5 +1,10 @@
 use super::*;
 
+/// The decisions with nothing in flight.
+fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
+    super::decide(pods, jobs, &InFlight::default())
+}
+
 fn pod(name: &str) -> PodView {
     PodView {
         pod: PodRef {
@@ -18,6 +23,7 @@ fn pod(name: &str) -> PodView {
         }),
         options: Ok(BTreeMap::new()),
         waiting_message: None,
+        version: None,
     }
 }
 
@@ -55,7 +61,8 @@ fn kinds(actions: &[Action]) -> Vec<String> {
             Action::Bind { pod, node, job } => format!("bind {} {node} {job}", pod.name),
             Action::Cancel { job, .. } => format!("cancel {job}"),
             Action::DeletePod { pod, .. } => format!("delete {}", pod.name),
-            Action::Wait { pod, message } => format!("wait {} {message}", pod.name),
+            Action::Wait { pod, message, .. } => format!("wait {} {message}", pod.name),
+            Action::Scheduled { pod, .. } => format!("scheduled {}", pod.name),
         })
         .collect()
 }
@@ -173,4 +180,46 @@ fn bad_pods_wait_with_the_reason() {
     let mut p = gang("a", "g", 2);
     p.group = Some(("g".into(), Err("bad size".into())));
     assert_eq!(kinds(&decide(&[p], &[])), ["wait a bad size"]);
+}
+
+#[test]
+fn a_submission_in_flight_is_not_repeated() {
+    let busy = InFlight {
+        pods: ["uid-a".to_owned()].into(),
+        jobs: BTreeSet::new(),
+    };
+    // Submitted, the job not listed yet: nothing for a, b still gets its own.
+    assert_eq!(
+        kinds(&super::decide(&[pod("a"), pod("b")], &[], &busy)),
+        ["submit k8s:ns/b/uid-b x1"]
+    );
+    // Slurm already lists (and runs) the job while sbatch has not returned: bound at once.
+    let jobs = [job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n1")];
+    assert_eq!(
+        kinds(&super::decide(&[pod("a")], &jobs, &busy)),
+        ["bind a n1 5"]
+    );
+    // A gang with one member in flight is not submitted again either.
+    let both = [gang("a", "g", 2), gang("b", "g", 2)];
+    assert!(super::decide(&both, &[], &busy).is_empty());
+}
+
+#[test]
+fn a_cancel_in_flight_is_not_repeated_and_its_job_not_used() {
+    let busy = InFlight {
+        pods: BTreeSet::new(),
+        jobs: [5].into(),
+    };
+    let jobs = [
+        job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n1"),
+        job(6, "k8s:ns/b/uid-b", "RUNNING", "None", "n2"),
+    ];
+    assert_eq!(kinds(&super::decide(&[], &jobs, &busy)), ["cancel 6"]);
+    // A bound pod whose job is being cancelled: deleted, the cancel not asked for twice.
+    let deleting = bound(pod("c"), "n1", 5);
+    let jobs = [job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n1")];
+    assert_eq!(
+        kinds(&super::decide(&[deleting], &jobs, &busy)),
+        ["delete c"]
+    );
 }
