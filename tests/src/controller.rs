@@ -224,3 +224,23 @@ impl ControllerProcess {
             .unwrap_or(0.0)
     }
 }
+
+/// Change the `RealMemory=` of the Slurm node line in a node's report (a change the controller must follow).
+pub fn set_real_memory(o: &mut NodeResourceTopology, memory: u64) {
+    for a in &mut o.attributes {
+        if a.name == isthmus_api::fabric::SLURM_NODE {
+            a.value = a
+                .value
+                .split(' ')
+                .map(|w| {
+                    if w.starts_with("RealMemory=") {
+                        format!("RealMemory={memory}")
+                    } else {
+                        w.to_owned()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+        }
+    }
+}

@@ -147,22 +147,7 @@ fn change_node(
     dir: &Path,
 ) {
     let o = &mut nrts[i];
-    for a in &mut o.attributes {
-        if a.name == isthmus_api::fabric::SLURM_NODE {
-            a.value = a
-                .value
-                .split(' ')
-                .map(|w| {
-                    if w.starts_with("RealMemory=") {
-                        format!("RealMemory={memory}")
-                    } else {
-                        w.to_owned()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
-        }
-    }
+    controller::set_real_memory(o, memory);
     controller::apply_nrts(api, std::slice::from_ref(o));
     controller::write_nrt_dir(dir, std::slice::from_ref(o));
 }

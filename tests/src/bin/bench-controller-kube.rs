@@ -130,22 +130,7 @@ fn main() {
         let i = (k * 997) % n;
         let memory = 200_000 + k;
         let o = &mut nrts[i];
-        for a in &mut o.attributes {
-            if a.name == isthmus_api::fabric::SLURM_NODE {
-                a.value = a
-                    .value
-                    .split(' ')
-                    .map(|w| {
-                        if w.starts_with("RealMemory=") {
-                            format!("RealMemory={memory}")
-                        } else {
-                            w.to_owned()
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
-            }
-        }
+        controller::set_real_memory(o, memory as u64);
         let name = o.metadata.name.clone().unwrap_or_default();
         let needle = format!("NodeName={name} ");
         let want = format!("RealMemory={memory}");
