@@ -92,6 +92,22 @@ impl ApiServer {
     }
 
     fn try_start() -> Result<ApiServer, String> {
+        // A port probed free can still be taken before etcd or kube-apiserver binds it: start again on new ports.
+        let mut attempt = 1;
+        loop {
+            match Self::try_start_once() {
+                Err(e) if attempt < 3 && e.contains("address already in use") => {
+                    eprintln!(
+                        "test API server: a port was taken before it bound (attempt {attempt}), retrying"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_start_once() -> Result<ApiServer, String> {
         let assets = assets_dir()?;
         let dir = process::new_dir().map_err(|e| format!("creating the server directory: {e}"))?;
         let [port, etcd_port, etcd_peer_port] = distinct_free_ports();
