@@ -259,3 +259,63 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
     assert!(out.status.success(), "{text}");
     assert!(!text.to_lowercase().contains("warning"), "{text}");
 }
+
+/// The NetworkPolicy selects the controller's pods and lets in only the metrics port the Deployment and the Service
+/// name; the Slurm overlay's patch keeps the API server's ports and adds slurmctld's and DNS.
+#[test]
+fn the_network_policy_admits_the_metrics_port_and_the_slurm_overlay_reaches_slurmctld() {
+    let policy = &docs("base/networkpolicy.yaml")[0];
+    let deployment = &docs("base/deployment.yaml")[0];
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = policy["spec"]["podSelector"]["matchLabels"]
+        .as_mapping()
+        .unwrap_or_else(|| panic!("no podSelector.matchLabels"));
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(
+            &labels[k], v,
+            "the policy selects {k:?}={v:?}, the pod has not"
+        );
+    }
+    let port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+        .as_u64();
+    let ingress: Vec<u64> = policy["spec"]["ingress"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["ports"].as_sequence().into_iter().flatten())
+        .filter_map(|p| p["port"].as_u64())
+        .collect();
+    assert_eq!(ingress, vec![port.unwrap_or_default()]);
+    let service = &docs("base/service.yaml")[0];
+    assert_eq!(service["spec"]["ports"][0]["port"].as_u64(), port);
+
+    let egress = |v: &Value| -> Vec<(u64, String)> {
+        let mut out: Vec<(u64, String)> = v["spec"]["egress"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["ports"].as_sequence().into_iter().flatten())
+            .map(|p| {
+                (
+                    p["port"].as_u64().unwrap_or_default(),
+                    p["protocol"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let base = egress(policy);
+    assert_eq!(base, vec![(443, "TCP".into()), (6443, "TCP".into())]);
+    let slurm = egress(&docs("overlays/slurm/networkpolicy-slurm.yaml")[0]);
+    for p in &base {
+        assert!(slurm.contains(p), "the Slurm overlay drops {p:?}");
+    }
+    for p in [(53, "UDP"), (53, "TCP"), (6817, "TCP")] {
+        assert!(
+            slurm.contains(&(p.0, p.1.to_owned())),
+            "the Slurm overlay lacks {p:?}"
+        );
+    }
+}

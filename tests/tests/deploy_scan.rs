@@ -1,4 +1,4 @@
-//! The images and manifests through a security scan and a package check: `checkov` (from PyPI) fails only checks
+//! The images and manifests (the node agent's and the controller's) through a security scan and a package check: `checkov` (from PyPI) fails only checks
 //! that `docs/deploy.md` explains and accepts, and the Containerfile's runtime stages install exactly the Debian
 //! packages that provide what the binary links and runs.
 
@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use isthmus_tests::deploy::{VARIANTS, render_text};
-use isthmus_tests::{isthmus_bin, repo_root};
+use isthmus_tests::{controller, isthmus_bin, repo_root};
 
 /// checkov's failed checks per target, and the table of accepted ones in docs/deploy.md.
 #[test]
@@ -19,6 +19,25 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
         .unwrap_or_else(|e| panic!("{e}"));
     for (name, sub) in VARIANTS.iter().skip(1) {
         std::fs::write(dir.path().join(format!("{name}.yaml")), render_text(sub))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The cluster controller, with and without its Slurm tasks.
+    for (name, sub) in [("controller", "."), ("controller-slurm", "overlays/slurm")] {
+        let path = controller::deploy_dir().join(sub);
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("kubectl could not run ({e}); `make deploy-tools` installs it")
+            });
+        assert!(
+            out.status.success(),
+            "kubectl kustomize {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(dir.path().join(format!("{name}.yaml")), &out.stdout)
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let docker = dir.path().join("containerfile");
