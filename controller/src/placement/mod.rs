@@ -2,7 +2,7 @@
 //! Slurm. Each pod (or complete gang) gets a placeholder batch job that holds what the pod asks for; when Slurm
 //! starts the job the pod is bound to the job's node, and when the job ends the pod is deleted (and the other way
 //! round). The decisions are pure ([`decide::decide`]); [`run`] is the loop around them: one pod watch, one
-//! `squeue --json` per pass, the API writes in the pass, and the Slurm writes (`sbatch`, `scancel`) in a queue
+//! `squeue` per pass, the API writes in the pass, and the Slurm writes (`sbatch`, `scancel`) in a queue
 //! beside it ([`queue`]). See `docs/placement.md`.
 
 pub mod decide;

@@ -49,7 +49,6 @@ fn job(id: u64, comment: &str, state: &str, reason: &str, nodes: &str) -> Job {
         reason: reason.into(),
         nodes: nodes.into(),
         partition: String::new(),
-        start_time: 0,
     }
 }
 
