@@ -499,3 +499,108 @@ fn an_ibnetdiscover_configmap_is_used_and_a_degenerate_one_is_refused() {
         Some(want_topology)
     );
 }
+
+/// Successful and failed `scontrol reconfigure` calls the controller made, from its `/metrics`.
+fn reconfigures(c: &ControllerProcess) -> (f64, f64) {
+    let body = isthmus_tests::http_get(&c.listen, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let mut ok = 0.0;
+    let mut failed = 0.0;
+    for l in body.lines().filter(|l| {
+        l.starts_with("isthmus_controller_slurm_commands_total{")
+            && l.contains("program=\"scontrol\"")
+            && l.contains("verb=\"reconfigure\"")
+    }) {
+        let v: f64 = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        if l.contains("result=\"ok\"") {
+            ok += v;
+        } else {
+            failed += v;
+        }
+    }
+    (ok, failed)
+}
+
+/// `--scontrol-reconfigure` against a real slurmctld: once after the ConfigMap is first written, once per change,
+/// never while idle; with slurmctld stopped the call fails (a metric, no crash) and is owed until slurmctld is back.
+#[test]
+fn scontrol_reconfigure_follows_configmap_changes_and_waits_out_slurmctld() {
+    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+    let mut slurm = Cluster::start(&[NodeSpec::new("n0", 2, 0)], "");
+    let conf = slurm.conf();
+    let api = ApiServer::start();
+    controller::install_crds(&api);
+    let kc = controller::install_controller(&api);
+    let (mut nrts, dir) = cluster(&api, 4);
+    let conf_arg = conf.to_string_lossy().into_owned();
+    let c = ControllerProcess::start(
+        "replica-a",
+        &kc,
+        &[
+            "--scontrol-reconfigure",
+            "--slurm-conf",
+            &conf_arg,
+            "--slurm-timeout",
+            "3s",
+        ],
+    );
+    let want = expected(dir.path());
+    wait_for(
+        "the ConfigMap and one reconfigure",
+        Duration::from_secs(60),
+        &[&c],
+        || configmap_data(&api).as_ref() == Some(&want.data) && reconfigures(&c).0 >= 1.0,
+    );
+    let ctld_log = || slurm.controller().log();
+    let reconf_lines = |log: &str| log.lines().filter(|l| l.contains("reconfigure")).count();
+    wait_until(
+        "slurmctld to log the reconfigure",
+        Duration::from_secs(10),
+        || reconf_lines(&ctld_log()) >= 1,
+    );
+    // Idle: no further call.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(reconfigures(&c), (1.0, 0.0), "{}", c.log_text());
+
+    // One change: one more.
+    change_node(&api, &mut nrts, 1, 123_456, dir.path());
+    wait_for(
+        "a second reconfigure",
+        Duration::from_secs(30),
+        &[&c],
+        || reconfigures(&c).0 >= 2.0,
+    );
+    let want = expected(dir.path());
+    assert_eq!(configmap_data(&api).as_ref(), Some(&want.data));
+
+    // slurmctld down: the ConfigMap still follows, the reconfigure fails and is retried until slurmctld answers.
+    slurm.controller().stop_slurmctld();
+    change_node(&api, &mut nrts, 2, 123_457, dir.path());
+    let want = expected(dir.path());
+    wait_for(
+        "the ConfigMap and a failed reconfigure",
+        Duration::from_secs(60),
+        &[&c],
+        || configmap_data(&api).as_ref() == Some(&want.data) && reconfigures(&c).1 >= 1.0,
+    );
+    assert_eq!(reconfigures(&c).0, 2.0);
+    slurm.controller().start_slurmctld(false);
+    wait_for(
+        "the owed reconfigure once slurmctld is back",
+        Duration::from_secs(90),
+        &[&c],
+        || reconfigures(&c).0 >= 3.0,
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(reconfigures(&c).0, 3.0, "{}", c.log_text());
+    assert!(
+        c.log_text().contains("reconfigure"),
+        "the failure is logged: {}",
+        c.log_text()
+    );
+}

@@ -63,6 +63,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
+    // RUST_LOG=isthmus_controller::placement=debug shows each pass (its squeue time, jobs, bindings).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let pods = arg(1, 200);
     let nodes = arg(2, 4).max(1);
     let per_node = pods.div_ceil(nodes) as u32;
