@@ -10,7 +10,7 @@ use isthmus_controller::placement::{self, CancellationToken, PlacementArgs};
 use isthmus_controller::slurm::jobs::{Job, parse_jobs};
 use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::apiserver::{ApiServer, client_for};
 use crate::slurm_cluster::Cluster;
@@ -198,6 +198,18 @@ impl Placement {
         self.rt
             .block_on(self.pods().delete(name, &DeleteParams::default()))
             .unwrap_or_else(|e| panic!("deleting pod {name}: {e}"));
+    }
+
+    /// Set the pod's `status.phase` (what the kubelet does when its containers end: `Succeeded`, `Failed`).
+    pub fn set_phase(&self, name: &str, phase: &str) {
+        let patch = serde_json::json!({"status": {"phase": phase}});
+        self.rt
+            .block_on(self.pods().patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ))
+            .unwrap_or_else(|e| panic!("setting pod {name} {phase}: {e}"));
     }
 
     /// The Events about the pod: (reason, message).

@@ -76,6 +76,56 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
         "{events:?}"
     );
 
+    // The pod finishes (its phase as the kubelet sets it): the job is gone within 2 s, the pod is kept (its logs
+    // and status are the user's).
+    p.create_pod("done", 1, &[]);
+    wait_until("done to be bound", WAIT, || p.node_of("done").is_some());
+    let id3 = p
+        .job_id_of("done")
+        .unwrap_or_else(|| panic!("no job id on done"));
+    p.set_phase("done", "Succeeded");
+    let finished = Instant::now();
+    wait_until(
+        "the finished pod's job to be cancelled",
+        Duration::from_secs(2),
+        || !active(&cluster, id3),
+    );
+    eprintln!(
+        "job cancelled {:?} after the pod succeeded",
+        finished.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!p.deleted("done"), "a finished pod is the user's to delete");
+
+    // The job requeued in Slurm (`scontrol requeue`, as after a node failure): the pod lost its allocation, so it is
+    // deleted with an Event, and the requeued job does not outlive it.
+    p.create_pod("requeued", 1, &[]);
+    wait_until("requeued to be bound", WAIT, || {
+        p.node_of("requeued").is_some()
+    });
+    let id4 = p
+        .job_id_of("requeued")
+        .unwrap_or_else(|| panic!("no job id on requeued"));
+    cluster.run_ok("scontrol", &["requeue", &id4.to_string()]);
+    wait_until("requeued to be deleted", WAIT, || p.deleted("requeued"));
+    let events = p.events("requeued");
+    assert!(
+        events.iter().any(|(r, m)| r == "SlurmJobEnded"
+            && m.contains(&id4.to_string())
+            && m.contains("requeued")),
+        "{events:?}"
+    );
+    wait_until("the requeued job to be cancelled", WAIT, || {
+        !active(&cluster, id4)
+    });
+    assert!(
+        jobs(&cluster)
+            .iter()
+            .all(|j| j.is_finished() || ![id, id2, id3, id4].contains(&j.id)),
+        "{:?}",
+        jobs(&cluster)
+    );
+
     // Everything the ServiceAccount asked of the API server is in its RBAC (the server would have refused the
     // rest), and nothing was refused.
     p.stop();

@@ -209,9 +209,17 @@ pub fn decide(pods: &[PodView], jobs: &[Job], in_flight: &InFlight) -> Vec<Actio
                         why: format!("its pod is deleted: {}", describe(j)),
                     });
                 }
+                // A bound pod's job pending again was requeued (`scontrol requeue`, a node failure with
+                // requeue): the pod has lost its allocation.
+                let message = if matches!(j.state.as_str(), "PENDING" | "REQUEUED" | "REQUEUE_HOLD")
+                {
+                    format!("{} after it was requeued", describe(j))
+                } else {
+                    describe(j)
+                };
                 actions.push(Action::DeletePod {
                     pod: p.pod.clone(),
-                    message: describe(j),
+                    message,
                 });
             }
             None => actions.push(Action::DeletePod {

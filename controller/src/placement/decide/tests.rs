@@ -131,6 +131,17 @@ fn an_ended_job_deletes_its_pod() {
         kinds(&decide(std::slice::from_ref(&p), &jobs)),
         ["cancel 5", "delete a"]
     );
+    let said: Vec<String> = decide(std::slice::from_ref(&p), &jobs)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::DeletePod { message, .. } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        said,
+        ["Slurm job 5 is PENDING (BeginTime) after it was requeued"]
+    );
     assert_eq!(kinds(&decide(std::slice::from_ref(&p), &[])), ["delete a"]);
     // Cancelled before it ran: the waiting pod goes too (no second job).
     let jobs = [job(5, "k8s:ns/a/uid-a", "CANCELLED", "None", "")];
