@@ -1,9 +1,10 @@
 //! The agent against the real kube-apiserver, measured: how long from a pod-set change (the kubelet's PodResources
 //! answer changes) to the NRT carrying it on the server, and the idle footprint (CPU, RSS, threads, API writes) with
-//! PodResources polled every second and NVML replayed from the fixture.
+//! PodResources polled every `--pod-resources-interval` (the agent's default, or the third argument) and NVML
+//! replayed from the fixture.
 //!
 //! ```text
-//! cargo build --release -p isthmus-tests --bin bench-agent-kube && target/release/bench-agent-kube [CHANGES] [IDLE_SECONDS]
+//! cargo build --release -p isthmus-tests --bin bench-agent-kube && target/release/bench-agent-kube [CHANGES] [IDLE_SECONDS] [INTERVAL]
 //! ```
 
 use std::time::{Duration, Instant, SystemTime};
@@ -34,6 +35,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let changes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(30);
     let idle: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(60);
+    // `--pod-resources-interval` in seconds; the agent's default when absent.
+    let interval: Option<String> = args.next();
     let server = ApiServer::start();
     let kubeconfig = install_agent(&server);
     let node = "bench-node";
@@ -64,6 +67,11 @@ fn main() {
         .arg("--pod-resources-socket")
         .arg(&socket)
         .args(["--listen", &listen, "--log-format", "json"])
+        .args(
+            interval
+                .iter()
+                .flat_map(|i| ["--pod-resources-interval", i.as_str()]),
+        )
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("HWLOC_FSROOT")
