@@ -110,7 +110,9 @@ impl ApiServer {
     fn try_start_once() -> Result<ApiServer, String> {
         let assets = assets_dir()?;
         let dir = process::new_dir().map_err(|e| format!("creating the server directory: {e}"))?;
-        let [port, etcd_port, etcd_peer_port] = distinct_free_ports();
+        // Never the same port twice (`free_port` remembers what it handed out).
+        let [port, etcd_port, etcd_peer_port] =
+            [crate::free_port(), crate::free_port(), crate::free_port()];
         let mut server = ApiServer {
             admin_kubeconfig: dir.join("admin.kubeconfig"),
             dir,
@@ -565,15 +567,6 @@ fn exited(child: &mut Option<std::process::Child>) -> Option<std::process::ExitS
         process::kill(&mut c);
     }
     Some(status)
-}
-
-fn distinct_free_ports() -> [u16; 3] {
-    loop {
-        let ports = [crate::free_port(), crate::free_port(), crate::free_port()];
-        if ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2] {
-            return ports;
-        }
-    }
 }
 
 fn random_token() -> Result<String, String> {
