@@ -104,14 +104,19 @@ pub fn slurmd_g(conf: &Path, node: &str, host_root: &Path) -> (Vec<GresPrint>, S
     (records, text)
 }
 
+/// What Slurm's daemons log as an error when the machine running them is busy (they time 1000 `gettimeofday()`
+/// calls at startup): a fact about the test machine's load, not about what they were given.
+pub const BUSY_MACHINE: &str = "High latency for 1000 calls to gettimeofday()";
+
 /// Lines of slurmd output that report a problem.
 pub fn problems(output: &str) -> Vec<String> {
     output
         .lines()
         .filter(|l| {
-            let l = l.to_ascii_lowercase();
-            (l.contains("error") || l.contains("warning") || l.contains("fatal"))
-                && !l.contains("mpi/pmix")
+            let low = l.to_ascii_lowercase();
+            (low.contains("error") || low.contains("warning") || low.contains("fatal"))
+                && !low.contains("mpi/pmix")
+                && !l.contains(BUSY_MACHINE)
         })
         .map(str::to_owned)
         .collect()

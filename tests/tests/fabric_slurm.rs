@@ -96,6 +96,7 @@ fn complaints(log: &str) -> Vec<&str> {
         "MPI",
         "state file",
         "Trying backup state save file",
+        isthmus_tests::slurm::BUSY_MACHINE,
     ];
     log.lines()
         .filter(|l| {
