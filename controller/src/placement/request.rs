@@ -57,36 +57,11 @@ impl Resources {
 
 /// Parse a Kubernetes quantity into thousandths of its unit (`500m` → 500, `2` → 2000, `1Gi` → 1073741824000).
 pub fn parse_milli(q: &str) -> Option<u128> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    let mult: u128 = match suffix {
-        "" => 1000,
-        "m" => 1,
-        "k" => 1000 * 1000,
-        "M" => 1000 * 1_000_000,
-        "G" => 1000 * 1_000_000_000,
-        "T" => 1000 * 1_000_000_000_000,
-        "Ki" => 1000 << 10,
-        "Mi" => 1000 << 20,
-        "Gi" => 1000 << 30,
-        "Ti" => 1000 << 40,
-        _ => return None,
-    };
-    let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let mut value = int.checked_mul(mult)?;
-    let mut scale = mult;
-    for d in frac.chars().take(12) {
-        scale /= 10;
-        value = value.checked_add(u128::from(d.to_digit(10)?) * scale)?;
-    }
-    Some(value)
+    let nanos = isthmus_api::quantity::Quantity::parse(q.trim())
+        .ok()?
+        .nanos();
+    // Finer than a milli-unit rounds up, as the API machinery rounds; a negative amount is not a request.
+    u128::try_from(nanos).ok().map(|n| n.div_ceil(1_000_000))
 }
 
 fn amount(c: &Container, name: &str) -> Result<u128, String> {
