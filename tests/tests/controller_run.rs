@@ -178,6 +178,19 @@ fn wait_for(
     );
 }
 
+/// The expected labels plus the one a user set by hand on node `hand`.
+fn with_hand_label(
+    want: &Expected,
+    hand: &str,
+    key: &str,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut labels = want.labels.clone();
+    if let Some(l) = labels.get_mut(hand) {
+        l.insert(key.to_owned(), "set-by-hand".into());
+    }
+    labels
+}
+
 fn sa_writes_except_leases(api: &ApiServer, since: SystemTime) -> Vec<String> {
     api.writes_by(&service_account_user(NAMESPACE, SERVICE_ACCOUNT), since)
         .into_iter()
@@ -200,10 +213,7 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     let started = Instant::now();
     let c = ControllerProcess::start("replica-a", &kc, &["--kueue-topology=true"]);
     let want = expected(dir.path());
-    let mut want_labels = want.labels.clone();
-    if let Some(l) = want_labels.get_mut(&hand) {
-        l.insert(key0.clone(), "set-by-hand".into());
-    }
+    let want_labels = with_hand_label(&want, &hand, &key0);
     wait_for(
         "every output written",
         Duration::from_secs(120),
@@ -279,10 +289,7 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let want = expected(dir.path());
-    let mut want_labels = want.labels.clone();
-    if let Some(l) = want_labels.get_mut(&hand) {
-        l.insert(key0.clone(), "set-by-hand".into());
-    }
+    let want_labels = with_hand_label(&want, &hand, &key0);
     wait_for(
         "the outputs of 32 nodes",
         Duration::from_secs(60),
