@@ -383,3 +383,30 @@ pub fn build(engine: &str, context: &Path, target: &str, tag: &str, args: &[Stri
     assert!(out.status.success(), "{engine} build {target}: {text}");
     text
 }
+
+/// The workspace members, from the root Cargo.toml.
+pub fn workspace_members() -> Vec<String> {
+    let text = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap_or_default();
+    let list = text
+        .lines()
+        .find_map(|l| l.strip_prefix("members = ["))
+        .and_then(|l| l.split_once(']'))
+        .map(|(l, _)| l.to_owned())
+        .unwrap_or_else(|| panic!("no one-line members = [...] in Cargo.toml"));
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// Container images removed (`rmi -f`) when dropped: (engine, images).
+#[derive(Debug)]
+pub struct RemovedOnDrop(pub String, pub Vec<String>);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        for i in &self.1 {
+            let _ = engine_run(&self.0, &["rmi", "-f", i]);
+        }
+    }
+}
