@@ -1,7 +1,7 @@
 # isthmus — build, run and test.
 #   make run    install the system packages it needs, then discover this host
 #   make test   formatting, lints and the whole test suite (what CI runs)
-#   make deploy-check   render and validate deploy/daemonset (kubectl kustomize, kubernetes-validate, checkov)
+#   make deploy-check   render and validate deploy/ and the Containerfile (kubectl kustomize, kubernetes-validate, checkov)
 #   make kube-assets    build the Kubernetes v1.20.2 the tests start, from Debian's source package (tests/kubernetes/build.sh)
 #   make image  build the images isthmus and isthmus-slurm with docker, podman or buildah (docs/deploy.md, "Images")
 
@@ -43,7 +43,8 @@ deploy-tools:
 	fi
 
 deploy-check: deploy-tools
-	$(CARGO) test -p isthmus-tests --features system --test deploy_manifests --test deploy_scan --test deploy_runtime --test controller_deploy
+	$(CARGO) test -p isthmus-tests --features system --test deploy_manifests --test deploy_scan --test deploy_runtime \
+	  --test controller_deploy --test image
 
 # Kubernetes v1.20.2 (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet) from Debian's own kubernetes
 # source package with Debian's Go 1.19 (~4 min the first time, instant afterwards), so that the first Kubernetes test
@@ -94,11 +95,13 @@ image:
 	case "$(IMAGE_BINARY)" in \
 	  build) suffix= ;; \
 	  prebuilt) suffix=-prebuilt; \
-	    test -x target/release/isthmus || { echo "IMAGE_BINARY=prebuilt needs target/release/isthmus: run make build first" >&2; exit 1; } ;; \
+	    test -x target/release/isthmus || \
+	      { echo "IMAGE_BINARY=prebuilt needs target/release/isthmus: run make build first" >&2; exit 1; } ;; \
 	  *) echo "IMAGE_BINARY must be build or prebuilt, not $(IMAGE_BINARY)" >&2; exit 1 ;; \
 	esac; \
 	case "$$engine" in *buildah) build="$$engine bud" ;; *) build="$$engine build" ;; esac; \
-	args="$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) $(if $(BUILDER_IMAGE),--build-arg BUILDER_IMAGE=$(BUILDER_IMAGE))"; \
+	args="$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))"; \
+	args="$$args $(if $(BUILDER_IMAGE),--build-arg BUILDER_IMAGE=$(BUILDER_IMAGE))"; \
 	for t in runtime:$(IMAGE_REPO) runtime-slurm:$(IMAGE_REPO)-slurm; do \
 	  target=$${t%%:*}$$suffix; name=$${t#*:}:$(IMAGE_TAG); \
 	  echo "$$build --target $$target -t $$name"; \

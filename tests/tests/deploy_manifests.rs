@@ -2,8 +2,9 @@
 //! kustomize`, validates against the Kubernetes schemas (`kubernetes-validate`, from PyPI) and the upstream NRT CRD,
 //! its objects refer to each other correctly, the ClusterRole grants exactly the agent's API calls, and the
 //! DaemonSet is least privilege and safe to roll out; the agent's and the controller's manifests name the images
-//! `make image` builds, and the registry overlays of docs/deploy.md replace every one of them. (Applied to a real API server: `tests/tests/apiserver.rs`; run
-//! with exactly the granted capabilities: `tests/tests/deploy_runtime.rs`.)
+//! `make image` builds, the registry overlays of docs/deploy.md replace every one of them, and every repository path
+//! the manifests and docs name exists. (Applied to a real API server: `tests/tests/apiserver.rs`; run with exactly
+//! the granted capabilities: `tests/tests/deploy_runtime.rs`.)
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -403,4 +404,60 @@ fn the_registry_overlays_of_docs_deploy_md_replace_every_image() {
     .map(str::to_owned)
     .into();
     assert_eq!(bases, want, "one example per thing to apply");
+}
+
+/// Every repository path the Containerfile, the Makefile, the manifests, the scripts and the docs name exists (a
+/// renamed test or module leaves no comment pointing at nothing). `topology/<plugin>` are Slurm's plugin names.
+#[test]
+fn every_repository_path_the_manifests_and_docs_name_exists() {
+    let root = repo_root();
+    let mut files: Vec<std::path::PathBuf> = [
+        "Containerfile",
+        "Makefile",
+        ".containerignore",
+        ".dockerignore",
+        "README.md",
+    ]
+    .iter()
+    .map(|f| root.join(f))
+    .collect();
+    let mut dirs = vec![root.join("docs"), root.join("deploy"), root.join("scripts")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "md" || x == "yaml" || x == "sh")
+            {
+                files.push(p);
+            }
+        }
+    }
+    let path = regex::Regex::new(
+        r"(^|[^\w./-])((?:topology|gres|api|agent|controller|deploy|tests|fixtures|docs|scripts|\.ci)/[\w./-]*\w)",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let slurm_plugins = [
+        "topology/tree",
+        "topology/block",
+        "topology/flat",
+        "topology/default",
+    ];
+    let mut missing = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        for (n, line) in text.lines().enumerate() {
+            for c in path.captures_iter(line) {
+                let p = &c[2];
+                if !slurm_plugins.contains(&p) && !root.join(p).exists() {
+                    let rel = f.strip_prefix(&root).unwrap_or(f).display().to_string();
+                    missing.push(format!("{rel}:{}: {p}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(files.len() > 20, "{} files", files.len());
+    assert!(missing.is_empty(), "paths that do not exist: {missing:#?}");
 }
