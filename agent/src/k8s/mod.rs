@@ -70,7 +70,7 @@ pub fn nrt_for(
     view: &KubeletView,
     options: &NrtOptions,
 ) -> NodeResourceTopology {
-    let reserved = reservations::reserved_cpus(topo, &view.config);
+    let reserved = reservations::reserved_cpus(topo, &view.settings.config);
     let allocation = Some(podresources::allocation(
         topo,
         view.pod_resources.as_ref(),

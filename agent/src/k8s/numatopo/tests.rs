@@ -103,7 +103,12 @@ fn allocatable_is_what_no_pod_holds_and_pods_are_listed_like_resource_exporter()
             pod("web", "shared", vec![container("c", &[])]),
         ],
     };
-    let kubelet = KubeletConfig::default();
+    // Everything the kubelet reads was read (file and flags), nothing sets a policy: the kubelet's defaults.
+    let kubelet = KubeletSettings {
+        from_file: true,
+        from_command_line: true,
+        ..KubeletSettings::default()
+    };
     let (obj, warnings) = render(
         &topo(),
         &NumatopoInputs {
@@ -135,11 +140,25 @@ fn allocatable_is_what_no_pod_holds_and_pods_are_listed_like_resource_exporter()
     assert_eq!(obj.spec.policies[CPU_MANAGER_POLICY], "none");
     assert_eq!(obj.spec.policies[TOPOLOGY_MANAGER_POLICY], "none");
     assert_eq!(obj.spec.res_reserved, [("cpu".into(), "0".into())].into());
+    // Without the flags, an unset policy is not known: left out.
+    let file_only = KubeletSettings {
+        from_file: true,
+        ..KubeletSettings::default()
+    };
+    let (obj, _) = render(
+        &topo(),
+        &NumatopoInputs {
+            node_name: "n1",
+            kubelet: &file_only,
+            pods: Some(&pods),
+        },
+    );
+    assert!(obj.spec.policies.is_empty(), "{:?}", obj.spec.policies);
 }
 
 #[test]
 fn without_the_kubelet_every_numa_cpu_is_allocatable() {
-    let kubelet = KubeletConfig::default();
+    let kubelet = KubeletSettings::default();
     let (obj, _) = render(
         &topo(),
         &NumatopoInputs {
@@ -190,9 +209,11 @@ fn reservations_add_up_as_the_kubelet_reads_them() {
 
 #[test]
 fn policies_are_the_kubelets_values() {
-    let p = policies(&config(
-        "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\n",
-    ));
+    let p = policies(&KubeletSettings {
+        config: config("cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\n"),
+        from_file: true,
+        from_command_line: false,
+    });
     assert_eq!(p[CPU_MANAGER_POLICY], "static");
     assert_eq!(p[TOPOLOGY_MANAGER_POLICY], "single-numa-node");
 }

@@ -85,6 +85,28 @@ pub enum Outcome {
     Written,
     /// The object is what we applied last: nothing was sent.
     Unchanged,
+    /// A provisional object was not sent because one is already there (see [`Desired::keep_existing`]).
+    Kept,
+}
+
+/// An object to publish, and whether it may replace one already on the server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired<K> {
+    /// The object.
+    pub object: K,
+    /// Made without the facts that make it true (the kubelet has not answered): publish it only where no object
+    /// exists yet, never over one an earlier life of this agent published from those facts.
+    pub keep_existing: bool,
+}
+
+impl<K> Desired<K> {
+    /// An object that replaces whatever is there.
+    pub fn current(object: K) -> Self {
+        Self {
+            object,
+            keep_existing: false,
+        }
+    }
 }
 
 /// Applies one object through the API server, remembering what it applied.
@@ -161,6 +183,24 @@ impl<K: Published> Publisher<K> {
         Ok(Outcome::Written)
     }
 
+    /// Publish `desired`, unless it may not replace an existing object and one exists: asked (a list by name, what
+    /// the own-object watch is allowed too) only while nothing has been applied by this publisher.
+    pub async fn publish_desired(&mut self, desired: &Desired<K>) -> Result<Outcome, PublishError> {
+        if desired.keep_existing && self.applied.is_none() {
+            let name = desired
+                .object
+                .meta()
+                .name
+                .clone()
+                .ok_or(PublishError::Unnamed)?;
+            let params = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+            if !self.api.list(&params).await?.items.is_empty() {
+                return Ok(Outcome::Kept);
+            }
+        }
+        self.publish(&desired.object).await
+    }
+
     /// Forget what was applied, so that the next publication applies again; `node_too`: read the Node's UID again
     /// (after a deletion, which the garbage collector does when the Node itself went away).
     pub fn forget(&mut self, node_too: bool) {
@@ -209,7 +249,7 @@ async fn sleep_until(at: Option<Instant>) {
 pub async fn run<K: Published>(
     client: Client,
     node: String,
-    mut desired: watch::Receiver<Option<K>>,
+    mut desired: watch::Receiver<Option<Desired<K>>>,
     metrics: Arc<Metrics>,
     pacing: Pacing,
     shutdown: CancellationToken,
@@ -228,6 +268,7 @@ pub async fn run<K: Published>(
     let mut not_before: Option<Instant> = None;
     let mut last_apply: Option<Instant> = None;
     let mut watch_failing = false;
+    let mut kept_logged = false;
     // A restore is applied at once; when restores follow each other (another writer keeps changing the object,
     // e.g. a second NRT producer on the node), each waits twice as long as the one before, up to about a minute.
     let mut urgent = false;
@@ -304,7 +345,7 @@ pub async fn run<K: Published>(
         let Some(obj) = desired.borrow_and_update().clone() else {
             continue;
         };
-        let result = tokio::time::timeout(pacing.call_timeout, publisher.publish(&obj))
+        let result = tokio::time::timeout(pacing.call_timeout, publisher.publish_desired(&obj))
             .await
             .unwrap_or(Err(PublishError::Timeout(pacing.call_timeout)));
         match result {
@@ -312,12 +353,22 @@ pub async fn run<K: Published>(
                 dirty = false;
                 not_before = None;
                 backoff = Backoff::default();
-                if outcome == Outcome::Written {
-                    last_apply = Some(Instant::now());
-                    metrics.record_publication(K::METRIC, Publication::Written);
-                    tracing::info!(object = K::METRIC, name = %node, "applied");
-                } else {
-                    metrics.record_publication(K::METRIC, Publication::Skipped);
+                match outcome {
+                    Outcome::Written => {
+                        last_apply = Some(Instant::now());
+                        metrics.record_publication(K::METRIC, Publication::Written);
+                        tracing::info!(object = K::METRIC, name = %node, "applied");
+                    }
+                    Outcome::Kept => {
+                        metrics.record_publication(K::METRIC, Publication::Skipped);
+                        if !kept_logged {
+                            tracing::info!(object = K::METRIC, name = %node, "kept the published object until the kubelet answers");
+                            kept_logged = true;
+                        }
+                    }
+                    Outcome::Unchanged => {
+                        metrics.record_publication(K::METRIC, Publication::Skipped);
+                    }
                 }
             }
             Err(e) => {

@@ -206,3 +206,92 @@ fn drift_is_only_about_our_content() {
     edited.zones.clear();
     assert!(p.drifted(&edited));
 }
+
+async fn expect_list_by_name(handle: &mut Handle, found: bool) {
+    let (req, send) = handle
+        .next_request()
+        .await
+        .unwrap_or_else(|| panic!("no request"));
+    assert_eq!(req.method(), http::Method::GET);
+    let uri = req.uri().to_string();
+    assert!(crate::k8s::access::allowed("GET", &uri), "{uri}");
+    assert!(
+        uri.starts_with("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies?")
+            && uri.contains("fieldSelector=metadata.name%3Dnode1"),
+        "{uri}"
+    );
+    let items = if found {
+        vec![
+            serde_json::to_value(owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"))
+                .unwrap_or_default(),
+        ]
+    } else {
+        vec![]
+    };
+    send.send_response(reply(
+        StatusCode::OK,
+        serde_json::json!({"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopologyList",
+                           "metadata": {"resourceVersion": "1"}, "items": items}),
+    ));
+}
+
+/// An object made without the kubelet's answer is published where there is none, and never over an existing one
+/// (what an earlier life of the agent published from the kubelet's answer); once the kubelet answers, it is.
+#[tokio::test]
+async fn a_provisional_object_never_replaces_an_existing_one() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let provisional = Desired {
+        object: object("pfp0v001cccccccccccccccc"),
+        keep_existing: true,
+    };
+    let server = tokio::spawn(async move {
+        // There is one: kept, nothing written.
+        expect_list_by_name(&mut handle, true).await;
+        // Still there at the next try.
+        expect_list_by_name(&mut handle, true).await;
+        // The kubelet answered: applied, whatever is there.
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001dddddddddddddddd"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        handle
+    });
+    assert_eq!(
+        p.publish_desired(&provisional).await.ok(),
+        Some(Outcome::Kept)
+    );
+    assert_eq!(
+        p.publish_desired(&provisional).await.ok(),
+        Some(Outcome::Kept)
+    );
+    let answered = Desired::current(object("pfp0v001dddddddddddddddd"));
+    assert_eq!(
+        p.publish_desired(&answered).await.ok(),
+        Some(Outcome::Written)
+    );
+    drop(server.await);
+
+    // Nothing there (a new node): the provisional object is published.
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let server = tokio::spawn(async move {
+        expect_list_by_name(&mut handle, false).await;
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001cccccccccccccccc"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        handle
+    });
+    assert_eq!(
+        p.publish_desired(&provisional).await.ok(),
+        Some(Outcome::Written)
+    );
+    drop(server.await);
+}
