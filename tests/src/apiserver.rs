@@ -521,6 +521,12 @@ impl Drop for ApiServer {
     }
 }
 
+/// The write requests `user` made at or after `since`, from the audit log `log` of any API server started with
+/// this module's policy (or one that logs writes at level Metadata).
+pub fn writes_in(log: &Path, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+    audit::writes_by(log, user, since)
+}
+
 /// The user name of ServiceAccount `ns/sa` as the API server authenticates it (and audits it).
 pub fn service_account_user(ns: &str, sa: &str) -> String {
     format!("system:serviceaccount:{ns}:{sa}")

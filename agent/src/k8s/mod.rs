@@ -70,11 +70,10 @@ pub fn nrt_for(
     view: &KubeletView,
     options: &NrtOptions,
 ) -> NodeResourceTopology {
-    let reserved = reservations::reserved_cpus(topo, &view.settings.config);
     let allocation = Some(podresources::allocation(
         topo,
         view.pod_resources.as_ref(),
-        &reserved.cpus,
+        &reservations::CpuManager::of(topo, &view.settings),
     ));
     nrt::render(
         topo,

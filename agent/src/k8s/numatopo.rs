@@ -30,6 +30,7 @@ use isthmus_topology::{CpuSet, NodeTopology};
 
 use super::kubelet::{KubeletConfig, KubeletSettings};
 use super::podresources::proto::ListPodResourcesResponse;
+use super::reservations::CpuManager;
 
 /// Resources Volcano accepts in `resReserved` (its `ParseResourceList` refuses the map for any other).
 pub const RESERVABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
@@ -49,7 +50,11 @@ pub struct NumatopoInputs<'a> {
 pub fn render(topo: &NodeTopology, input: &NumatopoInputs<'_>) -> (Numatopology, Vec<String>) {
     let mut warnings = Vec::new();
     let cpus = numa_cpus(topo);
-    let held = input.pods.map(|p| held_cpus(p, &cpus)).unwrap_or_default();
+    let manager = super::reservations::CpuManager::of(topo, input.kubelet);
+    let held = input
+        .pods
+        .map(|p| held_cpus(p, &cpus, &manager))
+        .unwrap_or_default();
     let allocatable = CpuSet::from_ids(cpus.ids().iter().copied().filter(|c| !held.contains(*c)));
     let (res_reserved, reserve_warnings) = reserved(&input.kubelet.config);
     warnings.extend(reserve_warnings);
@@ -69,7 +74,7 @@ pub fn render(topo: &NodeTopology, input: &NumatopoInputs<'_>) -> (Numatopology,
         cpu_detail,
         pod_allocations: input
             .pods
-            .map(|p| pod_allocations(p, &cpus))
+            .map(|p| pod_allocations(p, &cpus, &manager))
             .unwrap_or_default(),
     };
     (Numatopology::new(input.node_name, spec), warnings)
@@ -234,18 +239,26 @@ fn container_cpus(ids: &[i64], node_cpus: &CpuSet) -> CpuSet {
 }
 
 /// The CPUs some container holds exclusively (only CPUs of `node_cpus`).
-pub fn held_cpus(pods: &ListPodResourcesResponse, node_cpus: &CpuSet) -> CpuSet {
+pub fn held_cpus(
+    pods: &ListPodResourcesResponse,
+    node_cpus: &CpuSet,
+    manager: &CpuManager,
+) -> CpuSet {
     pods.pod_resources
         .iter()
         .flat_map(|p| &p.containers)
         .fold(CpuSet::new(), |acc, c| {
-            acc.union(&container_cpus(&c.cpu_ids, node_cpus))
+            acc.union(&container_cpus(manager.exclusive(&c.cpu_ids), node_cpus))
         })
 }
 
 /// Per pod, per container, the CPUs held exclusively; sorted like resource-exporter sorts them (pods by UID,
 /// namespace, name; containers by name).
-pub fn pod_allocations(pods: &ListPodResourcesResponse, node_cpus: &CpuSet) -> Vec<PodAllocation> {
+pub fn pod_allocations(
+    pods: &ListPodResourcesResponse,
+    node_cpus: &CpuSet,
+    manager: &CpuManager,
+) -> Vec<PodAllocation> {
     let mut out: Vec<PodAllocation> = pods
         .pod_resources
         .iter()
@@ -254,7 +267,7 @@ pub fn pod_allocations(pods: &ListPodResourcesResponse, node_cpus: &CpuSet) -> V
                 .containers
                 .iter()
                 .filter_map(|c| {
-                    let cpus = container_cpus(&c.cpu_ids, node_cpus);
+                    let cpus = container_cpus(manager.exclusive(&c.cpu_ids), node_cpus);
                     (!cpus.is_empty()).then(|| ContainerAllocation {
                         name: c.name.clone(),
                         allocations: [(CPU.to_owned(), cpus.to_string())].into(),

@@ -103,11 +103,12 @@ fn allocatable_is_what_no_pod_holds_and_pods_are_listed_like_resource_exporter()
             pod("web", "shared", vec![container("c", &[])]),
         ],
     };
-    // Everything the kubelet reads was read (file and flags), nothing sets a policy: the kubelet's defaults.
+    // Everything the kubelet reads was read (file and flags): the static CPU manager, no reservation, no topology
+    // manager policy (the kubelet's default).
     let kubelet = KubeletSettings {
+        config: config("cpuManagerPolicy: static\n"),
         from_file: true,
         from_command_line: true,
-        ..KubeletSettings::default()
     };
     let (obj, warnings) = render(
         &topo(),
@@ -137,10 +138,10 @@ fn allocatable_is_what_no_pod_holds_and_pods_are_listed_like_resource_exporter()
                 {"name": "main", "allocations": {"cpu": "4,6"}}]}
         ])
     );
-    assert_eq!(obj.spec.policies[CPU_MANAGER_POLICY], "none");
+    assert_eq!(obj.spec.policies[CPU_MANAGER_POLICY], "static");
     assert_eq!(obj.spec.policies[TOPOLOGY_MANAGER_POLICY], "none");
     assert_eq!(obj.spec.res_reserved, [("cpu".into(), "0".into())].into());
-    // Without the flags, an unset policy is not known: left out.
+    // Without the flags, an unset policy is not known: left out (and CPUs held as the pods say).
     let file_only = KubeletSettings {
         from_file: true,
         ..KubeletSettings::default()

@@ -115,6 +115,9 @@ pub struct Publisher<K> {
     nodes: Api<Node>,
     owner: Option<OwnerReference>,
     applied: Option<K>,
+    /// The live object was compared with the first object to publish (so that a restarted agent whose object is
+    /// already right writes nothing).
+    live_checked: bool,
 }
 
 impl<K> Debug for Publisher<K> {
@@ -134,7 +137,14 @@ impl<K: Published> Publisher<K> {
             nodes: Api::all(client),
             owner: None,
             applied: None,
+            live_checked: false,
         }
+    }
+
+    /// The live object named `name`, if any (a list by name: what the own-object watch is allowed too).
+    async fn live(&self, name: &str) -> Result<Option<K>, PublishError> {
+        let params = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+        Ok(self.api.list(&params).await?.items.into_iter().next())
     }
 
     /// The owner reference to the Node named like the object (read once, and again after [`Self::forget`]).
@@ -163,7 +173,8 @@ impl<K: Published> Publisher<K> {
         Ok(owner)
     }
 
-    /// Apply `desired` (with the owner reference) unless it equals what was applied last.
+    /// Apply `desired` (with the owner reference) unless it equals what was applied last, or, for the first
+    /// publication, what is already there.
     pub async fn publish(&mut self, desired: &K) -> Result<Outcome, PublishError> {
         let name = desired.meta().name.clone().ok_or(PublishError::Unnamed)?;
         let mut obj = desired.clone();
@@ -171,6 +182,19 @@ impl<K: Published> Publisher<K> {
         obj.meta_mut().owner_references = Some(vec![owner]);
         if self.applied.as_ref() == Some(&obj) {
             return Ok(Outcome::Unchanged);
+        }
+        // First publication (after a start or a restore): an object already carrying exactly this content and
+        // owner (what an earlier life of this agent applied) is taken as applied, without a write.
+        if self.applied.is_none() && !self.live_checked {
+            self.live_checked = true;
+            if let Some(live) = self.live(&name).await? {
+                if live.same_content(&obj)
+                    && live.meta().owner_references == obj.meta().owner_references
+                {
+                    self.applied = Some(obj);
+                    return Ok(Outcome::Unchanged);
+                }
+            }
         }
         self.api
             .patch(
@@ -193,10 +217,11 @@ impl<K: Published> Publisher<K> {
                 .name
                 .clone()
                 .ok_or(PublishError::Unnamed)?;
-            let params = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
-            if !self.api.list(&params).await?.items.is_empty() {
+            if self.live(&name).await?.is_some() {
                 return Ok(Outcome::Kept);
             }
+            // Known to be absent: nothing to compare with before the apply.
+            self.live_checked = true;
         }
         self.publish(&desired.object).await
     }
@@ -205,6 +230,7 @@ impl<K: Published> Publisher<K> {
     /// (after a deletion, which the garbage collector does when the Node itself went away).
     pub fn forget(&mut self, node_too: bool) {
         self.applied = None;
+        self.live_checked = false;
         if node_too {
             self.owner = None;
         }
