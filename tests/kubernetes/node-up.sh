@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes on loopback for the tests whose truth is the kubelet's: etcd + kube-apiserver +
 # kube-controller-manager + kube-scheduler (tests/kubernetes/build.sh) + containerd and runc (Debian) + the kubelet
-# with the static CPU manager, the single-numa-node topology manager and the PodResources socket. No registry:
+# with the static CPU manager (one CPU kept for the system), the single-numa-node topology manager and the
+# PodResources socket. No registry:
 # the images in $BIN/images (and $IMAGES) are imported into containerd; pods use imagePullPolicy: Never.
 # Prints the administrator's kubeconfig path on its last line once the Node is Ready and the default ServiceAccount
 # and its token exist.
@@ -11,7 +12,10 @@
 #      KUBELET_ROOT (/var/lib/kubelet: the kubelet's --root-dir; its configuration is written to
 #        $KUBELET_ROOT/config.yaml, where the DaemonSet reads it, and PodResources is in $KUBELET_ROOT/pod-resources)
 #      API_PORT ETCD_PORT ETCD_PEER_PORT KUBELET_PORT KUBELET_HEALTHZ_PORT KCM_PORT SCHED_PORT (free ports)
-#      CPU_MANAGER_POLICY (static) RESERVED_CPUS (0) TOPOLOGY_POLICY (single-numa-node) IMAGES ("a.tar b.tar")
+#      CPU_MANAGER_POLICY (static) TOPOLOGY_POLICY (single-numa-node) IMAGES ("a.tar b.tar")
+#      RESERVED_CPUS (unset: reservedSystemCPUs, e.g. 0) or KUBE_RESERVED_CPU (500m: kubeReserved.cpu; the static
+#        policy then keeps ceil(500m) = 1 CPU for the system, while the node's allocatable CPU is only 0.5 less, so
+#        a 2-CPU machine fits a Guaranteed one-CPU pod beside a small pod)
 #      AUDIT_POLICY (a file: audit logging to $NODE_LAB/run/audit.log)
 # What it changes on the host, all undone by node-down.sh: cgroups under $CGROUP_ROOT, a bridge isthmus0 without an
 # address, $KUBELET_ROOT (bind-mounted on itself, rshared), /var/log/pods and /var/log/containers. No iptables rule,
@@ -231,7 +235,7 @@ cgroupsPerQOS: true
 failSwapOn: false
 makeIPTablesUtilChains: false
 cpuManagerPolicy: ${CPU_MANAGER_POLICY:-static}
-reservedSystemCPUs: "${RESERVED_CPUS:-0}"
+$(if [ -n "${RESERVED_CPUS:-}" ]; then echo "reservedSystemCPUs: \"$RESERVED_CPUS\""; else echo "kubeReserved: {cpu: ${KUBE_RESERVED_CPU:-500m}}"; fi)
 topologyManagerPolicy: ${TOPOLOGY_POLICY:-single-numa-node}
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf

@@ -1,6 +1,7 @@
 //! A real Kubernetes node for the tests whose truth is the kubelet's: `tests/kubernetes/node-up.sh` starts etcd,
 //! kube-apiserver, kube-controller-manager, kube-scheduler, containerd and the kubelet (v1.20.2 from Debian's source
-//! package, static CPU manager with CPU 0 reserved, single-numa-node topology manager, PodResources socket) on this
+//! package, static CPU manager with `kubeReserved.cpu: 500m` (so one whole CPU, CPU 0, is kept for the system and the
+//! node's allocatable CPU is half a CPU less), single-numa-node topology manager, PodResources socket) on this
 //! machine, whose hardware the node is.
 //!
 //! One node per test process ([`KubeNode::shared`]), and one at a time per machine: the kubelet owns

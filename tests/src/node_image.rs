@@ -150,14 +150,14 @@ fn libraries_of(file: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The agent's image (`isthmus.local/isthmus:test`): this build's `isthmus` binary as `/usr/local/bin/isthmus`
-/// and the libraries it loads, written to `out`.
-pub fn agent_image(out: &Path) -> &'static str {
-    const NAME: &str = "isthmus.local/isthmus:test";
+/// The agent's image `isthmus.local/isthmus:<tag>`: this build's `isthmus` binary as `/usr/local/bin/isthmus` and
+/// the libraries it loads, written to `out`; its name.
+pub fn agent_image(tag: &str, out: &Path) -> String {
+    let name = format!("isthmus.local/isthmus:{tag}");
     Rootfs::default()
         .file_at(&crate::isthmus_bin(), "/usr/local/bin/isthmus")
         .text("/etc/passwd", "root:x:0:0:root:/:/sbin/nologin\n")
         .text("/etc/group", "root:x:0:\n")
-        .build(NAME, "/usr/local/bin/isthmus", out);
-    NAME
+        .build(&name, "/usr/local/bin/isthmus", out);
+    name
 }

@@ -1,6 +1,6 @@
 //! The agent on a real kubelet (`isthmus_tests::kubenode`: Kubernetes v1.20.2 from Debian's source package, static
-//! CPU manager with CPU 0 reserved, single-numa-node topology manager, on this machine's own hardware), as its
-//! shipped ServiceAccount:
+//! CPU manager keeping CPU 0 for the system through `kubeReserved.cpu: 500m`, single-numa-node topology manager, on
+//! this machine's own hardware), as its shipped ServiceAccount:
 //! - a Guaranteed pod's exclusive CPU leaves the NRT's `available` and the Numatopology's allocatable CPUs, and comes
 //!   back after the pod (v1.20's kubelet has no GetAllocatableResources: the agent's path for older kubelets);
 //! - an agent restarted while the pod holds its CPU never publishes that CPU as free;
@@ -63,15 +63,9 @@ fn prepare(node: &KubeNode) -> PathBuf {
     node.kubeconfig_for_token(&node.token_for("isthmus-system", "isthmus"))
 }
 
-/// The NRT's `cpu` of zone 0 as (allocatable, available), when there is an object.
+/// The NRT's `cpu` summed over its zones as (allocatable, available), when there is an object.
 fn nrt_cpu(node: &KubeNode) -> Option<(String, String)> {
-    let out = node.kubectl(&[
-        "get",
-        "noderesourcetopologies.topology.node.k8s.io",
-        NODE_NAME,
-        "-o",
-        "json",
-    ]);
+    let out = node.kubectl(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE_NAME, "-o", "json"]);
     if !out.status.success() {
         return None;
     }
@@ -80,13 +74,19 @@ fn nrt_cpu(node: &KubeNode) -> Option<(String, String)> {
 }
 
 fn cpu_of(obj: &NodeResourceTopology) -> Option<(String, String)> {
-    let r = obj
-        .zones
-        .first()?
-        .resources
-        .iter()
-        .find(|r| r.name == "cpu")?;
-    Some((r.allocatable.clone(), r.available.clone()))
+    let mut sum = (0u64, 0u64);
+    for zone in &obj.zones {
+        let r = zone.resources.iter().find(|r| r.name == "cpu")?;
+        sum.0 += r.allocatable.parse::<u64>().ok()?;
+        sum.1 += r.available.parse::<u64>().ok()?;
+    }
+    Some((sum.0.to_string(), sum.1.to_string()))
+}
+
+/// This machine's online CPUs.
+fn online_cpus() -> usize {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    isthmus_topology::CpuSet::parse_list(list.trim()).map_or(0, |s| s.len())
 }
 
 /// The Numatopology's allocatable CPU list.
@@ -171,9 +171,9 @@ fn an_exclusive_cpu_leaves_the_nrt_and_the_numatopology_and_comes_back() {
     let log = dir.path().join("agent.log");
     let _agent = start_agent(node, &kubeconfig, &log);
 
-    // This machine's NUMA node 0 holds every CPU; CPU 0 is the kubelet's (reservedSystemCPUs), so one fewer is
-    // allocatable, and nothing is held yet.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // CPU 0 is the kubelet's (its static policy takes ceil(500m) of kubeReserved, lowest first, as the agent
+    // computes it), so one fewer is allocatable, and nothing is held yet.
+    let cpus = online_cpus();
     let allocatable = (cpus - 1).to_string();
     wait_for("the NRT with the kubelet's reservation", || {
         nrt_cpu(node) == Some((allocatable.clone(), allocatable.clone()))
@@ -228,7 +228,7 @@ fn a_restarted_agent_never_publishes_a_held_cpu_as_free() {
     let node = KubeNode::shared();
     let kubeconfig = prepare(node);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = online_cpus();
     let (allocatable, held) = ((cpus - 1).to_string(), (cpus - 2).to_string());
 
     let agent = start_agent(node, &kubeconfig, &dir.path().join("agent-1.log"));
@@ -239,43 +239,14 @@ fn a_restarted_agent_never_publishes_a_held_cpu_as_free() {
     drop(agent);
 
     // Every version of the object from now on, as a watch sees it.
-    let mut watch = std::process::Command::new(isthmus_tests::deploy::kubectl())
-        .arg("--kubeconfig")
-        .arg(node.kubeconfig())
-        .args([
-            "get",
-            "noderesourcetopologies.topology.node.k8s.io",
-            NODE_NAME,
-            "--watch",
-            "--output-watch-events",
-            "-o",
-            "json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let stdout = watch.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-    let seen = std::thread::spawn(move || {
-        let mut versions = Vec::new();
-        let stream = serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>();
-        for event in stream.flatten() {
-            if let Ok(obj) = serde_json::from_value::<NodeResourceTopology>(event["object"].clone())
-            {
-                versions.push(obj);
-            }
-        }
-        versions
-    });
+    let watch = NrtWatch::start(node);
     let since = SystemTime::now();
     let agent = start_agent(node, &kubeconfig, &dir.path().join("agent-2.log"));
     // The restarted agent settles (its first poll, its first publication if any) and stays idle.
     std::thread::sleep(Duration::from_secs(15));
     let writes = node.writes_by(&service_account_user("isthmus-system", "isthmus"), since);
     drop(agent);
-    let _ = watch.kill();
-    let _ = watch.wait();
-    let versions = seen.join().unwrap_or_default();
+    let versions = watch.stop();
     assert!(!versions.is_empty(), "the watch saw nothing");
     for v in &versions {
         assert_eq!(
@@ -289,28 +260,20 @@ fn a_restarted_agent_never_publishes_a_held_cpu_as_free() {
     delete_pod(node, "held");
 }
 
-#[test]
-fn the_agent_runs_from_its_image_as_the_daemonset_runs_it() {
-    let _turn = turn();
-    let node = KubeNode::shared();
-    let _ = prepare(node);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let archive = dir.path().join("isthmus.tar");
-    let image = isthmus_tests::node_image::agent_image(&archive);
-    node.import_image(&archive);
-
-    // A test overlay of the shipped DaemonSet: this image, never pulled, and the host network with the API
-    // server's loopback address (the test node has no kube-proxy to route the kubernetes Service). The probes
-    // reach the metrics port on the host's address then.
-    let overlay = dir.path().join("overlay");
+/// A test overlay of the shipped DaemonSet in `dir`: the image `image`, never pulled, and the host network with the
+/// API server's loopback address (the test node has no kube-proxy to route the kubernetes Service; the probes reach
+/// the metrics port on the host's address then). Applied with `kubectl apply -k`.
+fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
+    let overlay = dir.join("overlay");
     std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
     let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+    let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-only");
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
              images:\n  - name: isthmus\n    newName: {name}\n    newTag: \"{tag}\"\npatches:\n  - path: test.yaml\n",
-            relative(&overlay, &isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-only"))
+            relative(&overlay, &base)
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -327,7 +290,10 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it() {
     .unwrap_or_else(|e| panic!("{e}"));
     let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
     assert!(out.status.success(), "{}", describe(&out));
+}
 
+/// The agent's pod, once it is Ready with `image` (panics with its logs if its container restarts).
+fn ready_agent_pod(node: &KubeNode, image: &str) -> serde_json::Value {
     let pod = || {
         let out = node.kubectl(&[
             "get",
@@ -340,39 +306,55 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it() {
             "json",
         ]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v["items"][0].clone()
+        v["items"].as_array().cloned().unwrap_or_default()
     };
-    let ready = wait_until_ok("the agent's pod Ready", Duration::from_secs(120), || {
-        let p = pod();
-        if p["status"]["containerStatuses"][0]["restartCount"].as_u64() > Some(0) {
-            let logs = node.kubectl(&[
-                "logs",
-                "-n",
-                "isthmus-system",
-                "-l",
-                "app.kubernetes.io/name=isthmus",
-                "--previous",
-            ]);
-            panic!(
-                "the agent's container restarted: {p:#}\n{}",
-                describe(&logs)
-            );
+    wait_until_ok("the agent's pod Ready", Duration::from_secs(180), || {
+        let pods = pod();
+        for p in &pods {
+            if p["status"]["containerStatuses"][0]["restartCount"].as_u64() > Some(0) {
+                let logs = node.kubectl(&[
+                    "logs",
+                    "-n",
+                    "isthmus-system",
+                    "-l",
+                    "app.kubernetes.io/name=isthmus",
+                    "--previous",
+                ]);
+                panic!(
+                    "the agent's container restarted: {p:#}\n{}",
+                    describe(&logs)
+                );
+            }
         }
-        let p = pod();
-        p["status"]["conditions"]
+        // One pod (an old one still terminating is not done yet), of this image, Ready.
+        let [p] = pods.as_slice() else { return None };
+        let ready = p["status"]["conditions"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            .then_some(p)
-    });
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        (ready && p["spec"]["containers"][0]["image"] == image).then(|| p.clone())
+    })
+}
+
+#[test]
+fn the_agent_runs_from_its_image_as_the_daemonset_runs_it_and_rolls_out_without_a_false_write() {
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let archive = dir.path().join("isthmus.tar");
+    let image = isthmus_tests::node_image::agent_image("test", &archive);
+    node.import_image(&archive);
+    apply_agent_overlay(node, dir.path(), &image);
+    let ready = ready_agent_pod(node, &image);
+
+    // PID 1 of its container, with no capability, the root filesystem read-only, and of the host's /proc only
+    // the files discovery reads.
     let uid = ready["metadata"]["uid"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let restarts = ready["status"]["containerStatuses"][0]["restartCount"].as_u64();
-    assert_eq!(restarts, Some(0), "{ready:#}");
-    // PID 1 of its container, with no capability, the root filesystem read-only.
     let pid = node
         .container_pid(&uid, "isthmus")
         .unwrap_or_else(|| panic!("no container process for pod {uid}"));
@@ -403,35 +385,21 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it() {
             .is_some_and(|o| o.split(',').any(|o| o == "ro"))),
         "{mounts}"
     );
+    let mut host_proc: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root/host/proc"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    host_proc.sort();
+    assert_eq!(host_proc, ["cpuinfo", "driver", "meminfo"]);
 
-    // Its NRT carries the kubelet's truth: the reservation, the policies.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let allocatable = (cpus - 1).to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while nrt_cpu(node) != Some((allocatable.clone(), allocatable.clone())) {
-        if Instant::now() > deadline {
-            let logs = node.kubectl(&[
-                "logs",
-                "-n",
-                "isthmus-system",
-                "-l",
-                "app.kubernetes.io/name=isthmus",
-            ]);
-            panic!(
-                "the pod's NRT: {:?}\n{}\n{}",
-                nrt_cpu(node),
-                node.kubectl_ok(&[
-                    "get",
-                    "noderesourcetopologies.topology.node.k8s.io",
-                    NODE_NAME,
-                    "-o",
-                    "yaml"
-                ]),
-                describe(&logs)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // Its NRT carries the kubelet's truth: the reservation, then a Guaranteed pod's CPU.
+    let cpus = online_cpus();
+    let (allocatable, held) = ((cpus - 1).to_string(), (cpus - 2).to_string());
+    wait_for("the pod's NRT", || {
+        nrt_cpu(node) == Some((allocatable.clone(), allocatable.clone()))
+    });
     let managers = node.kubectl_ok(&[
         "get",
         "noderesourcetopologies.topology.node.k8s.io",
@@ -443,7 +411,53 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it() {
         managers.split_whitespace().any(|m| m == "isthmus"),
         "{managers}"
     );
+    guaranteed_pod(node, "during-rollout");
+    wait_for("the held CPU out of the pod's NRT", || {
+        nrt_cpu(node) == Some((allocatable.clone(), held.clone()))
+    });
 
+    // An upgrade: the DaemonSet rolls out to a new image tag while the CPU is held. No version of the NRT, from the
+    // old pod's last to the new pod's first, shows it free.
+    let watch = NrtWatch::start(node);
+    let archive2 = dir.path().join("isthmus-2.tar");
+    let image2 = isthmus_tests::node_image::agent_image("test-2", &archive2);
+    node.import_image(&archive2);
+    apply_agent_overlay(node, dir.path(), &image2);
+    let upgraded = ready_agent_pod(node, &image2);
+    assert_ne!(upgraded["metadata"]["uid"], ready["metadata"]["uid"]);
+
+    // An idle window on a loaded machine (two busy loops on this 2-core machine): no write at all.
+    std::thread::sleep(Duration::from_secs(3));
+    let since = SystemTime::now();
+    let hogs: Vec<Reaped> = (0..2)
+        .map(|_| {
+            Reaped(
+                std::process::Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(30));
+    drop(hogs);
+    let writes = node.writes_by(&service_account_user("isthmus-system", "isthmus"), since);
+    let versions = watch.stop();
+    assert!(
+        writes.is_empty(),
+        "writes in an idle window under load: {writes:#?}"
+    );
+    assert!(!versions.is_empty(), "the watch saw nothing");
+    for v in &versions {
+        assert_eq!(
+            cpu_of(v),
+            Some((allocatable.clone(), held.clone())),
+            "a version during the rollout showed the held CPU as free: {v:#?}"
+        );
+    }
+    eprintln!("NRT versions during the rollout: {}", versions.len());
+
+    delete_pod(node, "during-rollout");
     // Only the DaemonSet goes: the namespace, RBAC and CRDs stay for the other tests.
     node.kubectl_ok(&[
         "delete",
@@ -453,7 +467,54 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it() {
         "isthmus",
         "--wait=true",
     ]);
-    wait_for("the agent's pod gone", || pod().is_null());
+    wait_for("the agent's pods gone", || {
+        node.kubectl_ok(&["get", "pods", "-n", "isthmus-system", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+}
+
+/// Every version of the node's NRT from now on, as a watch (`kubectl get --watch`) sees it.
+struct NrtWatch {
+    child: std::process::Child,
+    seen: std::thread::JoinHandle<Vec<NodeResourceTopology>>,
+}
+
+impl NrtWatch {
+    fn start(node: &KubeNode) -> Self {
+        let mut child = std::process::Command::new(isthmus_tests::deploy::kubectl())
+            .arg("--kubeconfig")
+            .arg(node.kubeconfig())
+            .args([
+                "get",
+                "noderesourcetopologies.topology.node.k8s.io",
+                NODE_NAME,
+                "--watch",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let seen = std::thread::spawn(move || {
+            let stream =
+                serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>();
+            stream
+                .flatten()
+                .filter_map(|event| serde_json::from_value(event["object"].clone()).ok())
+                .collect()
+        });
+        Self { child, seen }
+    }
+
+    fn stop(mut self) -> Vec<NodeResourceTopology> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.seen.join().unwrap_or_default()
+    }
 }
 
 /// Wait until `f` gives a value; panics with the node's logs after `timeout`.
