@@ -80,7 +80,14 @@ impl SyncSite {
             slurm_timeout: Duration::from_secs(10),
         });
         let shutdown = CancellationToken::new();
-        let task = rt.spawn(nodesync::run(client, slurm_client, args, shutdown.clone()));
+        let guard = nodesync::Guard::unfenced(Duration::from_secs(5));
+        let task = rt.spawn(nodesync::run(
+            client,
+            slurm_client,
+            args,
+            guard,
+            shutdown.clone(),
+        ));
         let site = Self {
             api,
             slurm,

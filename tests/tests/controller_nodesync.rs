@@ -10,10 +10,14 @@ use isthmus_tests::nodesync::SyncSite;
 /// The deadline for one change to cross over.
 const CROSS: Duration = Duration::from_secs(2);
 
+/// How long a condition-driven drain outlasts its condition in these tests.
+const HOLD: Duration = Duration::from_secs(3);
+
 fn args() -> NodeSyncArgs {
     NodeSyncArgs {
         node_sync: true,
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
+        condition_hold: HOLD,
         ..NodeSyncArgs::default()
     }
 }
@@ -52,7 +56,7 @@ fn set_condition(site: &SyncSite, node: &str, type_: &str, status: &str, message
 
 #[test]
 fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
-    let site = SyncSite::start(&["ns1", "ns2"], args());
+    let mut site = SyncSite::start(&["ns1", "ns2"], args());
 
     // kubectl cordon → DRAIN with our reason within 2 s; uncordon → IDLE.
     site.kubectl_ok(&[
@@ -76,8 +80,8 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
     });
     assert!(!site.tainted("ns1"), "our own drain puts no taint");
     site.kubectl_ok(&["uncordon", "ns1"]);
-    site.wait("ns1 idle again", CROSS, || {
-        site.slurm.state("ns1") == "IDLE"
+    site.wait("ns1 undrained", CROSS, || {
+        !site.slurm.state("ns1").contains("DRAIN")
     });
     site.wait("ns1's condition True", CROSS * 2, || {
         site.condition("ns1")
@@ -141,9 +145,12 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
         "{}",
         reason(&site, "ns1")
     );
+    // The condition clears: the drain is held for HOLD (a flapping condition drains once), then lifted.
     set_condition(&site, "ns1", "GpuUnhealthy", "False", "ok");
-    site.wait("ns1 idle again", CROSS, || {
-        site.slurm.state("ns1") == "IDLE"
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(site.slurm.state("ns1").contains("DRAIN"), "held");
+    site.wait("ns1 undrained after the hold", HOLD + CROSS, || {
+        !site.slurm.state("ns1").contains("DRAIN")
     });
     site.wait("ns1's condition True", CROSS * 2, || {
         site.condition("ns1").is_some_and(|c| c.0 == "True")
@@ -172,6 +179,19 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
         "lastTransitionTime did not move"
     );
     assert!(site.running());
+
+    // Stopped, its watch ends, and the audit log (which logs a watch when it ends) shows it.
+    site.stop().unwrap_or_else(|e| panic!("{e}"));
+    site.wait(
+        "the watch in the audit log",
+        Duration::from_secs(30),
+        || {
+            site.api
+                .requests_by(&site.user(), SystemTime::UNIX_EPOCH)
+                .iter()
+                .any(|e| e.resource == "nodes" && e.verb == "watch")
+        },
+    );
 
     // Everything the ServiceAccount asked was allowed by the shipped RBAC.
     let denied: Vec<_> = site
