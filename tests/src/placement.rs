@@ -82,9 +82,11 @@ pub struct Placement {
     /// The test namespace.
     pub ns: String,
     sa_kubeconfig: PathBuf,
+    api_url: String,
     conf: PathBuf,
     args: PlacementArgs,
     tools: Option<Tools>,
+    slurm_timeout: Duration,
     running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
@@ -122,6 +124,7 @@ impl Placement {
             admin,
             ns: ns.to_owned(),
             sa_kubeconfig,
+            api_url: api.url(),
             conf: cluster.conf(),
             // A scheduler name per test: the API server is shared, each test's Slurm cluster is not.
             args: PlacementArgs {
@@ -131,8 +134,14 @@ impl Placement {
                 ..PlacementArgs::default()
             },
             tools: None,
+            slurm_timeout: SlurmArgs::default().slurm_timeout,
             running: None,
         }
+    }
+
+    /// How long one Slurm command of the loop may take, from the next [`Self::start`] on.
+    pub fn set_slurm_timeout(&mut self, t: Duration) {
+        self.slurm_timeout = t;
     }
 
     /// Replace the test's tenancy policy (YAML).
@@ -157,6 +166,11 @@ impl Placement {
         &self.sa_kubeconfig
     }
 
+    /// The API server's URL as the kubeconfigs name it.
+    pub fn api_url(&self) -> &str {
+        &self.api_url
+    }
+
     /// The placement flags.
     pub fn args(&self) -> &PlacementArgs {
         &self.args
@@ -177,7 +191,7 @@ impl Placement {
         SlurmArgs {
             slurm_conf: Some(self.conf.clone()),
             slurm_bin_dir: self.tools.as_ref().map(|t| t.path().to_path_buf()),
-            ..SlurmArgs::default()
+            slurm_timeout: self.slurm_timeout,
         }
     }
 
