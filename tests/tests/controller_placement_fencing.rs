@@ -157,6 +157,18 @@ fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_sur
         old.tools.calls_of("scancel").is_empty() && new.tools.calls_of("scancel").is_empty(),
         "no job was cancelled"
     );
+    // A clean stop gives the Lease up at once.
     new.stop(&p);
+    let holder = api.kubectl(&[
+        "get",
+        "lease",
+        "lease-fencing-leader",
+        "-n",
+        "isthmus-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert!(holder.status.success());
+    assert_eq!(String::from_utf8_lossy(&holder.stdout), "", "released");
     old.stop(&p);
 }

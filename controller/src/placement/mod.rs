@@ -191,7 +191,9 @@ pub async fn run(
         }
     }
     let changed = Arc::new(Notify::new());
-    let notify = |what: &'static str| {
+    // A pod event starts a pass; Node and Namespace events (kubelet status updates move every Node's metadata) only
+    // update their stores, which the next pass reads.
+    let notify = |what: &'static str, wake: bool| {
         let changed = changed.clone();
         move |r: Result<(), watcher::Error>| {
             if let Err(e) = r {
@@ -199,7 +201,9 @@ pub async fn run(
                 metrics::counter!("isthmus_controller_placement_errors_total", "op" => "watch")
                     .increment(1);
             }
-            changed.notify_one();
+            if wake {
+                changed.notify_one();
+            }
             futures::future::ready(())
         }
     };
@@ -210,7 +214,7 @@ pub async fn run(
     let pod_watch = reflector::reflector(writer, watcher(pods, config))
         .default_backoff()
         .map_ok(drop)
-        .for_each(notify("pods"));
+        .for_each(notify("pods", true));
     let (node_store, writer) = reflector::store::<PartialObjectMeta<Node>>();
     let node_watch = reflector::reflector(
         writer,
@@ -221,7 +225,7 @@ pub async fn run(
     )
     .default_backoff()
     .map_ok(drop)
-    .for_each(notify("nodes"));
+    .for_each(notify("nodes", false));
     let (ns_store, writer) = reflector::store::<PartialObjectMeta<Namespace>>();
     let ns_watch = reflector::reflector(
         writer,
@@ -232,7 +236,7 @@ pub async fn run(
     )
     .default_backoff()
     .map_ok(drop)
-    .for_each(notify("namespaces"));
+    .for_each(notify("namespaces", false));
     let policy = PolicyCell::new("the placement policy has not been read yet".to_owned());
     let policy_ready = Arc::new(Notify::new());
     let policy_watch = policy_watch::watch(

@@ -241,3 +241,22 @@ fn bad_policies_name_the_field() {
         assert!(e.contains(field), "{doc}: {e}");
     }
 }
+
+#[test]
+fn the_shipped_example_is_a_valid_policy() {
+    let text =
+        include_str!("../../../../deploy/controller/overlays/slurm/placement-policy.example.yaml");
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        cm.metadata.name.as_deref(),
+        Some("isthmus-placement-policy")
+    );
+    let doc = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(POLICY_KEY))
+        .unwrap_or_else(|| panic!("no {POLICY_KEY}"));
+    let p = parse(doc).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.tenants.len(), 1);
+}
