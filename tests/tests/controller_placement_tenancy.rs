@@ -49,6 +49,7 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account() {
         ),
     );
     p.use_tools();
+    let since = std::time::SystemTime::now();
     p.start();
 
     // Team A's pod runs as nobody with account proj-a, as scontrol says.
@@ -199,6 +200,19 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account() {
         })
     });
     p.stop();
+    // The status is written once per policy version seen (two here, three if the loop saw the harness's first),
+    // never again for the controller's own write.
+    let user =
+        isthmus_tests::apiserver::service_account_user("isthmus-system", "isthmus-controller");
+    let status_writes = api
+        .writes_by(&user, since)
+        .into_iter()
+        .filter(|w| w.resource == "configmaps" && w.uri.contains(&p.args().policy))
+        .count();
+    assert!(
+        (2..=3).contains(&status_writes),
+        "{status_writes} policy status writes"
+    );
 }
 
 #[test]

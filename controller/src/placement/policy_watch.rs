@@ -43,22 +43,32 @@ impl PolicyCell {
     }
 }
 
-/// What one version of the ConfigMap does to the policy in force: the new value and the status text.
+/// A short digest of a policy document (FNV-1a, 64 bits, as hex), to name a version in the status without
+/// naming the ConfigMap's resourceVersion (which the status write itself moves).
+pub fn digest(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// What one version of the ConfigMap does to the policy in force: the new value and the status text (the same text
+/// for the same document, so that writing it causes no further write).
 pub fn apply(
     current: &Result<Arc<Policy>, String>,
     cm: &ConfigMap,
 ) -> (Result<Arc<Policy>, String>, String) {
-    let version = cm.metadata.resource_version.as_deref().unwrap_or("?");
-    let parsed = match cm.data.as_ref().and_then(|d| d.get(POLICY_KEY)) {
+    let text = cm.data.as_ref().and_then(|d| d.get(POLICY_KEY));
+    let version = text.map_or_else(|| "none".to_owned(), |t| digest(t));
+    let parsed = match text {
         Some(text) => parse(text),
         None => Err(format!("the ConfigMap has no key {POLICY_KEY}")),
     };
     match parsed {
         Ok(p) => {
-            let status = format!(
-                "valid: resourceVersion {version}, {} tenants",
-                p.tenants.len()
-            );
+            let status = format!("valid: policy {version}, {} tenants", p.tenants.len());
             (Ok(Arc::new(p)), status)
         }
         Err(e) => {
@@ -68,7 +78,7 @@ pub fn apply(
             };
             (
                 current.clone(),
-                format!("invalid: resourceVersion {version}: {e}; {kept}"),
+                format!("invalid: policy {version}: {e}; {kept}"),
             )
         }
     }
@@ -232,15 +242,19 @@ mod tests {
         let good = "tenants: [{name: a, namespaces: [a], user: u, group: g}]";
         let (p, status) = apply(&none, &cm("1", Some(good)));
         assert_eq!(p.as_ref().map(|p| p.tenants.len()), Ok(1));
-        assert_eq!(status, "valid: resourceVersion 1, 1 tenants");
-        let (kept, status) = apply(&p, &cm("2", Some("tenants: [{name: a, user: root}]")));
+        assert_eq!(status, format!("valid: policy {}, 1 tenants", digest(good)));
+        // Another resourceVersion of the same document (after our own status write): the same status.
+        assert_eq!(apply(&p, &cm("7", Some(good))).1, status);
+        let bad = "tenants: [{name: a, user: root}]";
+        let (kept, status) = apply(&p, &cm("2", Some(bad)));
         assert_eq!(
             kept.as_ref().map(|p| p.tenants.len()),
             Ok(1),
             "still the valid one"
         );
         assert!(
-            status.starts_with("invalid: resourceVersion 2: ") && status.contains("stays in force"),
+            status.starts_with(&format!("invalid: policy {}: ", digest(bad)))
+                && status.contains("stays in force"),
             "{status}"
         );
         let (still_none, status) = apply(&none, &cm("3", None));
