@@ -147,7 +147,7 @@ impl ControllerProcess {
             ])
             .args(args)
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube_lease_manager=warn")
+            .env("RUST_LOG", "info")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")

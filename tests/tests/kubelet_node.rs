@@ -65,7 +65,13 @@ fn prepare(node: &KubeNode) -> PathBuf {
 
 /// The NRT's `cpu` summed over its zones as (allocatable, available), when there is an object.
 fn nrt_cpu(node: &KubeNode) -> Option<(String, String)> {
-    let out = node.kubectl(&["get", "noderesourcetopologies.topology.node.k8s.io", NODE_NAME, "-o", "json"]);
+    let out = node.kubectl(&[
+        "get",
+        "noderesourcetopologies.topology.node.k8s.io",
+        NODE_NAME,
+        "-o",
+        "json",
+    ]);
     if !out.status.success() {
         return None;
     }
