@@ -56,6 +56,9 @@ pub struct RunArgs {
     /// Pods placed by Slurm's scheduler (off unless `--placement`).
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
+    /// The admission webhook every replica serves (off unless `--webhook-listen`).
+    #[command(flatten)]
+    pub webhook: crate::webhook::WebhookArgs,
 }
 
 impl RunArgs {
