@@ -36,8 +36,14 @@ pub(crate) fn s(out: &std::process::Output) -> String {
 }
 
 /// The controller with its webhook on `port`, ready: `/readyz` (it has loaded the certificate) and every webhook
-/// of both configurations carries a caBundle.
-fn start_controller(api: &ApiServer, identity: &str, kc: &Path, port: u16) -> ControllerProcess {
+/// of `configurations` carries a caBundle.
+fn start_controller(
+    api: &ApiServer,
+    identity: &str,
+    kc: &Path,
+    port: u16,
+    configurations: &[&str],
+) -> ControllerProcess {
     let listen = format!("127.0.0.1:{port}");
     let ctl = ControllerProcess::start(
         identity,
@@ -58,23 +64,32 @@ fn start_controller(api: &ApiServer, identity: &str, kc: &Path, port: u16) -> Co
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    wait_until("caBundles published", Duration::from_secs(30), || {
-        ["isthmus-controller-nrt", "isthmus-controller-slurm"]
-            .iter()
-            .all(|c| {
-                let out = api.kubectl(&[
-                    "get",
-                    "validatingwebhookconfiguration",
-                    c,
-                    "-o",
-                    "jsonpath={range .webhooks[*]}{.clientConfig.caBundle}{\"\\n\"}{end}",
-                ]);
-                let text = s(&out);
-                !text.is_empty() && text.lines().all(|l| !l.is_empty())
-            })
-    });
+    let published = || {
+        configurations.iter().all(|c| {
+            let out = api.kubectl(&[
+                "get",
+                "validatingwebhookconfiguration",
+                c,
+                "-o",
+                "jsonpath={range .webhooks[*]}{.clientConfig.caBundle}{\"\\n\"}{end}",
+            ]);
+            let text = s(&out);
+            !text.is_empty() && text.lines().all(|l| !l.is_empty())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !published() {
+        assert!(
+            Instant::now() < deadline,
+            "caBundles not published after 30 s:\n{}",
+            ctl.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     ctl
 }
+
+const BOTH: [&str; 2] = ["isthmus-controller-nrt", "isthmus-controller-slurm"];
 
 fn secret_field(api: &ApiServer, field: &str) -> String {
     s(&api.kubectl(&[
@@ -102,7 +117,7 @@ fn the_webhook_enforces_every_rule_on_the_real_api_server() {
     let overlay = overlay("overlays/slurm", &[], Some(&url));
     api.apply_kustomize(overlay.path());
     let kc = api.kubeconfig_for_token(&api.token_for(NAMESPACE, controller::SERVICE_ACCOUNT));
-    let mut first = start_controller(&api, "admission-1", &kc, port);
+    let mut first = start_controller(&api, "admission-1", &kc, port, &BOTH);
     // The first replica filled the shipped Secret.
     for key in ["ca\\.crt", "ca\\.key", "tls\\.crt", "tls\\.key"] {
         assert!(
@@ -137,7 +152,7 @@ fn the_webhook_enforces_every_rule_on_the_real_api_server() {
     // A second replica reuses the Secret: nothing is written, and it serves a certificate of the Secret's CA.
     let version = secret_field(&api, ".metadata.resourceVersion");
     let port2 = free_port();
-    let mut second = start_controller(&api, "admission-2", &kc, port2);
+    let mut second = start_controller(&api, "admission-2", &kc, port2, &BOTH);
     assert_eq!(secret_field(&api, ".metadata.resourceVersion"), version);
     let ca = d.join("ca.crt");
     let decoded = api.kubectl(&[
@@ -160,6 +175,59 @@ fn the_webhook_enforces_every_rule_on_the_real_api_server() {
     assert_eq!(s(&curl), "405", "{}", describe(&curl));
 
     webhook_down(&api, d, &mut [&mut first, &mut second]);
+}
+
+/// `deploy/controller` without the Slurm overlay: the node-report rule alone, and the certificate rounds run without
+/// an error although the Slurm overlay's configuration, and the right to read it, are absent.
+#[test]
+fn the_base_alone_guards_node_reports_and_leaves_pods_alone() {
+    let api = ApiServer::start();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = dir.path();
+    install_report_crds(&api);
+    api.apply_kustomize(&deploy::deploy_dir());
+    let port = free_port();
+    let url = format!("https://127.0.0.1:{port}/validate");
+    let overlay = overlay(".", &[], Some(&url));
+    api.apply_kustomize(overlay.path());
+    let kc = api.kubeconfig_for_token(&api.token_for(NAMESPACE, controller::SERVICE_ACCOUNT));
+    let ctl = start_controller(&api, "base-1", &kc, port, &BOTH[..1]);
+    node(&api, d, "node-a", &[], &[(MANAGED, "true", "NoSchedule")]);
+    let uid = agent_pod(&api, d, "isthmus-a", "node-a");
+    let kc_a = api.kubeconfig_for_token(&pod_bound_token(
+        &api,
+        NAMESPACE,
+        AGENT_SA,
+        "isthmus-a",
+        &uid,
+    ));
+    let own = file(d, "a.yaml", &nrt("node-a"));
+    let other = file(d, "b.yaml", &nrt("node-b"));
+    assert_ok(
+        &kubectl(
+            &kc_a,
+            &["apply", "--server-side", "-f", &own.to_string_lossy()],
+        ),
+        "A's own",
+    );
+    let out = kubectl(
+        &kc_a,
+        &["apply", "--server-side", "-f", &other.to_string_lossy()],
+    );
+    assert_denied(&out, "own-node-report", "A applies B's");
+    // Without the Slurm overlay nothing judges pods: a tenant's nodeName is RBAC's business only.
+    let t = tenant(&api);
+    let pod = file(d, "pod.yaml", &tenant_pod("on-a", Some("node-a"), &[]));
+    assert_ok(
+        &kubectl(&t, &["create", "-f", &pod.to_string_lossy()]),
+        "a pod by name without the overlay",
+    );
+    assert_eq!(
+        ctl.metric("isthmus_controller_webhook_certificate_errors_total"),
+        0.0,
+        "{}",
+        ctl.log_text()
+    );
 }
 
 /// Agent A's pod-bound token writes node-a's reports and no other node's.

@@ -211,12 +211,19 @@ impl Rotation {
             let what = format!("{what} ValidatingWebhookConfiguration {name}");
             move |source| RotationError::Api { what, source }
         };
-        let Some(config) = api.get_opt(name).await.map_err(at("reading"))? else {
-            tracing::debug!(
-                configuration = name,
-                "webhook: configuration not installed, skipped"
-            );
-            return Ok(());
+        let config = match api.get(name).await {
+            Ok(c) => c,
+            // Not installed, or (403) one of an overlay this deployment does not use, whose role is not granted:
+            // nothing to keep current.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+                tracing::debug!(
+                    configuration = name,
+                    code = s.code,
+                    "webhook: configuration skipped"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(at("reading")(e)),
         };
         let want = ByteString(bundle.as_bytes().to_vec());
         let stale: Vec<&str> = config
