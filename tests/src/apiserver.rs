@@ -36,6 +36,7 @@ mod cel;
 mod kubectl;
 mod pki;
 mod process;
+mod static_users;
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -53,6 +54,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 pub use assets::{DEBIAN_KUBERNETES, assets, version};
 pub use audit::{AuditEvent, WRITE_VERBS};
 pub use kubectl::{describe, kubectl_with};
+pub use static_users::KUBELET_NODE;
 
 use assets::assets_dir;
 use kubectl::kubectl_stdin;
@@ -338,9 +340,10 @@ impl ApiServer {
         pki::generate(&self.dir.join("pki"))?;
         let token = random_token()?;
         let tokens = self.dir.join("tokens.csv");
+        let users = static_users::write(&self.dir)?;
         std::fs::write(
             &tokens,
-            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
+            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n{users}"),
         )
         .map_err(|e| err(&tokens, e))?;
         let policy = self.dir.join("audit-policy.yaml");

@@ -65,6 +65,9 @@ pub struct RunArgs {
     /// Pods placed by Slurm's scheduler (off unless `--placement`).
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
+    /// The admission webhook every replica serves (off unless `--webhook-listen`).
+    #[command(flatten)]
+    pub webhook: crate::webhook::WebhookArgs,
 }
 
 /// The election's three durations, ordered as client-go requires: duration > renew deadline > retry period.
