@@ -131,12 +131,19 @@ impl KubeNode {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// `kubectl apply -f -` of `text` as the administrator; panics unless it succeeds.
+    /// Server-side apply of `text` as the administrator (idempotent, also for objects a controller of the node
+    /// creates at the same time, such as a namespace's `default` ServiceAccount); panics unless it succeeds.
     pub fn apply(&self, text: &str) {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let file = dir.path().join("objects.yaml");
         std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
-        self.kubectl_ok(&["apply", "-f", &file.to_string_lossy()]);
+        self.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.to_string_lossy(),
+        ]);
     }
 
     /// The kubelet's PodResources socket.

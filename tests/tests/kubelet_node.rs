@@ -545,3 +545,58 @@ fn relative(from: &Path, to: &Path) -> String {
     let down = to.strip_prefix("/").unwrap_or(to);
     format!("{}{}", "../".repeat(up), down.display())
 }
+
+/// Placement on the real node: a pod for Slurm's scheduler gets a job, is bound to the node the job runs on, and
+/// the kubelet really starts its container there; deleting the pod ends the job.
+#[test]
+fn a_placed_pods_containers_run_on_the_node_its_job_runs_on() {
+    use isthmus_tests::placement::{Placement, PodOpts, jobs_of};
+    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    // The Slurm node is the Kubernetes node: same name, slurmd on this machine.
+    let cluster = Cluster::start(&[NodeSpec::new(NODE_NAME, 2, 0)], "");
+    let mut p = Placement::new(node, &cluster, "placed");
+    p.start();
+    let uid = p.create(&PodOpts {
+        image: Some("isthmus.local/busybox:1.35"),
+        ..PodOpts::new("worker")
+    });
+    wait_for("the pod bound where Slurm runs its job", || {
+        p.node_of("worker").as_deref() == Some(NODE_NAME)
+    });
+    let jobs = jobs_of(&cluster, &uid);
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    assert_eq!(
+        (jobs[0].state.as_str(), jobs[0].nodes.as_str()),
+        ("RUNNING", NODE_NAME)
+    );
+    // The kubelet runs the container: Running, and its process is on this machine.
+    let state = || {
+        node.kubectl_ok(&[
+            "get",
+            "pod",
+            "-n",
+            "placed",
+            "worker",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.running.startedAt}",
+        ])
+    };
+    wait_for("the pod's container running", || {
+        let s = state();
+        s.starts_with("Running ") && s.trim().len() > "Running".len()
+    });
+    let pid = node
+        .container_pid(&uid, "main")
+        .unwrap_or_else(|| panic!("no process for the placed pod's container"));
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    assert_eq!(comm.trim(), "sleep");
+
+    p.delete_pod("worker");
+    wait_for("the job ended with its pod", || {
+        jobs_of(&cluster, &uid).iter().all(|j| j.is_finished())
+    });
+    p.stop();
+}
