@@ -62,7 +62,8 @@ impl KubeNode {
         let api_port = crate::free_port();
         let script = crate::repo_root().join("tests/kubernetes/node-up.sh");
         let policy = Path::new(LAB).with_extension("audit-policy.yaml");
-        std::fs::write(&policy, AUDIT_POLICY).map_err(|e| format!("{}: {e}", policy.display()))?;
+        std::fs::write(&policy, crate::apiserver::audit::POLICY)
+            .map_err(|e| format!("{}: {e}", policy.display()))?;
         let mut cmd = Command::new("bash");
         cmd.arg(&script)
             .env("BIN", &bin)
@@ -237,17 +238,6 @@ impl KubeNode {
         None
     }
 }
-
-/// What the node's API server audits: every write, at level Metadata.
-const AUDIT_POLICY: &str = "\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Metadata
-    verbs: [create, update, patch, delete, deletecollection]
-  - level: None
-";
 
 /// The tail of every component's log, for a failure message.
 pub fn logs() -> String {
