@@ -318,6 +318,16 @@ pub struct AgentArgs {
         value_name = "SECONDS"
     )]
     pub pod_resources_interval: f64,
+    /// Seconds to wait for the kubelet's first PodResources answer before publishing without it (allocatable from
+    /// the kubelet's reservations, nothing held). An object already on the API server is never replaced by one
+    /// made without the kubelet: a restarted agent keeps it until the kubelet answers.
+    #[arg(
+        long,
+        env = "ISTHMUS_KUBELET_WAIT_SECONDS",
+        default_value_t = 10.0,
+        value_name = "SECONDS"
+    )]
+    pub kubelet_wait_seconds: f64,
     /// How the NVIDIA device plugin on this node names MIG devices (`none`, `single`, `mixed`), so that the NRT's
     /// device resources carry the same names.
     #[arg(
@@ -402,5 +412,16 @@ impl Command {
             Command::Agent(a) => Some(&a.host),
             Command::Controller(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand's arguments are consistent (unique ids and flags across flattened groups).
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -243,6 +243,9 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                     interval: Duration::from_secs_f64(
                         args.pod_resources_interval.clamp(0.1, 3600.0),
                     ),
+                    first_answer_wait: Duration::from_secs_f64(
+                        args.kubelet_wait_seconds.clamp(0.0, 3600.0),
+                    ),
                 },
             },
             topo_rx.clone(),

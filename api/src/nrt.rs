@@ -92,7 +92,8 @@ pub struct NodeResourceTopology {
     pub kind: String,
     /// Metadata: name = node name, owner reference to the Node.
     pub metadata: ObjectMeta,
-    /// Deprecated node-level policies (read by old consumers only; never written).
+    /// Deprecated node-level policies in v1alpha1 names (`SingleNUMANodeContainerLevel`...), written beside the
+    /// attributes for consumers that predate them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub topology_policies: Vec<String>,
     /// Node-level attributes.
@@ -135,7 +136,9 @@ impl NodeResourceTopology {
 
     /// The content isthmus owns (attributes and zones), for comparing a live object with the desired one.
     pub fn same_content(&self, other: &Self) -> bool {
-        self.attributes == other.attributes && self.zones == other.zones
+        self.attributes == other.attributes
+            && self.zones == other.zones
+            && self.topology_policies == other.topology_policies
     }
 }
 

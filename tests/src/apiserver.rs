@@ -31,11 +31,12 @@
 //! ```
 
 mod assets;
-mod audit;
+pub mod audit;
 mod cel;
 mod kubectl;
 mod pki;
 mod process;
+mod static_users;
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -53,6 +54,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 pub use assets::{DEBIAN_KUBERNETES, assets, version};
 pub use audit::{AuditEvent, WRITE_VERBS};
 pub use kubectl::{describe, kubectl_with};
+pub use static_users::KUBELET_NODE;
 
 use assets::assets_dir;
 use kubectl::kubectl_stdin;
@@ -338,9 +340,10 @@ impl ApiServer {
         pki::generate(&self.dir.join("pki"))?;
         let token = random_token()?;
         let tokens = self.dir.join("tokens.csv");
+        let users = static_users::write(&self.dir)?;
         std::fs::write(
             &tokens,
-            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
+            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n{users}"),
         )
         .map_err(|e| err(&tokens, e))?;
         let policy = self.dir.join("audit-policy.yaml");
@@ -519,6 +522,12 @@ impl Drop for ApiServer {
         }
         process::remove_dir(&self.dir);
     }
+}
+
+/// The write requests `user` made at or after `since`, from the audit log `log` of any API server started with
+/// this module's policy (or one that logs writes at level Metadata).
+pub fn writes_in(log: &Path, user: &str, since: SystemTime) -> Vec<AuditEvent> {
+    audit::writes_by(log, user, since)
 }
 
 /// The user name of ServiceAccount `ns/sa` as the API server authenticates it (and audits it).

@@ -31,6 +31,11 @@ impl SyncSite {
     /// Start everything for Slurm nodes `names` (2 CPUs, no GPU each) with these flags, and wait until every Node
     /// shows `SlurmNodeState` `True`.
     pub fn start(names: &[&str], args: NodeSyncArgs) -> Self {
+        Self::start_with(names, args, "")
+    }
+
+    /// [`Self::start`] with extra slurm.conf `settings` (e.g. `Epilog=`).
+    pub fn start_with(names: &[&str], args: NodeSyncArgs, settings: &str) -> Self {
         let api = ApiServer::start();
         api.apply_yaml(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
@@ -46,7 +51,7 @@ impl SyncSite {
             api.create_node(n);
         }
         let specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n, 2, 0)).collect();
-        let slurm = Cluster::start(&specs, "");
+        let slurm = Cluster::start(&specs, settings);
         let bin = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let log = bin.path().join("calls.log");
         for program in ["scontrol", "sinfo"] {
@@ -80,7 +85,14 @@ impl SyncSite {
             slurm_timeout: Duration::from_secs(10),
         });
         let shutdown = CancellationToken::new();
-        let task = rt.spawn(nodesync::run(client, slurm_client, args, shutdown.clone()));
+        let guard = nodesync::Guard::unfenced(Duration::from_secs(5));
+        let task = rt.spawn(nodesync::run(
+            client,
+            slurm_client,
+            args,
+            guard,
+            shutdown.clone(),
+        ));
         let site = Self {
             api,
             slurm,
@@ -129,6 +141,13 @@ impl SyncSite {
             s("message"),
             s("lastTransitionTime"),
         ))
+    }
+
+    /// The Node's annotation `key`.
+    pub fn annotation(&self, name: &str, key: &str) -> Option<String> {
+        self.node(name)["metadata"]["annotations"][key]
+            .as_str()
+            .map(str::to_owned)
     }
 
     /// Whether the Node carries the `isthmus.io/slurm-drain:NoSchedule` taint.

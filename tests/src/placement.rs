@@ -1,19 +1,22 @@
 //! Placement through Slurm under test: the controller's placement loop
 //! ([`isthmus_controller::placement::run`]) in-process, authenticated as the shipped ServiceAccount with only
-//! `deploy/controller/overlays/slurm/rbac-placement.yaml` granted, against the real API server and a real Slurm cluster; and
-//! what the tests read back (pods, Events, Slurm's jobs).
+//! `deploy/controller/overlays/slurm/rbac-placement.yaml` and the controller's Role
+//! (`deploy/controller/base/role.yaml`) granted, against the real API server and a real Slurm cluster, with a
+//! tenancy policy of the test's own; and what the tests read back (pods, Events, Slurm's jobs).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use isthmus_controller::placement::{self, CancellationToken, PlacementArgs};
+use isthmus_controller::placement::{self, CancellationToken, Env, Guard, PlacementArgs};
 use isthmus_controller::slurm::jobs::{Job, parse_jobs};
 use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-use crate::apiserver::{ApiServer, client_for};
+use crate::apiserver::client_for;
 use crate::slurm_cluster::Cluster;
+use crate::slurm_tools::Tools;
+use crate::test_api::TestApi;
 
 /// The controller's namespace and ServiceAccount.
 pub const CONTROLLER_NS: &str = "isthmus-system";
@@ -26,6 +29,54 @@ pub fn rbac_yaml() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// `deploy/controller/base/role.yaml`: the controller's Role in its namespace (the policy ConfigMap, the Lease).
+pub fn role_yaml() -> String {
+    let path = crate::repo_root().join("deploy/controller/base/role.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The policy ConfigMap `name` in the controller's namespace holding `policy` (YAML).
+pub fn policy_configmap(name: &str, policy: &str) -> String {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": CONTROLLER_NS},
+        "data": {"policy.yaml": policy},
+    });
+    serde_json::to_string(&cm).unwrap_or_default()
+}
+
+/// A pod to create.
+#[derive(Debug, Clone)]
+pub struct PodOpts<'a> {
+    /// Namespace (default: the test's).
+    pub namespace: Option<&'a str>,
+    /// Name.
+    pub name: &'a str,
+    /// GPUs (`nvidia.com/gpu` limit).
+    pub gpus: u32,
+    /// Annotations.
+    pub annotations: &'a [(&'a str, &'a str)],
+    /// `spec.nodeName`, set by the pod's creator.
+    pub node_name: Option<&'a str>,
+    /// An image the node has (never pulled) whose container sleeps, for pods a real kubelet runs; `None`: an
+    /// image no kubelet could start (the API server alone never runs pods).
+    pub image: Option<&'a str>,
+}
+
+impl<'a> PodOpts<'a> {
+    /// A 1-CPU pod `name` in the test's namespace.
+    pub fn new(name: &'a str) -> Self {
+        Self {
+            namespace: None,
+            name,
+            gpus: 0,
+            annotations: &[],
+            node_name: None,
+            image: None,
+        }
+    }
+}
+
 /// A test namespace, the controller's ServiceAccount with the placement RBAC, an admin client, and the placement
 /// loop (started and stopped at will) in a runtime of its own.
 pub struct Placement {
@@ -36,46 +87,103 @@ pub struct Placement {
     /// The test namespace.
     pub ns: String,
     sa_kubeconfig: PathBuf,
+    api_url: String,
     conf: PathBuf,
     args: PlacementArgs,
+    tools: Option<Tools>,
+    slurm_timeout: Duration,
     running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
 impl Placement {
-    /// Prepare namespace `ns`, the ServiceAccount and its RBAC, and a Node object per Slurm node of `cluster`.
-    pub fn new(api: &ApiServer, cluster: &Cluster, ns: &str) -> Self {
-        api.apply_yaml(&format!(
+    /// Prepare namespace `ns`, the ServiceAccount and its RBAC, a Node object per Slurm node of `cluster`, and a
+    /// policy (ConfigMap `policy-<ns>`) whose one tenant `ns` runs its jobs as `nobody`/`nogroup`.
+    pub fn new(api: &impl TestApi, cluster: &Cluster, ns: &str) -> Self {
+        api.apply_objects(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {CONTROLLER_NS}\n---\napiVersion: v1\n\
-             kind: ServiceAccount\nmetadata:\n  name: {CONTROLLER_SA}\n  namespace: {CONTROLLER_NS}\n---\n\
-             apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
-             metadata:\n  name: default\n  namespace: {ns}\n"
+             kind: ServiceAccount\nmetadata:\n  name: {CONTROLLER_SA}\n  namespace: {CONTROLLER_NS}\n"
         ));
-        api.apply_yaml(&rbac_yaml());
+        add_namespace(api, ns);
+        api.apply_objects(&rbac_yaml());
+        api.apply_objects(&role_yaml());
         for n in cluster.nodes() {
-            api.create_node(&n.name);
+            api.ensure_node(&n.name);
         }
-        let token = api.token_for(CONTROLLER_NS, CONTROLLER_SA);
-        let sa_kubeconfig = api.kubeconfig_for_token(&token);
+        let policy = format!("policy-{ns}");
+        api.apply_objects(&policy_configmap(
+            &policy,
+            &format!(
+                "tenants: [{{name: {ns}, namespaces: [{ns}], user: nobody, group: nogroup}}]\n"
+            ),
+        ));
+        let token = api.service_account_token(CONTROLLER_NS, CONTROLLER_SA);
+        let sa_kubeconfig = api.token_kubeconfig(&token);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
-        let admin = rt.block_on(client_for(api.admin_kubeconfig()));
+        let admin = rt.block_on(client_for(api.admin()));
         Self {
             rt,
             admin,
             ns: ns.to_owned(),
             sa_kubeconfig,
+            api_url: api.server_url(),
             conf: cluster.conf(),
             // A scheduler name per test: the API server is shared, each test's Slurm cluster is not.
             args: PlacementArgs {
                 enabled: true,
                 scheduler_name: format!("isthmus-slurm-{ns}"),
+                policy,
                 ..PlacementArgs::default()
             },
+            tools: None,
+            slurm_timeout: SlurmArgs::default().slurm_timeout,
             running: None,
         }
+    }
+
+    /// How long one Slurm command of the loop may take, from the next [`Self::start`] on.
+    pub fn set_slurm_timeout(&mut self, t: Duration) {
+        self.slurm_timeout = t;
+    }
+
+    /// Replace the test's tenancy policy (YAML).
+    pub fn set_policy(&self, api: &impl TestApi, policy: &str) {
+        api.apply_objects(&policy_configmap(&self.args.policy, policy));
+    }
+
+    /// Run the Slurm tools through logging wrappers ([`Tools`]) from the next [`Self::start`] on.
+    pub fn use_tools(&mut self) -> &Tools {
+        self.tools.get_or_insert_with(|| {
+            Tools::new(&["squeue", "sbatch", "scancel", "scontrol", "sinfo"])
+        })
+    }
+
+    /// The wrappers, if [`Self::use_tools`] was called.
+    pub fn tools(&self) -> Option<&Tools> {
+        self.tools.as_ref()
+    }
+
+    /// The ServiceAccount's kubeconfig (its server may be replaced, e.g. by a proxy's).
+    pub fn sa_kubeconfig(&self) -> &std::path::Path {
+        &self.sa_kubeconfig
+    }
+
+    /// The API server's URL as the kubeconfigs name it.
+    pub fn api_url(&self) -> &str {
+        &self.api_url
+    }
+
+    /// The placement flags.
+    pub fn args(&self) -> &PlacementArgs {
+        &self.args
+    }
+
+    /// slurm.conf of the cluster.
+    pub fn slurm_conf(&self) -> &std::path::Path {
+        &self.conf
     }
 
     /// The placement flags the next [`Self::start`] uses.
@@ -83,17 +191,27 @@ impl Placement {
         &mut self.args
     }
 
-    /// Start the placement loop as the ServiceAccount.
+    /// The Slurm client settings of the loop (through the wrappers when [`Self::use_tools`] was called).
+    pub fn slurm_args(&self) -> SlurmArgs {
+        SlurmArgs {
+            slurm_conf: Some(self.conf.clone()),
+            slurm_bin_dir: self.tools.as_ref().map(|t| t.path().to_path_buf()),
+            slurm_timeout: self.slurm_timeout,
+        }
+    }
+
+    /// Start the placement loop as the ServiceAccount, alone (unfenced: no other replica runs).
     pub fn start(&mut self) {
         let client = self.rt.block_on(client_for(&self.sa_kubeconfig));
-        let slurm = SlurmClient::new(SlurmArgs {
-            slurm_conf: Some(self.conf.clone()),
-            ..SlurmArgs::default()
-        });
+        let slurm = SlurmClient::new(self.slurm_args());
         let token = CancellationToken::new();
         let (args, t) = (self.args.clone(), token.clone());
+        let env = Env {
+            namespace: CONTROLLER_NS.to_owned(),
+            guard: Guard::unfenced(Duration::from_secs(5)),
+        };
         let task = self.rt.spawn(async move {
-            if let Err(e) = placement::run(client, slurm, args, t).await {
+            if let Err(e) = placement::run(client, slurm, args, env, t).await {
                 panic!("placement::run: {e}");
             }
         });
@@ -120,17 +238,35 @@ impl Placement {
 
     /// Create a pod for this test's scheduler (`isthmus-slurm-<namespace>`) asking `gpus` GPUs and 1 CPU, with `annotations`; its UID.
     pub fn create_pod(&self, name: &str, gpus: u32, annotations: &[(&str, &str)]) -> String {
+        self.create(&PodOpts {
+            gpus,
+            annotations,
+            ..PodOpts::new(name)
+        })
+    }
+
+    /// Create a pod for this test's scheduler asking 1 CPU (and `o.gpus` GPUs); its UID.
+    pub fn create(&self, o: &PodOpts<'_>) -> String {
+        let ns = o.namespace.unwrap_or(&self.ns);
+        let name = o.name;
         let mut pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": self.ns},
+            "metadata": {"name": name, "namespace": ns},
             "spec": {
                 "schedulerName": self.args.scheduler_name,
-                // No token: an API server without kube-controller-manager has no token Secrets to mount.
+                "nodeName": o.node_name,
+                // No token controller runs beside the test API server (v1.20 would wait for a token Secret).
                 "automountServiceAccountToken": false,
                 "containers": [{"name": "main", "image": "registry.invalid/app:1",
                     "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
             }
         }))
         .unwrap_or_else(|e| panic!("{e}"));
+        if let (Some(image), Some(c)) = (o.image, pod.spec.as_mut().map(|s| &mut s.containers[0])) {
+            c.image = Some(image.to_owned());
+            c.image_pull_policy = Some("Never".to_owned());
+            c.command = Some(vec!["sleep".to_owned(), "3600".to_owned()]);
+        }
+        let (gpus, annotations) = (o.gpus, o.annotations);
         if gpus > 0 {
             let limits = [(
                 "nvidia.com/gpu".to_owned(),
@@ -150,11 +286,33 @@ impl Placement {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         );
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
         let created = self
             .rt
-            .block_on(self.pods().create(&PostParams::default(), &pod))
-            .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+            .block_on(pods.create(&PostParams::default(), &pod))
+            .unwrap_or_else(|e| panic!("creating pod {ns}/{name}: {e}"));
         created.metadata.uid.unwrap_or_default()
+    }
+
+    /// Pod `name` of namespace `ns`, if it exists.
+    pub fn pod_in(&self, ns: &str, name: &str) -> Option<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
+        self.rt
+            .block_on(pods.get_opt(name))
+            .unwrap_or_else(|e| panic!("reading pod {ns}/{name}: {e}"))
+    }
+
+    /// The Events about pod `name` of namespace `ns`: (reason, message).
+    pub fn events_in(&self, ns: &str, name: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.admin.clone(), ns);
+        let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        self.rt
+            .block_on(events.list(&lp))
+            .unwrap_or_else(|e| panic!("listing events: {e}"))
+            .items
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
     }
 
     /// The pod, if it exists.
@@ -216,15 +374,7 @@ impl Placement {
 
     /// The Events about the pod: (reason, message).
     pub fn events(&self, name: &str) -> Vec<(String, String)> {
-        let events: Api<Event> = Api::namespaced(self.admin.clone(), &self.ns);
-        let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
-        self.rt
-            .block_on(events.list(&lp))
-            .unwrap_or_else(|e| panic!("listing events: {e}"))
-            .items
-            .into_iter()
-            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-            .collect()
+        self.events_in(&self.ns, name)
     }
 }
 
@@ -243,6 +393,14 @@ impl Drop for Placement {
             token.cancel();
         }
     }
+}
+
+/// Create namespace `ns` (and its `default` ServiceAccount) if absent.
+pub fn add_namespace(api: &impl TestApi, ns: &str) {
+    api.apply_objects(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
+         metadata:\n  name: default\n  namespace: {ns}\n"
+    ));
 }
 
 /// Every job Slurm lists (`squeue --json`).

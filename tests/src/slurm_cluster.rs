@@ -22,16 +22,27 @@ pub struct NodeSpec {
     pub gpus: u32,
     /// RealMemory, MiB.
     pub memory_mib: u64,
+    /// Whether its slurmd runs (a node only declared in slurm.conf counts for job sizes, but never runs a job).
+    pub slurmd: bool,
 }
 
 impl NodeSpec {
-    /// A node with `cpus` CPUs, `gpus` GPUs and 1000 MiB.
+    /// A node with `cpus` CPUs, `gpus` GPUs and 1000 MiB, its slurmd running.
     pub fn new(name: &str, cpus: u32, gpus: u32) -> Self {
         Self {
             name: name.to_owned(),
             cpus,
             gpus,
             memory_mib: 1000,
+            slurmd: true,
+        }
+    }
+
+    /// The same node, declared in slurm.conf only: no slurmd runs for it.
+    pub fn declared_only(self) -> Self {
+        Self {
+            slurmd: false,
+            ..self
         }
     }
 }
@@ -89,10 +100,10 @@ impl Cluster {
             nodes: nodes.to_vec(),
             slurmds: BTreeMap::new(),
         };
-        for n in nodes {
+        for n in nodes.iter().filter(|n| n.slurmd) {
             cluster.start_slurmd(&n.name);
         }
-        for n in nodes {
+        for n in nodes.iter().filter(|n| n.slurmd) {
             cluster.wait_state(&n.name, "IDLE", |s| {
                 s.starts_with("IDLE") && !s.contains("DRAIN") && !s.contains("NOT_RESPONDING")
             });

@@ -4,7 +4,9 @@
 //! the "restricted" Pod Security level, checked by the server's own admission.
 
 use isthmus_api::access::ApiAccess;
-use isthmus_controller::run::access::{NAMESPACE_ACCESS, TASK_ACCESS};
+use isthmus_controller::run::access::{
+    NAMESPACE_ACCESS, NAMESPACE_NAMED_ACCESS, NamedAccess, TASK_ACCESS, TASK_NAMED_ACCESS,
+};
 use isthmus_tests::apiserver::{ApiServer, describe, kubectl_with};
 use isthmus_tests::controller::{self, NAMESPACE, SERVICE_ACCOUNT};
 use serde_yaml_ng::Value;
@@ -17,8 +19,11 @@ fn docs(file: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The rules of the one object of `kind` in `file`, as (group, resource, sorted verbs).
-fn rules(file: &str, kind: &str) -> Vec<(String, String, Vec<String>)> {
+/// One rule of a role as (group, resource, sorted resource names, sorted verbs).
+type Rule = (String, String, Vec<String>, Vec<String>);
+
+/// The rules of the one object of `kind` in `file`.
+fn all_rules(file: &str, kind: &str) -> Vec<Rule> {
     let all = docs(file);
     let obj = all
         .iter()
@@ -27,22 +32,69 @@ fn rules(file: &str, kind: &str) -> Vec<(String, String, Vec<String>)> {
     let mut out = Vec::new();
     for r in obj["rules"].as_sequence().into_iter().flatten() {
         let strs = |k: &str| -> Vec<String> {
-            r[k].as_sequence()
+            let mut v: Vec<String> = r[k]
+                .as_sequence()
                 .into_iter()
                 .flatten()
                 .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
+                .collect();
+            v.sort();
+            v
         };
         for g in strs("apiGroups") {
             for res in strs("resources") {
-                let mut verbs = strs("verbs");
-                verbs.sort();
-                out.push((g.clone(), res, verbs));
+                out.push((g.clone(), res, strs("resourceNames"), strs("verbs")));
             }
         }
     }
     out.sort();
     out
+}
+
+/// The rules of the one object of `kind` in `file` that name no object, as (group, resource, sorted verbs).
+fn rules(file: &str, kind: &str) -> Vec<(String, String, Vec<String>)> {
+    all_rules(file, kind)
+        .into_iter()
+        .filter(|(_, _, names, _)| names.is_empty())
+        .map(|(g, r, _, v)| (g, r, v))
+        .collect()
+}
+
+/// The rules of the one object of `kind` in `file` limited to named objects.
+fn named_rules(file: &str, kind: &str) -> Vec<Rule> {
+    all_rules(file, kind)
+        .into_iter()
+        .filter(|(_, _, names, _)| !names.is_empty())
+        .collect()
+}
+
+fn declared_named(access: &[NamedAccess]) -> Vec<Rule> {
+    let sorted = |v: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = v.iter().map(|s| (*s).to_owned()).collect();
+        v.sort();
+        v
+    };
+    let mut out: Vec<Rule> = access
+        .iter()
+        .map(|a| {
+            (
+                a.group.to_owned(),
+                a.resource.to_owned(),
+                sorted(a.names),
+                sorted(a.verbs),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The named-object rules `TASK_NAMED_ACCESS` declares for `file` (none when it is not listed).
+fn task_named(file: &str) -> &'static [NamedAccess] {
+    TASK_NAMED_ACCESS
+        .iter()
+        .find(|(f, _)| *f == file)
+        .map_or(&[], |(_, a)| *a)
 }
 
 fn declared(access: &[ApiAccess]) -> Vec<(String, String, Vec<String>)> {
@@ -62,8 +114,23 @@ fn declared(access: &[ApiAccess]) -> Vec<(String, String, Vec<String>)> {
 fn the_shipped_rbac_files_equal_the_declared_access() {
     for (file, access) in TASK_ACCESS {
         assert_eq!(rules(file, "ClusterRole"), declared(access), "{file}");
+        assert_eq!(
+            named_rules(file, "ClusterRole"),
+            declared_named(task_named(file)),
+            "{file}"
+        );
+    }
+    for (file, _) in TASK_NAMED_ACCESS {
+        assert!(
+            TASK_ACCESS.iter().any(|(f, _)| f == file),
+            "{file} is not in TASK_ACCESS"
+        );
     }
     assert_eq!(rules("base/role.yaml", "Role"), declared(NAMESPACE_ACCESS));
+    assert_eq!(
+        named_rules("base/role.yaml", "Role"),
+        declared_named(NAMESPACE_NAMED_ACCESS)
+    );
     // Every file is listed in the kustomization of its directory, and each is bound to the controller's
     // ServiceAccount.
     let mut bound: Vec<(&str, &str)> = TASK_ACCESS
@@ -96,11 +163,11 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
 fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access() {
     let api = ApiServer::start();
     controller::install_crds(&api);
-    // The base: the topology task's ClusterRole only.
+    // The base: the topology task's ClusterRole and the webhook's.
     check_apply(
         &api,
         &controller::deploy_dir(),
-        &["base/rbac-topology.yaml"],
+        &["base/rbac-topology.yaml", "base/rbac-webhook.yaml"],
     );
     // The Slurm overlay adds the node sync's and the placement's.
     let all: Vec<&str> = TASK_ACCESS.iter().map(|(f, _)| *f).collect();
@@ -164,13 +231,7 @@ fn check_apply(api: &ApiServer, dir: &std::path::Path, files: &[&str]) {
         "delete",
         "deletecollection",
     ];
-    let name = |a: &ApiAccess| {
-        if a.group.is_empty() {
-            a.resource.to_owned()
-        } else {
-            format!("{}.{}", a.resource, a.group)
-        }
-    };
+    let name = |a: &ApiAccess| name_of(a.group, a.resource);
     for a in TASK_ACCESS.iter().flat_map(|(_, access)| access.iter()) {
         let held = held(a.group, a.resource);
         for v in verbs {
@@ -190,12 +251,53 @@ fn check_apply(api: &ApiServer, dir: &std::path::Path, files: &[&str]) {
                 "{v} {} in {NAMESPACE}",
                 name(a)
             );
-            // Nothing in other namespaces.
-            assert!(
-                !can(v, &name(a), Some("default")),
+            // Nothing in other namespaces beyond what a ClusterRole grants everywhere.
+            assert_eq!(
+                can(v, &name(a), Some("default")),
+                held(a.group, a.resource).contains(&v),
                 "{v} {} in default",
                 name(a)
             );
+        }
+    }
+    // Rules limited to named objects: exactly their verbs on exactly those names, nothing on other names or on the
+    // resource as a whole.
+    let can_named = |verb: &str, what: &str, ns: Option<&str>| -> bool {
+        let mut args = vec!["auth", "can-i", verb, what];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        String::from_utf8_lossy(&kubectl_with(&kc, &args).stdout).trim() == "yes"
+    };
+    // (rule, namespace, whether a file granting it was applied)
+    let mut named: Vec<(&NamedAccess, Option<&str>, bool)> = Vec::new();
+    for (file, access) in TASK_NAMED_ACCESS {
+        named.extend(access.iter().map(|a| (a, None, files.contains(file))));
+    }
+    named.extend(
+        NAMESPACE_NAMED_ACCESS
+            .iter()
+            .map(|a| (a, Some(NAMESPACE), true)),
+    );
+    for (a, ns, applied) in named {
+        for v in verbs {
+            for n in a.names {
+                assert_eq!(
+                    can_named(v, &format!("{}/{n}", name_of(a.group, a.resource)), ns),
+                    applied && a.verbs.contains(&v),
+                    "{v} {}/{n}",
+                    a.resource
+                );
+            }
+            let other = format!("{}/not-{}", name_of(a.group, a.resource), a.names[0]);
+            assert!(!can_named(v, &other, ns), "{v} {other}");
+            if !held(a.group, a.resource).contains(&v) {
+                assert!(
+                    !can_named(v, &name_of(a.group, a.resource), ns),
+                    "{v} {} as a whole",
+                    a.resource
+                );
+            }
         }
     }
     for (v, what) in [
@@ -218,9 +320,17 @@ fn check_apply(api: &ApiServer, dir: &std::path::Path, files: &[&str]) {
     }
 }
 
+/// `resource` or `resource.group`, as kubectl names it.
+fn name_of(group: &str, resource: &str) -> String {
+    if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    }
+}
+
 #[test]
 fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
-    let api = ApiServer::shared();
     let all = docs("base/deployment.yaml");
     let d = &all[0];
     assert_eq!(d["spec"]["replicas"].as_u64(), Some(2));
@@ -249,7 +359,18 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
         return;
     }
     // The pod as the Deployment would create it, in a namespace that enforces "restricted": the server's
-    // PodSecurity admission accepts it (dry run) without a warning.
+    // PodSecurity admission accepts it (dry run) without a warning. Servers before 1.23 have no PodSecurity
+    // admission, so there is nothing to ask them.
+    if let Some((1, minor)) = isthmus_tests::admission::server_version().filter(|(_, m)| *m < 23) {
+        isthmus_tests::not_run(
+            "controller_deploy::the_deployment_runs_two_replicas_and_its_pod_is_restricted (Pod Security part)",
+            &format!(
+                "the API server under test is Kubernetes 1.{minor}, which has no PodSecurity admission (1.23+)"
+            ),
+        );
+        return;
+    }
+    let api = ApiServer::shared();
     api.apply_yaml(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: restricted-check\n  labels:\n    \
          pod-security.kubernetes.io/enforce: restricted\n    pod-security.kubernetes.io/warn: restricted\n\
@@ -271,8 +392,9 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
     assert!(!text.to_lowercase().contains("warning"), "{text}");
 }
 
-/// The NetworkPolicy selects the controller's pods and lets in only the metrics port the Deployment and the Service
-/// name; the Slurm overlay's patch keeps the API server's ports and adds slurmctld's and DNS.
+/// The NetworkPolicy selects the controller's pods and lets in only the ports the Deployment names (metrics and the
+/// admission webhook, each with its Service); the Slurm overlay's patch keeps the API server's ports and adds
+/// slurmctld's and DNS.
 #[test]
 fn the_network_policy_admits_the_metrics_port_and_the_slurm_overlay_reaches_slurmctld() {
     let policy = &docs("base/networkpolicy.yaml")[0];
@@ -288,18 +410,38 @@ fn the_network_policy_admits_the_metrics_port_and_the_slurm_overlay_reaches_slur
             "the policy selects {k:?}={v:?}, the pod has not"
         );
     }
-    let port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
-        .as_u64();
-    let ingress: Vec<u64> = policy["spec"]["ingress"]
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let port = container["ports"][0]["containerPort"].as_u64();
+    let mut container_ports: Vec<u64> = container["ports"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["containerPort"].as_u64())
+        .collect();
+    container_ports.sort_unstable();
+    let mut ingress: Vec<u64> = policy["spec"]["ingress"]
         .as_sequence()
         .into_iter()
         .flatten()
         .flat_map(|r| r["ports"].as_sequence().into_iter().flatten())
         .filter_map(|p| p["port"].as_u64())
         .collect();
-    assert_eq!(ingress, vec![port.unwrap_or_default()]);
+    ingress.sort_unstable();
+    // The metrics port, and the admission webhook's (the API server calls it from no pod a selector could name).
+    assert_eq!(ingress, container_ports);
+    assert_eq!(container_ports.len(), 2);
     let service = &docs("base/service.yaml")[0];
     assert_eq!(service["spec"]["ports"][0]["port"].as_u64(), port);
+    let webhook = &docs("base/webhook-service.yaml")[0];
+    let target = webhook["spec"]["ports"][0]["targetPort"].as_str();
+    assert!(
+        container["ports"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .any(|p| p["name"].as_str() == target),
+        "the webhook Service targets {target:?}, which the container does not name"
+    );
 
     let egress = |v: &Value| -> Vec<(u64, String)> {
         let mut out: Vec<(u64, String)> = v["spec"]["egress"]

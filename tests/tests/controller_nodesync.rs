@@ -10,10 +10,14 @@ use isthmus_tests::nodesync::SyncSite;
 /// The deadline for one change to cross over.
 const CROSS: Duration = Duration::from_secs(2);
 
+/// How long a condition-driven drain outlasts its condition in these tests.
+const HOLD: Duration = Duration::from_secs(3);
+
 fn args() -> NodeSyncArgs {
     NodeSyncArgs {
         node_sync: true,
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
+        condition_hold: HOLD,
         ..NodeSyncArgs::default()
     }
 }
@@ -76,8 +80,8 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
     });
     assert!(!site.tainted("ns1"), "our own drain puts no taint");
     site.kubectl_ok(&["uncordon", "ns1"]);
-    site.wait("ns1 idle again", CROSS, || {
-        site.slurm.state("ns1") == "IDLE"
+    site.wait("ns1 undrained", CROSS, || {
+        !site.slurm.state("ns1").contains("DRAIN")
     });
     site.wait("ns1's condition True", CROSS * 2, || {
         site.condition("ns1")
@@ -141,9 +145,12 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
         "{}",
         reason(&site, "ns1")
     );
+    // The condition clears: the drain is held for HOLD (a flapping condition drains once), then lifted.
     set_condition(&site, "ns1", "GpuUnhealthy", "False", "ok");
-    site.wait("ns1 idle again", CROSS, || {
-        site.slurm.state("ns1") == "IDLE"
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(site.slurm.state("ns1").contains("DRAIN"), "held");
+    site.wait("ns1 undrained after the hold", HOLD + CROSS, || {
+        !site.slurm.state("ns1").contains("DRAIN")
     });
     site.wait("ns1's condition True", CROSS * 2, || {
         site.condition("ns1").is_some_and(|c| c.0 == "True")
@@ -173,19 +180,20 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
     );
     assert!(site.running());
 
-    // Everything the ServiceAccount asked was allowed by the shipped RBAC. A watch is in the audit log once it has
-    // ended (v1.20 logs a quiet watch only then): the controller is stopped first.
+    // Stopped, its watch ends, and the audit log (which logs a watch when it ends) shows it.
     site.stop().unwrap_or_else(|e| panic!("{e}"));
     site.wait(
-        "the ended watches in the audit log",
-        Duration::from_secs(10),
+        "the watch in the audit log",
+        Duration::from_secs(30),
         || {
             site.api
                 .requests_by(&site.user(), SystemTime::UNIX_EPOCH)
                 .iter()
-                .any(|e| e.verb == "watch")
+                .any(|e| e.resource == "nodes" && e.verb == "watch")
         },
     );
+
+    // Everything the ServiceAccount asked was allowed by the shipped RBAC.
     let denied: Vec<_> = site
         .api
         .requests_by(&site.user(), SystemTime::UNIX_EPOCH)
@@ -298,4 +306,127 @@ fn outages_of_slurmctld_and_the_api_server_converge_without_a_write_storm() {
     let updates = &site.slurm_updates()[start_updates..];
     assert_eq!(updates.len(), 1, "one drain of no1: {updates:#?}");
     assert!(site.stop().is_ok());
+}
+
+#[test]
+fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let flag = dir.path().join("fail");
+    let epilog = dir.path().join("epilog.sh");
+    std::fs::write(
+        &epilog,
+        format!("#!/bin/sh\n[ -e '{}' ] && exit 1\nexit 0\n", flag.display()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&epilog, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut site = SyncSite::start_with(
+        &["ep1", "ep2"],
+        args(),
+        &format!("Epilog={}", epilog.display()),
+    );
+    // A job runs on ep1; the node is cordoned (drained while the job runs); the job's Epilog fails. Slurm keeps
+    // the node drained with our reason and time: its state is exactly what it was.
+    let out = site.slurm.run_ok(
+        "sbatch",
+        &[
+            "--parsable",
+            "--nodelist=ep1",
+            "--output=/dev/null",
+            "--chdir=/tmp",
+            "--wrap=sleep 4",
+        ],
+    );
+    let id = out.trim().to_owned();
+    site.wait("the job to run", CROSS * 10, || {
+        site.slurm.state("ep1").starts_with("MIXED")
+            || site.slurm.state("ep1").starts_with("ALLOCATED")
+    });
+    std::fs::write(&flag, "").unwrap_or_else(|e| panic!("{e}"));
+    site.kubectl_ok(&["cordon", "ep1"]);
+    site.wait("ep1 drained by the cordon, recorded", CROSS * 2, || {
+        site.slurm.state("ep1").contains("DRAIN")
+            && site
+                .annotation("ep1", "isthmus.io/slurm-drain-record")
+                .is_some()
+    });
+    site.wait("the job to end", CROSS * 10, || {
+        site.slurm.state("ep1") == "IDLE+DRAIN"
+    });
+    assert!(
+        site.slurm
+            .controller()
+            .log()
+            .contains(&format!("JobId={id} epilog error")),
+        "the Epilog failed"
+    );
+    assert!(reason(&site, "ep1").starts_with("isthmus: cordoned in Kubernetes"));
+    // Uncordon: the drain is kept (a job ended under it), reported by the taint, its record removed.
+    site.kubectl_ok(&["uncordon", "ep1"]);
+    site.wait("ep1's kept drain tainted", CROSS * 2, || {
+        site.tainted("ep1")
+            && site
+                .annotation("ep1", "isthmus.io/slurm-drain-record")
+                .is_none()
+    });
+    assert_eq!(site.slurm.state("ep1"), "IDLE+DRAIN");
+    let undrains: Vec<String> = site
+        .slurm_updates()
+        .into_iter()
+        .filter(|u| u.contains("NodeName=ep1") && u.contains("UNDRAIN"))
+        .collect();
+    assert!(undrains.is_empty(), "{undrains:?}");
+    // The same on an idle node, where no job ended under the drain: lifted.
+    site.kubectl_ok(&["cordon", "ep2"]);
+    site.wait("ep2 drained and recorded", CROSS * 2, || {
+        site.annotation("ep2", "isthmus.io/slurm-drain-record")
+            .is_some()
+    });
+    site.kubectl_ok(&["uncordon", "ep2"]);
+    site.wait("ep2 undrained", CROSS, || {
+        !site.slurm.state("ep2").contains("DRAIN")
+    });
+}
+
+#[test]
+fn two_nodes_claiming_one_slurm_node_are_reported_and_nothing_flaps() {
+    let site = SyncSite::start(&["cf1", "cf2"], args());
+    site.api.apply_yaml(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: impostor\n  labels:\n    \
+         isthmus.io/slurm-node-name: cf1\n",
+    );
+    for node in ["cf1", "impostor"] {
+        site.wait(&format!("{node}'s conflict condition"), CROSS * 2, || {
+            site.condition(node).is_some_and(|c| {
+                c.0 == "Unknown" && c.1 == "SlurmNodeConflict" && c.2.contains("cf1, impostor")
+            })
+        });
+    }
+    // A cordon of either changes nothing in Slurm; nothing is written while the conflict lasts.
+    site.kubectl_ok(&["cordon", "impostor"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let since = SystemTime::now();
+    let ltt = site.condition("cf1").map(|c| c.3);
+    let reads = site.slurm_calls().len();
+    site.wait("five more passes", CROSS * 10, || {
+        site.slurm_calls().len() >= reads + 5
+    });
+    assert!(
+        site.slurm_updates()
+            .iter()
+            .all(|u| !u.contains("NodeName=cf1")),
+        "{:?}",
+        site.slurm_updates()
+    );
+    assert_eq!(site.slurm.state("cf1"), "IDLE");
+    assert_eq!(site.condition("cf1").map(|c| c.3), ltt, "no flap");
+    let writes = site.writes_since(since);
+    assert!(writes.is_empty(), "{writes:#?}");
+    // The label goes: cf1 is cf1's again.
+    site.kubectl_ok(&["label", "node", "impostor", "isthmus.io/slurm-node-name-"]);
+    site.wait("cf1's condition back", CROSS * 2, || {
+        site.condition("cf1")
+            .is_some_and(|c| c.0 == "True" && c.1 == "Idle")
+    });
 }

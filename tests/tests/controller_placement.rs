@@ -149,8 +149,9 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
         assert!(
             isthmus_controller::placement::API_ACCESS
                 .iter()
+                .chain(isthmus_controller::placement::NAMESPACE_ACCESS)
                 .any(|a| a.resource == res && a.verbs.contains(&verb.as_str())),
-            "{verb} {res} is not in placement::API_ACCESS"
+            "{verb} {res} is not in placement::API_ACCESS or NAMESPACE_ACCESS"
         );
     }
 }
@@ -160,6 +161,11 @@ fn preemption_by_partition_priority_works_both_ways() {
     let api = ApiServer::shared();
     let cluster = Cluster::start(&[NodeSpec::new("pb1", 4, 1)], PREEMPTION);
     let mut p = Placement::new(api, &cluster, "placement-preempt");
+    p.set_policy(
+        api,
+        "tenants: [{name: t, namespaces: [placement-preempt], user: nobody, group: nogroup, \
+         partitions: [low, high], defaultPartition: low}]",
+    );
     p.start();
 
     // A low-priority Slurm batch job holds the only GPU; a pod in the high partition preempts it and is bound.

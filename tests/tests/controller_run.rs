@@ -315,7 +315,14 @@ fn only_the_leader_writes_and_the_standby_takes_over() {
     controller::install_crds(&api);
     let kc = controller::install_controller(&api);
     let (mut nrts, dir) = cluster(&api, 8);
-    let lease = ["--lease-seconds", "4", "--lease-grace-seconds", "1"];
+    let lease = [
+        "--lease-seconds",
+        "4",
+        "--lease-renew-deadline-seconds",
+        "3",
+        "--lease-retry-seconds",
+        "1",
+    ];
     let mut a = ControllerProcess::start("replica-a", &kc, &lease);
     let mut b = ControllerProcess::start("replica-b", &kc, &lease);
     let want = expected(dir.path());

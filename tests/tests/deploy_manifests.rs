@@ -253,6 +253,19 @@ fn the_daemonset_is_least_privilege_and_safe_to_roll_out() {
             .map(|v| s(at(v, "name")))
             .collect();
         assert!(host_volumes.len() >= 4);
+        // No whole host /proc, and no hostPath that creates anything on the host: every type names what must
+        // already be there.
+        for v in at(pod, "volumes").as_sequence().into_iter().flatten() {
+            let Some(hp) = v.get("hostPath") else {
+                continue;
+            };
+            let path = s(at(hp, "path"));
+            assert_ne!(path, "/proc", "{name}: the whole host /proc is mounted");
+            assert!(
+                matches!(s(at(hp, "type")), "Directory" | "File" | "Socket"),
+                "{name}: hostPath {path} may create on the host: {hp:?}"
+            );
+        }
         for c in &containers {
             for m in at(c, "volumeMounts").as_sequence().into_iter().flatten() {
                 if host_volumes.contains(&s(at(m, "name"))) {

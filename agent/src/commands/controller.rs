@@ -1,6 +1,6 @@
 //! `isthmus controller ...`: `render` (offline) and `run` (the controller: one runtime, logs, `/metrics`,
 //! `/healthz`, `/readyz`, SIGTERM/SIGINT → clean stop, leader election and the leader tasks from
-//! `isthmus_controller::run`).
+//! `isthmus_controller::run`, and in every replica the admission webhook from `isthmus_controller::webhook`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub struct ControllerRunArgs {
 
 /// How often the main loop proves it is alive for `/healthz`.
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How often readiness follows the webhook's certificate.
+const READINESS_CHECK: Duration = Duration::from_millis(500);
 
 /// Run a controller subcommand.
 pub fn run(command: ControllerCommand) -> Result<()> {
@@ -60,11 +62,17 @@ fn run_controller(args: ControllerRunArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::install_global().map_err(anyhow::Error::msg)?);
     let listener =
         crate::http::bind(&args.listen).with_context(|| format!("binding {}", args.listen))?;
+    let webhook = match &args.run.webhook.listen {
+        Some(addr) => {
+            Some(crate::http::bind(addr).with_context(|| format!("binding the webhook's {addr}"))?)
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let result = rt.block_on(serve(args.run, listener, metrics));
+    let result = rt.block_on(serve(args.run, listener, webhook, metrics));
     rt.shutdown_timeout(Duration::from_millis(500));
     result
 }
@@ -72,6 +80,7 @@ fn run_controller(args: ControllerRunArgs) -> Result<()> {
 async fn serve(
     args: isthmus_controller::run::RunArgs,
     listener: std::net::TcpListener,
+    webhook_listener: Option<std::net::TcpListener>,
     metrics: Arc<Metrics>,
 ) -> Result<()> {
     let shutdown = CancellationToken::new();
@@ -90,15 +99,30 @@ async fn serve(
     let client = kube::Client::try_default()
         .await
         .context("building the Kubernetes client (in-cluster or KUBECONFIG)")?;
+    // Every replica serves the admission webhook, the leader or not.
+    let webhook = webhook_listener.map(|l| {
+        tracing::info!(address = ?l.local_addr().ok(), "serving the admission webhook");
+        isthmus_controller::webhook::start(
+            client.clone(),
+            &args.webhook,
+            &args.namespace,
+            l,
+            shutdown.clone(),
+        )
+    });
     let controller = tokio::spawn(isthmus_controller::run::run(client, args, shutdown.clone()));
-    // Ready once the client exists: a standby replica is ready too (it takes over without a restart).
-    health.set_ready(true);
+    // Ready once the client exists (a standby replica is ready too: it takes over without a restart) and the
+    // webhook, when served, has its certificate.
+    let ready = || webhook.as_ref().is_none_or(|w| w.ready());
+    health.set_ready(ready());
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    let mut readiness = tokio::time::interval(READINESS_CHECK);
     loop {
         tokio::select! {
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
             _ = heartbeat.tick() => health.beat(),
+            _ = readiness.tick() => health.set_ready(ready()),
         }
     }
     tracing::info!("stopping");

@@ -48,53 +48,29 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             // Like `render node`: no CPU or NUMA facts, no object (it would tell schedulers the node is empty).
             topo.require_cpus()?;
             let name = slurm.node_name()?;
-            let (config, pods, warnings) = kubelet_facts(args);
-            let input = crate::k8s::nrt::NrtInputs {
-                node_name: name.clone(),
-                node_uid: args.node_uid.clone(),
-                topology_manager: crate::k8s::kubelet::topology_manager(&config),
+            let (view, warnings) = kubelet_view(args);
+            let options = crate::k8s::NrtOptions {
                 mig_strategy: args.mig_strategy,
-                report: crate::k8s::node_report(
-                    topo,
-                    if args.slurm_report {
-                        Some((name.as_str(), slurm))
-                    } else {
-                        None
-                    },
-                ),
-                allocation: Some(crate::k8s::podresources::allocation(
-                    topo,
-                    pods.as_ref(),
-                    &crate::k8s::reservations::reserved_cpus(topo, &config).cpus,
-                )),
+                slurm: args.slurm_report.then(|| (name.clone(), slurm.clone())),
             };
-            let obj = crate::k8s::nrt::render(topo, &input);
+            let mut obj = crate::k8s::nrt_for(&name, topo, &view, &options);
+            obj.metadata.owner_references = owner(&name, args.node_uid.as_ref());
             Ok((object_text(&obj, args.output)?, warnings))
         }
         RenderTarget::Numatopology => {
             topo.require_cpus()?;
             let name = slurm.node_name()?;
-            let (config, pods, mut warnings) = kubelet_facts(args);
+            let (view, mut warnings) = kubelet_view(args);
             let (mut obj, more) = crate::k8s::numatopo::render(
                 topo,
                 &crate::k8s::numatopo::NumatopoInputs {
                     node_name: &name,
-                    kubelet: &config,
-                    pods: pods.as_ref().map(|a| &a.list),
+                    kubelet: &view.settings,
+                    pods: view.pod_resources.as_ref().map(|a| &a.list),
                 },
             );
             warnings.extend(more);
-            obj.metadata.owner_references = args.node_uid.as_ref().map(|uid| {
-                vec![
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                        api_version: "v1".into(),
-                        kind: "Node".into(),
-                        name: name.clone(),
-                        uid: uid.clone(),
-                        ..Default::default()
-                    },
-                ]
-            });
+            obj.metadata.owner_references = owner(&name, args.node_uid.as_ref());
             Ok((object_text(&obj, args.output)?, warnings))
         }
         RenderTarget::Topology => {
@@ -104,20 +80,30 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
     }
 }
 
-type PodResourcesAnswers = crate::k8s::podresources::Answers;
+/// An owner reference to the Node `name` with `uid`, when the UID is known.
+fn owner(
+    name: &str,
+    uid: Option<&String>,
+) -> Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>> {
+    uid.map(|uid| {
+        vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: name.to_owned(),
+                uid: uid.clone(),
+                ..Default::default()
+            },
+        ]
+    })
+}
 
-/// The kubelet configuration and, with `--pod-resources-socket`, the kubelet's PodResources answers; what could not
-/// be read becomes a warning.
-fn kubelet_facts(
-    args: &RenderArgs,
-) -> (
-    crate::k8s::kubelet::KubeletConfig,
-    Option<PodResourcesAnswers>,
-    Vec<String>,
-) {
+/// The kubelet as the agent sees it, asked once: its settings (configuration file and flags) and, with
+/// `--pod-resources-socket`, its PodResources answers; what could not be read becomes a warning.
+fn kubelet_view(args: &RenderArgs) -> (crate::k8s::kubelet_view::KubeletView, Vec<String>) {
+    use crate::k8s::kubelet_view::{KubeletAnswer, KubeletView};
     let root = isthmus_topology::HostRoot::new(&args.host.host_root);
-    let (config, warning) = crate::k8s::kubelet::read_config(&root, &args.kubelet_config);
-    let mut warnings: Vec<String> = warning.into_iter().collect();
+    let (settings, mut warnings) = crate::k8s::kubelet::read_settings(&root, &args.kubelet_config);
     let pods = match &args.pod_resources_socket {
         Some(socket) => match crate::k8s::podresources::query_blocking(
             socket,
@@ -126,14 +112,24 @@ fn kubelet_facts(
             Ok(answers) => Some(answers),
             Err(e) => {
                 warnings.push(format!(
-                    "{e}; rendered as if no pod held anything (allocatable = capacity)"
+                    "{e}; rendered as if no pod held anything (allocatable from the kubelet's reservations)"
                 ));
                 None
             }
         },
         None => None,
     };
-    (config, pods, warnings)
+    let view = KubeletView {
+        topology_manager: crate::k8s::kubelet::topology_manager(&settings),
+        settings,
+        answer: if pods.is_some() {
+            KubeletAnswer::Answered
+        } else {
+            KubeletAnswer::Silent
+        },
+        pod_resources: pods,
+    };
+    (view, warnings)
 }
 
 fn object_text(obj: &impl serde::Serialize, format: crate::cli::ObjectFormat) -> Result<String> {

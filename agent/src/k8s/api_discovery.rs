@@ -44,7 +44,7 @@ pub fn discovery_paths<K: Resource<DynamicType = ()>>() -> [String; 2] {
 pub async fn publish_when_served<K: Published>(
     client: Client,
     node: String,
-    desired: watch::Receiver<Option<K>>,
+    desired: watch::Receiver<Option<publisher::Desired<K>>>,
     metrics: Arc<Metrics>,
     recheck: Duration,
     shutdown: CancellationToken,

@@ -1,31 +1,50 @@
-//! What the kubelet says, polled: its PodResources answers (allocatable resources and what every pod holds) and the
-//! topology manager settings of its configuration file, published on a `watch` channel only when they change.
+//! What the kubelet says, polled: its PodResources answers (allocatable resources and what every pod holds) and its
+//! settings (configuration file and command line), published on a `watch` channel only when they change, with how
+//! far they can be trusted ([`KubeletAnswer`]).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use isthmus_topology::HostRoot;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::kubelet::{TopologyManager, topology_manager};
+use super::kubelet::{KubeletSettings, TopologyManager, read_settings, topology_manager};
 use super::podresources::Answers;
+
+/// How the kubelet's PodResources API has answered so far: what a renderer may publish from the view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KubeletAnswer {
+    /// Not asked yet, or not answered and still within the wait for its first answer: publish nothing yet (a
+    /// restarted agent must not publish every CPU as free before the kubelet says which are held).
+    #[default]
+    Pending,
+    /// The last question was answered.
+    Answered,
+    /// It answered before and does not now (restarting, overloaded): keep what was published.
+    Lost,
+    /// It never answered within the wait: publish what is known without it, but never over an object already
+    /// there (it was published from a kubelet's answer, by an earlier life of this agent).
+    Silent,
+}
 
 /// The kubelet's view of the node.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KubeletView {
-    /// Topology manager policy and scope.
+    /// Topology manager policy and scope (`None`: unknown).
     pub topology_manager: TopologyManager,
-    /// The kubelet configuration as a whole, for renderers that need more than the topology manager.
-    pub config: super::kubelet::KubeletConfig,
+    /// The kubelet's settings, for renderers that need more than the topology manager.
+    pub settings: KubeletSettings,
     /// PodResources answers, when the kubelet answered.
     pub pod_resources: Option<Answers>,
+    /// How far the answers go.
+    pub answer: KubeletAnswer,
 }
 
 /// Where to ask and how often.
 #[derive(Debug, Clone)]
 pub struct Source {
-    /// The host root (the kubelet configuration is a host path).
+    /// The host root (the kubelet configuration is a host path; its flags are read under its `/proc`).
     pub root: HostRoot,
     /// The kubelet configuration file (host path).
     pub config: String,
@@ -33,54 +52,75 @@ pub struct Source {
     pub socket: PathBuf,
     /// Poll period.
     pub interval: Duration,
+    /// How long to wait for the kubelet's first answer before publishing without it.
+    pub first_answer_wait: Duration,
 }
 
 /// Poll until `shutdown`; send every view that differs from the last.
 pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: CancellationToken) {
+    let started = Instant::now();
     let mut warned_socket = false;
-    let mut warned_config = false;
+    let mut answered_once = false;
+    let mut last_warnings: Vec<String> = Vec::new();
     let mut kubelet = super::podresources::Kubelet::new(&source.socket, Duration::from_secs(2));
-    let mut config = super::kubelet::KubeletConfig::default();
+    let mut settings = KubeletSettings::default();
     type Stamp = Option<(Option<std::time::SystemTime>, u64)>;
     let mut config_stamp: Option<Stamp> = None;
+    let mut reread = true;
     loop {
-        let pod_resources = match kubelet.query().await {
+        let (pod_resources, answer) = match kubelet.query().await {
             Ok(answers) => {
                 if warned_socket {
                     tracing::info!("the kubelet's PodResources API answers again");
+                    // A restarted kubelet may run with other flags.
+                    reread = true;
                 }
                 warned_socket = false;
-                Some(answers)
+                answered_once = true;
+                (Some(answers), KubeletAnswer::Answered)
             }
             Err(e) => {
-                if !warned_socket {
-                    tracing::warn!(error = %e, "the NRT reports allocatable = capacity until the kubelet answers");
+                let answer = if answered_once {
+                    KubeletAnswer::Lost
+                } else if started.elapsed() >= source.first_answer_wait {
+                    KubeletAnswer::Silent
+                } else {
+                    KubeletAnswer::Pending
+                };
+                if !warned_socket && answer != KubeletAnswer::Pending {
+                    let what = if answered_once {
+                        "the published objects are kept until it answers again"
+                    } else {
+                        "publishing without it: allocatable from the kubelet's reservations, nothing held"
+                    };
+                    tracing::warn!(error = %e, "the kubelet's PodResources API does not answer; {what}");
                     warned_socket = true;
                 }
-                None
+                (None, answer)
             }
         };
-        // The configuration is read again only when the file changed (or appeared, or went away).
+        // The settings are read again when the configuration file changed (or appeared, or went away), and after
+        // the kubelet came back.
         let stamp = std::fs::metadata(source.root.join(&source.config))
             .ok()
             .map(|m| (m.modified().ok(), m.len()));
-        if config_stamp.as_ref() != Some(&stamp) {
+        if reread || config_stamp.as_ref() != Some(&stamp) {
             config_stamp = Some(stamp);
-            let (read, warning) = super::kubelet::read_config(&source.root, &source.config);
-            match warning {
-                Some(w) if !warned_config => {
-                    tracing::warn!(warning = %w, "kubelet configuration: using the kubelet's defaults");
-                    warned_config = true;
+            reread = false;
+            let (read, warnings) = read_settings(&source.root, &source.config);
+            if warnings != last_warnings {
+                for w in &warnings {
+                    tracing::warn!(warning = %w, "kubelet settings");
                 }
-                Some(_) => {}
-                None => warned_config = false,
+                last_warnings = warnings;
             }
-            config = read;
+            settings = read;
         }
         let view = KubeletView {
-            topology_manager: topology_manager(&config),
-            config: config.clone(),
+            topology_manager: topology_manager(&settings),
+            settings: settings.clone(),
             pod_resources,
+            answer,
         };
         out.send_if_modified(|cur| {
             if *cur == view {

@@ -15,6 +15,8 @@ pub mod podresources;
 pub mod publisher;
 pub mod reservations;
 pub mod tasks;
+#[cfg(test)]
+mod test_topology;
 
 use std::sync::Arc;
 
@@ -70,11 +72,10 @@ pub fn nrt_for(
     view: &KubeletView,
     options: &NrtOptions,
 ) -> NodeResourceTopology {
-    let reserved = reservations::reserved_cpus(topo, &view.config);
     let allocation = Some(podresources::allocation(
         topo,
         view.pod_resources.as_ref(),
-        &reserved.cpus,
+        &reservations::CpuManager::of(topo, &view.settings),
     ));
     nrt::render(
         topo,

@@ -231,13 +231,15 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
             }
         })
         .collect();
-    let mut attributes = vec![
-        attr(
-            "topologyManagerPolicy",
-            input.topology_manager.policy.clone(),
-        ),
-        attr("topologyManagerScope", input.topology_manager.scope.clone()),
-    ];
+    // Policies the kubelet is not known to use are left out, never guessed: a consumer reads a missing policy as
+    // "unknown", a wrong `none` as "no NUMA alignment".
+    let mut attributes = Vec::new();
+    if let Some(policy) = &input.topology_manager.policy {
+        attributes.push(attr("topologyManagerPolicy", policy.clone()));
+    }
+    if let Some(scope) = &input.topology_manager.scope {
+        attributes.push(attr("topologyManagerScope", scope.clone()));
+    }
     if let Some(fp) = input
         .allocation
         .as_ref()
@@ -263,6 +265,7 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
         ]
     });
     obj.attributes = attributes;
+    obj.topology_policies = super::kubelet::topology_policies(&input.topology_manager);
     obj.zones = zones;
     obj
 }

@@ -3,7 +3,7 @@
 //! facts the NodeResourceTopology carries:
 //!
 //! - `policies`: the kubelet's `cpuManagerPolicy` and `topologyManagerPolicy` (the kubelet's default `none` when
-//!   unset).
+//!   neither its configuration file nor its flags set one; left out when those could not both be read).
 //! - `resReserved`: what the kubelet reserves — `cpu` always (the size of `reservedSystemCPUs` when set, which
 //!   replaces the CPU amounts of the reservations as the kubelet does; else `kubeReserved.cpu` +
 //!   `systemReserved.cpu`), `memory` and `ephemeral-storage` when reserved. Volcano's reader refuses the whole map
@@ -28,8 +28,9 @@ use isthmus_api::numatopo::{
 use isthmus_api::quantity::Quantity;
 use isthmus_topology::{CpuSet, NodeTopology};
 
-use super::kubelet::KubeletConfig;
+use super::kubelet::{KubeletConfig, KubeletSettings};
 use super::podresources::proto::ListPodResourcesResponse;
+use super::reservations::CpuManager;
 
 /// Resources Volcano accepts in `resReserved` (its `ParseResourceList` refuses the map for any other).
 pub const RESERVABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
@@ -39,8 +40,8 @@ pub const RESERVABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 pub struct NumatopoInputs<'a> {
     /// The node's name (the object's name).
     pub node_name: &'a str,
-    /// The kubelet configuration.
-    pub kubelet: &'a KubeletConfig,
+    /// The kubelet's settings.
+    pub kubelet: &'a KubeletSettings,
     /// What the pods hold (the PodResources `List` answer), when the kubelet answered.
     pub pods: Option<&'a ListPodResourcesResponse>,
 }
@@ -49,9 +50,13 @@ pub struct NumatopoInputs<'a> {
 pub fn render(topo: &NodeTopology, input: &NumatopoInputs<'_>) -> (Numatopology, Vec<String>) {
     let mut warnings = Vec::new();
     let cpus = numa_cpus(topo);
-    let held = input.pods.map(|p| held_cpus(p, &cpus)).unwrap_or_default();
+    let manager = super::reservations::CpuManager::of(topo, input.kubelet);
+    let held = input
+        .pods
+        .map(|p| held_cpus(p, &cpus, &manager))
+        .unwrap_or_default();
     let allocatable = CpuSet::from_ids(cpus.ids().iter().copied().filter(|c| !held.contains(*c)));
-    let (res_reserved, reserve_warnings) = reserved(input.kubelet);
+    let (res_reserved, reserve_warnings) = reserved(&input.kubelet.config);
     warnings.extend(reserve_warnings);
     let (cpu_detail, detail_warnings) = cpu_detail(topo);
     warnings.extend(detail_warnings);
@@ -69,7 +74,7 @@ pub fn render(topo: &NodeTopology, input: &NumatopoInputs<'_>) -> (Numatopology,
         cpu_detail,
         pod_allocations: input
             .pods
-            .map(|p| pod_allocations(p, &cpus))
+            .map(|p| pod_allocations(p, &cpus, &manager))
             .unwrap_or_default(),
     };
     (Numatopology::new(input.node_name, spec), warnings)
@@ -82,25 +87,24 @@ pub fn numa_cpus(topo: &NodeTopology) -> CpuSet {
         .fold(CpuSet::new(), |acc, n| acc.union(&n.cpuset))
 }
 
-/// The kubelet's manager policies, its defaults for what is unset.
-pub fn policies(config: &KubeletConfig) -> BTreeMap<String, String> {
-    let or_none = |v: &Option<String>| {
-        v.as_deref()
-            .filter(|s| !s.is_empty())
-            .unwrap_or("none")
-            .to_owned()
+/// The kubelet's manager policies: what it is set to, its default `none` where everything it reads was read and
+/// nothing sets one; a policy that is not known is left out.
+pub fn policies(settings: &KubeletSettings) -> BTreeMap<String, String> {
+    let known = |v: &Option<String>| match v.as_deref().filter(|s| !s.is_empty()) {
+        Some(v) => Some(v.to_owned()),
+        None if settings.complete() => Some("none".to_owned()),
+        None => None,
     };
     [
+        (CPU_MANAGER_POLICY, &settings.config.cpu_manager_policy),
         (
-            CPU_MANAGER_POLICY.to_owned(),
-            or_none(&config.cpu_manager_policy),
-        ),
-        (
-            TOPOLOGY_MANAGER_POLICY.to_owned(),
-            or_none(&config.topology_manager_policy),
+            TOPOLOGY_MANAGER_POLICY,
+            &settings.config.topology_manager_policy,
         ),
     ]
-    .into()
+    .into_iter()
+    .filter_map(|(k, v)| Some((k.to_owned(), known(v)?)))
+    .collect()
 }
 
 /// `resReserved` from the kubelet configuration, and warnings for values that are not quantities or cpusets.
@@ -235,18 +239,26 @@ fn container_cpus(ids: &[i64], node_cpus: &CpuSet) -> CpuSet {
 }
 
 /// The CPUs some container holds exclusively (only CPUs of `node_cpus`).
-pub fn held_cpus(pods: &ListPodResourcesResponse, node_cpus: &CpuSet) -> CpuSet {
+pub fn held_cpus(
+    pods: &ListPodResourcesResponse,
+    node_cpus: &CpuSet,
+    manager: &CpuManager,
+) -> CpuSet {
     pods.pod_resources
         .iter()
         .flat_map(|p| &p.containers)
         .fold(CpuSet::new(), |acc, c| {
-            acc.union(&container_cpus(&c.cpu_ids, node_cpus))
+            acc.union(&container_cpus(manager.exclusive(&c.cpu_ids), node_cpus))
         })
 }
 
 /// Per pod, per container, the CPUs held exclusively; sorted like resource-exporter sorts them (pods by UID,
 /// namespace, name; containers by name).
-pub fn pod_allocations(pods: &ListPodResourcesResponse, node_cpus: &CpuSet) -> Vec<PodAllocation> {
+pub fn pod_allocations(
+    pods: &ListPodResourcesResponse,
+    node_cpus: &CpuSet,
+    manager: &CpuManager,
+) -> Vec<PodAllocation> {
     let mut out: Vec<PodAllocation> = pods
         .pod_resources
         .iter()
@@ -255,7 +267,7 @@ pub fn pod_allocations(pods: &ListPodResourcesResponse, node_cpus: &CpuSet) -> V
                 .containers
                 .iter()
                 .filter_map(|c| {
-                    let cpus = container_cpus(&c.cpu_ids, node_cpus);
+                    let cpus = container_cpus(manager.exclusive(&c.cpu_ids), node_cpus);
                     (!cpus.is_empty()).then(|| ContainerAllocation {
                         name: c.name.clone(),
                         allocations: [(CPU.to_owned(), cpus.to_string())].into(),

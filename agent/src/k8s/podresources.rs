@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use isthmus_topology::{CpuSet, NodeTopology};
+use isthmus_topology::NodeTopology;
 
 use super::nrt::Allocation;
 
@@ -171,9 +171,15 @@ fn numa_of(t: Option<&TopologyInfo>) -> Option<u32> {
 }
 
 /// Per-NUMA allocatable and in-use amounts, from the kubelet's answers (when it answered) and the model's NUMA
-/// cpusets. Without `GetAllocatableResources` (or without any answer), allocatable CPUs are the CPUs outside
-/// `reserved` (the kubelet's reservation, [`super::reservations`]) and devices are left to discovery.
-pub fn allocation(topo: &NodeTopology, answers: Option<&Answers>, reserved: &CpuSet) -> Allocation {
+/// cpusets. Without `GetAllocatableResources` (or without any answer), allocatable CPUs are the CPUs outside the
+/// kubelet's reservation ([`super::reservations`]) and devices are left to discovery; CPUs count as held only
+/// where the CPU manager gives them exclusively.
+pub fn allocation(
+    topo: &NodeTopology,
+    answers: Option<&Answers>,
+    cpus: &super::reservations::CpuManager,
+) -> Allocation {
+    let reserved = &cpus.reserved.cpus;
     let mut per: BTreeMap<u32, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
     let numa_of_cpu = |cpu: i64| -> Option<u32> {
         let cpu = u32::try_from(cpu).ok()?;
@@ -230,7 +236,7 @@ pub fn allocation(topo: &NodeTopology, answers: Option<&Answers>, reserved: &Cpu
     };
     for pod in &answers.list.pod_resources {
         for c in &pod.containers {
-            for cpu in &c.cpu_ids {
+            for cpu in cpus.exclusive(&c.cpu_ids) {
                 if let Some(n) = numa_of_cpu(*cpu) {
                     add(n, "cpu", 0, 1);
                 }

@@ -11,7 +11,45 @@
 use isthmus_api::quantity::Quantity;
 use isthmus_topology::{CpuSet, NodeTopology};
 
-use super::kubelet::KubeletConfig;
+use super::kubelet::{KubeletConfig, KubeletSettings};
+
+/// What the kubelet's CPU manager does with CPUs, as far as its settings tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuManager {
+    /// The CPUs it reserves.
+    pub reserved: ReservedCpus,
+    /// `Some(true)`: the static policy (containers may hold CPUs exclusively); `Some(false)`: none can; `None`:
+    /// unknown.
+    pub static_policy: Option<bool>,
+}
+
+impl CpuManager {
+    /// The CPU manager `settings` describe on `topo`.
+    pub fn of(topo: &NodeTopology, settings: &KubeletSettings) -> Self {
+        let static_policy = match settings.config.cpu_manager_policy.as_deref() {
+            Some(p) if !p.is_empty() => Some(p == "static"),
+            _ if settings.complete() => Some(false),
+            _ => None,
+        };
+        Self {
+            reserved: reserved_cpus(topo, &settings.config),
+            static_policy,
+        }
+    }
+
+    /// The CPUs a container holds exclusively, of the `ids` PodResources `List` reports for it. A kubelet before
+    /// 1.21 reports the shared pool for every container that holds none (and every CPU under the `none` policy);
+    /// the shared pool always includes the reserved CPUs, which the static policy never gives a container, so ids
+    /// that include one are the pool, not a holding.
+    pub fn exclusive<'a>(&self, ids: &'a [i64]) -> &'a [i64] {
+        let reserved = |c: &i64| u32::try_from(*c).is_ok_and(|c| self.reserved.cpus.contains(c));
+        if self.static_policy == Some(false) || ids.iter().any(reserved) {
+            &[]
+        } else {
+            ids
+        }
+    }
+}
 
 /// The CPUs the kubelet reserves, and why when the configuration could not be read as such.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,19 +159,8 @@ fn take_by_topology(topo: &NodeTopology, count: usize) -> CpuSet {
 mod tests {
     use super::*;
 
-    /// Two sockets of two 2-thread cores, Linux numbering interleaved across sockets (CPUs 0 and 2 on socket 0).
     fn topo() -> NodeTopology {
-        let json = r#"{"version":2,"machine":{"cpu_source":"hwloc","packages":2,"cores":4,"cpus":8,"numa_nodes":2,
-          "threads_per_core":2,"cpuset":"0-7","memory_bytes":0},
-          "packages":[
-            {"id":0,"cpuset":"0,2,4,6","cores":[{"logical":0,"id":0,"cpuset":"0,4"},{"logical":1,"id":1,"cpuset":"2,6"}]},
-            {"id":1,"cpuset":"1,3,5,7","cores":[{"logical":2,"id":0,"cpuset":"1,5"},{"logical":3,"id":1,"cpuset":"3,7"}]}],
-          "numa_nodes":[
-            {"id":0,"cpuset":"0,2,4,6","memory_bytes":1024,"hugepages":[],"distances":[]},
-            {"id":1,"cpuset":"1,3,5,7","memory_bytes":1024,"hugepages":[],"distances":[]}],
-          "caches":[],"devices":[],"infiniband":[],"links":{"devices":[],"links":[]},
-          "nvml":{"status":"not-needed"},"warnings":[]}"#;
-        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}"))
+        crate::k8s::test_topology::two_sockets()
     }
 
     fn config(yaml: &str) -> KubeletConfig {
@@ -170,6 +197,36 @@ mod tests {
         assert_eq!(take("5"), vec![0, 1, 2, 4, 6]);
         assert_eq!(take("6"), vec![0, 1, 2, 4, 5, 6]);
         assert_eq!(take("20"), (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_shared_pool_is_not_a_holding() {
+        let settings = |yaml: &str| KubeletSettings {
+            config: config(yaml),
+            from_file: true,
+            from_command_line: true,
+        };
+        let m = CpuManager::of(
+            &topo(),
+            &settings("cpuManagerPolicy: static\nreservedSystemCPUs: \"0\"\n"),
+        );
+        assert_eq!(m.exclusive(&[2, 6]), &[2, 6]);
+        // A 1.20 kubelet lists the shared pool (which holds the reserved CPU 0) for a Burstable container.
+        assert!(m.exclusive(&[0, 1, 3, 4, 5, 7]).is_empty());
+        let none = CpuManager::of(&topo(), &settings(""));
+        assert_eq!(none.static_policy, Some(false));
+        assert!(none.exclusive(&[0, 1, 2, 3, 4, 5, 6, 7]).is_empty());
+        let unknown = CpuManager::of(
+            &topo(),
+            &KubeletSettings {
+                from_file: true,
+                ..KubeletSettings::default()
+            },
+        );
+        assert_eq!(
+            (unknown.static_policy, unknown.exclusive(&[3])),
+            (None, &[3][..])
+        );
     }
 
     #[test]

@@ -2,7 +2,6 @@
 //! renderer (discovery + kubelet view → desired object, sent only when it changed) and a publisher (server-side
 //! apply, own-object watch). The Numatopology's publisher waits, in `auto`, until the API server serves its CRD.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use isthmus_topology::NodeTopology;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::kubelet_view::{self, KubeletView};
+use super::kubelet_view::{self, KubeletAnswer, KubeletView};
 use super::publisher::{self, Pacing};
 use super::{NrtOptions, api_discovery, numatopo};
 use crate::cli::Switch;
@@ -62,7 +61,13 @@ pub fn spawn(
             topo.clone(),
             view_rx.clone(),
             move |topo, view| match topo.require_cpus() {
-                Ok(()) => Some(super::nrt_for(&name, topo, view, &options)),
+                Ok(()) => {
+                    let keep_existing = kubelet_says(view)?;
+                    Some(publisher::Desired {
+                        object: super::nrt_for(&name, topo, view, &options),
+                        keep_existing,
+                    })
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "the NodeResourceTopology is not published");
                     None
@@ -116,31 +121,35 @@ pub fn spawn(
     }
 }
 
-/// The Numatopology renderer of the node `name`. Once the kubelet has answered, a view without its answer (the
-/// kubelet restarting) keeps the last object rather than publishing every CPU as free, as resource-exporter keeps
-/// its last state; warnings are logged when they change.
+/// Whether the kubelet's view may be published, and how: `None` while it has not answered yet (within the wait for
+/// its first answer) or after it stopped answering (the published object stays as the kubelet last described it);
+/// `Some(true)` when it never answered (publish without it, but never over an existing object); `Some(false)` when
+/// it answers.
+fn kubelet_says(view: &KubeletView) -> Option<bool> {
+    match view.answer {
+        KubeletAnswer::Pending | KubeletAnswer::Lost => None,
+        KubeletAnswer::Silent => Some(true),
+        KubeletAnswer::Answered => Some(false),
+    }
+}
+
+/// The Numatopology renderer of the node `name`; warnings are logged when they change.
 fn numatopology_renderer(
     name: String,
-) -> impl Fn(&NodeTopology, &KubeletView) -> Option<Numatopology> {
-    let kubelet_answered = AtomicBool::new(false);
+) -> impl Fn(&NodeTopology, &KubeletView) -> Option<publisher::Desired<Numatopology>> {
     let last_warnings = Mutex::new(Vec::<String>::new());
     move |topo, view| {
         if let Err(e) = topo.require_cpus() {
             tracing::error!(error = %e, "the Numatopology is not published");
             return None;
         }
-        let pods = view.pod_resources.as_ref().map(|a| &a.list);
-        if pods.is_some() {
-            kubelet_answered.store(true, Ordering::Relaxed);
-        } else if kubelet_answered.load(Ordering::Relaxed) {
-            return None;
-        }
+        let keep_existing = kubelet_says(view)?;
         let (obj, warnings) = numatopo::render(
             topo,
             &numatopo::NumatopoInputs {
                 node_name: &name,
-                kubelet: &view.config,
-                pods,
+                kubelet: &view.settings,
+                pods: view.pod_resources.as_ref().map(|a| &a.list),
             },
         );
         if let Ok(mut last) = last_warnings.lock() {
@@ -151,6 +160,26 @@ fn numatopology_renderer(
                 *last = warnings;
             }
         }
-        Some(obj)
+        Some(publisher::Desired {
+            object: obj,
+            keep_existing,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_kubelet_that_answers_or_never_did_is_published() {
+        let view = |answer| KubeletView {
+            answer,
+            ..KubeletView::default()
+        };
+        assert_eq!(kubelet_says(&view(KubeletAnswer::Pending)), None);
+        assert_eq!(kubelet_says(&view(KubeletAnswer::Lost)), None);
+        assert_eq!(kubelet_says(&view(KubeletAnswer::Silent)), Some(true));
+        assert_eq!(kubelet_says(&view(KubeletAnswer::Answered)), Some(false));
     }
 }

@@ -2,9 +2,13 @@
 //! make them agree out. Called on every pass for every paired node, so it must return nothing when both sides
 //! already agree, and in particular nothing after its own writes landed.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+pub use super::mapping::SLURM_NODE_NAME_LABEL;
+use super::ownership::{self, DrainRecord};
 use crate::slurm::nodes::SlurmNode;
 
 /// Prefix of every drain reason this controller sets in Slurm; a drain whose reason lacks it is never lifted here.
@@ -15,8 +19,8 @@ pub const CONDITION_TYPE: &str = "SlurmNodeState";
 pub const TAINT_KEY: &str = "isthmus.io/slurm-drain";
 /// Node annotation whose text is appended to the drain reason of a cordoned node.
 pub const DRAIN_REASON_ANNOTATION: &str = "isthmus.io/drain-reason";
-/// Node label naming the Slurm node when it differs from the Node name.
-pub const SLURM_NODE_NAME_LABEL: &str = "isthmus.io/slurm-node-name";
+/// Reason of the `SlurmNodeState` condition of a Node whose Slurm node is claimed by several Nodes.
+pub const CONFLICT_REASON: &str = "SlurmNodeConflict";
 /// Longest drain reason sent to Slurm (characters; longer texts are cut).
 const MAX_REASON: usize = 200;
 
@@ -27,6 +31,8 @@ pub struct Policy {
     pub drain_conditions: Vec<String>,
     /// Whether a drain that did not come from us puts the `isthmus.io/slurm-drain` taint on the Node.
     pub taint: bool,
+    /// How long a condition-driven drain outlasts its condition ([`super::hold`]).
+    pub condition_hold: Duration,
 }
 
 /// One write.
@@ -39,10 +45,20 @@ pub enum Action {
         /// Reason, starting with [`REASON_PREFIX`].
         reason: String,
     },
-    /// `scontrol update NodeName=<node> State=UNDRAIN` (clears only the drain flag, never a DOWN).
+    /// `scontrol update NodeName=<node> State=UNDRAIN` (clears only the drain flag, never a DOWN), once the shell has
+    /// checked that no job ended under the drain ([`ownership::jobs_ended_under`]).
     Undrain {
         /// Slurm node name.
         node: String,
+        /// The drain, exactly as Slurm shows it now.
+        record: DrainRecord,
+    },
+    /// Set (or, `None`, remove) the Node's [`ownership::RECORD_ANNOTATION`].
+    Record {
+        /// Node name.
+        node: String,
+        /// The drain Slurm shows, which the node sync set.
+        record: Option<DrainRecord>,
     },
     /// Server-side apply of the `SlurmNodeState` condition on the Node's status.
     SetCondition {
@@ -63,33 +79,33 @@ pub enum Action {
     },
 }
 
-/// The Slurm node name of a Node: its `isthmus.io/slurm-node-name` label, else its name.
+/// The Slurm node name a Node claims: its `isthmus.io/slurm-node-name` label, else its name (`None` when the label
+/// is not a Slurm node name).
 pub fn slurm_name(node: &Node) -> Option<&str> {
-    node.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(SLURM_NODE_NAME_LABEL))
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
-        .or(node.metadata.name.as_deref())
+    let name = node.metadata.name.as_deref()?;
+    super::mapping::claimed(name, node.metadata.labels.as_ref()).ok()
 }
 
-/// The drain reason Kubernetes asks for, if it asks for one: a cordon first, then the first configured condition
-/// that is `True`.
-pub fn wanted_drain(node: &Node, policy: &Policy) -> Option<String> {
-    if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
-        let extra = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(DRAIN_REASON_ANNOTATION))
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty());
-        return Some(clean_reason(&match extra {
-            Some(text) => format!("{REASON_PREFIX} cordoned in Kubernetes: {text}"),
-            None => format!("{REASON_PREFIX} cordoned in Kubernetes"),
-        }));
+/// The drain reason of a cordon, if the Node is cordoned.
+pub fn cordon_drain(node: &Node) -> Option<String> {
+    if node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true) {
+        return None;
     }
+    let extra = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DRAIN_REASON_ANNOTATION))
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty());
+    Some(clean_reason(&match extra {
+        Some(text) => format!("{REASON_PREFIX} cordoned in Kubernetes: {text}"),
+        None => format!("{REASON_PREFIX} cordoned in Kubernetes"),
+    }))
+}
+
+/// The drain reason of the first configured condition that is `True`, if any.
+pub fn condition_drain(node: &Node, policy: &Policy) -> Option<String> {
     let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref())?;
     policy
         .drain_conditions
@@ -108,6 +124,12 @@ pub fn wanted_drain(node: &Node, policy: &Policy) -> Option<String> {
                 format!("{REASON_PREFIX} {}: {message}", c.type_)
             })
         })
+}
+
+/// The drain reason Kubernetes asks for now, without hysteresis: a cordon first, then the first configured
+/// condition that is `True`.
+pub fn wanted_drain(node: &Node, policy: &Policy) -> Option<String> {
+    cordon_drain(node).or_else(|| condition_drain(node, policy))
 }
 
 /// One line, no control characters or quotes (scontrol treats quotes as its own), at most [`MAX_REASON`]
@@ -138,12 +160,10 @@ pub fn fingerprint(node: &Node) -> u64 {
         .labels
         .as_ref()
         .and_then(|l| l.get(SLURM_NODE_NAME_LABEL));
-    let note = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DRAIN_REASON_ANNOTATION));
-    (label, note).hash(&mut h);
+    let annotations = node.metadata.annotations.as_ref();
+    let note = annotations.and_then(|a| a.get(DRAIN_REASON_ANNOTATION));
+    let record = annotations.and_then(|a| a.get(ownership::RECORD_ANNOTATION));
+    (label, note, record).hash(&mut h);
     if let Some(spec) = &node.spec {
         spec.unschedulable.hash(&mut h);
         for t in spec.taints.iter().flatten() {
@@ -206,34 +226,83 @@ fn same_condition(a: &NodeCondition, b: &NodeCondition) -> bool {
         && text(&a.message) == text(&b.message)
 }
 
-/// Everything to do for one Node and its Slurm node: the Slurm write if one is needed (the Node is then left for
-/// the next pass, which sees Slurm's new state), else the Node's taint and condition writes. Slurm is not touched
-/// while it does not know the node's state (`UNKNOWN`, `FUTURE`, right after a slurmctld restart).
-pub fn decide(node: &Node, slurm: &SlurmNode, policy: &Policy, now: &Time) -> Vec<Action> {
+/// The condition of a Node whose Slurm node is claimed by several Nodes (`message` says which).
+pub fn conflict_condition(
+    observed: Option<&NodeCondition>,
+    message: &str,
+    now: &Time,
+) -> NodeCondition {
+    let last_transition_time = match observed {
+        Some(o) if o.status == "Unknown" && o.last_transition_time.is_some() => {
+            o.last_transition_time.clone()
+        }
+        _ => Some(now.clone()),
+    };
+    NodeCondition {
+        type_: CONDITION_TYPE.to_owned(),
+        status: "Unknown".to_owned(),
+        reason: Some(CONFLICT_REASON.to_owned()),
+        message: Some(message.to_owned()),
+        last_transition_time,
+        last_heartbeat_time: None,
+    }
+}
+
+/// The `SlurmNodeState` condition the Node shows.
+pub fn observed_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE))
+}
+
+/// Whether the Node's condition already says `desired` (status, reason, message).
+pub fn shows(node: &Node, desired: &NodeCondition) -> bool {
+    observed_condition(node).is_some_and(|o| same_condition(o, desired))
+}
+
+/// Everything to do for one Node and its Slurm node, given the drain reason the Node asks for (`wanted`, after
+/// hysteresis): the Slurm write if one is needed (the Node is then left for the next pass, which sees Slurm's new
+/// state), else the Node's record, taint and condition writes. A drain is replaced or lifted only when Slurm shows
+/// exactly the drain recorded on the Node ([`ownership`]). Slurm is not touched while it does not know the node's
+/// state (`UNKNOWN`, `FUTURE`, right after a slurmctld restart).
+pub fn decide(
+    node: &Node,
+    slurm: &SlurmNode,
+    policy: &Policy,
+    wanted: Option<&str>,
+    now: &Time,
+) -> Vec<Action> {
     let mut actions = Vec::new();
     let Some(name) = node.metadata.name.clone() else {
         return actions;
     };
     let known = !matches!(slurm.state.as_str(), "" | "UNKNOWN" | "FUTURE");
     let drained = slurm.is_drained();
+    let record = ownership::record_of(node);
+    let exact = record
+        .as_ref()
+        .filter(|r| ownership::is_exactly(slurm, r))
+        .cloned();
 
     // Kubernetes → Slurm.
     if known {
-        match wanted_drain(node, policy) {
-            Some(reason) if !drained => actions.push(Action::Drain {
+        match (wanted, &exact) {
+            (Some(reason), _) if !drained => actions.push(Action::Drain {
                 node: slurm.name.clone(),
-                reason,
+                reason: reason.to_owned(),
             }),
-            Some(reason) if is_ours(&slurm.reason) && slurm.reason.trim() != reason => actions
-                .push(Action::Drain {
+            (Some(reason), Some(_)) if slurm.reason.trim() != reason => {
+                actions.push(Action::Drain {
                     node: slurm.name.clone(),
-                    reason,
-                }),
-            Some(_) => {}
-            None if drained && is_ours(&slurm.reason) => actions.push(Action::Undrain {
+                    reason: reason.to_owned(),
+                })
+            }
+            (None, Some(record)) => actions.push(Action::Undrain {
                 node: slurm.name.clone(),
+                record: record.clone(),
             }),
-            None => {}
+            _ => {}
         }
     }
 
@@ -243,15 +312,21 @@ pub fn decide(node: &Node, slurm: &SlurmNode, policy: &Policy, now: &Time) -> Ve
         return actions;
     }
 
+    // The record: Slurm's drain when it is the one the Node asks for; nothing otherwise.
+    let want_record = match wanted {
+        Some(reason) => ownership::current(slurm, reason),
+        None => None,
+    };
     // Slurm → Kubernetes: the taint (before the condition: its patch is conditional on the resourceVersion the
-    // condition's apply would move).
+    // condition's apply would move). A drain is the Node's own while it asks for it; any other drain is tainted.
     let taints = node
         .spec
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
     let has_taint = taints.iter().any(|t| t.key == TAINT_KEY);
-    let want_taint = policy.taint && drained && !is_ours(&slurm.reason);
+    let ours_now = wanted.is_some() && is_ours(&slurm.reason);
+    let want_taint = policy.taint && drained && !ours_now;
     if want_taint != has_taint {
         let mut new: Vec<Taint> = taints.into_iter().filter(|t| t.key != TAINT_KEY).collect();
         if want_taint {
@@ -269,11 +344,15 @@ pub fn decide(node: &Node, slurm: &SlurmNode, policy: &Policy, now: &Time) -> Ve
         });
     }
 
-    let observed = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE));
+    // The record after the taint (whose patch is conditional on the resourceVersion this write moves).
+    if want_record != record {
+        actions.push(Action::Record {
+            node: name.clone(),
+            record: want_record,
+        });
+    }
+
+    let observed = observed_condition(node);
     let desired = condition_for(slurm, observed, now);
     if observed.is_none_or(|o| !same_condition(o, &desired)) {
         actions.push(Action::SetCondition {

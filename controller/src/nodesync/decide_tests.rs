@@ -5,6 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
+use crate::nodesync::ownership::{self, DrainRecord};
 
 fn time(secs: i64) -> Time {
     Time(Timestamp::from_second(secs).unwrap_or_else(|e| panic!("{e}")))
@@ -42,13 +43,16 @@ fn with_condition(mut n: Node, type_: &str, status: &str, message: &str) -> Node
     n
 }
 
+const T0: &str = "2026-01-01T00:00:00";
+
 fn slurm(state: &str, flags: &[&str], reason: &str) -> SlurmNode {
     SlurmNode {
         name: "n1".to_owned(),
         state: state.to_owned(),
         flags: flags.iter().map(|s| (*s).to_owned()).collect(),
         reason: reason.to_owned(),
-        reason_changed_at: None,
+        reason_time: (!reason.is_empty()).then(|| T0.to_owned()),
+        alloc_cpus: Some(0),
     }
 }
 
@@ -56,7 +60,26 @@ fn policy() -> Policy {
     Policy {
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
         taint: true,
+        condition_hold: std::time::Duration::ZERO,
     }
+}
+
+/// [`decide`] with what the Node asks for now (no hysteresis).
+fn d(n: &Node, s: &SlurmNode, p: &Policy, t: &Time) -> Vec<Action> {
+    decide(n, s, p, wanted_drain(n, p).as_deref(), t)
+}
+
+/// `n` with the record of Slurm's drain `reason` set at `since`.
+fn recorded(mut n: Node, reason: &str, since: &str) -> Node {
+    let r = DrainRecord {
+        reason: reason.to_owned(),
+        since: since.to_owned(),
+    };
+    n.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ownership::RECORD_ANNOTATION.to_owned(), r.to_annotation());
+    n
 }
 
 fn slurm_actions(actions: &[Action]) -> Vec<&Action> {
@@ -75,11 +98,24 @@ fn apply(actions: &[Action], n: &mut Node, s: &mut SlurmNode) {
                     s.flags.insert(0, "DRAIN".to_owned());
                 }
                 s.reason = reason.clone();
+                s.reason_time = Some("2026-01-01T00:00:07".to_owned());
             }
             Action::Undrain { .. } => {
                 s.flags.retain(|f| f != "DRAIN");
                 if s.state != "DOWN" {
                     s.reason.clear();
+                    s.reason_time = None;
+                }
+            }
+            Action::Record { record, .. } => {
+                let a = n.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                match record {
+                    Some(r) => {
+                        a.insert(ownership::RECORD_ANNOTATION.to_owned(), r.to_annotation());
+                    }
+                    None => {
+                        a.remove(ownership::RECORD_ANNOTATION);
+                    }
                 }
             }
             Action::SetCondition { condition, .. } => {
@@ -108,7 +144,7 @@ fn apply(actions: &[Action], n: &mut Node, s: &mut SlurmNode) {
 #[test]
 fn cordon_drains_with_our_prefix_and_the_annotation() {
     let mut n = cordoned(node("n1"));
-    let a = decide(&n, &slurm("IDLE", &[], ""), &policy(), &time(10));
+    let a = d(&n, &slurm("IDLE", &[], ""), &policy(), &time(10));
     assert_eq!(
         slurm_actions(&a),
         [&Action::Drain {
@@ -120,7 +156,7 @@ fn cordon_drains_with_our_prefix_and_the_annotation() {
         DRAIN_REASON_ANNOTATION.to_owned(),
         "bad \"DIMM\"\nslot 3".to_owned(),
     )]));
-    let a = decide(&n, &slurm("MIXED", &[], ""), &policy(), &time(10));
+    let a = d(&n, &slurm("MIXED", &[], ""), &policy(), &time(10));
     assert_eq!(
         slurm_actions(&a),
         [&Action::Drain {
@@ -131,15 +167,44 @@ fn cordon_drains_with_our_prefix_and_the_annotation() {
 }
 
 #[test]
-fn uncordon_undrains_only_our_drains() {
-    let n = node("n1");
-    let ours = slurm("IDLE", &["DRAIN"], "isthmus: cordoned in Kubernetes");
+fn uncordon_undrains_only_the_recorded_drain() {
+    const OURS: &str = "isthmus: cordoned in Kubernetes";
+    let n = recorded(node("n1"), OURS, T0);
+    let ours = slurm("IDLE", &["DRAIN"], OURS);
     assert_eq!(
-        slurm_actions(&decide(&n, &ours, &policy(), &time(1))),
+        slurm_actions(&d(&n, &ours, &policy(), &time(1))),
         [&Action::Undrain {
-            node: "n1".to_owned()
+            node: "n1".to_owned(),
+            record: DrainRecord {
+                reason: OURS.to_owned(),
+                since: T0.to_owned()
+            }
         }]
     );
+    // Our prefix without a record, a record of another time (drained again since), a new flag: kept, tainted, and
+    // the stale record removed.
+    let mut again = ours.clone();
+    again.reason_time = Some("2026-01-01T00:05:00".to_owned());
+    let mut failed = ours.clone();
+    failed.flags.push("FAIL".to_owned());
+    for (n, s) in [
+        (node("n1"), ours.clone()),
+        (recorded(node("n1"), OURS, T0), again),
+        (recorded(node("n1"), OURS, T0), failed),
+    ] {
+        let a = d(&n, &s, &policy(), &time(1));
+        assert!(slurm_actions(&a).is_empty(), "{s:?}: {a:?}");
+        assert!(
+            a.iter()
+                .any(|a| matches!(a, Action::SetTaints { taints, .. } if taints.len() == 1))
+        );
+        let had_record = ownership::record_of(&n).is_some();
+        assert_eq!(
+            a.iter()
+                .any(|a| matches!(a, Action::Record { record: None, .. })),
+            had_record
+        );
+    }
     for foreign in [
         "maintenance",
         "Kill task failed",
@@ -149,23 +214,53 @@ fn uncordon_undrains_only_our_drains() {
     ] {
         let s = slurm("IDLE", &["DRAIN"], foreign);
         assert!(
-            slurm_actions(&decide(&n, &s, &policy(), &time(1))).is_empty(),
+            slurm_actions(&d(&n, &s, &policy(), &time(1))).is_empty(),
             "{foreign:?} must survive"
         );
     }
 }
 
 #[test]
+fn our_drain_seen_in_slurm_is_recorded_once() {
+    const OURS: &str = "isthmus: cordoned in Kubernetes";
+    let n = cordoned(node("n1"));
+    let s = slurm("MIXED", &["DRAIN"], OURS);
+    let a = d(&n, &s, &policy(), &time(1));
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a, Action::Record { .. }))
+            .collect::<Vec<_>>(),
+        [&Action::Record {
+            node: "n1".to_owned(),
+            record: Some(DrainRecord {
+                reason: OURS.to_owned(),
+                since: T0.to_owned()
+            })
+        }]
+    );
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::SetTaints { .. })),
+        "ours: no taint"
+    );
+    let n = recorded(n, OURS, T0);
+    assert!(
+        !d(&n, &s, &policy(), &time(1))
+            .iter()
+            .any(|a| matches!(a, Action::Record { .. }))
+    );
+}
+
+#[test]
 fn a_cordon_over_a_foreign_drain_leaves_its_reason() {
     let n = cordoned(node("n1"));
     let s = slurm("IDLE", &["DRAIN"], "maintenance");
-    assert!(slurm_actions(&decide(&n, &s, &policy(), &time(1))).is_empty());
+    assert!(slurm_actions(&d(&n, &s, &policy(), &time(1))).is_empty());
 }
 
 #[test]
 fn configured_conditions_drain_with_their_message() {
     let n = with_condition(node("n1"), "GpuUnhealthy", "True", "XID 79 on GPU 3");
-    let a = decide(&n, &slurm("IDLE", &[], ""), &policy(), &time(1));
+    let a = d(&n, &slurm("IDLE", &[], ""), &policy(), &time(1));
     assert_eq!(
         slurm_actions(&a),
         [&Action::Drain {
@@ -175,27 +270,36 @@ fn configured_conditions_drain_with_their_message() {
     );
     // False, or a type not configured, drains nothing; our own condition type never drains.
     let n = with_condition(node("n1"), "GpuUnhealthy", "False", "ok");
-    assert!(slurm_actions(&decide(&n, &slurm("IDLE", &[], ""), &policy(), &time(1))).is_empty());
+    assert!(slurm_actions(&d(&n, &slurm("IDLE", &[], ""), &policy(), &time(1))).is_empty());
     let n = with_condition(node("n1"), "DiskPressure", "True", "full");
-    assert!(slurm_actions(&decide(&n, &slurm("IDLE", &[], ""), &policy(), &time(1))).is_empty());
+    assert!(slurm_actions(&d(&n, &slurm("IDLE", &[], ""), &policy(), &time(1))).is_empty());
     let p = Policy {
         drain_conditions: vec![CONDITION_TYPE.to_owned()],
-        taint: true,
+        ..policy()
     };
     let n = with_condition(node("n1"), CONDITION_TYPE, "True", "");
-    assert!(slurm_actions(&decide(&n, &slurm("IDLE", &[], ""), &p, &time(1))).is_empty());
-    // The condition clears: our drain is lifted; its reason changes: our drain's reason follows.
-    let s = slurm("IDLE", &["DRAIN"], "isthmus: GpuUnhealthy: XID 79 on GPU 3");
-    let n = with_condition(node("n1"), "GpuUnhealthy", "False", "ok");
-    assert_eq!(slurm_actions(&decide(&n, &s, &policy(), &time(1))).len(), 1);
-    let n = cordoned(with_condition(
-        node("n1"),
-        "GpuUnhealthy",
-        "True",
-        "XID 79 on GPU 3",
-    ));
+    assert!(slurm_actions(&d(&n, &slurm("IDLE", &[], ""), &p, &time(1))).is_empty());
+    // The condition clears: our recorded drain is lifted; its reason changes: our drain's reason follows.
+    const OURS: &str = "isthmus: GpuUnhealthy: XID 79 on GPU 3";
+    let s = slurm("IDLE", &["DRAIN"], OURS);
+    let n = recorded(
+        with_condition(node("n1"), "GpuUnhealthy", "False", "ok"),
+        OURS,
+        T0,
+    );
+    assert_eq!(slurm_actions(&d(&n, &s, &policy(), &time(1))).len(), 1);
+    let n = recorded(
+        cordoned(with_condition(
+            node("n1"),
+            "GpuUnhealthy",
+            "True",
+            "XID 79 on GPU 3",
+        )),
+        OURS,
+        T0,
+    );
     assert_eq!(
-        slurm_actions(&decide(&n, &s, &policy(), &time(1))),
+        slurm_actions(&d(&n, &s, &policy(), &time(1))),
         [&Action::Drain {
             node: "n1".to_owned(),
             reason: "isthmus: cordoned in Kubernetes".to_owned()
@@ -207,21 +311,16 @@ fn configured_conditions_drain_with_their_message() {
 fn down_is_never_lifted_and_unknown_is_left_alone() {
     let n = node("n1");
     let s = slurm("DOWN", &["NOT_RESPONDING"], "Not responding");
-    assert!(slurm_actions(&decide(&n, &s, &policy(), &time(1))).is_empty());
-    // Our drain on a DOWN node: UNDRAIN clears the drain flag only (that is what UNDRAIN does in Slurm).
+    assert!(slurm_actions(&d(&n, &s, &policy(), &time(1))).is_empty());
+    // Our recorded drain on a DOWN node: not the drain we set any more (Slurm took the node down meanwhile).
     let s = slurm("DOWN", &["DRAIN"], "isthmus: cordoned in Kubernetes");
-    let a = decide(&n, &s, &policy(), &time(1));
-    assert_eq!(
-        slurm_actions(&a),
-        [&Action::Undrain {
-            node: "n1".to_owned()
-        }]
-    );
+    let recorded_down = recorded(node("n1"), "isthmus: cordoned in Kubernetes", T0);
+    assert!(slurm_actions(&d(&recorded_down, &s, &policy(), &time(1))).is_empty());
     for state in ["UNKNOWN", "FUTURE", ""] {
         let s = slurm(state, &["DRAIN"], "isthmus: cordoned in Kubernetes");
-        assert!(slurm_actions(&decide(&n, &s, &policy(), &time(1))).is_empty());
+        assert!(slurm_actions(&d(&n, &s, &policy(), &time(1))).is_empty());
         let s = slurm(state, &[], "");
-        assert!(slurm_actions(&decide(&cordoned(node("n1")), &s, &policy(), &time(1))).is_empty());
+        assert!(slurm_actions(&d(&cordoned(node("n1")), &s, &policy(), &time(1))).is_empty());
     }
 }
 
@@ -235,7 +334,7 @@ fn foreign_drain_sets_condition_and_taint_and_resume_clears_them() {
         time_added: None,
     }]);
     let mut s = slurm("IDLE", &["DRAIN"], "maintenance");
-    let a = decide(&n, &s, &policy(), &time(100));
+    let a = d(&n, &s, &policy(), &time(100));
     let Some(Action::SetTaints {
         taints,
         resource_version,
@@ -256,10 +355,10 @@ fn foreign_drain_sets_condition_and_taint_and_resume_clears_them() {
     assert_eq!(condition.message.as_deref(), Some("maintenance"));
     assert_eq!(condition.last_transition_time, Some(time(100)));
     apply(&a, &mut n, &mut s);
-    assert!(decide(&n, &s, &policy(), &time(200)).is_empty());
+    assert!(d(&n, &s, &policy(), &time(200)).is_empty());
     // RESUME in Slurm.
     s = slurm("IDLE", &[], "");
-    let a = decide(&n, &s, &policy(), &time(300));
+    let a = d(&n, &s, &policy(), &time(300));
     apply(&a, &mut n, &mut s);
     let spec = n.spec.as_ref().and_then(|s| s.taints.as_ref());
     assert_eq!(spec.map(|t| t.len()), Some(1), "only ours was removed");
@@ -285,7 +384,7 @@ fn foreign_drain_sets_condition_and_taint_and_resume_clears_them() {
     };
     let s = slurm("IDLE", &["DRAIN"], "maintenance");
     assert!(
-        !decide(&node("n1"), &s, &p, &time(1))
+        !d(&node("n1"), &s, &p, &time(1))
             .iter()
             .any(|a| matches!(a, Action::SetTaints { .. }))
     );
@@ -369,106 +468,5 @@ fn slurm_name_from_label_or_node_name() {
     assert_eq!(slurm_name(&n), Some("a001"));
 }
 
-/// Every combination of both sides converges in at most three passes, each write at most once, and then
-/// nothing more is written: our own writes never cause further writes. A foreign drain is never lifted and no
-/// action ever touches a DOWN.
-#[test]
-fn every_combination_converges_and_our_writes_cause_no_more_writes() {
-    let states = ["IDLE", "MIXED", "ALLOCATED", "DOWN", "UNKNOWN"];
-    let flag_sets: [&[&str]; 5] = [
-        &[],
-        &["DRAIN"],
-        &["NOT_RESPONDING"],
-        &["DRAIN", "NOT_RESPONDING"],
-        &["COMPLETING"],
-    ];
-    let reasons = [
-        "",
-        "isthmus: cordoned in Kubernetes",
-        "isthmus: GpuUnhealthy: old",
-        "maintenance",
-    ];
-    let mut cases = 0;
-    for state in states {
-        for flags in flag_sets {
-            for reason in reasons {
-                for cordon in [false, true] {
-                    for gpu in [None, Some("True"), Some("False")] {
-                        for taint in [false, true] {
-                            for tainted in [false, true] {
-                                for stale_condition in [false, true] {
-                                    cases += 1;
-                                    let mut n = node("n1");
-                                    if cordon {
-                                        n = cordoned(n);
-                                    }
-                                    if let Some(status) = gpu {
-                                        n = with_condition(n, "GpuUnhealthy", status, "XID 48");
-                                    }
-                                    if stale_condition {
-                                        n = with_condition(n, CONDITION_TYPE, "True", "old");
-                                    }
-                                    if tainted {
-                                        n.spec.get_or_insert_with(Default::default).taints =
-                                            Some(vec![Taint {
-                                                key: TAINT_KEY.to_owned(),
-                                                effect: "NoSchedule".to_owned(),
-                                                ..Default::default()
-                                            }]);
-                                    }
-                                    let p = Policy { taint, ..policy() };
-                                    let mut s = slurm(state, flags, reason);
-                                    let before = s.clone();
-                                    let mut writes: Vec<String> = Vec::new();
-                                    for pass in 0..3 {
-                                        let a = decide(&n, &s, &p, &time(100 + pass));
-                                        for action in &a {
-                                            if let Action::Undrain { .. } = action {
-                                                assert!(
-                                                    is_ours(&s.reason),
-                                                    "lifted a foreign drain: {before:?}"
-                                                );
-                                            }
-                                            let kind = format!("{action:?}")
-                                                .split_whitespace()
-                                                .next()
-                                                .unwrap_or("")
-                                                .to_owned();
-                                            assert!(
-                                                !writes.contains(&kind),
-                                                "{kind} twice for {before:?} cordon={cordon} gpu={gpu:?}"
-                                            );
-                                            writes.push(kind);
-                                        }
-                                        apply(&a, &mut n, &mut s);
-                                    }
-                                    let last = decide(&n, &s, &p, &time(999));
-                                    assert!(
-                                        last.is_empty(),
-                                        "still writing {last:?} for {before:?} cordon={cordon} gpu={gpu:?}"
-                                    );
-                                    assert_eq!(s.state, before.state, "the base state is Slurm's");
-                                    if before.state == "UNKNOWN"
-                                        || (before.is_drained() && !is_ours(&before.reason))
-                                    {
-                                        assert_eq!(s, before, "left alone");
-                                    }
-                                    let wants = cordon || gpu == Some("True");
-                                    if before.state != "UNKNOWN" {
-                                        assert_eq!(
-                                            s.is_drained(),
-                                            wants
-                                                || (before.is_drained()
-                                                    && !is_ours(&before.reason))
-                                        );
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    assert_eq!(cases, 5 * 5 * 4 * 2 * 3 * 2 * 2 * 2);
-}
+#[path = "decide_combos.rs"]
+mod combos;

@@ -10,26 +10,29 @@
 //! returns the writes; this shell only reads, calls it and sends what it returned.
 
 pub mod decide;
+pub mod hold;
+pub mod mapping;
+pub mod ownership;
+mod shell;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 pub use tokio_util::sync::CancellationToken;
 
-use isthmus_api::CONTROLLER_FIELD_MANAGER;
 use isthmus_api::access::ApiAccess;
 
-use crate::slurm::nodes::{NodeReader, SlurmNode};
+pub use crate::run::fence::Guard;
+use crate::slurm::nodes::NodeReader;
 use crate::slurm::{SlurmClient, parse_duration};
-use decide::{Action, Policy};
+use decide::Policy;
+use shell::Shell;
 
 /// The node sync's flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -58,6 +61,9 @@ pub struct NodeSyncArgs {
     /// Put the `isthmus.io/slurm-drain:NoSchedule` taint on Nodes drained in Slurm by someone else.
     #[arg(long = "node-sync-taint", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub taint: bool,
+    /// How long a condition-driven drain outlasts its condition (a condition that flaps drains once).
+    #[arg(long = "node-sync-condition-hold", default_value = "60s", value_parser = parse_duration)]
+    pub condition_hold: Duration,
 }
 
 impl Default for NodeSyncArgs {
@@ -69,6 +75,7 @@ impl Default for NodeSyncArgs {
             max_backoff: Duration::from_secs(10),
             drain_conditions: Vec::new(),
             taint: true,
+            condition_hold: Duration::from_secs(60),
         }
     }
 }
@@ -88,6 +95,7 @@ impl NodeSyncArgs {
                 .filter(|s| !s.is_empty())
                 .collect(),
             taint: self.taint,
+            condition_hold: self.condition_hold,
         }
     }
 }
@@ -99,8 +107,8 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "nodes",
         verbs: &["list", "patch", "watch"],
         why: "the Node reflector (list, watch: cordons, conditions, taints, the drain-reason annotation and the \
-              Slurm node name label) and the isthmus.io/slurm-drain taint (patch of spec.taints, conditional on \
-              the resourceVersion)",
+              Slurm node name label), the isthmus.io/slurm-drain taint (patch of spec.taints, conditional on \
+              the resourceVersion) and the record of the drain the sync set (patch of one annotation)",
     },
     ApiAccess {
         group: "",
@@ -119,11 +127,13 @@ pub enum NodeSyncError {
 }
 
 /// Run the node sync until `shutdown` is cancelled. Failures of slurmctld or the API server are logged, counted
-/// and retried with backoff; they never end the loop.
+/// and retried with backoff; they never end the loop. Every write is asked of `guard`'s fence first; no pass runs
+/// while it says this replica does not lead.
 pub async fn run(
     client: Client,
     slurm: SlurmClient,
     args: NodeSyncArgs,
+    guard: Guard,
     shutdown: CancellationToken,
 ) -> Result<(), NodeSyncError> {
     if !args.enabled() {
@@ -174,7 +184,7 @@ pub async fn run(
         watch_task.abort();
         return Err(NodeSyncError::WatchEnded);
     }
-    let mut shell = Shell::new(nodes, NodeReader::new(slurm), &args);
+    let mut shell = Shell::new(nodes, NodeReader::new(slurm), &args, guard);
     let mut next = Instant::now();
     loop {
         let wait = next.saturating_duration_since(Instant::now());
@@ -184,10 +194,14 @@ pub async fn run(
             () = changed.notified() => {
                 // A burst of Node events makes one pass; slurmctld is not asked while it is backing off.
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                if Instant::now() < shell.slurm_retry_at {
+                if Instant::now() < shell.slurm_retry_at() {
                     continue;
                 }
             }
+        }
+        if !shell.leading() {
+            next = Instant::now() + args.interval;
+            continue;
         }
         let store_nodes = store.state();
         let delay = tokio::select! {
@@ -198,242 +212,6 @@ pub async fn run(
     }
     watch_task.abort();
     Ok(())
-}
-
-/// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
-const FOLLOW_UP: Duration = Duration::from_millis(200);
-
-/// Doubling delay from `base` up to `max`.
-#[derive(Debug, Clone)]
-struct Backoff {
-    base: Duration,
-    max: Duration,
-    failures: u32,
-}
-
-impl Backoff {
-    fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max: max.max(base),
-            failures: 0,
-        }
-    }
-
-    /// Record a failure; the delay until the next try.
-    fn fail(&mut self) -> Duration {
-        let d = self
-            .base
-            .saturating_mul(2u32.saturating_pow(self.failures.min(16)));
-        self.failures = self.failures.saturating_add(1);
-        d.min(self.max)
-    }
-
-    fn succeed(&mut self) {
-        self.failures = 0;
-    }
-}
-
-/// The I/O around [`decide::decide`] and what it remembers between passes.
-struct Shell {
-    nodes: Api<Node>,
-    reader: NodeReader,
-    policy: Policy,
-    interval: Duration,
-    slurm_backoff: Backoff,
-    slurm_retry_at: Instant,
-    /// Per target (`slurm/<node>`, `node/<name>`): a failed write is not repeated before this time.
-    write_backoff: HashMap<String, (Backoff, Instant)>,
-    /// Node → the resourceVersion our last write replaced: while the watch still shows it, the Node is skipped
-    /// (its store copy does not show our write yet).
-    stale: HashMap<String, String>,
-}
-
-impl Shell {
-    fn new(nodes: Api<Node>, reader: NodeReader, args: &NodeSyncArgs) -> Self {
-        Self {
-            nodes,
-            reader,
-            policy: args.policy(),
-            interval: args.interval,
-            slurm_backoff: Backoff::new(args.interval, args.max_backoff),
-            slurm_retry_at: Instant::now(),
-            write_backoff: HashMap::new(),
-            stale: HashMap::new(),
-        }
-    }
-
-    /// One pass over every paired node; returns the delay until the next one.
-    async fn pass(&mut self, kube_nodes: &[Arc<Node>]) -> Duration {
-        let slurm_nodes = match self.reader.nodes().await {
-            Ok(n) => {
-                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(1.0);
-                self.slurm_backoff.succeed();
-                n
-            }
-            Err(e) => {
-                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(0.0);
-                let delay = self.slurm_backoff.fail();
-                self.slurm_retry_at = Instant::now() + delay;
-                tracing::warn!(error = %e, retry_in = ?delay, "reading Slurm's nodes failed");
-                return delay;
-            }
-        };
-        let by_slurm_name: BTreeMap<&str, &SlurmNode> =
-            slurm_nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-        let mut paired = std::collections::BTreeSet::new();
-        let mut unpaired_kube = 0u32;
-        let mut disagreements = 0u32;
-        let mut slurm_changed = false;
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        for node in kube_nodes {
-            let Some(slurm_name) = decide::slurm_name(node) else {
-                continue;
-            };
-            let Some(slurm) = by_slurm_name.get(slurm_name) else {
-                unpaired_kube += 1;
-                continue;
-            };
-            paired.insert(slurm_name.to_owned());
-            let name = node.metadata.name.clone().unwrap_or_default();
-            if let Some(old) = self.stale.get(&name) {
-                if node.metadata.resource_version.as_ref() == Some(old) {
-                    continue;
-                }
-                self.stale.remove(&name);
-            }
-            let actions = decide::decide(node, slurm, &self.policy, &now);
-            if !actions.is_empty() {
-                disagreements += 1;
-            }
-            slurm_changed |= actions
-                .iter()
-                .any(|a| matches!(a, Action::Drain { .. } | Action::Undrain { .. }));
-            for action in actions {
-                self.execute(action, node.metadata.resource_version.as_deref())
-                    .await;
-            }
-        }
-        let unpaired_slurm = slurm_nodes.len().saturating_sub(paired.len());
-        metrics::gauge!("isthmus_controller_nodesync_disagreements").set(f64::from(disagreements));
-        metrics::gauge!("isthmus_controller_nodesync_unpaired_nodes", "side" => "kubernetes")
-            .set(f64::from(unpaired_kube));
-        metrics::gauge!("isthmus_controller_nodesync_unpaired_nodes", "side" => "slurm")
-            .set(unpaired_slurm as f64);
-        if slurm_changed {
-            // The Nodes follow Slurm's new state soon, not a whole interval later.
-            FOLLOW_UP.min(self.interval)
-        } else {
-            self.interval
-        }
-    }
-
-    async fn execute(&mut self, action: Action, resource_version: Option<&str>) {
-        let (target, direction, kind) = match &action {
-            Action::Drain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "drain"),
-            Action::Undrain { node } => (format!("slurm/{node}"), "kube_to_slurm", "undrain"),
-            Action::SetTaints { node, .. } => (format!("node/{node}"), "slurm_to_kube", "taint"),
-            Action::SetCondition { node, .. } => {
-                (format!("node/{node}"), "slurm_to_kube", "condition")
-            }
-        };
-        if let Some((_, at)) = self.write_backoff.get(&target) {
-            if Instant::now() < *at {
-                return;
-            }
-        }
-        let result: Result<Option<String>, String> = match action {
-            Action::Drain { node, reason } => {
-                tracing::info!(node, reason, "draining in Slurm");
-                self.scontrol_update(&node, &["State=DRAIN", &format!("Reason={reason}")])
-                    .await
-            }
-            Action::Undrain { node } => {
-                tracing::info!(node, "undraining in Slurm (our drain, Node uncordoned)");
-                self.scontrol_update(&node, &["State=UNDRAIN"]).await
-            }
-            Action::SetTaints {
-                node,
-                taints,
-                resource_version,
-            } => {
-                let list = if taints.is_empty() {
-                    serde_json::Value::Null
-                } else {
-                    serde_json::to_value(&taints).unwrap_or(serde_json::Value::Null)
-                };
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": resource_version},
-                    "spec": {"taints": list},
-                });
-                let params = PatchParams {
-                    field_manager: Some(CONTROLLER_FIELD_MANAGER.to_owned()),
-                    ..PatchParams::default()
-                };
-                self.nodes
-                    .patch(&node, &params, &Patch::Merge(&patch))
-                    .await
-                    .map(|n| n.metadata.resource_version)
-                    .map_err(|e| e.to_string())
-            }
-            Action::SetCondition { node, condition } => {
-                let patch = serde_json::json!({
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": node},
-                    "status": {"conditions": [condition]},
-                });
-                self.nodes
-                    .patch_status(
-                        &node,
-                        &PatchParams::apply(CONTROLLER_FIELD_MANAGER).force(),
-                        &Patch::Apply(&patch),
-                    )
-                    .await
-                    .map(|n| n.metadata.resource_version)
-                    .map_err(|e| e.to_string())
-            }
-        };
-        let outcome = if result.is_ok() { "ok" } else { "error" };
-        metrics::counter!("isthmus_controller_nodesync_syncs_total",
-            "direction" => direction, "action" => kind, "result" => outcome)
-        .increment(1);
-        match result {
-            Ok(new_version) => {
-                self.write_backoff.remove(&target);
-                if let (Some(name), Some(old), Some(new)) =
-                    (target.strip_prefix("node/"), resource_version, new_version)
-                {
-                    if old != new {
-                        self.stale.insert(name.to_owned(), old.to_owned());
-                    }
-                }
-            }
-            Err(e) => {
-                let entry = self.write_backoff.entry(target.clone()).or_insert_with(|| {
-                    (
-                        Backoff::new(self.interval, self.slurm_backoff.max),
-                        Instant::now(),
-                    )
-                });
-                let delay = entry.0.fail();
-                entry.1 = Instant::now() + delay;
-                tracing::warn!(target, action = kind, error = %e, retry_in = ?delay, "node sync write failed");
-            }
-        }
-    }
-
-    async fn scontrol_update(&self, node: &str, rest: &[&str]) -> Result<Option<String>, String> {
-        let name = format!("NodeName={node}");
-        let mut args = vec!["update", name.as_str()];
-        args.extend_from_slice(rest);
-        self.reader
-            .client()
-            .run("scontrol", &args)
-            .await
-            .map(|_| None)
-            .map_err(|e| e.to_string())
-    }
 }
 
 #[cfg(test)]
@@ -470,15 +248,6 @@ mod tests {
             cli.sync.policy().drain_conditions,
             ["GpuUnhealthy", "NicDown"]
         );
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(10));
-        let got: Vec<u64> = (0..5).map(|_| b.fail().as_secs()).collect();
-        assert_eq!(got, [2, 4, 8, 10, 10]);
-        b.succeed();
-        assert_eq!(b.fail(), Duration::from_secs(2));
     }
 
     #[test]

@@ -1,105 +1,43 @@
-//! The placement decisions, pure: the pods waiting for this scheduler (or bound by it) and Slurm's job list in,
-//! the actions out (submit, bind, cancel, delete a pod, record why a pod waits).
+//! The placement decisions, pure: the pods of this scheduler, Slurm's job list and the Node mapping in; the actions
+//! out (submit, bind, cancel, delete a pod, say why a pod waits).
+//!
+//! Pods are grouped into units: a single pod, or a gang (pods of one namespace naming the same group). A job
+//! belongs to a unit when its comment, which only this controller writes, names the unit's namespace and id
+//! ([`super::comment`]) and it runs as the unit's tenant's Slurm user (only root or that user can submit such a
+//! job). Nothing a pod says about jobs is read; a pod's `spec.nodeName` counts only when its unit's job runs on
+//! that Node.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
-
-use super::request::{self, Resources};
+use super::annotations::Requested;
+use super::comment::{self, JobRef};
+use super::policy::SubmitSpec;
+use super::resources::Resources;
+pub use super::view::{PodRef, PodView};
+use crate::nodesync::mapping::NodeMap;
 use crate::slurm::jobs::Job;
-
-/// A pod, by name and UID.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PodRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID.
-    pub uid: String,
-}
-
-/// What the decisions need of one pod.
-#[derive(Debug, Clone)]
-pub struct PodView {
-    /// The pod.
-    pub pod: PodRef,
-    /// `spec.nodeName`.
-    pub node: Option<String>,
-    /// Not being deleted, not Succeeded or Failed.
-    pub active: bool,
-    /// Annotation `slurm.isthmus.io/job-id`.
-    pub job_id: Option<u64>,
-    /// Gang name and size.
-    pub group: Option<(String, Result<usize, String>)>,
-    /// Its needs.
-    pub resources: Result<Resources, String>,
-    /// Its Slurm options from annotations.
-    pub options: Result<BTreeMap<String, String>, String>,
-    /// Message of its `PodScheduled=False` condition, if it has one.
-    pub waiting_message: Option<String>,
-    /// `metadata.resourceVersion`.
-    pub version: Option<String>,
-}
-
-impl PodView {
-    /// Read a pod.
-    pub fn from_pod(pod: &Pod) -> Option<PodView> {
-        let meta = &pod.metadata;
-        let status = pod.status.as_ref();
-        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("");
-        let waiting_message = status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-            })
-            .map(|c| c.message.clone().unwrap_or_default());
-        Some(PodView {
-            pod: PodRef {
-                namespace: meta.namespace.clone()?,
-                name: meta.name.clone()?,
-                uid: meta.uid.clone()?,
-            },
-            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            active: meta.deletion_timestamp.is_none() && phase != "Succeeded" && phase != "Failed",
-            job_id: meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(request::JOB_ID))
-                .and_then(|v| v.trim().parse().ok()),
-            group: request::group(pod),
-            resources: request::resources(pod),
-            options: request::options(pod),
-            waiting_message,
-            version: meta.resource_version.clone(),
-        })
-    }
-}
 
 /// One thing to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Submit a placeholder job for these pods (one, or a whole gang).
     Submit {
-        /// Job name.
-        name: String,
-        /// Job comment (names the pods).
-        comment: String,
+        /// What its comment names.
+        job: JobRef,
         /// Nodes.
         nodes: usize,
         /// Per node.
         resources: Resources,
-        /// Slurm options from annotations.
-        options: BTreeMap<String, String>,
+        /// User, group and Slurm options.
+        spec: Box<SubmitSpec>,
         /// The pods it holds.
         pods: Vec<PodRef>,
     },
-    /// Bind the pod to the node (annotating the job id).
+    /// Bind the pod to the Node (annotating the job id, for people to read).
     Bind {
         /// Pod.
         pod: PodRef,
-        /// Node.
+        /// Node (Kubernetes name).
         node: String,
         /// Job.
         job: u64,
@@ -124,9 +62,10 @@ pub enum Action {
         pod: PodRef,
         /// Message.
         message: String,
-        /// The pod's resourceVersion it was decided on: the patch is refused if the pod changed since (it may
-        /// have been bound meanwhile).
+        /// The pod's resourceVersion it was decided on: the patch is refused if the pod changed since.
         version: Option<String>,
+        /// Whether the pod is refused (no policy, a value outside the policy or its grammar): also a Warning Event.
+        refused: bool,
     },
     /// The `Scheduled` Event of a pod just bound (sent after the bindings, off their path; never decided).
     Scheduled {
@@ -139,7 +78,14 @@ pub enum Action {
     },
 }
 
-/// Slurm writes queued or running beside the passes ([`super::queue`]): not to be asked for again meanwhile.
+impl Action {
+    /// Whether it destroys something (a job, a pod): done only after a complete, fresh read of both sides.
+    pub fn is_destructive(&self) -> bool {
+        matches!(self, Action::Cancel { .. } | Action::DeletePod { .. })
+    }
+}
+
+/// Slurm writes queued or running beside the passes: not to be asked for again meanwhile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InFlight {
     /// UIDs of the pods whose job is being submitted.
@@ -148,12 +94,23 @@ pub struct InFlight {
     pub jobs: BTreeSet<u64>,
 }
 
-struct OwnedJob<'a> {
-    job: &'a Job,
-    uids: Vec<String>,
+/// Everything the decisions read.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// The scheduler's pods.
+    pub pods: &'a [PodView],
+    /// Every job Slurm lists.
+    pub jobs: &'a [Job],
+    /// Slurm node → Node.
+    pub nodes: &'a NodeMap,
+    /// Writes under way.
+    pub in_flight: &'a InFlight,
+    /// `--placement-partition`.
+    pub default_partition: Option<&'a str>,
 }
 
-fn describe(job: &Job) -> String {
+/// Slurm's words for a job.
+pub fn describe(job: &Job) -> String {
     if job.reason.is_empty() || job.reason == "None" {
         format!("Slurm job {} is {}", job.id, job.state)
     } else {
@@ -161,239 +118,343 @@ fn describe(job: &Job) -> String {
     }
 }
 
-/// Everything to do now, but what is `in_flight`: no second submission for a pod whose submission is under way
-/// (its job may not show in `jobs` yet), no second cancel. Jobs not submitted by this controller (no `k8s:`
-/// comment) are only looked at when a bound pod's annotation names them.
-pub fn decide(pods: &[PodView], jobs: &[Job], in_flight: &InFlight) -> Vec<Action> {
-    let mut actions = Vec::new();
-    let live: BTreeMap<&str, &PodView> = pods
-        .iter()
-        .filter(|p| p.active)
-        .map(|p| (p.pod.uid.as_str(), p))
-        .collect();
-    let owned: Vec<OwnedJob> = jobs
-        .iter()
-        .filter_map(|job| {
-            let (_, _, uids) = request::parse_comment(&job.comment)?;
-            Some(OwnedJob { job, uids })
-        })
-        .collect();
+/// A job pending again after it ran (requeued by an administrator or after a node failure).
+fn is_requeued(job: &Job) -> bool {
+    matches!(
+        job.state.as_str(),
+        "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
+    )
+}
 
-    // Jobs whose pods are gone, finished or being deleted (or, for a gang, any of them).
-    let mut cancelled = BTreeSet::new();
-    for o in owned.iter().filter(|o| !o.job.is_finished()) {
-        if let Some(gone) = o.uids.iter().find(|u| !live.contains_key(u.as_str())) {
-            cancelled.insert(o.job.id);
-            if !in_flight.jobs.contains(&o.job.id) {
-                actions.push(Action::Cancel {
-                    job: o.job.id,
-                    why: format!("pod {gone} no longer waits or runs"),
-                });
-            }
-        }
-    }
+/// One pod, or the pods of one gang.
+struct Unit<'a> {
+    job: JobRef,
+    members: Vec<&'a PodView>,
+}
 
-    // Bound pods: their job must still run.
-    for p in live.values() {
-        let (Some(_), Some(id)) = (&p.node, p.job_id) else {
-            continue;
-        };
-        match jobs.iter().find(|j| j.id == id) {
-            Some(j) if j.is_running() && !cancelled.contains(&id) => {}
-            // Ending: its final state (PREEMPTED, CANCELLED, TIMEOUT …) names the reason; wait for it.
-            Some(j) if j.state == "COMPLETING" => {}
-            Some(j) => {
-                if !j.is_finished() && cancelled.insert(id) && !in_flight.jobs.contains(&id) {
-                    actions.push(Action::Cancel {
-                        job: id,
-                        why: format!("its pod is deleted: {}", describe(j)),
-                    });
-                }
-                // A bound pod's job pending again was requeued (`scontrol requeue`, a node failure with
-                // requeue): the pod has lost its allocation.
-                let message = if matches!(j.state.as_str(), "PENDING" | "REQUEUED" | "REQUEUE_HOLD")
-                {
-                    format!("{} after it was requeued", describe(j))
-                } else {
-                    describe(j)
-                };
-                actions.push(Action::DeletePod {
-                    pod: p.pod.clone(),
-                    message,
-                });
-            }
-            None => actions.push(Action::DeletePod {
-                pod: p.pod.clone(),
-                message: format!("Slurm job {id} no longer exists"),
+fn units<'a>(pods: &'a [PodView]) -> Vec<Unit<'a>> {
+    let mut gangs: BTreeMap<(&str, &str), Vec<&PodView>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for p in pods.iter().filter(|p| p.active) {
+        match &p.gang {
+            Some(Ok(g)) => gangs
+                .entry((&p.pod.namespace, &g.name))
+                .or_default()
+                .push(p),
+            _ => out.push(Unit {
+                job: JobRef {
+                    namespace: p.pod.namespace.clone(),
+                    name: p.pod.name.clone(),
+                    id: p.pod.uid.clone(),
+                },
+                members: vec![p],
             }),
         }
     }
-
-    // Units waiting for a node: single pods, and gangs by (namespace, group).
-    let mut singles: Vec<&PodView> = Vec::new();
-    let mut gangs: BTreeMap<(&str, &str), Vec<&PodView>> = BTreeMap::new();
-    for p in live.values() {
-        match &p.group {
-            Some((g, _)) => gangs.entry((&p.pod.namespace, g)).or_default().push(p),
-            None => singles.push(p),
-        }
+    for ((ns, name), members) in gangs {
+        let uids: Vec<&str> = members.iter().map(|m| m.pod.uid.as_str()).collect();
+        out.push(Unit {
+            job: JobRef {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                id: comment::gang_id(&uids),
+            },
+            members,
+        });
     }
-    for p in singles {
-        if p.node.is_none() {
-            unit(
-                &mut actions,
-                &p.pod.name,
-                1,
-                &[p],
-                &owned,
-                &cancelled,
-                in_flight,
-            );
-        }
-    }
-    for ((_, g), members) in gangs {
-        if members.iter().all(|m| m.node.is_some()) {
-            continue;
-        }
-        match &members[0].group {
-            Some((_, Ok(size))) => unit(
-                &mut actions,
-                g,
-                *size,
-                &members,
-                &owned,
-                &cancelled,
-                in_flight,
-            ),
-            Some((_, Err(e))) => wait_all(&mut actions, &members, e),
-            None => {}
-        }
-    }
-    actions
+    out
 }
 
-fn wait_all(actions: &mut Vec<Action>, members: &[&PodView], message: &str) {
-    for m in members.iter().filter(|m| m.node.is_none()) {
-        if m.waiting_message.as_deref() != Some(message) {
-            actions.push(Action::Wait {
+struct Out<'a> {
+    actions: Vec<Action>,
+    in_flight: &'a InFlight,
+    cancelled: BTreeSet<u64>,
+}
+
+impl Out<'_> {
+    fn cancel(&mut self, job: u64, why: String) {
+        if self.cancelled.insert(job) && !self.in_flight.jobs.contains(&job) {
+            self.actions.push(Action::Cancel { job, why });
+        }
+    }
+
+    fn wait(&mut self, members: &[&&PodView], message: &str, refused: bool) {
+        for m in members {
+            if m.waiting_message.as_deref() != Some(message) {
+                self.actions.push(Action::Wait {
+                    pod: m.pod.clone(),
+                    message: message.to_owned(),
+                    version: m.version.clone(),
+                    refused,
+                });
+            }
+        }
+    }
+
+    fn delete(&mut self, members: &[&&PodView], message: &str) {
+        for m in members {
+            self.actions.push(Action::DeletePod {
                 pod: m.pod.clone(),
                 message: message.to_owned(),
-                version: m.version.clone(),
             });
         }
     }
 }
 
-/// One pod or one gang of `size` pods (some may be bound already).
-fn unit(
-    actions: &mut Vec<Action>,
-    name: &str,
-    size: usize,
-    members: &[&PodView],
-    owned: &[OwnedJob],
-    cancelled: &BTreeSet<u64>,
-    in_flight: &InFlight,
-) {
-    let uids: BTreeSet<&str> = members.iter().map(|m| m.pod.uid.as_str()).collect();
-    let mine = |o: &&OwnedJob| o.uids.iter().any(|u| uids.contains(u.as_str()));
-    let active = owned
-        .iter()
-        .filter(mine)
-        .filter(|o| !o.job.is_finished() && !cancelled.contains(&o.job.id))
-        .max_by_key(|o| o.job.id);
-    let unbound: Vec<&&PodView> = members.iter().filter(|m| m.node.is_none()).collect();
-    if let Some(o) = active {
-        let job = o.job;
-        if !job.is_running() {
-            // Pending (or suspended, configuring): say why, but not Slurm's "None" before its first pass.
-            if !(job.reason.is_empty() || job.reason == "None") {
-                wait_all(actions, members, &describe(job));
-            }
-            return;
+/// Everything to do now, but what is in flight: no second submission for a pod whose submission is under way
+/// (its job may not show yet), no second cancel.
+pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
+    let mut out = Out {
+        actions: Vec::new(),
+        in_flight: i.in_flight,
+        cancelled: BTreeSet::new(),
+    };
+    let units = units(i.pods);
+    let mut by_ref: BTreeMap<(String, String), Vec<&Job>> = BTreeMap::new();
+    for job in i.jobs {
+        if let Some(r) = comment::parse_comment(&job.comment) {
+            by_ref.entry((r.namespace, r.id)).or_default().push(job);
         }
-        let nodes = crate::hostlist::expand(&job.nodes).unwrap_or_default();
-        let taken: BTreeSet<&str> = members.iter().filter_map(|m| m.node.as_deref()).collect();
-        let free: Vec<&String> = nodes
-            .iter()
-            .filter(|n| !taken.contains(n.as_str()))
-            .collect();
-        let complete = members.len() == size
-            && o.uids.len() == size
-            && uids.iter().all(|u| o.uids.iter().any(|v| v == u));
-        if complete && free.len() >= unbound.len() {
-            for (m, n) in unbound.iter().zip(free) {
-                actions.push(Action::Bind {
-                    pod: m.pod.clone(),
-                    node: n.clone(),
-                    job: job.id,
-                });
+    }
+    // Jobs whose unit no longer waits or runs (a pod deleted or finished, a gang member gone).
+    let live: BTreeSet<(&str, &str)> = units
+        .iter()
+        .map(|u| (u.job.namespace.as_str(), u.job.id.as_str()))
+        .collect();
+    for ((ns, id), jobs) in &by_ref {
+        if !live.contains(&(ns.as_str(), id.as_str())) {
+            for j in jobs.iter().filter(|j| !j.is_finished()) {
+                out.cancel(j.id, format!("the pods of {ns}/{id} no longer wait or run"));
             }
-        } else {
-            wait_all(
-                actions,
-                members,
-                &format!(
-                    "Slurm job {} runs on {:?}, which does not match the gang's pods",
-                    job.id, job.nodes
+        }
+    }
+    for unit in &units {
+        let jobs = by_ref
+            .get(&(unit.job.namespace.clone(), unit.job.id.clone()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        decide_unit(i, unit, jobs, &mut out);
+    }
+    out.actions
+}
+
+/// The Node of each node of a running job, or why one has none.
+fn job_nodes(job: &Job, nodes: &NodeMap) -> Result<Vec<String>, String> {
+    let slurm = crate::hostlist::expand(&job.nodes)
+        .map_err(|e| format!("Slurm job {} runs on {:?}: {e}", job.id, job.nodes))?;
+    slurm
+        .iter()
+        .map(|s| {
+            nodes.node_for(s).map(str::to_owned).map_err(|u| {
+                format!(
+                    "Slurm job {} runs on {s}, which cannot be bound: {}",
+                    job.id,
+                    u.describe(s)
+                )
+            })
+        })
+        .collect()
+}
+
+fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
+    let first = unit.members[0];
+    // Jobs of this unit that run as its tenant's user (any user while its namespace has no tenant: its running
+    // pods are kept, nothing new is placed).
+    let owned: Vec<&Job> = jobs
+        .iter()
+        .copied()
+        .filter(|j| match &first.tenant {
+            Ok(t) => t.runs_as(&j.user, &j.uid),
+            Err(_) => true,
+        })
+        .collect();
+    let bound: Vec<&&PodView> = unit.members.iter().filter(|m| m.node.is_some()).collect();
+    let unbound: Vec<&&PodView> = unit.members.iter().filter(|m| m.node.is_none()).collect();
+    let mut active: Vec<&Job> = owned.iter().copied().filter(|j| !j.is_finished()).collect();
+    // The job to keep: running, holding the bound pods' Nodes, the first submitted.
+    let holds_bound = |j: &Job| match job_nodes(j, i.nodes) {
+        Ok(nodes) => bound
+            .iter()
+            .all(|m| m.node.as_ref().is_some_and(|n| nodes.contains(n))),
+        Err(_) => bound.is_empty(),
+    };
+    active.sort_by_key(|j| (!j.is_running(), !holds_bound(j), j.id));
+    if let Some((keep, rest)) = active.split_first() {
+        for dup in rest {
+            out.cancel(
+                dup.id,
+                format!(
+                    "a second job for {}: job {} holds it",
+                    unit.job.comment(),
+                    keep.id
                 ),
             );
         }
+        decide_with_job(i, unit, keep, &bound, &unbound, out);
         return;
     }
-    if let Some(o) = owned.iter().filter(mine).max_by_key(|o| o.job.id) {
-        if !cancelled.contains(&o.job.id) && o.job.state != "COMPLETING" {
-            for m in unbound {
-                actions.push(Action::DeletePod {
-                    pod: m.pod.clone(),
-                    message: format!("{} before the pod was bound", describe(o.job)),
-                });
-            }
+    let last = owned.iter().max_by_key(|j| j.id);
+    if last.is_some_and(|j| j.state == "COMPLETING") {
+        // Ending: its final state names the reason; wait for it.
+        return;
+    }
+    if !bound.is_empty() {
+        let message = match last {
+            Some(j) => describe(j),
+            None => format!(
+                "bound to {} but no Slurm job holds it",
+                bound[0].node.as_deref().unwrap_or_default()
+            ),
+        };
+        let all: Vec<&&PodView> = unit.members.iter().collect();
+        out.delete(&all, &message);
+        return;
+    }
+    if let Some(j) = last {
+        out.delete(
+            &unbound,
+            &format!("{} before the pod was bound", describe(j)),
+        );
+        return;
+    }
+    if unit
+        .members
+        .iter()
+        .any(|m| i.in_flight.pods.contains(&m.pod.uid))
+    {
+        return;
+    }
+    submit(i, unit, &unbound, out);
+}
+
+fn decide_with_job(
+    i: &Inputs<'_>,
+    unit: &Unit<'_>,
+    job: &Job,
+    bound: &[&&PodView],
+    unbound: &[&&PodView],
+    out: &mut Out<'_>,
+) {
+    if !job.is_running() {
+        if !bound.is_empty() && is_requeued(job) {
+            // The pods lost their allocation.
+            out.cancel(job.id, format!("its pods are deleted: {}", describe(job)));
+            out.delete(bound, &format!("{} after it was requeued", describe(job)));
+        }
+        // Pending, suspended, configuring: say why, but not Slurm's "None" before its first pass.
+        if !(job.reason.is_empty() || job.reason == "None") {
+            out.wait(unbound, &describe(job), false);
         }
         return;
     }
-    // Its job is being submitted: nothing more until the submission is done and the job shows.
-    if uids.iter().any(|u| in_flight.pods.contains(*u)) {
+    let nodes = match job_nodes(job, i.nodes) {
+        Ok(n) => n,
+        Err(e) => {
+            out.wait(unbound, &e, false);
+            return;
+        }
+    };
+    let misplaced: Vec<&&PodView> = bound
+        .iter()
+        .copied()
+        .filter(|m| !m.node.as_ref().is_some_and(|n| nodes.contains(n)))
+        .collect();
+    if !misplaced.is_empty() {
+        let message = format!(
+            "bound to a Node that Slurm job {} (on {}) does not hold",
+            job.id, job.nodes
+        );
+        out.delete(&misplaced, &message);
         return;
     }
-    if members.len() != size {
-        let message = if members.len() < size {
+    if unbound.is_empty() {
+        return;
+    }
+    let size = match &unit.members[0].gang {
+        Some(Ok(g)) => g.size,
+        _ => 1,
+    };
+    let taken: BTreeSet<&str> = bound.iter().filter_map(|m| m.node.as_deref()).collect();
+    let free: Vec<&String> = nodes
+        .iter()
+        .filter(|n| !taken.contains(n.as_str()))
+        .collect();
+    if unit.members.len() == size && free.len() >= unbound.len() {
+        for (m, n) in unbound.iter().zip(free) {
+            out.actions.push(Action::Bind {
+                pod: m.pod.clone(),
+                node: n.clone(),
+                job: job.id,
+            });
+        }
+    } else {
+        let message = format!(
+            "Slurm job {} runs on {:?}, which does not match the gang's pods",
+            job.id, job.nodes
+        );
+        out.wait(unbound, &message, false);
+    }
+}
+
+fn submit(i: &Inputs<'_>, unit: &Unit<'_>, unbound: &[&&PodView], out: &mut Out<'_>) {
+    let first = unit.members[0];
+    let all: Vec<&&PodView> = unit.members.iter().collect();
+    let tenant = match &first.tenant {
+        Ok(t) => t,
+        Err(e) => return out.wait(&all, e, true),
+    };
+    let size = match &first.gang {
+        Some(Ok(g)) => g.size,
+        Some(Err(e)) => return out.wait(&all, e, true),
+        None => 1,
+    };
+    if unit.members.len() != size {
+        let message = if unit.members.len() < size {
             format!(
                 "waiting for the gang: {} of {size} pods exist",
-                members.len()
+                unit.members.len()
             )
         } else {
             format!(
                 "the gang has {} pods, more than its size {size}",
-                members.len()
+                unit.members.len()
             )
         };
-        wait_all(actions, members, &message);
-        return;
+        return out.wait(&all, &message, false);
     }
     let mut resources = Resources::default();
-    let mut options = BTreeMap::new();
-    for m in members {
-        match (&m.resources, &m.options) {
-            (Ok(r), Ok(o)) => {
+    let mut requested: Option<&Requested> = None;
+    for m in &unit.members {
+        match (&m.resources, &m.requested) {
+            (Ok(r), Ok(q)) => {
                 resources = resources.max(r);
-                options.extend(o.iter().map(|(k, v)| (k.clone(), v.clone())));
+                if requested.is_some_and(|p| p != q) {
+                    let message =
+                        "the gang's pods ask for different Slurm options (slurm.isthmus.io/…)";
+                    return out.wait(&all, message, true);
+                }
+                requested = Some(q);
             }
             (Err(e), _) | (_, Err(e)) => {
-                wait_all(actions, members, &format!("pod {}: {e}", m.pod.name));
-                return;
+                return out.wait(&all, &format!("pod {}: {e}", m.pod.name), true);
             }
         }
     }
-    let ns = &members[0].pod.namespace;
-    let mut pods: Vec<PodRef> = members.iter().map(|m| m.pod.clone()).collect();
+    let spec = match tenant.evaluate(
+        requested.unwrap_or(&Requested::default()),
+        size,
+        i.default_partition,
+    ) {
+        Ok(s) => s,
+        Err(e) => return out.wait(&all, &e, true),
+    };
+    let mut pods: Vec<PodRef> = unbound.iter().map(|m| m.pod.clone()).collect();
     pods.sort();
-    let uid_list: Vec<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
-    actions.push(Action::Submit {
-        name: format!("k8s-{ns}-{name}"),
-        comment: request::comment(ns, name, &uid_list),
+    out.actions.push(Action::Submit {
+        job: unit.job.clone(),
         nodes: size,
         resources,
-        options,
+        spec: Box::new(spec),
         pods,
     });
 }

@@ -1,12 +1,15 @@
 //! The I/O of each [`Action`]: sbatch/scancel through [`SlurmClient`], bindings, status patches, Events and pod
-//! deletions through the API server.
+//! deletions through the API server. Each is asked of the fence first (it must end before another replica could
+//! lead) and has a timeout.
 
 use k8s_openapi::api::core::v1::{Binding, Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 
+use super::annotations::JOB_ID;
 use super::decide::{Action, PodRef};
-use super::request::{self, JOB_ID};
+use super::submit::{self, SubmitAs};
+use crate::run::fence::{ApiCallError, Guard, NotLeading};
 use crate::slurm::{SlurmClient, SlurmError, jobs};
 
 /// Why one action failed.
@@ -15,17 +18,24 @@ pub enum ActionError {
     /// A Slurm command failed.
     #[error(transparent)]
     Slurm(#[from] SlurmError),
+    /// Not done: this replica may not lead long enough.
+    #[error(transparent)]
+    Fenced(#[from] NotLeading),
     /// The pod changed since the decision (a conditional write was refused): decided again in the next pass.
     #[error("pod {0} changed since the decision")]
     Stale(String),
-    /// An API request failed.
-    #[error("{what}: {source}")]
-    Api {
-        /// The request.
-        what: String,
-        /// The client's error.
-        source: kube::Error,
-    },
+    /// An API request failed or timed out.
+    #[error(transparent)]
+    Api(ApiCallError),
+}
+
+impl From<ApiCallError> for ActionError {
+    fn from(e: ApiCallError) -> Self {
+        match e {
+            ApiCallError::Fenced(f) => ActionError::Fenced(f),
+            other => ActionError::Api(other),
+        }
+    }
 }
 
 /// Everything an action needs.
@@ -35,12 +45,14 @@ pub struct Executor {
     pub client: kube::Client,
     /// The Slurm tools.
     pub slurm: SlurmClient,
-    /// `--placement-partition`.
-    pub default_partition: Option<String>,
     /// `--placement-command`.
     pub command: String,
+    /// `--placement-submit-as`.
+    pub submit_as: SubmitAs,
     /// The scheduler name (Events' source).
     pub scheduler_name: String,
+    /// The fence and the API timeout.
+    pub guard: Guard,
 }
 
 impl std::fmt::Debug for Executor {
@@ -51,13 +63,9 @@ impl std::fmt::Debug for Executor {
     }
 }
 
-fn api_err(what: String) -> impl FnOnce(kube::Error) -> ActionError {
-    move |source| ActionError::Api { what, source }
-}
-
 /// Whether the API said the object is gone (or changed identity): nothing left to do.
-fn gone(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+fn gone(e: &ApiCallError) -> bool {
+    matches!(e.code(), Some(404 | 409))
 }
 
 impl Executor {
@@ -69,25 +77,23 @@ impl Executor {
     pub async fn run(&self, action: &Action) -> Result<Option<u64>, ActionError> {
         match action {
             Action::Submit {
-                name,
-                comment,
+                job,
                 nodes,
                 resources,
-                options,
+                spec,
                 ..
             } => {
-                let args = request::sbatch_args(
-                    name,
-                    comment,
-                    *nodes,
-                    resources,
-                    options,
-                    self.default_partition.as_deref(),
-                    &self.command,
-                );
-                Ok(Some(jobs::submit(&self.slurm, &args).await?))
+                let c =
+                    submit::command(job, *nodes, resources, spec, &self.command, self.submit_as);
+                self.guard
+                    .fence
+                    .check(|| format!("sbatch {}", job.comment()), self.slurm.timeout())?;
+                Ok(Some(jobs::submit(&self.slurm, &c.wrapper, &c.args).await?))
             }
             Action::Cancel { job, .. } => {
+                self.guard
+                    .fence
+                    .check(|| format!("scancel {job}"), self.slurm.timeout())?;
                 jobs::cancel(&self.slurm, *job).await?;
                 Ok(None)
             }
@@ -104,11 +110,16 @@ impl Executor {
                     }),
                     ..DeleteParams::default()
                 };
-                match self.pods(&pod.namespace).delete(&pod.name, &dp).await {
-                    Err(e) if !gone(&e) => Err(api_err(format!(
-                        "deleting pod {}/{}",
-                        pod.namespace, pod.name
-                    ))(e)),
+                let pods = self.pods(&pod.namespace);
+                let deleted = self
+                    .guard
+                    .api(
+                        || format!("deleting pod {}/{}", pod.namespace, pod.name),
+                        pods.delete(&pod.name, &dp),
+                    )
+                    .await;
+                match deleted {
+                    Err(e) if !gone(&e) => Err(e.into()),
                     _ => Ok(None),
                 }
             }
@@ -120,7 +131,12 @@ impl Executor {
                 pod,
                 message,
                 version,
+                refused,
             } => {
+                if *refused {
+                    self.event(pod, "Warning", "FailedScheduling", message)
+                        .await?;
+                }
                 let mut patch = serde_json::json!({"status": {"conditions": [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                     "message": message, "lastTransitionTime": Time(jiff_now()),
@@ -133,18 +149,19 @@ impl Executor {
                     field_manager: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
                     ..PatchParams::default()
                 };
-                match self
-                    .pods(&pod.namespace)
-                    .patch_status(&pod.name, &pp, &Patch::Strategic(patch))
-                    .await
-                {
-                    Err(kube::Error::Api(s)) if s.code == 409 && version.is_some() => Err(
+                let pods = self.pods(&pod.namespace);
+                let patched = self
+                    .guard
+                    .api(
+                        || format!("pod {}/{} status", pod.namespace, pod.name),
+                        pods.patch_status(&pod.name, &pp, &Patch::Strategic(patch.clone())),
+                    )
+                    .await;
+                match patched {
+                    Err(e) if e.code() == Some(409) && version.is_some() => Err(
                         ActionError::Stale(format!("{}/{}", pod.namespace, pod.name)),
                     ),
-                    Err(e) if !gone(&e) => Err(api_err(format!(
-                        "pod {}/{} status",
-                        pod.namespace, pod.name
-                    ))(e)),
+                    Err(e) if !gone(&e) => Err(e.into()),
                     _ => Ok(None),
                 }
             }
@@ -172,13 +189,15 @@ impl Executor {
             field_manager: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        self.pods(&pod.namespace)
-            .create_subresource::<_, serde_json::Value>("binding", &pod.name, &pp, &binding)
-            .await
-            .map_err(api_err(format!(
-                "binding pod {}/{} to {node}",
-                pod.namespace, pod.name
-            )))?;
+        let pods = self.pods(&pod.namespace);
+        self.guard
+            .api(
+                || format!("binding pod {}/{} to {node}", pod.namespace, pod.name),
+                pods.create_subresource::<_, serde_json::Value>(
+                    "binding", &pod.name, &pp, &binding,
+                ),
+            )
+            .await?;
         Ok(())
     }
 
@@ -227,14 +246,16 @@ impl Executor {
             count: Some(1),
             ..Event::default()
         };
-        Api::<Event>::namespaced(self.client.clone(), &pod.namespace)
-            .create(&PostParams::default(), &event)
+        let events = Api::<Event>::namespaced(self.client.clone(), &pod.namespace);
+        let pp = PostParams::default();
+        self.guard
+            .api(
+                || format!("Event {reason} for pod {}/{}", pod.namespace, pod.name),
+                events.create(&pp, &event),
+            )
             .await
             .map(drop)
-            .map_err(api_err(format!(
-                "Event {reason} for pod {}/{}",
-                pod.namespace, pod.name
-            )))
+            .map_err(Into::into)
     }
 }
 

@@ -1,34 +1,45 @@
 //! Slurm decides, Kubernetes runs: pods whose `spec.schedulerName` is this scheduler's name get their node from
-//! Slurm. Each pod (or complete gang) gets a placeholder batch job that holds what the pod asks for; when Slurm
-//! starts the job the pod is bound to the job's node, and when the job ends the pod is deleted (and the other way
-//! round). The decisions are pure ([`decide::decide`]); [`run`] is the loop around them: one pod watch, one
-//! `squeue` per pass, the API writes in the pass, and the Slurm writes (`sbatch`, `scancel`) in a queue
-//! beside it ([`queue`]). See `docs/placement.md`.
+//! Slurm. Each pod (or complete gang) of a namespace the tenancy policy admits ([`policy`]) gets a placeholder batch
+//! job that holds what the pod asks for and runs as the tenant's Slurm user; when Slurm starts the job the pod is
+//! bound to the job's Node, and when the job ends the pod is deleted (and the other way round). The decisions are
+//! pure ([`decide::decide`]); [`run`] is the loop around them ([`passes`]): watches of the pods, Nodes, Namespaces
+//! and the policy, one `squeue` per pass, the bindings in the pass, every other write in queues beside it
+//! ([`queue`]), and destructive actions only after a second, fresh read of both sides ([`confirm`]). See
+//! `docs/placement.md`.
 
+pub mod annotations;
+pub mod comment;
+pub mod confirm;
 pub mod decide;
 pub mod execute;
+mod passes;
+pub mod policy;
+pub mod policy_watch;
 pub mod queue;
 pub mod recent;
-pub mod request;
+pub mod resources;
+pub mod submit;
+pub mod view;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use isthmus_api::access::ApiAccess;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 /// The shutdown signal [`run`] takes.
 pub use tokio_util::sync::CancellationToken;
 
-use crate::slurm::{SlurmClient, jobs, parse_duration};
-use decide::{Action, PodView};
+pub use crate::run::fence::Guard;
+use crate::slurm::{SlurmClient, parse_duration};
+use decide::Action;
 use execute::Executor;
-use queue::Queue;
-use recent::Recent;
+use policy_watch::PolicyCell;
+use submit::SubmitAs;
 
 /// What placement asks of the API server.
 pub const API_ACCESS: &[ApiAccess] = &[
@@ -54,9 +65,33 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "events",
         verbs: &["create"],
-        why: "Scheduled, and SlurmJobEnded when a pod is deleted because its job ended",
+        why: "Scheduled; SlurmJobEnded when a pod is deleted because its job ended; FailedScheduling when the \
+              tenancy policy refuses a pod; InvalidPlacementPolicy on the policy ConfigMap",
+    },
+    ApiAccess {
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch"],
+        why: "the Nodes' names and Slurm node name labels (metadata only): a pod is bound only to the one Node of \
+              the Slurm node its job runs on",
+    },
+    ApiAccess {
+        group: "",
+        resource: "namespaces",
+        verbs: &["list", "watch"],
+        why: "the Namespaces' labels (metadata only), for the tenancy policy's namespace selectors",
     },
 ];
+
+/// What placement asks of the API server in the controller's own namespace: the policy ConfigMap (a watch with a
+/// field selector on its name, and its status annotation). Granted by the controller's Role
+/// (`crate::run::NAMESPACE_ACCESS`).
+pub const NAMESPACE_ACCESS: &[ApiAccess] = &[ApiAccess {
+    group: "",
+    resource: "configmaps",
+    verbs: &["list", "patch", "watch"],
+    why: "the tenancy policy ConfigMap: watched, and its status annotation written",
+}];
 
 /// Placement flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,6 +115,21 @@ pub struct PlacementArgs {
     /// How many sbatch/scancel run at once, and, apart from them, how many API writes.
     #[arg(long = "placement-parallelism", default_value_t = 16)]
     pub parallelism: usize,
+    /// The ConfigMap (in the controller's namespace) holding the tenancy policy, key `policy.yaml`.
+    #[arg(
+        long = "placement-policy",
+        default_value = "isthmus-placement-policy",
+        value_name = "CONFIGMAP"
+    )]
+    pub policy: String,
+    /// The GPU part of the MIG GRES types the agents write (`isthmus render gres` shows them, e.g. `nvidia_a100`):
+    /// `nvidia.com/mig-<profile>` becomes `gpu:<type>_<profile>`.
+    #[arg(long = "placement-mig-gpu-type", value_name = "TYPE")]
+    pub mig_gpu_type: Option<String>,
+    /// How a job is made to run as its tenant's user: `uid-option` (`sbatch --uid/--gid` as root, Slurm 22.05 to
+    /// 25.x) or `setpriv` (sbatch run as the user; Slurm releases without `--uid`).
+    #[arg(long = "placement-submit-as", value_enum, default_value_t = SubmitAs::UidOption)]
+    pub submit_as: SubmitAs,
 }
 
 impl Default for PlacementArgs {
@@ -91,8 +141,20 @@ impl Default for PlacementArgs {
             command: "sleep infinity".to_owned(),
             poll_interval: Duration::from_millis(500),
             parallelism: 16,
+            policy: "isthmus-placement-policy".to_owned(),
+            mig_gpu_type: None,
+            submit_as: SubmitAs::UidOption,
         }
     }
+}
+
+/// Where placement runs: the controller's namespace (the policy's) and the guard of every write.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// The controller's namespace.
+    pub namespace: String,
+    /// The fence and the API timeout.
+    pub guard: Guard,
 }
 
 /// Why placement cannot run at all (failures of single requests are retried, not returned).
@@ -108,6 +170,7 @@ pub async fn run(
     client: kube::Client,
     slurm: SlurmClient,
     args: PlacementArgs,
+    env: Env,
     shutdown: CancellationToken,
 ) -> Result<(), PlacementError> {
     if !args.enabled {
@@ -120,32 +183,77 @@ pub async fn run(
             args.scheduler_name
         )));
     }
+    if let Some(t) = &args.mig_gpu_type {
+        if !resources::is_gres(&format!("gpu:{t}")) {
+            return Err(PlacementError::Config(format!(
+                "MIG GPU type {t:?} is not a GRES type"
+            )));
+        }
+    }
+    let changed = Arc::new(Notify::new());
+    // A pod event starts a pass; Node and Namespace events (kubelet status updates move every Node's metadata) only
+    // update their stores, which the next pass reads.
+    let notify = |what: &'static str, wake: bool| {
+        let changed = changed.clone();
+        move |r: Result<(), watcher::Error>| {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, what, "placement: watch failed; retrying");
+                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "watch")
+                    .increment(1);
+            }
+            if wake {
+                changed.notify_one();
+            }
+            futures::future::ready(())
+        }
+    };
     let pods: Api<Pod> = Api::all(client.clone());
     let config =
         watcher::Config::default().fields(&format!("spec.schedulerName={}", args.scheduler_name));
-    let (store, writer) = reflector::store();
-    let changed = Arc::new(Notify::new());
-    let watch = {
-        let changed = changed.clone();
-        reflector::reflector(writer, watcher(pods, config))
-            .default_backoff()
-            .map_err(|e| {
-                tracing::warn!(error = %e, "placement: pod watch failed; retrying");
-                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "watch")
-                    .increment(1);
-                e
-            })
-            .for_each(move |_| {
-                changed.notify_one();
-                futures::future::ready(())
-            })
-    };
+    let (pod_store, writer) = reflector::store();
+    let pod_watch = reflector::reflector(writer, watcher(pods, config))
+        .default_backoff()
+        .map_ok(drop)
+        .for_each(notify("pods", true));
+    let (node_store, writer) = reflector::store::<PartialObjectMeta<Node>>();
+    let node_watch = reflector::reflector(
+        writer,
+        watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .map_ok(drop)
+    .for_each(notify("nodes", false));
+    let (ns_store, writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let ns_watch = reflector::reflector(
+        writer,
+        watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .map_ok(drop)
+    .for_each(notify("namespaces", false));
+    let policy = PolicyCell::new("the placement policy has not been read yet".to_owned());
+    let policy_ready = Arc::new(Notify::new());
+    let policy_watch = policy_watch::watch(
+        client.clone(),
+        env.namespace.clone(),
+        args.policy.clone(),
+        policy.clone(),
+        env.guard.clone(),
+        policy_ready.clone(),
+    );
     let exec = Executor {
         client,
         slurm,
-        default_partition: args.partition.clone(),
         command: args.command.clone(),
+        submit_as: args.submit_as,
         scheduler_name: args.scheduler_name.clone(),
+        guard: env.guard.clone(),
     };
     let (slurm_queue, slurm_workers) = queue::queue("slurm");
     let (api_queue, api_workers) = queue::queue("api");
@@ -157,66 +265,36 @@ pub async fn run(
         Some(changed.clone()),
     );
     let api_work = queue::work(api_workers, exec.clone(), args.parallelism, None);
-    let queues = Queues {
+    let stores = passes::Stores {
+        pods: pod_store,
+        nodes: node_store,
+        namespaces: ns_store,
+        policy,
+        policy_ready,
+    };
+    let queues = passes::Queues {
         slurm: slurm_queue,
         api: api_queue,
     };
-    let main = passes(store, exec, queues, &args, changed, shutdown.clone());
+    let main = passes::passes(
+        stores,
+        exec,
+        queues,
+        &args,
+        changed.clone(),
+        shutdown.clone(),
+    );
     tokio::select! {
         _ = shutdown.cancelled() => {}
-        _ = watch => tracing::warn!("placement: the pod watch ended"),
+        _ = pod_watch => tracing::warn!("placement: the pod watch ended"),
+        _ = node_watch => tracing::warn!("placement: the Node watch ended"),
+        _ = ns_watch => tracing::warn!("placement: the Namespace watch ended"),
+        _ = policy_watch => tracing::warn!("placement: the policy watch ended"),
         _ = slurm_work => {}
         _ = api_work => {}
         _ = main => {}
     }
     Ok(())
-}
-
-/// The writes beside the passes.
-struct Queues {
-    /// `sbatch`, `scancel`.
-    slurm: Queue,
-    /// Pending reasons, Events, pod deletions.
-    api: Queue,
-}
-
-async fn passes(
-    store: Store<Pod>,
-    exec: Executor,
-    queues: Queues,
-    args: &PlacementArgs,
-    changed: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    if store.wait_until_ready().await.is_err() {
-        return;
-    }
-    let mut recent = Recent::default();
-    let mut failures = 0u32;
-    loop {
-        let wait = if failures == 0 {
-            args.poll_interval
-        } else {
-            Duration::from_millis(500u64 << failures.min(6)).min(Duration::from_secs(30))
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = changed.notified() => {
-                // Let a burst of pod events settle into one pass.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            _ = tokio::time::sleep(wait) => {}
-        }
-        match pass(&store, &exec, &queues, args, &mut recent).await {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                failures += 1;
-                tracing::warn!(error = %e, "placement: cannot read Slurm's jobs; retrying");
-                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "squeue")
-                    .increment(1);
-            }
-        }
-    }
 }
 
 fn action_name(a: &Action) -> &'static str {
@@ -232,113 +310,6 @@ fn action_name(a: &Action) -> &'static str {
 
 /// An action and how it went (a submission's job id).
 pub type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
-
-/// Run `actions`, `parallelism` at a time.
-async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> Vec<Outcome> {
-    futures::stream::iter(actions)
-        .map(|a| async move {
-            let r = exec.run(&a).await;
-            (a, r)
-        })
-        .buffer_unordered(parallelism.max(1))
-        .collect()
-        .await
-}
-
-/// One pass: read Slurm's jobs, take in the writes finished meanwhile, decide against the watched pods, bind, and
-/// queue every other write.
-async fn pass(
-    store: &Store<Pod>,
-    exec: &Executor,
-    queues: &Queues,
-    args: &PlacementArgs,
-    recent: &mut Recent,
-) -> Result<(), crate::slurm::SlurmError> {
-    let started = Instant::now();
-    let jobs = jobs::list(&exec.slurm).await?;
-    let listed = started.elapsed();
-    let (finished, in_flight) = queues.slurm.take();
-    let (api_finished, _) = queues.api.take();
-    let now = Instant::now();
-    recent.prune(now);
-    let mut refused = Vec::new();
-    record(finished, recent, now, &mut refused);
-    record(api_finished, recent, now, &mut refused);
-    let pods: Vec<PodView> = store
-        .state()
-        .iter()
-        .filter_map(|p| PodView::from_pod(p))
-        .collect();
-    let mut binds = Vec::new();
-    for a in decide::decide(&pods, &jobs, &in_flight)
-        .into_iter()
-        .chain(refused)
-        .filter(|a| recent.should_run(a, now))
-    {
-        // Not queued (in flight, or the queue is full): the next pass decides it again.
-        match a {
-            Action::Submit { .. } | Action::Cancel { .. } => {
-                queues.slurm.push(a);
-            }
-            Action::Bind { .. } => binds.push(a),
-            _ => {
-                queues.api.push(a);
-            }
-        }
-    }
-    // Bindings here: they are what a waiting pod waits for; their Events queued after them.
-    let n = binds.len();
-    let results = run_all(exec, binds, args.parallelism).await;
-    for (a, r) in &results {
-        if let (Action::Bind { pod, node, job }, Ok(_)) = (a, r) {
-            queues.api.push(Action::Scheduled {
-                pod: pod.clone(),
-                node: node.clone(),
-                job: *job,
-            });
-        }
-    }
-    record(results, recent, Instant::now(), &mut Vec::new());
-    tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
-    metrics::histogram!("isthmus_controller_placement_pass_seconds")
-        .record(started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Count and remember what was done; a refused submission backs off and says why on its pods (`refused` gets
-/// those [`Action::Wait`]s).
-fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mut Vec<Action>) {
-    for (a, r) in results {
-        if let Err(e @ execute::ActionError::Stale(_)) = &r {
-            tracing::debug!(error = %e, "placement: not written");
-            continue;
-        }
-        let result = if r.is_ok() { "ok" } else { "error" };
-        metrics::counter!("isthmus_controller_placement_actions_total",
-            "action" => action_name(&a), "result" => result)
-        .increment(1);
-        match r {
-            Ok(job) => {
-                if let Some(job) = job {
-                    tracing::info!(job, action = ?a, "placement: submitted");
-                }
-                recent.done(&a, now);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, action = action_name(&a), "placement: action failed; retrying");
-                if let Action::Submit { comment, pods, .. } = &a {
-                    recent.submit_failed(comment, now);
-                    // A refused submission is as much a reason to wait as a pending job.
-                    refused.extend(pods.iter().map(|pod| Action::Wait {
-                        pod: pod.clone(),
-                        message: format!("Slurm refused the job: {e}"),
-                        version: None,
-                    }));
-                }
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -365,6 +336,23 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert!(cli.placement.enabled);
         assert_eq!(cli.placement.partition.as_deref(), Some("gpu"));
+        let d = PlacementArgs::default();
+        assert_eq!(cli.placement.policy, d.policy);
+        assert_eq!(cli.placement.submit_as, d.submit_as);
+        assert_eq!(cli.placement.mig_gpu_type, None);
+    }
+
+    #[test]
+    fn the_controller_role_grants_what_placement_does_in_its_namespace() {
+        for a in NAMESPACE_ACCESS {
+            let role = crate::run::NAMESPACE_ACCESS
+                .iter()
+                .find(|r| r.group == a.group && r.resource == a.resource)
+                .unwrap_or_else(|| panic!("{} is not in the Role", a.resource));
+            for v in a.verbs {
+                assert!(role.verbs.contains(v), "{} {v}", a.resource);
+            }
+        }
     }
 
     #[test]

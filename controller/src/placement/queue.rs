@@ -198,11 +198,14 @@ mod tests {
 
     fn submit(uids: &[&str]) -> Action {
         Action::Submit {
-            name: "j".into(),
-            comment: format!("k8s:ns/g/{}", uids.join(",")),
+            job: crate::placement::comment::JobRef {
+                namespace: "ns".into(),
+                name: "g".into(),
+                id: crate::placement::comment::gang_id(uids),
+            },
             nodes: uids.len(),
             resources: Default::default(),
-            options: Default::default(),
+            spec: Default::default(),
             pods: uids
                 .iter()
                 .map(|u| PodRef {
@@ -238,6 +241,7 @@ mod tests {
             pod: x.clone(),
             message: m.into(),
             version: None,
+            refused: false,
         };
         assert!(l.admit(&wait("Priority")));
         assert!(

@@ -20,7 +20,7 @@ pub struct Recent {
 /// What `a` acts on, and the detail that makes a repeat a change.
 pub(crate) fn key(a: &Action) -> (String, String) {
     match a {
-        Action::Submit { comment, .. } => (format!("submit {comment}"), String::new()),
+        Action::Submit { job, .. } => (format!("submit {}", job.comment()), String::new()),
         Action::Bind { pod, node, .. } => (format!("bind {}", pod.uid), node.clone()),
         Action::Cancel { job, .. } => (format!("cancel {job}"), String::new()),
         Action::DeletePod { pod, .. } => (format!("delete {}", pod.uid), String::new()),
@@ -31,10 +31,13 @@ pub(crate) fn key(a: &Action) -> (String, String) {
 
 impl Recent {
     /// Whether `a` should run now: not done within [`HOLD`] (a [`Action::Wait`] with another message runs), and, for
-    /// a submission that failed, its backoff has passed.
-    pub fn should_run(&self, a: &Action, now: Instant) -> bool {
-        if let Action::Submit { comment, .. } = a {
-            if matches!(self.failed_submits.get(comment), Some((_, until)) if now < *until) {
+    /// a submission that failed (or timed out: its job may exist all the same), its backoff has passed *and* the job
+    /// list the decision was made from (read at `listed`) was read after it: a job the failed `sbatch` created
+    /// anyway is then in that list, and adopted instead of submitted again.
+    pub fn should_run(&self, a: &Action, now: Instant, listed: Instant) -> bool {
+        if let Action::Submit { job, .. } = a {
+            if matches!(self.failed_submits.get(&job.comment()), Some((_, until)) if now < *until || listed < *until)
+            {
                 return false;
             }
         }
@@ -46,8 +49,8 @@ impl Recent {
     pub fn done(&mut self, a: &Action, now: Instant) {
         let (k, detail) = key(a);
         self.done.insert(k, (detail, now));
-        if let Action::Submit { comment, .. } = a {
-            self.failed_submits.remove(comment);
+        if let Action::Submit { job, .. } = a {
+            self.failed_submits.remove(&job.comment());
         }
     }
 
@@ -71,6 +74,7 @@ impl Recent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::placement::comment::JobRef;
     use crate::placement::decide::PodRef;
 
     fn pod() -> PodRef {
@@ -90,39 +94,52 @@ mod tests {
             node: "n1".into(),
             job: 1,
         };
-        assert!(r.should_run(&bind, t0));
+        assert!(r.should_run(&bind, t0, t0));
         r.done(&bind, t0);
-        assert!(!r.should_run(&bind, t0 + Duration::from_secs(1)));
-        assert!(r.should_run(&bind, t0 + HOLD));
+        assert!(!r.should_run(&bind, t0 + Duration::from_secs(1), t0));
+        assert!(r.should_run(&bind, t0 + HOLD, t0));
         let wait = |m: &str| Action::Wait {
             pod: pod(),
             message: m.into(),
             version: None,
+            refused: false,
         };
         r.done(&wait("Resources"), t0);
-        assert!(!r.should_run(&wait("Resources"), t0));
-        assert!(r.should_run(&wait("Priority"), t0));
+        assert!(!r.should_run(&wait("Resources"), t0, t0));
+        assert!(r.should_run(&wait("Priority"), t0, t0));
         r.prune(t0 + HOLD);
-        assert!(r.should_run(&wait("Resources"), t0));
+        assert!(r.should_run(&wait("Resources"), t0, t0));
     }
 
     #[test]
-    fn failed_submissions_back_off() {
+    fn failed_submissions_back_off_and_wait_for_a_later_job_list() {
         let t0 = Instant::now();
         let mut r = Recent::default();
+        let job = JobRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+            id: "0a".into(),
+        };
+        let comment = job.comment();
         let submit = Action::Submit {
-            name: "j".into(),
-            comment: "k8s:ns/a/u".into(),
+            job,
             nodes: 1,
             resources: Default::default(),
-            options: Default::default(),
+            spec: Default::default(),
             pods: vec![pod()],
         };
-        r.submit_failed("k8s:ns/a/u", t0);
-        assert!(!r.should_run(&submit, t0));
-        assert!(r.should_run(&submit, t0 + Duration::from_secs(1)));
-        r.submit_failed("k8s:ns/a/u", t0);
-        assert!(!r.should_run(&submit, t0 + Duration::from_secs(1)));
-        assert!(r.should_run(&submit, t0 + Duration::from_secs(2)));
+        let s = |d: u64| t0 + Duration::from_secs(d);
+        r.submit_failed(&comment, t0);
+        assert!(!r.should_run(&submit, t0, t0));
+        assert!(r.should_run(&submit, s(1), s(1)));
+        assert!(
+            !r.should_run(&submit, s(1), t0),
+            "a job list read before the backoff ended may not show the job the failed sbatch made"
+        );
+        r.submit_failed(&comment, t0);
+        assert!(!r.should_run(&submit, s(1), s(1)));
+        assert!(r.should_run(&submit, s(2), s(2)));
+        r.done(&submit, s(2));
+        assert!(!r.should_run(&submit, s(3), s(3)), "held after success");
     }
 }

@@ -1,8 +1,13 @@
 //! What the running controller asks of the API server. The deploy test checks that
-//! `deploy/controller/base/rbac-topology.yaml` grants exactly [`API_ACCESS`] cluster-wide and that the namespaced Role
-//! in `deploy/controller/base/role.yaml` grants exactly [`NAMESPACE_ACCESS`].
+//! `deploy/controller/base/rbac-topology.yaml` grants exactly [`API_ACCESS`] cluster-wide, that every ClusterRole
+//! file in [`TASK_ACCESS`] grants exactly its lists (with [`TASK_NAMED_ACCESS`] for rules limited to named
+//! objects), and that the namespaced Role in `deploy/controller/base/role.yaml` grants exactly [`NAMESPACE_ACCESS`]
+//! and [`NAMESPACE_NAMED_ACCESS`].
 
 use isthmus_api::access::ApiAccess;
+
+use crate::webhook::access as webhook;
+pub use crate::webhook::access::NamedAccess;
 
 /// Cluster-scoped permissions of the topology task (ClusterRole `isthmus-controller-topology`).
 pub const API_ACCESS: &[ApiAccess] = &[
@@ -47,7 +52,21 @@ pub const TASK_ACCESS: &[(&str, &[ApiAccess])] = &[
         "overlays/slurm/rbac-placement.yaml",
         crate::placement::API_ACCESS,
     ),
+    ("base/rbac-webhook.yaml", webhook::BASE_ACCESS),
+    ("overlays/slurm/rbac-admission.yaml", webhook::SLURM_ACCESS),
 ];
+
+/// The rules of the same ClusterRole files that are limited to named objects (files without any are not listed).
+pub const TASK_NAMED_ACCESS: &[(&str, &[NamedAccess])] = &[
+    ("base/rbac-webhook.yaml", webhook::BASE_NAMED_ACCESS),
+    (
+        "overlays/slurm/rbac-admission.yaml",
+        webhook::SLURM_NAMED_ACCESS,
+    ),
+];
+
+/// Named objects in the controller's own namespace (Role `isthmus-controller`).
+pub const NAMESPACE_NAMED_ACCESS: &[NamedAccess] = webhook::NAMESPACE_NAMED_ACCESS;
 
 /// The verbs the controller's ServiceAccount holds cluster-wide on `resource` of `group`: the union of every task's
 /// ClusterRole.
@@ -79,6 +98,12 @@ pub const NAMESPACE_ACCESS: &[ApiAccess] = &[
         why: "the Slurm and status ConfigMaps: read, then server-side apply (patch; create when new); the watch on the \
               ibnetdiscover ConfigMap (list, watch with a field selector on its name)",
     },
+    ApiAccess {
+        group: "",
+        resource: "pods",
+        verbs: &["get"],
+        why: "the admission webhook: the node of the agent's pod that a pod-bound token names (its UID checked)",
+    },
 ];
 
 #[cfg(test)]
@@ -88,6 +113,16 @@ mod tests {
     #[test]
     fn verbs_are_sorted_and_unique() {
         for a in API_ACCESS.iter().chain(NAMESPACE_ACCESS) {
+            let mut v = a.verbs.to_vec();
+            v.sort_unstable();
+            v.dedup();
+            assert_eq!(v, a.verbs, "{}", a.resource);
+        }
+        let named = TASK_NAMED_ACCESS
+            .iter()
+            .flat_map(|(_, a)| a.iter())
+            .chain(NAMESPACE_NAMED_ACCESS);
+        for a in named {
             let mut v = a.verbs.to_vec();
             v.sort_unstable();
             v.dedup();

@@ -1,13 +1,13 @@
-//! Leader election on a `coordination.k8s.io` Lease with `kube-lease-manager`. The replica that holds the lease runs
-//! the leader tasks; losing it cancels them (a child token of the process's shutdown token) and the replica goes
-//! on campaigning. `isthmus_controller_leader` is 1 while leading.
+//! Leader election on a `coordination.k8s.io` Lease ([`super::lease`]). The replica that holds the lease runs the
+//! leader tasks; losing it, or failing to renew it within the renew deadline, cancels them (a child token of the
+//! process's shutdown token) and the replica goes on campaigning. `isthmus_controller_leader` is 1 while leading.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::lease::{Elector, LeaseConfig};
 use super::{LEASE_FIELD_MANAGER_PREFIX, LeaderContext, LeaderTask};
 
 /// Capped exponential backoff: 1 s, 2 s, 4 s … up to `max`.
@@ -37,21 +37,6 @@ pub async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
         () = token.cancelled() => false,
         () = tokio::time::sleep(d) => true,
     }
-}
-
-async fn build_manager(
-    ctx: &LeaderContext,
-    identity: &str,
-) -> kube_lease_manager::Result<LeaseManager> {
-    let a = &ctx.args;
-    LeaseManagerBuilder::new(ctx.client.clone(), &a.lease_name)
-        .with_namespace(&a.namespace)
-        .with_identity(identity)
-        .with_duration(a.lease_seconds.max(2))
-        .with_grace(a.lease_grace_seconds.clamp(1, a.lease_seconds.max(2) - 1))
-        .with_field_manager(format!("{LEASE_FIELD_MANAGER_PREFIX}-{identity}"))
-        .build()
-        .await
 }
 
 /// Run one task until `token` is cancelled, restarting it with backoff when it fails or ends early.
@@ -109,79 +94,104 @@ fn set_leader(leading: bool) {
     metrics::gauge!("isthmus_controller_leader").set(if leading { 1.0 } else { 0.0 });
 }
 
+/// A little randomness for the retry period (as client-go's jitter factor 1.2): replicas started together do not
+/// ask in lockstep.
+fn jittered(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    d + d.mul_f64(f64::from(nanos % 1000) / 1000.0 * 0.2)
+}
+
 /// Campaign until `shutdown`: hold the lease when possible, run `tasks` while holding it, release it at the end.
+/// Leading ends, and the tasks are cancelled, when no claim or renewal has succeeded for the renew deadline (every
+/// request has a timeout, so an API server that stops answering ends it too), or when another replica holds the
+/// Lease. Every success is recorded in `ctx.fence`, which the tasks ask before each write.
 pub async fn campaign(ctx: LeaderContext, tasks: Vec<LeaderTask>, shutdown: CancellationToken) {
     let identity = ctx.args.identity();
-    tracing::info!(%identity, lease = %ctx.args.lease_name, namespace = %ctx.args.namespace, "campaigning for the lease");
+    let timing = ctx.args.lease_timing();
+    tracing::info!(%identity, lease = %ctx.args.lease_name, namespace = %ctx.args.namespace,
+        duration = ?timing.duration, renew_deadline = ?timing.renew_deadline, retry = ?timing.retry,
+        "campaigning for the lease");
     set_leader(false);
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let fence = ctx.fence.clone();
+    let mut elector = Elector::new(
+        ctx.client.clone(),
+        LeaseConfig {
+            name: ctx.args.lease_name.clone(),
+            namespace: ctx.args.namespace.clone(),
+            identity: identity.clone(),
+            duration: timing.duration,
+            call_timeout: timing.retry.max(Duration::from_secs(1)),
+            field_manager: format!("{LEASE_FIELD_MANAGER_PREFIX}-{identity}"),
+        },
+    );
     let mut leading: Option<Leading> = None;
-    'outer: while !shutdown.is_cancelled() {
-        let manager = match build_manager(&ctx, &identity).await {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot reach the Lease; retrying");
-                metrics::counter!("isthmus_controller_lease_errors_total").increment(1);
-                if !sleep_or_cancel(backoff.next_delay(), &shutdown).await {
-                    break;
-                }
-                continue;
-            }
+    loop {
+        let sent = Instant::now();
+        // While leading, the answer must come before the renew deadline; the tasks stop there either way.
+        let stop_at = fence.stop_at().filter(|_| leading.is_some());
+        let result = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = elector.try_acquire_or_renew() => Some(r),
+            () = sleep_until_opt(stop_at) => None,
         };
-        backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        let (mut state, handle) = manager.watch().await;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => {
-                    drop(state);
-                    if let Some(l) = leading.take() {
-                        l.stop().await;
-                    }
-                    // Closing the channel makes the manager release the lease, so that a standby takes over at once.
-                    match tokio::time::timeout(Duration::from_secs(5), handle).await {
-                        Ok(Ok(Ok(_))) => tracing::info!("lease released"),
-                        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "releasing the lease failed"),
-                        Ok(Err(e)) => tracing::warn!(error = %e, "the lease task failed"),
-                        Err(_) => tracing::warn!("releasing the lease timed out"),
-                    }
-                    break 'outer;
-                }
-                changed = state.changed() => {
-                    if changed.is_err() {
-                        // The manager's task ended (it only does on an error it could not retry): start a new one.
-                        tracing::warn!("the lease manager stopped; starting a new one");
-                        metrics::counter!("isthmus_controller_lease_errors_total").increment(1);
-                        if let Some(l) = leading.take() {
-                            l.stop().await;
-                            set_leader(false);
-                        }
-                        if !sleep_or_cancel(backoff.next_delay(), &shutdown).await {
-                            break 'outer;
-                        }
-                        continue 'outer;
-                    }
-                    let is_leader = *state.borrow_and_update();
-                    match (is_leader, leading.is_some()) {
-                        (true, false) => {
-                            tracing::info!(%identity, "acquired the lease: leading");
-                            metrics::counter!("isthmus_controller_leader_transitions_total").increment(1);
-                            leading = Some(Leading::start(&ctx, &tasks, &shutdown));
-                            set_leader(true);
-                        }
-                        (false, true) => {
-                            tracing::warn!(%identity, "lost the lease: stopping the leader tasks");
-                            if let Some(l) = leading.take() {
-                                l.stop().await;
-                            }
-                            set_leader(false);
-                        }
-                        _ => {}
-                    }
+        match result {
+            Some(Ok(true)) => {
+                fence.renewed(sent);
+                if leading.is_none() {
+                    tracing::info!(%identity, "acquired the lease: leading");
+                    metrics::counter!("isthmus_controller_leader_transitions_total").increment(1);
+                    leading = Some(Leading::start(&ctx, &tasks, &shutdown));
+                    set_leader(true);
                 }
             }
+            Some(Ok(false)) => {
+                fence.lost();
+                if let Some(l) = leading.take() {
+                    tracing::warn!(%identity, "another replica holds the lease: stopping the leader tasks");
+                    l.stop().await;
+                    set_leader(false);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the lease could not be claimed or renewed; retrying");
+                metrics::counter!("isthmus_controller_lease_errors_total").increment(1);
+            }
+            None => {}
+        }
+        if leading.is_some() && !fence.is_leading() {
+            tracing::warn!(%identity, deadline = ?timing.renew_deadline,
+                "no renewal within the renew deadline: stopping the leader tasks");
+            fence.lost();
+            if let Some(l) = leading.take() {
+                l.stop().await;
+            }
+            set_leader(false);
+        }
+        let wait = jittered(timing.retry).saturating_sub(sent.elapsed());
+        if !sleep_or_cancel(wait, &shutdown).await {
+            break;
+        }
+    }
+    fence.lost();
+    if let Some(l) = leading.take() {
+        l.stop().await;
+        // A standby takes over at once.
+        match tokio::time::timeout(Duration::from_secs(5), elector.release()).await {
+            Ok(Ok(())) => tracing::info!("lease released"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed"),
+            Err(_) => tracing::warn!("releasing the lease timed out"),
         }
     }
     set_leader(false);
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,10 @@
 //! To add a task: one [`LeaderTask`] line in [`leader_tasks`], its `clap::Args` flattened into [`RunArgs`].
 
 pub mod access;
+pub mod fence;
 pub mod inputs;
 pub mod leader;
+pub mod lease;
 pub mod objects;
 pub mod topology;
 
@@ -15,6 +17,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -41,9 +44,15 @@ pub struct RunArgs {
     /// How long a claim on the Lease is valid without renewal, in seconds.
     #[arg(long, default_value_t = 15)]
     pub lease_seconds: u64,
-    /// How long before expiry the leader renews its claim, in seconds.
-    #[arg(long, default_value_t = 5)]
-    pub lease_grace_seconds: u64,
+    /// How long the leader keeps acting without a successful renewal, in seconds (shorter than --lease-seconds).
+    #[arg(long, default_value_t = 10)]
+    pub lease_renew_deadline_seconds: u64,
+    /// How often the Lease is renewed (by the leader) or tried (by a standby), in seconds.
+    #[arg(long, default_value_t = 2)]
+    pub lease_retry_seconds: u64,
+    /// How long one API request of the Slurm tasks may take (watches excepted) before it is abandoned.
+    #[arg(long, default_value = "5s", value_parser = crate::slurm::parse_duration)]
+    pub api_timeout: Duration,
     /// The Slurm client tools (for the optional `scontrol reconfigure`).
     #[command(flatten)]
     pub slurm: SlurmArgs,
@@ -56,9 +65,35 @@ pub struct RunArgs {
     /// Pods placed by Slurm's scheduler (off unless `--placement`).
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
+    /// The admission webhook every replica serves (off unless `--webhook-listen`).
+    #[command(flatten)]
+    pub webhook: crate::webhook::WebhookArgs,
+}
+
+/// The election's three durations, ordered as client-go requires: duration > renew deadline > retry period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// How long a claim is valid without renewal.
+    pub duration: Duration,
+    /// How long the leader acts without a successful renewal.
+    pub renew_deadline: Duration,
+    /// Renewal and retry period.
+    pub retry: Duration,
 }
 
 impl RunArgs {
+    /// The flags' durations, each clamped into order (at least 1 s apart).
+    pub fn lease_timing(&self) -> LeaseTiming {
+        let duration = self.lease_seconds.max(3);
+        let renew_deadline = self.lease_renew_deadline_seconds.clamp(2, duration - 1);
+        let retry = self.lease_retry_seconds.clamp(1, renew_deadline - 1);
+        LeaseTiming {
+            duration: Duration::from_secs(duration),
+            renew_deadline: Duration::from_secs(renew_deadline),
+            retry: Duration::from_secs(retry),
+        }
+    }
+
     /// This replica's identity: `--identity`, or the host name plus a random suffix.
     pub fn identity(&self) -> String {
         match &self.identity {
@@ -85,6 +120,8 @@ pub struct LeaderContext {
     pub slurm: SlurmClient,
     /// All arguments.
     pub args: Arc<RunArgs>,
+    /// Whether this replica still leads: asked before every write.
+    pub fence: fence::Fence,
 }
 
 impl std::fmt::Debug for LeaderContext {
@@ -142,6 +179,10 @@ pub fn leader_tasks() -> Vec<LeaderTask> {
                     c.client,
                     c.slurm,
                     c.args.node_sync.clone(),
+                    fence::Guard {
+                        fence: c.fence,
+                        api_timeout: c.args.api_timeout,
+                    },
                     t,
                 ))
             },
@@ -153,6 +194,13 @@ pub fn leader_tasks() -> Vec<LeaderTask> {
                     c.client,
                     c.slurm,
                     c.args.placement.clone(),
+                    crate::placement::Env {
+                        namespace: c.args.namespace.clone(),
+                        guard: fence::Guard {
+                            fence: c.fence,
+                            api_timeout: c.args.api_timeout,
+                        },
+                    },
                     t,
                 ))
             },
@@ -163,10 +211,12 @@ pub fn leader_tasks() -> Vec<LeaderTask> {
 /// Campaign for the lease and run the leader tasks while leading, until `shutdown`. Never returns early on an
 /// API error: every failure is logged, counted and retried.
 pub async fn run(client: kube::Client, args: RunArgs, shutdown: CancellationToken) {
+    let timing = args.lease_timing();
     let ctx = LeaderContext {
         client,
         slurm: SlurmClient::new(args.slurm.clone()),
         args: Arc::new(args),
+        fence: fence::Fence::new(timing.duration, timing.renew_deadline),
     };
     leader::campaign(ctx, leader_tasks(), shutdown).await;
 }

@@ -1,11 +1,12 @@
-//! Slurm jobs through the client tools: the job list (`squeue --me` with a fixed format), submission
+//! Slurm jobs through the client tools: the job list (`squeue --all --states=all` with a fixed format), submission
 //! (`sbatch --parsable`) and cancellation (`scancel`).
 //!
 //! The list is read as `--format` text, not `--json`: with 200 jobs `squeue --json` prints ~630 KB (every field of
-//! every job) and takes 4–5 times as long as the seven fields needed here (~16 KB), and the list is read on every
-//! placement pass. `--me` keeps the answer to the jobs the controller submitted: squeue then asks slurmctld for one
-//! user's jobs only. [`parse_jobs`] still reads `--json` (the shapes of 22.05, `"job_state": "RUNNING"`, and of
-//! 23.11+, `"job_state": ["RUNNING"]`, `{"set": true, "number": N}`), for tools and tests that read it.
+//! every job) and takes 4–5 times as long as the fields needed here (~18 KB), and the list is read on every
+//! placement pass. It holds every user's jobs (placeholder jobs run as the tenants' users) in every partition,
+//! hidden ones included (`--all`): a job the list could not show would be submitted again. [`parse_jobs`] still
+//! reads `--json` (the shapes of 22.05, `"job_state": "RUNNING"`, and of 23.11+, `"job_state": ["RUNNING"]`,
+//! `{"set": true, "number": N}`), for tools and tests that read it.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -29,6 +30,12 @@ pub struct Job {
     pub nodes: String,
     /// Partition.
     pub partition: String,
+    /// The user it runs as (name; `%u`).
+    pub user: String,
+    /// The user's numeric id (`%U`).
+    pub uid: String,
+    /// Account (`(null)` when none).
+    pub account: String,
 }
 
 impl Job {
@@ -103,58 +110,83 @@ pub fn parse_jobs(json: &str) -> Result<Vec<Job>, serde_json::Error> {
                 reason: text(j, "state_reason"),
                 nodes: text(j, "nodes"),
                 partition: text(j, "partition"),
+                user: text(j, "user_name"),
+                uid: number(j, "user_id").to_string(),
+                account: text(j, "account"),
             })
         })
         .collect())
 }
 
-/// Field separator of [`LIST_FORMAT`]: ASCII unit separator, which no job name or comment holds in practice.
+/// Field separator of [`LIST_FORMAT`]: ASCII unit separator.
 const SEP: char = '\u{1f}';
 
-/// squeue's `--format` for [`list`]: id, state, reason, nodes, partition, name, comment. Fields without a width
-/// are printed whole. The comment comes last: it is the field a pod's identity is read from.
-const LIST_FORMAT: &str = "--format=%i\u{1f}%T\u{1f}%r\u{1f}%N\u{1f}%P\u{1f}%j\u{1f}%k";
+/// squeue's `--format` for [`list`]: id, state, reason, nodes, partition, user, uid, account, comment. Fields
+/// without a width are printed whole. The job name is not read (it is free text).
+const LIST_FORMAT: &str =
+    "--format=%i\u{1f}%T\u{1f}%r\u{1f}%N\u{1f}%P\u{1f}%u\u{1f}%U\u{1f}%a\u{1f}%k";
 
 /// Parse [`list`]'s squeue output: one job per line, [`SEP`]-separated fields in [`LIST_FORMAT`]'s order. A line
-/// that does not have them all (a name holding a newline, a truncated answer) is skipped.
+/// with another number of fields (a newline or a separator in a user's free text, a truncated answer) is skipped:
+/// no field of it can be trusted.
 pub fn parse_list(text: &str) -> Vec<Job> {
     text.lines()
         .filter_map(|line| {
-            let f: Vec<&str> = line.splitn(7, SEP).collect();
-            let [id, state, reason, nodes, partition, name, comment] = f.as_slice() else {
+            let f: Vec<&str> = line.split(SEP).collect();
+            let [
+                id,
+                state,
+                reason,
+                nodes,
+                partition,
+                user,
+                uid,
+                account,
+                comment,
+            ] = f.as_slice()
+            else {
                 return None;
             };
             let id = id.trim().parse().ok().filter(|id| *id != 0)?;
+            let t = |s: &str| s.trim().to_owned();
             Some(Job {
                 id,
-                name: (*name).to_owned(),
+                name: String::new(),
                 comment: (*comment).to_owned(),
-                state: state.trim().to_owned(),
-                reason: reason.trim().to_owned(),
-                nodes: nodes.trim().to_owned(),
-                partition: partition.trim().to_owned(),
+                state: t(state),
+                reason: t(reason),
+                nodes: t(nodes),
+                partition: t(partition),
+                user: t(user),
+                uid: t(uid),
+                account: t(account),
             })
         })
         .collect()
 }
 
-/// The jobs of the controller's user that slurmctld knows (pending, running, and those ended within
-/// `MinJobAge`): one `squeue --me --states=all`.
+/// Every job slurmctld knows (pending, running, and those ended within `MinJobAge`), of every user and partition:
+/// one `squeue --all --states=all`.
 pub async fn list(slurm: &SlurmClient) -> Result<Vec<Job>, SlurmError> {
     let text = slurm
         .run(
             "squeue",
-            &["--me", "--noheader", "--states=all", LIST_FORMAT],
+            &["--all", "--noheader", "--states=all", LIST_FORMAT],
         )
         .await?;
     Ok(parse_list(&text))
 }
 
-/// Submit a batch job: `args` are sbatch options (each `--name=value`), `--parsable` is added. Returns the job id.
-pub async fn submit(slurm: &SlurmClient, args: &[String]) -> Result<u64, SlurmError> {
+/// Submit a batch job: `args` are sbatch options (each `--name=value`), `--parsable` is added; `wrapper` runs sbatch
+/// (empty: run directly). Returns the job id.
+pub async fn submit(
+    slurm: &SlurmClient,
+    wrapper: &[String],
+    args: &[String],
+) -> Result<u64, SlurmError> {
     let mut all: Vec<&str> = vec!["--parsable"];
     all.extend(args.iter().map(String::as_str));
-    let out = slurm.run("sbatch", &all).await?;
+    let out = slurm.run_with(wrapper, "sbatch", &all).await?;
     parse_parsable(&out).ok_or_else(|| SlurmError::Failed {
         program: "sbatch".to_owned(),
         args: all.join(" "),
@@ -207,12 +239,13 @@ mod tests {
     /// Lines as squeue 22.05 printed them for `list` (separator shown as `|` here).
     #[test]
     fn the_list_format() {
-        let text = "1|CANCELLED|None|n0|all|k8s:default/p0/uid-0|k8s:default/p0/uid-0\n\
-                    6|PENDING|Resources||all|job six|k8s:default/p5/uid-5\n\
-                    7|RUNNING|None|n[1-2]|high|x|k8s:ns/g/u1,u2 with|pipes\n\
+        let text = "1|CANCELLED|None|n0|all|root|0|(null)|k8s:default/p0/uid-0\n\
+                    6|PENDING|Resources||all|nobody|65534|proj|k8s:default/p5/uid-5\n\
+                    7|RUNNING|None|n[1-2]|high|daemon|1|(null)|k8s:ns/g/g-0123456789abcdef\n\
+                    9|RUNNING|None|n1|high|eve|1000|x|k8s:ns/p/u|with a separator\n\
                     8|RUNNING|None\n\
-                    |PENDING|Priority||all|x|y\n\
-                    0|PENDING|Priority||all|x|y\n\
+                    |PENDING|Priority||all|x|1|a|y\n\
+                    0|PENDING|Priority||all|x|1|a|y\n\
                     garbage\n"
             .replace('|', &SEP.to_string());
         let jobs = parse_list(&text);
@@ -222,11 +255,15 @@ mod tests {
         assert_eq!(jobs[0].nodes, "n0");
         assert_eq!(jobs[1].reason, "Resources");
         assert_eq!(jobs[1].nodes, "");
-        assert_eq!(jobs[1].name, "job six");
+        assert_eq!(
+            (jobs[1].user.as_str(), jobs[1].uid.as_str()),
+            ("nobody", "65534")
+        );
+        assert_eq!(jobs[1].account, "proj");
         assert!(!jobs[1].is_running() && !jobs[1].is_finished());
         assert!(jobs[2].is_running());
         assert_eq!(jobs[2].partition, "high");
-        assert_eq!(jobs[2].comment, format!("k8s:ns/g/u1,u2 with{SEP}pipes"));
+        assert_eq!(jobs[2].comment, "k8s:ns/g/g-0123456789abcdef");
         assert!(parse_list("").is_empty());
     }
 

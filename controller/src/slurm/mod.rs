@@ -139,6 +139,11 @@ impl SlurmClient {
         &self.args
     }
 
+    /// How long one command may take.
+    pub fn timeout(&self) -> Duration {
+        self.args.slurm_timeout
+    }
+
     fn program_path(&self, program: &str) -> PathBuf {
         match &self.args.slurm_bin_dir {
             Some(dir) => dir.join(program),
@@ -150,8 +155,19 @@ impl SlurmClient {
     /// `isthmus_controller_slurm_commands_total{program,verb,result}` (`verb`: the first argument, e.g.
     /// `update`, `show`) and timed in `isthmus_controller_slurm_command_seconds`.
     pub async fn run(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
+        self.run_with(&[], program, args).await
+    }
+
+    /// [`Self::run`] through `wrapper` (a program found on `PATH` and its arguments, e.g. `setpriv --reuid=…`),
+    /// which runs the Slurm program.
+    pub async fn run_with(
+        &self,
+        wrapper: &[String],
+        program: &str,
+        args: &[&str],
+    ) -> Result<String, SlurmError> {
         let started = std::time::Instant::now();
-        let result = self.run_inner(program, args).await;
+        let result = self.run_inner(wrapper, program, args).await;
         let verb = args
             .iter()
             .find(|a| !a.starts_with('-'))
@@ -171,8 +187,20 @@ impl SlurmClient {
         result
     }
 
-    async fn run_inner(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
-        let mut cmd = tokio::process::Command::new(self.program_path(program));
+    async fn run_inner(
+        &self,
+        wrapper: &[String],
+        program: &str,
+        args: &[&str],
+    ) -> Result<String, SlurmError> {
+        let mut cmd = match wrapper.split_first() {
+            None => tokio::process::Command::new(self.program_path(program)),
+            Some((first, rest)) => {
+                let mut c = tokio::process::Command::new(first);
+                c.args(rest).arg(self.program_path(program));
+                c
+            }
+        };
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -181,6 +209,8 @@ impl SlurmClient {
         if let Some(conf) = &self.args.slurm_conf {
             cmd.env("SLURM_CONF", conf);
         }
+        // Times as `2026-11-24T05:13:54` whatever the site's environment says.
+        cmd.env("SLURM_TIME_FORMAT", "standard");
         let child = cmd.spawn().map_err(|source| SlurmError::Spawn {
             program: program.to_owned(),
             source,

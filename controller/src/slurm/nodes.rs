@@ -1,15 +1,14 @@
-//! Slurm's view of its nodes: name, base state, state flags, reason and when the reason was set, read as JSON.
+//! Slurm's view of its nodes, read as the few fields the node sync needs: one `sinfo` line per node with its name,
+//! complete state (base state and flags), the time its reason was set, its CPU counts and its reason. The same
+//! command and fields answer on Slurm 22.05 and every later release (no `--json`, whose shape changes between
+//! releases and which dumps every field of every node). `--all` includes hidden partitions.
 //!
-//! Which command answers depends on the Slurm release:
-//! - 23.02 and newer: `scontrol show node --json` (`state` is a list, base state first: `["IDLE","DRAIN"]`;
-//!   from 23.11 on, `reason_changed_at` is `{"set":true,"number":…}`).
-//! - 22.05: `scontrol` has no `--json` (it answers "unrecognized option"), but `sinfo --json` dumps every node with
-//!   the same fields (`state` a lower-case string, `state_flags` a list, `reason`, `reason_changed_at` a number).
+//! When a drain is about to be lifted, [`NodeReader::last_busy`] reads one node's `LastBusyTime` (when it last
+//! became idle) with `scontrol -o show node NAME`: a job that ended while the node was drained leaves no other
+//! trace in the node's state.
 //!
-//! [`NodeReader`] asks `scontrol` first and, once it refuses `--json`, uses `sinfo --json` from then on. Both
-//! shapes parse into the same [`SlurmNode`]; nothing needs the text output of `scontrol -o show node`.
-
-use serde::Deserialize;
+//! Times are Slurm's local civil times as it prints them (`2026-11-24T05:13:54`, `SLURM_TIME_FORMAT=standard` is
+//! set for every command): they are only compared with each other.
 
 use super::{SlurmClient, SlurmError};
 
@@ -24,8 +23,10 @@ pub struct SlurmNode {
     pub flags: Vec<String>,
     /// The reason of a drain or down (empty when none).
     pub reason: String,
-    /// When the reason was set (Unix seconds), when Slurm says.
-    pub reason_changed_at: Option<i64>,
+    /// When the reason was set, as Slurm prints it (`None` when it has none).
+    pub reason_time: Option<String>,
+    /// CPUs allocated to jobs now.
+    pub alloc_cpus: Option<u32>,
 }
 
 /// Flags with which Slurm runs no new job on the node.
@@ -34,6 +35,7 @@ const BLOCKING_FLAGS: &[&str] = &[
     "FAIL",
     "NOT_RESPONDING",
     "MAINTENANCE",
+    "MAINT",
     "POWERED_DOWN",
     "POWERING_DOWN",
     "POWER_DOWN",
@@ -50,6 +52,12 @@ impl SlurmNode {
     /// Whether the node is drained or draining.
     pub fn is_drained(&self) -> bool {
         self.has_flag("DRAIN")
+    }
+
+    /// Whether jobs hold some of the node now (its base state is not IDLE).
+    pub fn is_busy(&self) -> bool {
+        matches!(self.state.as_str(), "MIXED" | "ALLOCATED" | "COMPLETING")
+            || self.has_flag("COMPLETING")
     }
 
     /// Whether Slurm may start jobs here: a base state that runs jobs and no blocking flag.
@@ -96,166 +104,80 @@ fn camel(word: &str) -> String {
         .collect()
 }
 
-#[derive(Deserialize)]
-struct Dump {
-    #[serde(default)]
-    nodes: Vec<RawNode>,
-    #[serde(default)]
-    errors: Vec<serde_json::Value>,
+/// The `sinfo` fields: name, complete state, reason time, CPUs (allocated/idle/other/total), reason last (it may
+/// hold the separator).
+pub const SINFO_FORMAT: &str = "NodeList:|,StateComplete:|,TimeStamp:|,CPUsState:|,Reason:|";
+
+/// A Slurm time as printed with `SLURM_TIME_FORMAT=standard` (`2026-11-24T05:13:54`), or `None` (`Unknown`, `N/A`,
+/// anything else).
+pub fn civil_time(text: &str) -> Option<String> {
+    let t = text.trim();
+    let b = t.as_bytes();
+    let shape = b.len() == 19
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            _ => c.is_ascii_digit(),
+        });
+    shape.then(|| t.to_owned())
 }
 
-#[derive(Deserialize)]
-struct RawNode {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    state: StateField,
-    #[serde(default)]
-    state_flags: Vec<String>,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    reason_changed_at: Option<Timestamp>,
-}
-
-/// `"idle"` (22.05) or `["IDLE","DRAIN"]` (23.02+).
-#[derive(Deserialize, Default)]
-#[serde(untagged)]
-enum StateField {
-    One(String),
-    Many(Vec<String>),
-    #[default]
-    Missing,
-}
-
-/// `1700000000` (22.05, 23.02) or `{"set":true,"infinite":false,"number":1700000000}` (23.11+).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Timestamp {
-    Plain(i64),
-    Wrapped {
-        #[serde(default = "yes")]
-        set: bool,
-        #[serde(default)]
-        number: i64,
-    },
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl Timestamp {
-    fn seconds(&self) -> Option<i64> {
-        match *self {
-            Timestamp::Plain(n)
-            | Timestamp::Wrapped {
-                set: true,
-                number: n,
-            } if n > 0 => Some(n),
-            _ => None,
-        }
-    }
-}
-
-/// Why no node list could be read.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeReadError {
-    /// The command failed.
-    #[error(transparent)]
-    Slurm(#[from] SlurmError),
-    /// The command answered, but with errors in its JSON (`sinfo --json` of 22.05 exits 0 with
-    /// `"errors":[{"error":"Unspecified error"}]` and no nodes when slurmctld is down).
-    #[error("{program} reported errors: {errors}")]
-    Reported {
-        /// The program.
-        program: String,
-        /// The `errors` list, as JSON.
-        errors: String,
-    },
-}
-
-impl NodeReadError {
-    /// Whether slurmctld could not be reached: the caller retries later. Errors reported in the JSON count as
-    /// unreachable (that is how 22.05's `sinfo --json` reports a stopped slurmctld).
-    pub fn is_unreachable(&self) -> bool {
-        match self {
-            NodeReadError::Slurm(e) => e.is_unreachable(),
-            NodeReadError::Reported { .. } => true,
-        }
-    }
-}
-
-/// Parsed output: the nodes, and the `errors` list when it is not empty.
-fn parse_dump(text: &str) -> Result<(Vec<SlurmNode>, Vec<serde_json::Value>), serde_json::Error> {
-    let dump: Dump = serde_json::from_str(text)?;
-    let errors = dump.errors;
-    let mut nodes: Vec<SlurmNode> = dump
-        .nodes
-        .into_iter()
-        .filter(|n| !n.name.is_empty())
-        .map(|n| {
-            let upper = |s: &str| s.trim().to_ascii_uppercase();
-            let (state, mut flags) = match n.state {
-                StateField::One(s) => (upper(&s), Vec::new()),
-                StateField::Many(list) => {
-                    let mut it = list.iter().map(|s| upper(s));
-                    (it.next().unwrap_or_default(), it.collect())
-                }
-                StateField::Missing => (String::new(), Vec::new()),
-            };
-            for f in n.state_flags.iter().map(|s| upper(s)) {
-                if !flags.contains(&f) {
-                    flags.push(f);
-                }
+/// Parse `sinfo --Node --noheader --Format=`[`SINFO_FORMAT`] output: one node per line (a node in several
+/// partitions is listed once per partition: kept once), sorted by name. A line without every field is skipped.
+pub fn parse_sinfo(text: &str) -> Vec<SlurmNode> {
+    let mut nodes: Vec<SlurmNode> = text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(5, '|');
+            let (name, state, time, cpus, reason) =
+                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let name = name.trim();
+            if name.is_empty() {
+                return None;
             }
-            SlurmNode {
-                name: n.name,
-                state,
-                flags,
-                reason: n.reason.unwrap_or_default(),
-                reason_changed_at: n.reason_changed_at.as_ref().and_then(Timestamp::seconds),
-            }
+            let mut words = state
+                .trim()
+                .split('+')
+                .map(|s| s.trim().to_ascii_uppercase());
+            let base = words.next().unwrap_or_default();
+            let reason = reason.strip_suffix('|').unwrap_or(reason).trim();
+            Some(SlurmNode {
+                name: name.to_owned(),
+                state: base,
+                flags: words.filter(|w| !w.is_empty()).collect(),
+                reason: if reason.eq_ignore_ascii_case("none") {
+                    String::new()
+                } else {
+                    reason.to_owned()
+                },
+                reason_time: civil_time(time),
+                alloc_cpus: cpus.split('/').next().and_then(|a| a.trim().parse().ok()),
+            })
         })
         .collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok((nodes, errors))
+    nodes.dedup_by(|a, b| a.name == b.name);
+    nodes
 }
 
-/// Parse the JSON of `scontrol show node --json` (23.02+) or `sinfo --json` (22.05) into nodes, sorted by name
-/// (the `errors` list is not looked at; [`NodeReader`] does).
-pub fn parse_nodes(text: &str) -> Result<Vec<SlurmNode>, serde_json::Error> {
-    parse_dump(text).map(|(nodes, _)| nodes)
+/// `LastBusyTime=` of `scontrol -o show node` output.
+pub fn parse_last_busy(text: &str) -> Option<String> {
+    text.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("LastBusyTime="))
+        .and_then(civil_time)
 }
 
-/// Which command dumps the nodes as JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeCommand {
-    /// `scontrol show node --json` (Slurm 23.02+).
-    Scontrol,
-    /// `sinfo --json` (Slurm 22.05).
-    Sinfo,
-}
-
-/// Reads every node, remembering which command the installed Slurm answers.
+/// Reads Slurm's nodes.
 #[derive(Debug, Clone)]
 pub struct NodeReader {
     client: SlurmClient,
-    command: NodeCommand,
 }
 
 impl NodeReader {
-    /// A reader that tries `scontrol show node --json` first.
+    /// A reader through `client`.
     pub fn new(client: SlurmClient) -> Self {
-        Self {
-            client,
-            command: NodeCommand::Scontrol,
-        }
-    }
-
-    /// The command in use.
-    pub fn command(&self) -> NodeCommand {
-        self.command
+        Self { client }
     }
 
     /// The Slurm client.
@@ -263,189 +185,87 @@ impl NodeReader {
         &self.client
     }
 
-    /// Every node, sorted by name.
-    pub async fn nodes(&mut self) -> Result<Vec<SlurmNode>, NodeReadError> {
-        if self.command == NodeCommand::Scontrol {
-            match self.read("scontrol", &["show", "node", "--json"]).await {
-                Err(NodeReadError::Slurm(SlurmError::Failed { ref stderr, .. }))
-                    if refuses_json(stderr) =>
-                {
-                    tracing::info!(
-                        "scontrol has no --json (Slurm 22.05): reading nodes with sinfo --json"
-                    );
-                    self.command = NodeCommand::Sinfo;
-                }
-                other => return other,
-            }
-        }
-        self.read("sinfo", &["--json"]).await
+    /// Every node in a partition (hidden ones included), sorted by name.
+    pub async fn nodes(&self) -> Result<Vec<SlurmNode>, SlurmError> {
+        let format = format!("--Format={SINFO_FORMAT}");
+        let text = self
+            .client
+            .run("sinfo", &["--all", "--Node", "--noheader", &format])
+            .await?;
+        Ok(parse_sinfo(&text))
     }
 
-    async fn read(&self, program: &str, args: &[&str]) -> Result<Vec<SlurmNode>, NodeReadError> {
-        let text = self.client.run(program, args).await?;
-        let (nodes, errors) = parse_dump(&text).map_err(|source| SlurmError::Json {
-            program: program.to_owned(),
-            args: args.join(" "),
-            source,
-        })?;
-        if !errors.is_empty() {
-            return Err(NodeReadError::Reported {
-                program: program.to_owned(),
-                errors: serde_json::Value::Array(errors).to_string(),
-            });
-        }
-        Ok(nodes)
+    /// When `node` last became idle (`None` when Slurm does not say).
+    pub async fn last_busy(&self, node: &str) -> Result<Option<String>, SlurmError> {
+        let text = self
+            .client
+            .run("scontrol", &["-o", "show", "node", node])
+            .await?;
+        Ok(parse_last_busy(&text))
     }
-}
-
-fn refuses_json(stderr: &str) -> bool {
-    let s = stderr.to_ascii_lowercase();
-    s.contains("unrecognized option")
-        || s.contains("invalid option")
-        || s.contains("unknown option")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `sinfo --json` of Slurm 22.05.8 (fields trimmed), node n2 drained by `scontrol update`.
-    const SINFO_22_05: &str = r#"{"meta":{"plugin":{"type":"openapi/v0.0.38","name":"Slurm OpenAPI v0.0.38"},
-      "Slurm":{"version":{"major":22,"micro":8,"minor":5},"release":"22.05.8"}},"errors":[],
-      "nodes":[{"name":"n2","hostname":"n2","state":"idle","state_flags":["DRAIN"],
-        "reason":"isthmus: cordoned in Kubernetes: disk bad","reason_changed_at":1795439933,
-        "reason_set_by_user":"root"},
-       {"name":"n1","hostname":"n1","state":"idle","state_flags":[],"reason":"","reason_changed_at":0,
-        "reason_set_by_user":""},
-       {"name":"n3","state":"down","state_flags":["NOT_RESPONDING","DRAIN"],"reason":"Not responding"}]}"#;
-
-    /// `scontrol show node --json` of Slurm 23.11/24.05 (fields trimmed).
-    const SCONTROL_24: &str = r#"{"nodes":[{"name":"a1","state":["MIXED","DRAIN"],"reason":"maintenance",
-        "reason_changed_at":{"set":true,"infinite":false,"number":1700000000},"reason_set_by_user":"root"},
-       {"name":"a2","state":["IDLE"],"reason":"","reason_changed_at":{"set":false,"infinite":false,"number":0}}],
-       "errors":[],"warnings":[]}"#;
-
-    /// `scontrol show node --json` of Slurm 23.02 (plain timestamps).
-    const SCONTROL_23_02: &str = r#"{"nodes":[{"name":"b1","state":["DOWN","NOT_RESPONDING"],"reason":"Not responding","reason_changed_at":5}]}"#;
+    /// What Slurm 22.05.8's sinfo printed on the test cluster (one node in two partitions, one drained by a cordon
+    /// with a 200-character reason cut here, one just undrained, one DOWN).
+    const SINFO: &str = "n2|idle+drain|2026-11-24T05:13:54|0/0/2/2|isthmus: cordoned in Kubernetes: a|b|\n\
+        n1|mixed|Unknown|1/1/0/2|none|\n\
+        n1|mixed|Unknown|1/1/0/2|none|\n\
+        n3|idle+not_responding|Unknown|0/2/0/2|none|\n\
+        n4|down+drain+not_responding|2026-11-24T05:00:00|0/0/4/4|Not responding|\n\
+        broken line\n\
+        |idle|Unknown|0/0/0/0|none|\n";
 
     #[test]
-    fn slurm_22_05_sinfo() {
-        let nodes = parse_nodes(SINFO_22_05).unwrap_or_else(|e| panic!("{e}"));
+    fn sinfo_lines() {
+        let nodes = parse_sinfo(SINFO);
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        assert_eq!(names, ["n1", "n2", "n3"], "sorted by name");
+        assert_eq!(names, ["n1", "n2", "n3", "n4"], "sorted, once each");
         let n2 = &nodes[1];
-        assert_eq!(n2.state, "IDLE");
-        assert_eq!(n2.flags, ["DRAIN"]);
-        assert!(n2.is_drained() && !n2.can_run_jobs());
-        assert_eq!(n2.reason, "isthmus: cordoned in Kubernetes: disk bad");
-        assert_eq!(n2.reason_changed_at, Some(1_795_439_933));
+        assert_eq!(
+            (n2.state.as_str(), n2.flags.as_slice()),
+            ("IDLE", &["DRAIN".to_owned()][..])
+        );
+        assert!(n2.is_drained() && !n2.can_run_jobs() && !n2.is_busy());
+        assert_eq!(n2.reason, "isthmus: cordoned in Kubernetes: a|b");
+        assert_eq!(n2.reason_time.as_deref(), Some("2026-11-24T05:13:54"));
+        assert_eq!(n2.alloc_cpus, Some(0));
         assert_eq!(n2.camel_state(), "IdleDrain");
         assert_eq!(n2.state_text(), "IDLE+DRAIN");
         let n1 = &nodes[0];
-        assert!(n1.can_run_jobs() && !n1.is_drained());
-        assert_eq!((n1.reason.as_str(), n1.reason_changed_at), ("", None));
-        assert_eq!(nodes[2].camel_state(), "DownNotRespondingDrain");
+        assert!(n1.can_run_jobs() && n1.is_busy() && !n1.is_drained());
+        assert_eq!((n1.reason.as_str(), n1.reason_time.as_deref()), ("", None));
+        assert_eq!(n1.alloc_cpus, Some(1));
+        assert_eq!(nodes[2].camel_state(), "IdleNotResponding");
+        assert_eq!(nodes[3].camel_state(), "DownDrainNotResponding");
+        assert!(parse_sinfo("").is_empty());
     }
 
     #[test]
-    fn slurm_23_and_24_scontrol() {
-        let nodes = parse_nodes(SCONTROL_24).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(nodes[0].state, "MIXED");
-        assert_eq!(nodes[0].flags, ["DRAIN"]);
-        assert_eq!(nodes[0].reason_changed_at, Some(1_700_000_000));
-        assert_eq!(nodes[0].camel_state(), "MixedDrain");
-        assert_eq!(nodes[1].reason_changed_at, None);
-        assert!(nodes[1].can_run_jobs());
-        let nodes = parse_nodes(SCONTROL_23_02).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(nodes[0].camel_state(), "DownNotResponding");
-        assert_eq!(nodes[0].reason_changed_at, Some(5));
-        assert!(!nodes[0].can_run_jobs());
-    }
-
-    #[test]
-    fn odd_input_is_an_error_or_empty_never_a_panic() {
-        assert!(parse_nodes("").is_err());
-        assert!(parse_nodes("\"nodes\"").is_err());
-        assert_eq!(parse_nodes("{}").ok(), Some(vec![]));
-        assert_eq!(parse_nodes(r#"{"nodes":[{"name":""}]}"#).ok(), Some(vec![]));
-        let n =
-            parse_nodes(r#"{"nodes":[{"name":"x","state":[]}]}"#).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(n[0].state, "");
-        assert!(!n[0].can_run_jobs());
-    }
-
-    #[test]
-    fn errors_in_the_json_are_reported_and_unreachable() {
-        let down = r#"{"errors":[{"error":"Unspecified error","errno":-1}],"nodes":[]}"#;
-        let (nodes, errors) = parse_dump(down).unwrap_or_else(|e| panic!("{e}"));
-        assert!(nodes.is_empty() && errors.len() == 1);
-        let reader = NodeReader::new(SlurmClient::default());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let e = rt
-            .block_on(reader.read("echo", &[down]))
-            .expect_err("errors reported");
-        assert!(e.is_unreachable(), "{e}");
-        assert!(e.to_string().contains("Unspecified error"), "{e}");
-    }
-
-    /// A bin dir whose `scontrol` refuses `--json` as 22.05's does and whose `sinfo` answers `sinfo_json`.
-    fn slurm_22_05_tools(sinfo_json: &str) -> tempfile::TempDir {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let scripts = [
-            (
-                "scontrol",
-                "#!/bin/sh\necho \"scontrol: unrecognized option '--json'\" >&2\nexit 1\n"
-                    .to_owned(),
-            ),
-            (
-                "sinfo",
-                format!("#!/bin/sh\ncat <<'EOF'\n{sinfo_json}\nEOF\n"),
-            ),
-        ];
-        for (name, text) in scripts {
-            let path = dir.path().join(name);
-            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-        dir
-    }
-
-    #[test]
-    fn reader_falls_back_to_sinfo_once_scontrol_refuses_json() {
-        let dir = slurm_22_05_tools(SINFO_22_05);
-        let mut reader = NodeReader::new(SlurmClient::new(crate::slurm::SlurmArgs {
-            slurm_bin_dir: Some(dir.path().to_path_buf()),
-            ..crate::slurm::SlurmArgs::default()
-        }));
-        assert_eq!(reader.command(), NodeCommand::Scontrol);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let nodes = rt
-            .block_on(reader.nodes())
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(nodes.len(), 3);
-        assert_eq!(reader.command(), NodeCommand::Sinfo);
-        // Later reads go to sinfo directly: a scontrol that now fails differently is not asked.
-        std::fs::write(dir.path().join("scontrol"), "#!/bin/sh\nexit 3\n")
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(rt.block_on(reader.nodes()).map(|n| n.len()).ok(), Some(3));
-        // slurmctld down: sinfo exits 0 with errors in its JSON, which is a failure, not an empty cluster.
-        let down = slurm_22_05_tools(
-            r#"{"errors":[{"error":"Unspecified error","errno":-1}],"nodes":[]}"#,
+    fn times_and_last_busy() {
+        assert_eq!(
+            civil_time("2026-11-24T05:13:54").as_deref(),
+            Some("2026-11-24T05:13:54")
         );
-        let mut reader = NodeReader::new(SlurmClient::new(crate::slurm::SlurmArgs {
-            slurm_bin_dir: Some(down.path().to_path_buf()),
-            ..crate::slurm::SlurmArgs::default()
-        }));
-        let e = rt.block_on(reader.nodes()).expect_err("errors reported");
-        assert!(e.is_unreachable(), "{e}");
+        for bad in [
+            "Unknown",
+            "N/A",
+            "2026-11-24 05:13:54",
+            "2026-11-24T05:13:5x",
+            "",
+        ] {
+            assert_eq!(civil_time(bad), None, "{bad}");
+        }
+        let line = "NodeName=e1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 LastBusyTime=2026-11-24T05:12:56 \
+                    State=IDLE+DRAIN Reason=isthmus: x [root@2026-11-24T05:12:45]";
+        assert_eq!(
+            parse_last_busy(line).as_deref(),
+            Some("2026-11-24T05:12:56")
+        );
+        assert_eq!(parse_last_busy("NodeName=e1 LastBusyTime=None"), None);
     }
 
     #[test]
@@ -453,9 +273,54 @@ mod tests {
         assert_eq!(camel("NOT_RESPONDING"), "NotResponding");
         assert_eq!(camel("idle"), "Idle");
         assert_eq!(camel("__"), "");
-        assert!(refuses_json(
-            "scontrol: unrecognized option '--json'\nTry \"scontrol --help\""
-        ));
-        assert!(!refuses_json("Unable to contact slurm controller"));
+    }
+
+    #[test]
+    fn the_reader_runs_sinfo_and_scontrol() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = dir.path().join("args");
+        for (name, out) in [
+            ("sinfo", SINFO),
+            (
+                "scontrol",
+                "NodeName=n2 LastBusyTime=2026-11-24T05:20:00 State=IDLE",
+            ),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(
+                &path,
+                format!(
+                    "#!/bin/sh\necho \"{name} $*\" >> '{}'\ncat <<'EOF'\n{out}\nEOF\n",
+                    log.display()
+                ),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reader = NodeReader::new(SlurmClient::new(crate::slurm::SlurmArgs {
+            slurm_bin_dir: Some(dir.path().to_path_buf()),
+            ..crate::slurm::SlurmArgs::default()
+        }));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rt.block_on(reader.nodes()).map(|n| n.len()).ok(), Some(4));
+        assert_eq!(
+            rt.block_on(reader.last_busy("n2"))
+                .ok()
+                .flatten()
+                .as_deref(),
+            Some("2026-11-24T05:20:00")
+        );
+        let calls = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(
+            calls,
+            format!(
+                "sinfo --all --Node --noheader --Format={SINFO_FORMAT}\nscontrol -o show node n2\n"
+            )
+        );
     }
 }

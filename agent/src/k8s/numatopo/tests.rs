@@ -1,20 +1,8 @@
 use super::*;
 use crate::k8s::podresources::proto::{ContainerResources, PodResources};
 
-/// Two packages of two 2-thread cores each, Linux numbering interleaved across packages (CPUs 0 and 2 on package 0),
-/// one NUMA node per package, sysfs `core_id` 0 and 1 in each package.
 fn topo() -> NodeTopology {
-    let json = r#"{"version":2,"machine":{"cpu_source":"hwloc","packages":2,"cores":4,"cpus":8,"numa_nodes":2,
-      "threads_per_core":2,"cpuset":"0-7","memory_bytes":0},
-      "packages":[
-        {"id":0,"cpuset":"0,2,4,6","cores":[{"logical":0,"id":0,"cpuset":"0,4"},{"logical":1,"id":1,"cpuset":"2,6"}]},
-        {"id":1,"cpuset":"1,3,5,7","cores":[{"logical":2,"id":0,"cpuset":"1,5"},{"logical":3,"id":1,"cpuset":"3,7"}]}],
-      "numa_nodes":[
-        {"id":0,"cpuset":"0,2,4,6","memory_bytes":1024,"hugepages":[],"distances":[]},
-        {"id":1,"cpuset":"1,3,5,7","memory_bytes":1024,"hugepages":[],"distances":[]}],
-      "caches":[],"devices":[],"infiniband":[],"links":{"devices":[],"links":[]},
-      "nvml":{"status":"not-needed"},"warnings":[]}"#;
-    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}"))
+    crate::k8s::test_topology::two_sockets()
 }
 
 fn container(name: &str, cpus: &[i64]) -> ContainerResources {
@@ -103,7 +91,13 @@ fn allocatable_is_what_no_pod_holds_and_pods_are_listed_like_resource_exporter()
             pod("web", "shared", vec![container("c", &[])]),
         ],
     };
-    let kubelet = KubeletConfig::default();
+    // Everything the kubelet reads was read (file and flags): the static CPU manager, no reservation, no topology
+    // manager policy (the kubelet's default).
+    let kubelet = KubeletSettings {
+        config: config("cpuManagerPolicy: static\n"),
+        from_file: true,
+        from_command_line: true,
+    };
     let (obj, warnings) = render(
         &topo(),
         &NumatopoInputs {
@@ -132,14 +126,28 @@ fn allocatable_is_what_no_pod_holds_and_pods_are_listed_like_resource_exporter()
                 {"name": "main", "allocations": {"cpu": "4,6"}}]}
         ])
     );
-    assert_eq!(obj.spec.policies[CPU_MANAGER_POLICY], "none");
+    assert_eq!(obj.spec.policies[CPU_MANAGER_POLICY], "static");
     assert_eq!(obj.spec.policies[TOPOLOGY_MANAGER_POLICY], "none");
     assert_eq!(obj.spec.res_reserved, [("cpu".into(), "0".into())].into());
+    // Without the flags, an unset policy is not known: left out (and CPUs held as the pods say).
+    let file_only = KubeletSettings {
+        from_file: true,
+        ..KubeletSettings::default()
+    };
+    let (obj, _) = render(
+        &topo(),
+        &NumatopoInputs {
+            node_name: "n1",
+            kubelet: &file_only,
+            pods: Some(&pods),
+        },
+    );
+    assert!(obj.spec.policies.is_empty(), "{:?}", obj.spec.policies);
 }
 
 #[test]
 fn without_the_kubelet_every_numa_cpu_is_allocatable() {
-    let kubelet = KubeletConfig::default();
+    let kubelet = KubeletSettings::default();
     let (obj, _) = render(
         &topo(),
         &NumatopoInputs {
@@ -190,9 +198,11 @@ fn reservations_add_up_as_the_kubelet_reads_them() {
 
 #[test]
 fn policies_are_the_kubelets_values() {
-    let p = policies(&config(
-        "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\n",
-    ));
+    let p = policies(&KubeletSettings {
+        config: config("cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\n"),
+        from_file: true,
+        from_command_line: false,
+    });
     assert_eq!(p[CPU_MANAGER_POLICY], "static");
     assert_eq!(p[TOPOLOGY_MANAGER_POLICY], "single-numa-node");
 }

@@ -85,6 +85,28 @@ pub enum Outcome {
     Written,
     /// The object is what we applied last: nothing was sent.
     Unchanged,
+    /// A provisional object was not sent because one is already there (see [`Desired::keep_existing`]).
+    Kept,
+}
+
+/// An object to publish, and whether it may replace one already on the server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired<K> {
+    /// The object.
+    pub object: K,
+    /// Made without the facts that make it true (the kubelet has not answered): publish it only where no object
+    /// exists yet, never over one an earlier life of this agent published from those facts.
+    pub keep_existing: bool,
+}
+
+impl<K> Desired<K> {
+    /// An object that replaces whatever is there.
+    pub fn current(object: K) -> Self {
+        Self {
+            object,
+            keep_existing: false,
+        }
+    }
 }
 
 /// Applies one object through the API server, remembering what it applied.
@@ -93,6 +115,9 @@ pub struct Publisher<K> {
     nodes: Api<Node>,
     owner: Option<OwnerReference>,
     applied: Option<K>,
+    /// The live object was compared with the first object to publish (so that a restarted agent whose object is
+    /// already right writes nothing).
+    live_checked: bool,
 }
 
 impl<K> Debug for Publisher<K> {
@@ -112,7 +137,14 @@ impl<K: Published> Publisher<K> {
             nodes: Api::all(client),
             owner: None,
             applied: None,
+            live_checked: false,
         }
+    }
+
+    /// The live object named `name`, if any (a list by name: what the own-object watch is allowed too).
+    async fn live(&self, name: &str) -> Result<Option<K>, PublishError> {
+        let params = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+        Ok(self.api.list(&params).await?.items.into_iter().next())
     }
 
     /// The owner reference to the Node named like the object (read once, and again after [`Self::forget`]).
@@ -141,7 +173,8 @@ impl<K: Published> Publisher<K> {
         Ok(owner)
     }
 
-    /// Apply `desired` (with the owner reference) unless it equals what was applied last.
+    /// Apply `desired` (with the owner reference) unless it equals what was applied last, or, for the first
+    /// publication, what is already there.
     pub async fn publish(&mut self, desired: &K) -> Result<Outcome, PublishError> {
         let name = desired.meta().name.clone().ok_or(PublishError::Unnamed)?;
         let mut obj = desired.clone();
@@ -149,6 +182,19 @@ impl<K: Published> Publisher<K> {
         obj.meta_mut().owner_references = Some(vec![owner]);
         if self.applied.as_ref() == Some(&obj) {
             return Ok(Outcome::Unchanged);
+        }
+        // First publication (after a start or a restore): an object already carrying exactly this content and
+        // owner (what an earlier life of this agent applied) is taken as applied, without a write.
+        if self.applied.is_none() && !self.live_checked {
+            self.live_checked = true;
+            if let Some(live) = self.live(&name).await? {
+                if live.same_content(&obj)
+                    && live.meta().owner_references == obj.meta().owner_references
+                {
+                    self.applied = Some(obj);
+                    return Ok(Outcome::Unchanged);
+                }
+            }
         }
         self.api
             .patch(
@@ -161,10 +207,30 @@ impl<K: Published> Publisher<K> {
         Ok(Outcome::Written)
     }
 
+    /// Publish `desired`, unless it may not replace an existing object and one exists: asked (a list by name, what
+    /// the own-object watch is allowed too) only while nothing has been applied by this publisher.
+    pub async fn publish_desired(&mut self, desired: &Desired<K>) -> Result<Outcome, PublishError> {
+        if desired.keep_existing && self.applied.is_none() {
+            let name = desired
+                .object
+                .meta()
+                .name
+                .clone()
+                .ok_or(PublishError::Unnamed)?;
+            if self.live(&name).await?.is_some() {
+                return Ok(Outcome::Kept);
+            }
+            // Known to be absent: nothing to compare with before the apply.
+            self.live_checked = true;
+        }
+        self.publish(&desired.object).await
+    }
+
     /// Forget what was applied, so that the next publication applies again; `node_too`: read the Node's UID again
     /// (after a deletion, which the garbage collector does when the Node itself went away).
     pub fn forget(&mut self, node_too: bool) {
         self.applied = None;
+        self.live_checked = false;
         if node_too {
             self.owner = None;
         }
@@ -209,7 +275,7 @@ async fn sleep_until(at: Option<Instant>) {
 pub async fn run<K: Published>(
     client: Client,
     node: String,
-    mut desired: watch::Receiver<Option<K>>,
+    mut desired: watch::Receiver<Option<Desired<K>>>,
     metrics: Arc<Metrics>,
     pacing: Pacing,
     shutdown: CancellationToken,
@@ -228,6 +294,7 @@ pub async fn run<K: Published>(
     let mut not_before: Option<Instant> = None;
     let mut last_apply: Option<Instant> = None;
     let mut watch_failing = false;
+    let mut kept_logged = false;
     // A restore is applied at once; when restores follow each other (another writer keeps changing the object,
     // e.g. a second NRT producer on the node), each waits twice as long as the one before, up to about a minute.
     let mut urgent = false;
@@ -304,7 +371,7 @@ pub async fn run<K: Published>(
         let Some(obj) = desired.borrow_and_update().clone() else {
             continue;
         };
-        let result = tokio::time::timeout(pacing.call_timeout, publisher.publish(&obj))
+        let result = tokio::time::timeout(pacing.call_timeout, publisher.publish_desired(&obj))
             .await
             .unwrap_or(Err(PublishError::Timeout(pacing.call_timeout)));
         match result {
@@ -312,12 +379,22 @@ pub async fn run<K: Published>(
                 dirty = false;
                 not_before = None;
                 backoff = Backoff::default();
-                if outcome == Outcome::Written {
-                    last_apply = Some(Instant::now());
-                    metrics.record_publication(K::METRIC, Publication::Written);
-                    tracing::info!(object = K::METRIC, name = %node, "applied");
-                } else {
-                    metrics.record_publication(K::METRIC, Publication::Skipped);
+                match outcome {
+                    Outcome::Written => {
+                        last_apply = Some(Instant::now());
+                        metrics.record_publication(K::METRIC, Publication::Written);
+                        tracing::info!(object = K::METRIC, name = %node, "applied");
+                    }
+                    Outcome::Kept => {
+                        metrics.record_publication(K::METRIC, Publication::Skipped);
+                        if !kept_logged {
+                            tracing::info!(object = K::METRIC, name = %node, "kept the published object until the kubelet answers");
+                            kept_logged = true;
+                        }
+                    }
+                    Outcome::Unchanged => {
+                        metrics.record_publication(K::METRIC, Publication::Skipped);
+                    }
                 }
             }
             Err(e) => {

@@ -107,6 +107,8 @@ async fn applies_once_with_the_owner_skips_identical_and_patches_on_change() {
     let first = object("pfp0v001aaaaaaaaaaaaaaaa");
     let server = tokio::spawn(async move {
         expect_node_get(&mut handle, Some("u-1")).await;
+        // The first publication looks at what is there: nothing.
+        expect_list_by_name(&mut handle, false).await;
         expect_apply(
             &mut handle,
             &owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"),
@@ -146,6 +148,7 @@ async fn failures_are_errors_and_the_next_publish_retries() {
     let want = owned(obj.clone(), "u-1");
     let server = tokio::spawn(async move {
         expect_node_get(&mut handle, Some("u-1")).await;
+        expect_list_by_name(&mut handle, false).await;
         expect_apply(&mut handle, &want, StatusCode::INTERNAL_SERVER_ERROR).await;
         expect_apply(&mut handle, &want, StatusCode::FORBIDDEN).await;
         expect_apply(&mut handle, &want, StatusCode::OK).await;
@@ -173,6 +176,7 @@ async fn a_missing_node_is_an_error_never_an_empty_owner_and_is_asked_again() {
         expect_node_get(&mut handle, None).await;
         expect_node_get(&mut handle, Some("")).await;
         expect_node_get(&mut handle, Some("u-2")).await;
+        expect_list_by_name(&mut handle, false).await;
         expect_apply(&mut handle, &want, StatusCode::OK).await;
     });
     assert!(matches!(
@@ -205,4 +209,127 @@ fn drift_is_only_about_our_content() {
     let mut edited = applied;
     edited.zones.clear();
     assert!(p.drifted(&edited));
+}
+
+async fn expect_list_by_name(handle: &mut Handle, found: bool) {
+    let (req, send) = handle
+        .next_request()
+        .await
+        .unwrap_or_else(|| panic!("no request"));
+    assert_eq!(req.method(), http::Method::GET);
+    let uri = req.uri().to_string();
+    assert!(crate::k8s::access::allowed("GET", &uri), "{uri}");
+    assert!(
+        uri.starts_with("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies?")
+            && uri.contains("fieldSelector=metadata.name%3Dnode1"),
+        "{uri}"
+    );
+    let items = if found {
+        vec![
+            serde_json::to_value(owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"))
+                .unwrap_or_default(),
+        ]
+    } else {
+        vec![]
+    };
+    send.send_response(reply(
+        StatusCode::OK,
+        serde_json::json!({"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopologyList",
+                           "metadata": {"resourceVersion": "1"}, "items": items}),
+    ));
+}
+
+/// An object made without the kubelet's answer is published where there is none, and never over an existing one
+/// (what an earlier life of the agent published from the kubelet's answer); once the kubelet answers, it is.
+#[tokio::test]
+async fn a_provisional_object_never_replaces_an_existing_one() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let provisional = Desired {
+        object: object("pfp0v001cccccccccccccccc"),
+        keep_existing: true,
+    };
+    let server = tokio::spawn(async move {
+        // There is one: kept, nothing written.
+        expect_list_by_name(&mut handle, true).await;
+        // Still there at the next try.
+        expect_list_by_name(&mut handle, true).await;
+        // The kubelet answered: applied over what is there (other content).
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_list_by_name(&mut handle, true).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001dddddddddddddddd"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        handle
+    });
+    assert_eq!(
+        p.publish_desired(&provisional).await.ok(),
+        Some(Outcome::Kept)
+    );
+    assert_eq!(
+        p.publish_desired(&provisional).await.ok(),
+        Some(Outcome::Kept)
+    );
+    let answered = Desired::current(object("pfp0v001dddddddddddddddd"));
+    assert_eq!(
+        p.publish_desired(&answered).await.ok(),
+        Some(Outcome::Written)
+    );
+    drop(server.await);
+
+    // Nothing there (a new node): the provisional object is published.
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let server = tokio::spawn(async move {
+        expect_list_by_name(&mut handle, false).await;
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001cccccccccccccccc"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        handle
+    });
+    assert_eq!(
+        p.publish_desired(&provisional).await.ok(),
+        Some(Outcome::Written)
+    );
+    drop(server.await);
+}
+
+/// A restarted agent whose object is already exactly what it would apply (content and owner) writes nothing; the
+/// next change is applied.
+#[tokio::test]
+async fn an_object_already_right_is_adopted_without_a_write() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let server = tokio::spawn(async move {
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_list_by_name(&mut handle, true).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001bbbbbbbbbbbbbbbb"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+        handle
+    });
+    let same = object("pfp0v001aaaaaaaaaaaaaaaa");
+    assert_eq!(p.publish(&same).await.ok(), Some(Outcome::Unchanged));
+    assert_eq!(p.publish(&same).await.ok(), Some(Outcome::Unchanged));
+    assert_eq!(
+        p.publish(&object("pfp0v001bbbbbbbbbbbbbbbb")).await.ok(),
+        Some(Outcome::Written)
+    );
+    let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), handle.next_request())
+            .await
+            .is_err(),
+        "no further request"
+    );
 }

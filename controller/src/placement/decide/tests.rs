@@ -1,46 +1,93 @@
+use std::sync::Arc;
+
 use super::*;
+use crate::placement::annotations::Gang;
+use crate::placement::policy::{self, Tenant};
+
+const POLICY: &str = "tenants:\n\
+    - {name: team-a, namespaces: [ns], user: nobody, group: nogroup}\n\
+    - {name: team-b, namespaces: [other], user: daemon, group: daemon, partitions: [low]}\n";
+
+fn tenant(ns: &str) -> Result<Arc<Tenant>, String> {
+    let p = policy::parse(POLICY).unwrap_or_else(|e| panic!("{e}"));
+    p.tenant_for(ns, None).cloned()
+}
+
+fn nodes() -> NodeMap {
+    NodeMap::build([("n1", None), ("n2", None), ("n3", None)])
+}
 
 /// The decisions with nothing in flight.
 fn decide(pods: &[PodView], jobs: &[Job]) -> Vec<Action> {
-    super::decide(pods, jobs, &InFlight::default())
+    decide_with(pods, jobs, &nodes(), &InFlight::default())
 }
 
-fn pod(name: &str) -> PodView {
+fn decide_with(
+    pods: &[PodView],
+    jobs: &[Job],
+    nodes: &NodeMap,
+    in_flight: &InFlight,
+) -> Vec<Action> {
+    super::decide(&Inputs {
+        pods,
+        jobs,
+        nodes,
+        in_flight,
+        default_partition: None,
+    })
+}
+
+fn uid(name: &str) -> String {
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-0000")
+}
+
+fn pod_in(ns: &str, name: &str) -> PodView {
     PodView {
         pod: PodRef {
-            namespace: "ns".into(),
+            namespace: ns.into(),
             name: name.into(),
-            uid: format!("uid-{name}"),
+            uid: uid(name),
         },
         node: None,
         active: true,
-        job_id: None,
-        group: None,
+        gang: None,
         resources: Ok(Resources {
             cpus: 1,
             mem_mib: 0,
             gres: [("gpu".to_owned(), 1)].into(),
         }),
-        options: Ok(BTreeMap::new()),
+        requested: Ok(Requested::default()),
+        tenant: tenant(ns),
         waiting_message: None,
         version: None,
     }
 }
 
+fn pod(name: &str) -> PodView {
+    pod_in("ns", name)
+}
+
 fn gang(name: &str, group: &str, size: usize) -> PodView {
     PodView {
-        group: Some((group.into(), Ok(size))),
+        gang: Some(Ok(Gang {
+            name: group.into(),
+            size,
+        })),
         ..pod(name)
     }
 }
 
-fn bound(mut p: PodView, node: &str, job: u64) -> PodView {
+fn on(mut p: PodView, node: &str) -> PodView {
     p.node = Some(node.into());
-    p.job_id = Some(job);
     p
 }
 
-fn job(id: u64, comment: &str, state: &str, reason: &str, nodes: &str) -> Job {
+fn single(name: &str) -> String {
+    format!("k8s:ns/{name}/{}", uid(name))
+}
+
+fn job_as(id: u64, comment: &str, state: &str, reason: &str, nodes: &str, user: &str) -> Job {
     Job {
         id,
         name: String::new(),
@@ -49,187 +96,296 @@ fn job(id: u64, comment: &str, state: &str, reason: &str, nodes: &str) -> Job {
         reason: reason.into(),
         nodes: nodes.into(),
         partition: String::new(),
+        user: user.into(),
+        uid: String::new(),
+        account: String::new(),
     }
+}
+
+fn job(id: u64, comment: &str, state: &str, reason: &str, nodes: &str) -> Job {
+    job_as(id, comment, state, reason, nodes, "nobody")
 }
 
 fn kinds(actions: &[Action]) -> Vec<String> {
     actions
         .iter()
         .map(|a| match a {
-            Action::Submit { comment, nodes, .. } => format!("submit {comment} x{nodes}"),
+            Action::Submit { job, nodes, .. } => format!("submit {} x{nodes}", job.comment()),
             Action::Bind { pod, node, job } => format!("bind {} {node} {job}", pod.name),
             Action::Cancel { job, .. } => format!("cancel {job}"),
             Action::DeletePod { pod, .. } => format!("delete {}", pod.name),
-            Action::Wait { pod, message, .. } => format!("wait {} {message}", pod.name),
+            Action::Wait {
+                pod,
+                message,
+                refused,
+                ..
+            } => {
+                format!(
+                    "wait{} {} {message}",
+                    if *refused { "!" } else { "" },
+                    pod.name
+                )
+            }
             Action::Scheduled { pod, .. } => format!("scheduled {}", pod.name),
         })
         .collect()
 }
 
 #[test]
-fn a_new_pod_is_submitted_once() {
+fn a_new_pod_is_submitted_once_as_its_tenant() {
     let pods = [pod("a")];
-    assert_eq!(kinds(&decide(&pods, &[])), ["submit k8s:ns/a/uid-a x1"]);
+    let a = decide(&pods, &[]);
+    assert_eq!(kinds(&a), [format!("submit {} x1", single("a"))]);
+    let Action::Submit { spec, .. } = &a[0] else {
+        panic!()
+    };
+    assert_eq!(
+        (spec.user.as_str(), spec.group.as_str()),
+        ("nobody", "nogroup")
+    );
     // Its job exists (a restarted controller adopts it): nothing new; pending with a reason: say so.
-    let jobs = [job(5, "k8s:ns/a/uid-a", "PENDING", "None", "")];
-    assert!(decide(&pods, &jobs).is_empty());
-    let jobs = [job(5, "k8s:ns/a/uid-a", "PENDING", "Resources", "")];
+    assert!(decide(&pods, &[job(5, &single("a"), "PENDING", "None", "")]).is_empty());
+    let jobs = [job(5, &single("a"), "PENDING", "Resources", "")];
     assert_eq!(
         kinds(&decide(&pods, &jobs)),
         ["wait a Slurm job 5 is PENDING (Resources)"]
     );
-    let mut told = pod("a");
-    told.waiting_message = Some("Slurm job 5 is PENDING (Resources)".into());
-    assert!(
-        decide(&[told], &jobs).is_empty(),
-        "an unchanged message is not written again"
-    );
-}
-
-#[test]
-fn a_running_job_binds_its_pod() {
-    let jobs = [job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n2")];
-    assert_eq!(kinds(&decide(&[pod("a")], &jobs)), ["bind a n2 5"]);
-    assert!(decide(&[bound(pod("a"), "n2", 5)], &jobs).is_empty());
-}
-
-#[test]
-fn a_gone_pod_cancels_its_job_and_foreign_jobs_are_left_alone() {
-    let jobs = [
-        job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n2"),
-        job(6, "k8s:ns/b/uid-b", "PENDING", "Priority", ""),
-        job(7, "", "RUNNING", "None", "n1"),
-        job(8, "k8s:ns/c/uid-c", "COMPLETED", "None", "n1"),
-    ];
-    assert_eq!(kinds(&decide(&[], &jobs)), ["cancel 5", "cancel 6"]);
-    let mut deleting = bound(pod("a"), "n2", 5);
-    deleting.active = false;
-    assert_eq!(kinds(&decide(&[deleting], &jobs[..1])), ["cancel 5"]);
-}
-
-#[test]
-fn an_ended_job_deletes_its_pod() {
-    let p = bound(pod("a"), "n2", 5);
-    let jobs = [job(5, "k8s:ns/a/uid-a", "CANCELLED", "None", "n2")];
-    assert_eq!(
-        kinds(&decide(std::slice::from_ref(&p), &jobs)),
-        ["delete a"]
-    );
-    let jobs = [job(5, "k8s:ns/a/uid-a", "COMPLETING", "None", "n2")];
-    assert!(
-        decide(std::slice::from_ref(&p), &jobs).is_empty(),
-        "the final state names the reason"
-    );
-    let jobs = [job(5, "k8s:ns/a/uid-a", "PREEMPTED", "None", "n2")];
-    assert_eq!(
-        kinds(&decide(std::slice::from_ref(&p), &jobs)),
-        ["delete a"]
-    );
-    // Requeued after preemption: pending again under the same id; the pod goes and the job with it.
-    let jobs = [job(5, "k8s:ns/a/uid-a", "PENDING", "BeginTime", "")];
-    assert_eq!(
-        kinds(&decide(std::slice::from_ref(&p), &jobs)),
-        ["cancel 5", "delete a"]
-    );
-    let said: Vec<String> = decide(std::slice::from_ref(&p), &jobs)
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::DeletePod { message, .. } => Some(message),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(
-        said,
-        ["Slurm job 5 is PENDING (BeginTime) after it was requeued"]
-    );
-    assert_eq!(kinds(&decide(std::slice::from_ref(&p), &[])), ["delete a"]);
-    // Cancelled before it ran: the waiting pod goes too (no second job).
-    let jobs = [job(5, "k8s:ns/a/uid-a", "CANCELLED", "None", "")];
-    assert_eq!(kinds(&decide(&[pod("a")], &jobs)), ["delete a"]);
-}
-
-#[test]
-fn a_gang_is_submitted_whole_and_bound_whole() {
-    let a = gang("a", "g", 2);
-    let b = gang("b", "g", 2);
-    assert_eq!(
-        kinds(&decide(std::slice::from_ref(&a), &[])),
-        ["wait a waiting for the gang: 1 of 2 pods exist"]
-    );
-    let both = [a.clone(), b.clone()];
-    assert_eq!(
-        kinds(&decide(&both, &[])),
-        ["submit k8s:ns/g/uid-a,uid-b x2"]
-    );
-    let pending = [job(9, "k8s:ns/g/uid-a,uid-b", "PENDING", "Resources", "")];
-    assert_eq!(decide(&both, &pending).len(), 2);
-    let running = [job(9, "k8s:ns/g/uid-a,uid-b", "RUNNING", "None", "n[1-2]")];
-    assert_eq!(
-        kinds(&decide(&both, &running)),
-        ["bind a n1 9", "bind b n2 9"]
-    );
-    // One bound already (a pass cut short): the other gets the other node.
-    let half = [bound(a.clone(), "n2", 9), b.clone()];
-    assert_eq!(kinds(&decide(&half, &running)), ["bind b n1 9"]);
-    // A member gone: the whole gang's job is cancelled, the rest is deleted once it shows as ended.
-    assert_eq!(
-        kinds(&decide(std::slice::from_ref(&a), &running)),
-        ["cancel 9"]
-    );
-    let over = [job(9, "k8s:ns/g/uid-a,uid-b", "CANCELLED", "None", "")];
-    assert_eq!(kinds(&decide(&[a], &over)), ["delete a"]);
-}
-
-#[test]
-fn bad_pods_wait_with_the_reason() {
-    let mut p = pod("a");
-    p.resources = Err("cpu \"lots\" is not a quantity".into());
-    let k = kinds(&decide(&[p], &[]));
-    assert_eq!(k.len(), 1);
-    assert!(k[0].starts_with("wait a pod a: cpu"), "{k:?}");
-    let mut p = gang("a", "g", 2);
-    p.group = Some(("g".into(), Err("bad size".into())));
-    assert_eq!(kinds(&decide(&[p], &[])), ["wait a bad size"]);
-}
-
-#[test]
-fn a_submission_in_flight_is_not_repeated() {
-    let busy = InFlight {
-        pods: ["uid-a".to_owned()].into(),
+    // Being submitted: nothing.
+    let in_flight = InFlight {
+        pods: [uid("a")].into(),
         jobs: BTreeSet::new(),
     };
-    // Submitted, the job not listed yet: nothing for a, b still gets its own.
-    assert_eq!(
-        kinds(&super::decide(&[pod("a"), pod("b")], &[], &busy)),
-        ["submit k8s:ns/b/uid-b x1"]
-    );
-    // Slurm already lists (and runs) the job while sbatch has not returned: bound at once.
-    let jobs = [job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n1")];
-    assert_eq!(
-        kinds(&super::decide(&[pod("a")], &jobs, &busy)),
-        ["bind a n1 5"]
-    );
-    // A gang with one member in flight is not submitted again either.
-    let both = [gang("a", "g", 2), gang("b", "g", 2)];
-    assert!(super::decide(&both, &[], &busy).is_empty());
+    assert!(decide_with(&pods, &[], &nodes(), &in_flight).is_empty());
 }
 
 #[test]
-fn a_cancel_in_flight_is_not_repeated_and_its_job_not_used() {
-    let busy = InFlight {
-        pods: BTreeSet::new(),
-        jobs: [5].into(),
-    };
-    let jobs = [
-        job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n1"),
-        job(6, "k8s:ns/b/uid-b", "RUNNING", "None", "n2"),
-    ];
-    assert_eq!(kinds(&super::decide(&[], &jobs, &busy)), ["cancel 6"]);
-    // A bound pod whose job is being cancelled: deleted, the cancel not asked for twice.
-    let deleting = bound(pod("c"), "n1", 5);
-    let jobs = [job(5, "k8s:ns/a/uid-a", "RUNNING", "None", "n1")];
+fn a_running_job_binds_its_pod_to_the_mapped_node() {
+    let pods = [pod("a")];
+    let jobs = [job(5, &single("a"), "RUNNING", "None", "gpu-001")];
+    let labels: std::collections::BTreeMap<String, String> = [(
+        "isthmus.io/slurm-node-name".to_owned(),
+        "gpu-001".to_owned(),
+    )]
+    .into();
+    let map = NodeMap::build([("k8s-gpu-1", Some(&labels))]);
     assert_eq!(
-        kinds(&super::decide(&[deleting], &jobs, &busy)),
-        ["delete c"]
+        kinds(&decide_with(&pods, &jobs, &map, &InFlight::default())),
+        ["bind a k8s-gpu-1 5"]
+    );
+    // No Node for the Slurm node, or two Nodes claiming it: no binding, a message.
+    let a = decide_with(&pods, &jobs, &NodeMap::default(), &InFlight::default());
+    assert!(
+        matches!(&a[..], [Action::Wait { message, .. }] if message.contains("no Kubernetes Node")),
+        "{a:?}"
+    );
+    let two = NodeMap::build([("gpu-001", None), ("k8s-gpu-1", Some(&labels))]);
+    let a = decide_with(&pods, &jobs, &two, &InFlight::default());
+    assert!(
+        matches!(&a[..], [Action::Wait { message, .. }] if message.contains("claimed by the Nodes")),
+        "{a:?}"
+    );
+    // Bound where its job runs: nothing.
+    assert!(
+        decide(
+            &[on(pod("a"), "n1")],
+            &[job(5, &single("a"), "RUNNING", "None", "n1")]
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn another_tenant_cannot_adopt_cancel_or_delay_by_nodename() {
+    let victim = on(pod("v"), "n1");
+    let victim_job = job(5, &single("v"), "RUNNING", "None", "n1");
+    // The attacker's pod in another namespace, bound by itself to the victim's node (and claiming its job in an
+    // annotation, which is never read).
+    let attacker = on(pod_in("other", "x"), "n1");
+    let a = decide(
+        &[victim.clone(), attacker],
+        std::slice::from_ref(&victim_job),
+    );
+    assert_eq!(
+        kinds(&a),
+        ["delete x"],
+        "the attacker's pod has no job; the victim's job is untouched"
+    );
+    // A job claiming the victim's pod but running as the attacker's user is not the victim's.
+    let forged = job_as(9, &single("w"), "RUNNING", "None", "n2", "daemon");
+    let a = decide(&[pod("w")], &[forged]);
+    assert_eq!(kinds(&a), [format!("submit {} x1", single("w"))]);
+    // The victim's own bound pod with its job: nothing happens to it.
+    assert!(decide(&[victim], &[victim_job]).is_empty());
+}
+
+#[test]
+fn ended_or_missing_jobs_delete_their_bound_pods_and_orphans_are_cancelled() {
+    let bound = [on(pod("a"), "n1")];
+    assert_eq!(
+        kinds(&decide(
+            &bound,
+            &[job(5, &single("a"), "PREEMPTED", "None", "n1")]
+        )),
+        ["delete a"]
+    );
+    assert_eq!(kinds(&decide(&bound, &[])), ["delete a"]);
+    assert!(decide(&bound, &[job(5, &single("a"), "COMPLETING", "None", "n1")]).is_empty());
+    // Suspended: the pod stays.
+    assert!(decide(&bound, &[job(5, &single("a"), "SUSPENDED", "None", "n1")]).is_empty());
+    // Requeued (pending again while its pod is bound): cancelled, the pod deleted.
+    let a = decide(&bound, &[job(5, &single("a"), "PENDING", "BeginTime", "")]);
+    assert_eq!(kinds(&a), ["cancel 5", "delete a"]);
+    // Bound to a Node its job does not hold.
+    assert_eq!(
+        kinds(&decide(
+            &[on(pod("a"), "n2")],
+            &[job(5, &single("a"), "RUNNING", "None", "n1")]
+        )),
+        ["delete a"]
+    );
+    // A job whose pod is gone: cancelled; an ended one is left alone.
+    assert_eq!(
+        kinds(&decide(
+            &[],
+            &[job(6, &single("gone"), "RUNNING", "None", "n1")]
+        )),
+        ["cancel 6"]
+    );
+    assert!(decide(&[], &[job(6, &single("gone"), "CANCELLED", "None", "n1")]).is_empty());
+    // A job that ended before its pod was bound: the pod is deleted, not submitted again.
+    assert_eq!(
+        kinds(&decide(
+            &[pod("a")],
+            &[job(5, &single("a"), "CANCELLED", "None", "")]
+        )),
+        ["delete a"]
+    );
+    // Other users' jobs without our comment are never touched.
+    assert!(decide(&[], &[job(7, "batch work", "RUNNING", "None", "n1")]).is_empty());
+}
+
+#[test]
+fn a_second_job_for_a_pod_is_cancelled_at_once() {
+    let pods = [on(pod("a"), "n2")];
+    let jobs = [
+        job(5, &single("a"), "PENDING", "Priority", ""),
+        job(7, &single("a"), "RUNNING", "None", "n2"),
+        job(8, &single("a"), "RUNNING", "None", "n1"),
+    ];
+    let mut got = kinds(&decide(&pods, &jobs));
+    got.sort();
+    assert_eq!(
+        got,
+        ["cancel 5", "cancel 8"],
+        "the job holding the pod stays"
+    );
+    let jobs = [
+        job(5, &single("a"), "PENDING", "None", ""),
+        job(6, &single("a"), "PENDING", "None", ""),
+    ];
+    assert_eq!(kinds(&decide(&[pod("a")], &jobs)), ["cancel 6"]);
+}
+
+#[test]
+fn a_gang_of_64_is_one_job_with_a_short_comment() {
+    let pods: Vec<PodView> = (0..64)
+        .map(|i| gang(&format!("m{i}"), "train", 64))
+        .collect();
+    let a = decide(&pods, &[]);
+    assert_eq!(a.len(), 1, "{:?}", kinds(&a));
+    let Action::Submit {
+        job,
+        nodes,
+        pods: held,
+        ..
+    } = &a[0]
+    else {
+        panic!("{a:?}")
+    };
+    assert_eq!((*nodes, held.len()), (64, 64));
+    assert!(job.comment().len() < 64, "{}", job.comment());
+    // Half a gang waits.
+    let a = decide(&pods[..10], &[]);
+    assert_eq!(a.len(), 10);
+    assert!(kinds(&a).iter().all(|k| k.ends_with("10 of 64 pods exist")));
+    // Running on 64 nodes: all bound in one pass; a member gone: the job cancelled, the others deleted.
+    let slurm: Vec<String> = (0..64).map(|i| format!("g{i}")).collect();
+    let map = NodeMap::build(slurm.iter().map(|s| (s.as_str(), None)));
+    let comment = job.comment();
+    let running = [job_at(9, &comment, "g[0-63]")];
+    let a = decide_with(&pods, &running, &map, &InFlight::default());
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a, Action::Bind { .. }))
+            .count(),
+        64
+    );
+    let bound: Vec<PodView> = pods[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| on(p.clone(), &format!("g{}", i + 1)))
+        .collect();
+    let a = decide_with(&bound, &running, &map, &InFlight::default());
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a, Action::DeletePod { .. }))
+            .count(),
+        63
+    );
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a, Action::Cancel { job: 9, .. }))
+            .count(),
+        1
+    );
+}
+
+fn job_at(id: u64, comment: &str, nodes: &str) -> Job {
+    job(id, comment, "RUNNING", "None", nodes)
+}
+
+#[test]
+fn refused_pods_wait_with_a_message_and_an_event() {
+    // No tenant for the namespace.
+    let a = decide(&[pod_in("nowhere", "a")], &[]);
+    assert!(
+        matches!(&a[..], [Action::Wait { refused: true, message, .. }] if message.contains("no tenant")),
+        "{a:?}"
+    );
+    // A bad gang name (a newline), an annotation outside the policy: a message, never a submission.
+    let mut bad = pod("a");
+    bad.gang = Some(Err(
+        "annotation slurm.isthmus.io/group=\"a\\nb\" is not a gang name".into(),
+    ));
+    assert!(matches!(
+        &decide(&[bad], &[])[..],
+        [Action::Wait { refused: true, .. }]
+    ));
+    let mut p = pod_in("other", "b");
+    p.requested = Ok(Requested {
+        partition: Some("gpu".into()),
+        ..Requested::default()
+    });
+    let a = decide(&[p], &[]);
+    assert!(
+        matches!(&a[..], [Action::Wait { refused: true, message, .. }] if message.contains("tenants[team-b].partitions")),
+        "{a:?}"
+    );
+    // The same message already on the pod: not written again.
+    let mut p = pod_in("nowhere", "a");
+    p.waiting_message = Some(p.tenant.clone().expect_err("no tenant"));
+    assert!(decide(&[p], &[]).is_empty());
+}
+
+#[test]
+fn a_namespace_without_a_tenant_keeps_its_running_pods() {
+    let mut p = on(pod("a"), "n1");
+    p.tenant = Err("no policy".into());
+    assert!(
+        decide(
+            &[p],
+            &[job_as(5, &single("a"), "RUNNING", "None", "n1", "anyone")]
+        )
+        .is_empty()
     );
 }

@@ -1,0 +1,436 @@
+//! The I/O around [`super::decide::decide`]: a pass reads Slurm's nodes, maps them to Nodes ([`super::mapping`]:
+//! a Slurm node claimed by several Nodes is reported on those Nodes and left alone), decides for each pair and
+//! sends the writes. Every write is asked of the fence first and has a timeout; a lift of a drain first reads when
+//! the node last became idle ([`super::ownership::jobs_ended_under`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+
+use isthmus_api::CONTROLLER_FIELD_MANAGER;
+
+use super::NodeSyncArgs;
+use super::decide::{self, Action, Policy};
+use super::hold::Holds;
+use super::mapping::NodeMap;
+use super::ownership::{self, DrainRecord};
+use crate::run::fence::Guard;
+use crate::slurm::nodes::{NodeReader, SlurmNode};
+
+/// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
+const FOLLOW_UP: Duration = Duration::from_millis(200);
+
+/// Doubling delay from `base` up to `max`.
+#[derive(Debug, Clone)]
+struct Backoff {
+    base: Duration,
+    max: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            base,
+            max: max.max(base),
+            failures: 0,
+        }
+    }
+
+    /// Record a failure; the delay until the next try.
+    fn fail(&mut self) -> Duration {
+        let d = self
+            .base
+            .saturating_mul(2u32.saturating_pow(self.failures.min(16)));
+        self.failures = self.failures.saturating_add(1);
+        d.min(self.max)
+    }
+
+    fn succeed(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// What the sync remembers between passes.
+pub(super) struct Shell {
+    nodes: Api<Node>,
+    reader: NodeReader,
+    policy: Policy,
+    interval: Duration,
+    guard: Guard,
+    slurm_backoff: Backoff,
+    slurm_retry_at: Instant,
+    /// Per target (`slurm/<node>`, `node/<name>`): a failed write is not repeated before this time.
+    write_backoff: HashMap<String, (Backoff, Instant)>,
+    /// Node → the resourceVersion our last write replaced: while the watch still shows it, the Node is skipped
+    /// (its store copy does not show our write yet).
+    stale: HashMap<String, String>,
+    holds: Holds,
+    /// Slurm node → CPUs allocated when its drain was recorded.
+    alloc_at_record: HashMap<String, u32>,
+    /// The mapping problems reported last pass (each is logged when it appears).
+    reported: BTreeSet<String>,
+}
+
+/// One Node's context for its writes.
+struct Target<'a> {
+    node: &'a str,
+    resource_version: Option<&'a str>,
+    slurm: &'a SlurmNode,
+}
+
+impl Shell {
+    pub(super) fn new(
+        nodes: Api<Node>,
+        reader: NodeReader,
+        args: &NodeSyncArgs,
+        guard: Guard,
+    ) -> Self {
+        Self {
+            nodes,
+            reader,
+            policy: args.policy(),
+            interval: args.interval,
+            guard,
+            slurm_backoff: Backoff::new(args.interval, args.max_backoff),
+            slurm_retry_at: Instant::now(),
+            write_backoff: HashMap::new(),
+            stale: HashMap::new(),
+            holds: Holds::default(),
+            alloc_at_record: HashMap::new(),
+            reported: BTreeSet::new(),
+        }
+    }
+
+    /// Not before this time is slurmctld asked again (it failed).
+    pub(super) fn slurm_retry_at(&self) -> Instant {
+        self.slurm_retry_at
+    }
+
+    /// Whether this replica leads (no pass runs otherwise).
+    pub(super) fn leading(&self) -> bool {
+        self.guard.fence.is_leading()
+    }
+
+    fn report(&mut self, map: &NodeMap) {
+        let mut now = BTreeSet::new();
+        for (slurm, nodes) in map.conflicts() {
+            now.insert(super::mapping::Unmapped::Conflict(nodes.to_vec()).describe(slurm));
+        }
+        now.extend(map.invalid().iter().cloned());
+        for problem in now.difference(&self.reported) {
+            tracing::warn!(
+                problem,
+                "node sync: Node mapping problem; the Slurm node is left alone"
+            );
+        }
+        metrics::gauge!("isthmus_controller_nodesync_conflicts")
+            .set(map.conflicts().count() as f64);
+        self.reported = now;
+    }
+
+    /// One pass over every Node; returns the delay until the next one.
+    pub(super) async fn pass(&mut self, kube_nodes: &[Arc<Node>]) -> Duration {
+        let slurm_nodes = match self.reader.nodes().await {
+            Ok(n) => {
+                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(1.0);
+                self.slurm_backoff.succeed();
+                n
+            }
+            Err(e) => {
+                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(0.0);
+                let delay = self.slurm_backoff.fail();
+                self.slurm_retry_at = Instant::now() + delay;
+                tracing::warn!(error = %e, retry_in = ?delay, "reading Slurm's nodes failed");
+                return delay;
+            }
+        };
+        let by_slurm_name: BTreeMap<&str, &SlurmNode> =
+            slurm_nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let map = NodeMap::build(
+            kube_nodes
+                .iter()
+                .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()))),
+        );
+        self.report(&map);
+        let names: BTreeSet<&str> = kube_nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        self.holds.retain(|n| names.contains(n));
+        let mut paired = BTreeSet::new();
+        let mut unpaired_kube = 0u32;
+        let mut disagreements = 0u32;
+        let mut slurm_changed = false;
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        for node in kube_nodes {
+            let Some(name) = node.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(slurm_name) = decide::slurm_name(node) else {
+                unpaired_kube += 1;
+                continue;
+            };
+            let Some(slurm) = by_slurm_name.get(slurm_name).copied() else {
+                unpaired_kube += 1;
+                continue;
+            };
+            paired.insert(slurm_name.to_owned());
+            if let Some(old) = self.stale.get(name) {
+                if node.metadata.resource_version.as_ref() == Some(old) {
+                    continue;
+                }
+                self.stale.remove(name);
+            }
+            let target = Target {
+                node: name,
+                resource_version: node.metadata.resource_version.as_deref(),
+                slurm,
+            };
+            // Several Nodes claim this Slurm node: say so on each, and touch nothing else.
+            if let Err(unmapped) = map.node_for(slurm_name) {
+                let condition = decide::conflict_condition(
+                    decide::observed_condition(node),
+                    &unmapped.describe(slurm_name),
+                    &now,
+                );
+                if !decide::shows(node, &condition) {
+                    disagreements += 1;
+                    let action = Action::SetCondition {
+                        node: name.to_owned(),
+                        condition,
+                    };
+                    self.execute(action, &target).await;
+                }
+                continue;
+            }
+            let wanted = self.holds.wanted(node, &self.policy, Instant::now());
+            let actions = decide::decide(node, slurm, &self.policy, wanted.as_deref(), &now);
+            if !actions.is_empty() {
+                disagreements += 1;
+            }
+            slurm_changed |= actions
+                .iter()
+                .any(|a| matches!(a, Action::Drain { .. } | Action::Undrain { .. }));
+            for action in actions {
+                self.execute(action, &target).await;
+            }
+        }
+        let unpaired_slurm = slurm_nodes.len().saturating_sub(paired.len());
+        metrics::gauge!("isthmus_controller_nodesync_disagreements").set(f64::from(disagreements));
+        metrics::gauge!("isthmus_controller_nodesync_unpaired_nodes", "side" => "kubernetes")
+            .set(f64::from(unpaired_kube));
+        metrics::gauge!("isthmus_controller_nodesync_unpaired_nodes", "side" => "slurm")
+            .set(unpaired_slurm as f64);
+        if slurm_changed {
+            // The Nodes follow Slurm's new state soon, not a whole interval later.
+            FOLLOW_UP.min(self.interval)
+        } else {
+            self.interval
+        }
+    }
+
+    /// Whether a lift of `record` must wait: a job ended under the drain (the drain is kept, its record removed), or
+    /// the node's last busy time could not be read (retried).
+    async fn keep_drain(&mut self, record: &DrainRecord, t: &Target<'_>) -> bool {
+        let last_busy = match self.reader.last_busy(&t.slurm.name).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(node = t.slurm.name, error = %e, "cannot read when the node was last busy; not lifting its drain yet");
+                return true;
+            }
+        };
+        let at_record = self.alloc_at_record.get(&t.slurm.name).copied();
+        if !ownership::jobs_ended_under(record, last_busy.as_deref(), at_record, t.slurm.alloc_cpus)
+        {
+            return false;
+        }
+        tracing::warn!(
+            node = t.slurm.name,
+            reason = record.reason,
+            since = record.since,
+            last_busy = last_busy.as_deref().unwrap_or("?"),
+            "keeping the drain: a job ended on the node while it was drained, and Slurm keeps the reason of a drain \
+             it adds then (Epilog or health-check failure); lift it with `scontrol update NodeName=<node> \
+             State=UNDRAIN` once checked"
+        );
+        metrics::counter!("isthmus_controller_nodesync_kept_drains_total").increment(1);
+        let forget = Action::Record {
+            node: t.node.to_owned(),
+            record: None,
+        };
+        Box::pin(self.execute(forget, t)).await;
+        true
+    }
+
+    async fn execute(&mut self, action: Action, t: &Target<'_>) {
+        let (target, direction, kind) = match &action {
+            Action::Drain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "drain"),
+            Action::Undrain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "undrain"),
+            Action::SetTaints { node, .. } => (format!("node/{node}"), "slurm_to_kube", "taint"),
+            Action::SetCondition { node, .. } => {
+                (format!("node/{node}"), "slurm_to_kube", "condition")
+            }
+            Action::Record { node, .. } => (format!("node/{node}"), "slurm_to_kube", "record"),
+        };
+        if let Some((_, at)) = self.write_backoff.get(&target) {
+            if Instant::now() < *at {
+                return;
+            }
+        }
+        let result: Result<Option<String>, String> = match action {
+            Action::Drain { node, reason } => {
+                tracing::info!(node, reason, "draining in Slurm");
+                self.scontrol_update(&node, &["State=DRAIN", &format!("Reason={reason}")])
+                    .await
+            }
+            Action::Undrain { node, record } => {
+                if self.keep_drain(&record, t).await {
+                    return;
+                }
+                tracing::info!(
+                    node,
+                    "undraining in Slurm (our drain, exactly as set; Node uncordoned)"
+                );
+                self.scontrol_update(&node, &["State=UNDRAIN"]).await
+            }
+            Action::SetTaints {
+                node,
+                taints,
+                resource_version,
+            } => {
+                let list = if taints.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::to_value(&taints).unwrap_or(serde_json::Value::Null)
+                };
+                let patch = serde_json::json!({
+                    "metadata": {"resourceVersion": resource_version},
+                    "spec": {"taints": list},
+                });
+                self.merge_patch(&node, "the taint", &patch).await
+            }
+            Action::Record { node, record } => {
+                match &record {
+                    Some(_) => {
+                        if let Some(a) = t.slurm.alloc_cpus {
+                            self.alloc_at_record.insert(t.slurm.name.clone(), a);
+                        }
+                    }
+                    None => {
+                        self.alloc_at_record.remove(&t.slurm.name);
+                    }
+                }
+                let value = record.map(|r| r.to_annotation());
+                let patch = serde_json::json!({
+                    "metadata": {"annotations": {ownership::RECORD_ANNOTATION: value}},
+                });
+                self.merge_patch(&node, "the drain record", &patch).await
+            }
+            Action::SetCondition { node, condition } => {
+                let patch = serde_json::json!({
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": node},
+                    "status": {"conditions": [condition]},
+                });
+                let pp = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
+                self.guard
+                    .api(
+                        || format!("Node {node}: the SlurmNodeState condition"),
+                        self.nodes.patch_status(&node, &pp, &Patch::Apply(&patch)),
+                    )
+                    .await
+                    .map(|n| n.metadata.resource_version)
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::counter!("isthmus_controller_nodesync_syncs_total",
+            "direction" => direction, "action" => kind, "result" => outcome)
+        .increment(1);
+        match result {
+            Ok(new_version) => {
+                self.write_backoff.remove(&target);
+                if let (Some(name), Some(old), Some(new)) = (
+                    target.strip_prefix("node/"),
+                    t.resource_version,
+                    new_version,
+                ) {
+                    if old != new {
+                        self.stale.insert(name.to_owned(), old.to_owned());
+                    }
+                }
+            }
+            Err(e) => {
+                let entry = self.write_backoff.entry(target.clone()).or_insert_with(|| {
+                    (
+                        Backoff::new(self.interval, self.slurm_backoff.max),
+                        Instant::now(),
+                    )
+                });
+                let delay = entry.0.fail();
+                entry.1 = Instant::now() + delay;
+                tracing::warn!(target, action = kind, error = %e, retry_in = ?delay, "node sync write failed");
+            }
+        }
+    }
+
+    async fn merge_patch(
+        &self,
+        node: &str,
+        what: &str,
+        patch: &serde_json::Value,
+    ) -> Result<Option<String>, String> {
+        let params = PatchParams {
+            field_manager: Some(CONTROLLER_FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        self.guard
+            .api(
+                || format!("Node {node}: {what}"),
+                self.nodes.patch(node, &params, &Patch::Merge(patch)),
+            )
+            .await
+            .map(|n| n.metadata.resource_version)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn scontrol_update(&self, node: &str, rest: &[&str]) -> Result<Option<String>, String> {
+        let client = self.reader.client();
+        self.guard
+            .fence
+            .check(
+                || format!("scontrol update NodeName={node}"),
+                client.timeout(),
+            )
+            .map_err(|e| e.to_string())?;
+        let name = format!("NodeName={node}");
+        let mut args = vec!["update", name.as_str()];
+        args.extend_from_slice(rest);
+        client
+            .run("scontrol", &args)
+            .await
+            .map(|_| None)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(10));
+        let got: Vec<u64> = (0..5).map(|_| b.fail().as_secs()).collect();
+        assert_eq!(got, [2, 4, 8, 10, 10]);
+        b.succeed();
+        assert_eq!(b.fail(), Duration::from_secs(2));
+    }
+}

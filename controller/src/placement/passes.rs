@@ -1,0 +1,346 @@
+//! The loop around the decisions: a pass reads Slurm's jobs, takes in the writes finished meanwhile, decides
+//! against the watched pods, Nodes, Namespaces and policy, binds, and queues every other write. No pass runs while
+//! the fence says this replica does not lead. Destructive actions (cancel, delete a pod) are done only when a
+//! second read of both sides — `squeue` again and the pods listed straight from the API server — decides them too,
+//! and not at all on a job list that collapsed ([`super::confirm`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ListParams, PartialObjectMeta};
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::comment::parse_comment;
+use super::confirm::{self, Baseline};
+use super::decide::{self, Action, InFlight, Inputs};
+use super::execute::{self, Executor};
+use super::policy_watch::PolicyCell;
+use super::queue::Queue;
+use super::recent::Recent;
+use super::view::{Context, PodView};
+use super::{Outcome, PlacementArgs, action_name};
+use crate::nodesync::mapping::NodeMap;
+use crate::slurm::jobs::{self, Job};
+
+/// The watched state.
+pub(super) struct Stores {
+    pub pods: Store<Pod>,
+    pub nodes: Store<PartialObjectMeta<Node>>,
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
+    pub policy: PolicyCell,
+    pub policy_ready: Arc<Notify>,
+}
+
+/// The writes beside the passes.
+pub(super) struct Queues {
+    /// `sbatch`, `scancel`.
+    pub slurm: Queue,
+    /// Pending reasons, Events, pod deletions.
+    pub api: Queue,
+}
+
+/// What the passes remember.
+#[derive(Default)]
+struct Memory {
+    recent: Recent,
+    baseline: Baseline,
+}
+
+pub(super) async fn passes(
+    stores: Stores,
+    exec: Executor,
+    queues: Queues,
+    args: &PlacementArgs,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    // A complete first list of everything before the first decision.
+    let ready = async {
+        stores.pods.wait_until_ready().await.is_ok()
+            && stores.nodes.wait_until_ready().await.is_ok()
+            && stores.namespaces.wait_until_ready().await.is_ok()
+    };
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        ok = ready => if !ok { return },
+    }
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        () = stores.policy_ready.notified() => {}
+    }
+    let mut memory = Memory::default();
+    let mut failures = 0u32;
+    loop {
+        let wait = if failures == 0 {
+            args.poll_interval
+        } else {
+            Duration::from_millis(500u64 << failures.min(6)).min(Duration::from_secs(30))
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = changed.notified() => {
+                // Let a burst of pod events settle into one pass.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+        if !exec.guard.fence.is_leading() {
+            continue;
+        }
+        match pass(&stores, &exec, &queues, args, &mut memory).await {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(error = %e, "placement: cannot read Slurm's jobs; retrying");
+                metrics::counter!("isthmus_controller_placement_errors_total", "op" => "squeue")
+                    .increment(1);
+            }
+        }
+    }
+}
+
+/// Run `actions`, `parallelism` at a time.
+async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> Vec<Outcome> {
+    futures::stream::iter(actions)
+        .map(|a| async move {
+            let r = exec.run(&a).await;
+            (a, r)
+        })
+        .buffer_unordered(parallelism.max(1))
+        .collect()
+        .await
+}
+
+/// The Node map, the namespaces' labels and the policy, as watched now.
+struct World {
+    nodes: NodeMap,
+    namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    policy: Result<Arc<super::policy::Policy>, String>,
+}
+
+impl World {
+    fn now(stores: &Stores, pods: &[Arc<Pod>]) -> World {
+        let nodes = stores.nodes.state();
+        let nodes = NodeMap::build(
+            nodes
+                .iter()
+                .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()))),
+        );
+        let names: BTreeSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.namespace.as_deref())
+            .collect();
+        let namespace_labels = names
+            .into_iter()
+            .filter_map(|ns| {
+                let n = stores.namespaces.get(&ObjectRef::new(ns))?;
+                Some((ns.to_owned(), n.metadata.labels.clone().unwrap_or_default()))
+            })
+            .collect();
+        World {
+            nodes,
+            namespace_labels,
+            policy: stores.policy.current(),
+        }
+    }
+
+    fn views(&self, pods: &[Arc<Pod>], args: &PlacementArgs) -> Vec<PodView> {
+        let cx = Context {
+            policy: self.policy.as_deref().map_err(String::as_str),
+            namespace_labels: &self.namespace_labels,
+            mig_gpu_type: args.mig_gpu_type.as_deref(),
+        };
+        pods.iter()
+            .filter_map(|p| PodView::from_pod(p, &cx))
+            .collect()
+    }
+}
+
+/// How many jobs the list holds that this controller would have submitted.
+fn owned(jobs: &[Job]) -> usize {
+    jobs.iter()
+        .filter(|j| parse_comment(&j.comment).is_some())
+        .count()
+}
+
+/// The destructive actions of `first` (decided from the watch and `jobs`) that a second, complete read of both
+/// sides decides too; none on a collapsed job list.
+async fn confirm_destructive(
+    first: Vec<Action>,
+    jobs: &[Job],
+    in_flight: &InFlight,
+    exec: &Executor,
+    args: &PlacementArgs,
+    stores: &Stores,
+    memory: &mut Memory,
+) -> Vec<Action> {
+    let collapse = |n: usize| {
+        tracing::warn!(
+            jobs = n,
+            "placement: the job list collapsed; no job is cancelled and no pod deleted until it is confirmed"
+        );
+        metrics::counter!("isthmus_controller_placement_collapsed_reads_total").increment(1);
+    };
+    if !memory.baseline.accept(owned(jobs), Instant::now()) {
+        collapse(owned(jobs));
+        return Vec::new();
+    }
+    let second = match jobs::list(&exec.slurm).await {
+        Ok(j) => j,
+        Err(e) => {
+            tracing::warn!(error = %e, "placement: second job list failed; destructive actions wait");
+            return Vec::new();
+        }
+    };
+    if !memory.baseline.accept(owned(&second), Instant::now()) {
+        collapse(owned(&second));
+        return Vec::new();
+    }
+    let api: Api<Pod> = Api::all(exec.client.clone());
+    let lp = ListParams::default().fields(&format!("spec.schedulerName={}", args.scheduler_name));
+    let pods = match exec
+        .guard
+        .read(|| "listing the pods".to_owned(), api.list(&lp))
+        .await
+    {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::warn!(error = %e, "placement: fresh pod list failed; destructive actions wait");
+            return Vec::new();
+        }
+    };
+    let world = World::now(stores, &pods);
+    let views = world.views(&pods, args);
+    let again = decide::decide(&Inputs {
+        pods: &views,
+        jobs: &second,
+        nodes: &world.nodes,
+        in_flight,
+        default_partition: args.partition.as_deref(),
+    });
+    let kept = confirm::confirmed(first, &again);
+    tracing::debug!(
+        confirmed = kept.len(),
+        "placement: destructive actions confirmed"
+    );
+    kept
+}
+
+/// One pass.
+async fn pass(
+    stores: &Stores,
+    exec: &Executor,
+    queues: &Queues,
+    args: &PlacementArgs,
+    memory: &mut Memory,
+) -> Result<(), crate::slurm::SlurmError> {
+    let started = Instant::now();
+    let jobs = jobs::list(&exec.slurm).await?;
+    let listed = started.elapsed();
+    let (finished, in_flight) = queues.slurm.take();
+    let (api_finished, _) = queues.api.take();
+    let now = Instant::now();
+    memory.recent.prune(now);
+    let mut refused = Vec::new();
+    record(finished, &mut memory.recent, now, &mut refused);
+    record(api_finished, &mut memory.recent, now, &mut refused);
+    let pods = stores.pods.state();
+    let world = World::now(stores, &pods);
+    let views = world.views(&pods, args);
+    let (destructive, mut actions): (Vec<Action>, Vec<Action>) = decide::decide(&Inputs {
+        pods: &views,
+        jobs: &jobs,
+        nodes: &world.nodes,
+        in_flight: &in_flight,
+        default_partition: args.partition.as_deref(),
+    })
+    .into_iter()
+    .filter(|a| memory.recent.should_run(a, now, started))
+    .partition(Action::is_destructive);
+    if !destructive.is_empty() {
+        let kept =
+            confirm_destructive(destructive, &jobs, &in_flight, exec, args, stores, memory).await;
+        actions.extend(kept);
+    } else {
+        memory.baseline.accept(owned(&jobs), now);
+    }
+    let mut binds = Vec::new();
+    for a in actions.into_iter().chain(refused) {
+        // Not queued (in flight, or the queue is full): the next pass decides it again.
+        match a {
+            Action::Submit { .. } | Action::Cancel { .. } => {
+                queues.slurm.push(a);
+            }
+            Action::Bind { .. } => binds.push(a),
+            _ => {
+                queues.api.push(a);
+            }
+        }
+    }
+    // Bindings here: they are what a waiting pod waits for; their Events queued after them.
+    let n = binds.len();
+    let results = run_all(exec, binds, args.parallelism).await;
+    for (a, r) in &results {
+        if let (Action::Bind { pod, node, job }, Ok(_)) = (a, r) {
+            queues.api.push(Action::Scheduled {
+                pod: pod.clone(),
+                node: node.clone(),
+                job: *job,
+            });
+        }
+    }
+    record(results, &mut memory.recent, Instant::now(), &mut Vec::new());
+    tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
+    metrics::histogram!("isthmus_controller_placement_pass_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Count and remember what was done; a refused submission backs off and says why on its pods (`refused` gets
+/// those [`Action::Wait`]s).
+fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mut Vec<Action>) {
+    for (a, r) in results {
+        match &r {
+            Err(e @ execute::ActionError::Stale(_)) => {
+                tracing::debug!(error = %e, "placement: not written");
+                continue;
+            }
+            Err(e @ execute::ActionError::Fenced(_)) => {
+                tracing::info!(error = %e, action = action_name(&a), "placement: not written");
+                continue;
+            }
+            _ => {}
+        }
+        let result = if r.is_ok() { "ok" } else { "error" };
+        metrics::counter!("isthmus_controller_placement_actions_total",
+            "action" => action_name(&a), "result" => result)
+        .increment(1);
+        match r {
+            Ok(job) => {
+                if let Some(job) = job {
+                    tracing::info!(job, action = ?a, "placement: submitted");
+                }
+                recent.done(&a, now);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, action = action_name(&a), "placement: action failed; retrying");
+                if let Action::Submit { job, pods, .. } = &a {
+                    // Timed out or refused: the job may exist all the same. The next submission waits for a job
+                    // list read after the backoff, which shows it if it does.
+                    recent.submit_failed(&job.comment(), now);
+                    refused.extend(pods.iter().map(|pod| Action::Wait {
+                        pod: pod.clone(),
+                        message: format!("Slurm refused the job: {e}"),
+                        version: None,
+                        refused: false,
+                    }));
+                }
+            }
+        }
+    }
+}

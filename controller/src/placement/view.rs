@@ -1,0 +1,100 @@
+//! What the decisions need of one pod, read from the pod, its namespace's tenant in the placement policy and the
+//! policy's resource translation. Only the pod's identity (namespace, name, UID), `spec.nodeName` (which only a
+//! binding sets on a pod this scheduler owns, and whose truth the decisions check against the jobs), its phase and
+//! its requests are read; never which job it claims to belong to. Pure.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::annotations::{self, Gang, Requested};
+use super::policy::{Policy, Tenant};
+use super::resources::{self, Resources, Translation};
+
+/// A pod, by name and UID.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// What the decisions need of one pod.
+#[derive(Debug, Clone)]
+pub struct PodView {
+    /// The pod.
+    pub pod: PodRef,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// Not being deleted, not Succeeded or Failed.
+    pub active: bool,
+    /// Its gang, if it names one.
+    pub gang: Option<Result<Gang, String>>,
+    /// Its needs.
+    pub resources: Result<Resources, String>,
+    /// The Slurm options its annotations ask for.
+    pub requested: Result<Requested, String>,
+    /// Its namespace's tenant.
+    pub tenant: Result<Arc<Tenant>, String>,
+    /// Message of its `PodScheduled=False` condition, if it has one.
+    pub waiting_message: Option<String>,
+    /// `metadata.resourceVersion`.
+    pub version: Option<String>,
+}
+
+/// What a view is built against.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The policy in force (`Err`: none, or never a valid one; the reason).
+    pub policy: Result<&'a Policy, &'a str>,
+    /// Namespace → its labels.
+    pub namespace_labels: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// `--placement-mig-gpu-type`.
+    pub mig_gpu_type: Option<&'a str>,
+}
+
+impl PodView {
+    /// Read a pod (`None` when it lacks a namespace, name or UID).
+    pub fn from_pod(pod: &Pod, cx: &Context<'_>) -> Option<PodView> {
+        let meta = &pod.metadata;
+        let status = pod.status.as_ref();
+        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("");
+        let waiting_message = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            })
+            .map(|c| c.message.clone().unwrap_or_default());
+        let namespace = meta.namespace.clone()?;
+        let tenant = match cx.policy {
+            Ok(p) => p
+                .tenant_for(&namespace, cx.namespace_labels.get(&namespace))
+                .cloned(),
+            Err(e) => Err(format!("namespace {namespace} may not use Slurm: {e}")),
+        };
+        let translation = Translation {
+            extended: tenant.as_ref().ok().map(|t| &t.extended),
+            mig_gpu_type: cx.mig_gpu_type,
+        };
+        Some(PodView {
+            pod: PodRef {
+                namespace,
+                name: meta.name.clone()?,
+                uid: meta.uid.clone()?,
+            },
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            active: meta.deletion_timestamp.is_none() && phase != "Succeeded" && phase != "Failed",
+            gang: annotations::gang(pod),
+            resources: resources::resources(pod, &translation),
+            requested: annotations::requested(pod),
+            tenant,
+            waiting_message,
+            version: meta.resource_version.clone(),
+        })
+    }
+}

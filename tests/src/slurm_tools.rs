@@ -1,0 +1,108 @@
+//! Wrapper scripts for the Slurm client tools a component runs by name (`SlurmArgs::slurm_bin_dir` points at their
+//! directory): each logs its call (time, program, arguments) and runs the real program — unless a fault is armed
+//! for it: the next answers empty (as a `squeue` that lost its jobs would print), or the real program's work done
+//! and then no answer (as an `sbatch` whose reply is lost past its timeout).
+
+use std::path::Path;
+use std::time::SystemTime;
+
+/// One logged call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// Unix time, seconds.
+    pub at: f64,
+    /// `squeue`, `sbatch`, …
+    pub program: String,
+    /// Its arguments, space-separated (`EMPTY` / `HUNG` for an armed fault's call).
+    pub args: String,
+}
+
+impl Call {
+    /// When it was made.
+    pub fn time(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(self.at.max(0.0))
+    }
+}
+
+/// The directory of wrappers; removed when dropped.
+#[derive(Debug)]
+pub struct Tools {
+    dir: tempfile::TempDir,
+}
+
+impl Tools {
+    /// Wrappers for `programs` (found on `PATH`).
+    pub fn new(programs: &[&str]) -> Tools {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let d = dir.path().display().to_string();
+        for program in programs {
+            let real = crate::ibsim::which(program)
+                .unwrap_or_else(|| panic!("{program} is not installed"));
+            let script = format!(
+                "#!/bin/sh\n\
+                 d='{d}'\n\
+                 log() {{ printf '%s %s %s\\n' \"$(date +%s.%N)\" {program} \"$1\" >> \"$d/calls.log\"; }}\n\
+                 log \"$*\"\n\
+                 if [ -s \"$d/{program}.empty\" ]; then\n\
+                   n=$(cat \"$d/{program}.empty\")\n\
+                   if [ \"$n\" -gt 0 ]; then echo $((n - 1)) > \"$d/{program}.empty\"; log EMPTY; exit 0; fi\n\
+                 fi\n\
+                 if [ -e \"$d/{program}.hang\" ]; then\n\
+                   rm -f \"$d/{program}.hang\"; '{real}' \"$@\"; log HUNG; exec sleep 60\n\
+                 fi\n\
+                 exec '{real}' \"$@\"\n",
+                real = real.display()
+            );
+            let path = dir.path().join(program);
+            std::fs::write(&path, script).unwrap_or_else(|e| panic!("{e}"));
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        Tools { dir }
+    }
+
+    /// The directory (for `slurm_bin_dir`).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        std::fs::read_to_string(self.dir.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.splitn(3, ' ');
+                Some(Call {
+                    at: f.next()?.parse().ok()?,
+                    program: f.next()?.to_owned(),
+                    args: f.next().unwrap_or("").to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// The calls of `program` so far.
+    pub fn calls_of(&self, program: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.program == program)
+            .collect()
+    }
+
+    /// The next `n` calls of `program` answer nothing (exit 0, no output).
+    pub fn answer_empty(&self, program: &str, n: u32) {
+        std::fs::write(
+            self.dir.path().join(format!("{program}.empty")),
+            n.to_string(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The next call of `program` runs the real program and then does not end (until killed, or 60 s).
+    pub fn hang_after_next(&self, program: &str) {
+        std::fs::write(self.dir.path().join(format!("{program}.hang")), "")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}

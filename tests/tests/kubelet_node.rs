@@ -1,0 +1,728 @@
+//! The agent on a real kubelet (`isthmus_tests::kubenode`: Kubernetes v1.20.2 from Debian's source package, static
+//! CPU manager keeping CPU 0 for the system through `kubeReserved.cpu: 500m`, single-numa-node topology manager, on
+//! this machine's own hardware), as its shipped ServiceAccount:
+//! - a Guaranteed pod's exclusive CPU leaves the NRT's `available` and the Numatopology's allocatable CPUs, and comes
+//!   back after the pod (v1.20's kubelet has no GetAllocatableResources: the agent's path for older kubelets);
+//! - an agent restarted while the pod holds its CPU never publishes that CPU as free;
+//! - the agent as the DaemonSet runs it: a pod from an image of this build, PID 1 of its container, under the
+//!   manifests' security context and host mounts, publishing the kubelet's truth.
+//!
+//! Every test here takes the node's one exclusive CPU, so they take turns.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_tests::apiserver::{describe, service_account_user};
+use isthmus_tests::deploy::{
+    Reaped, added_capabilities, agent_container, render, start_as_in_the_pod,
+};
+use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
+use isthmus_tests::{fixtures, free_port, slurm::wait_until};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+const NS: &str = "kubelet-test";
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The shipped RBAC, CRDs and namespace of `deploy/daemonset` (not its DaemonSet: tests start the agent
+/// themselves), Volcano's Numatopology CRD, the test namespace; a kubeconfig of the agent's ServiceAccount.
+fn prepare(node: &KubeNode) -> PathBuf {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if !*done {
+        let docs: Vec<serde_yaml_ng::Value> = render(".")
+            .into_iter()
+            .filter(|d| d["kind"] != "DaemonSet")
+            .collect();
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+        node.apply(&list.to_string());
+        let volcano = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
+        node.apply(&std::fs::read_to_string(volcano).unwrap_or_else(|e| panic!("{e}")));
+        node.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+        ));
+        for crd in [
+            "noderesourcetopologies.topology.node.k8s.io",
+            "numatopologies.nodeinfo.volcano.sh",
+        ] {
+            node.kubectl_ok(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd",
+                crd,
+            ]);
+        }
+        *done = true;
+    }
+    node.kubeconfig_for_token(&node.token_for("isthmus-system", "isthmus"))
+}
+
+/// The NRT's `cpu` summed over its zones as (allocatable, available), when there is an object.
+fn nrt_cpu(node: &KubeNode) -> Option<(String, String)> {
+    let out = node.kubectl(&[
+        "get",
+        "noderesourcetopologies.topology.node.k8s.io",
+        NODE_NAME,
+        "-o",
+        "json",
+    ]);
+    if !out.status.success() {
+        return None;
+    }
+    let obj: NodeResourceTopology = serde_json::from_slice(&out.stdout).ok()?;
+    cpu_of(&obj)
+}
+
+fn cpu_of(obj: &NodeResourceTopology) -> Option<(String, String)> {
+    let mut sum = (0u64, 0u64);
+    for zone in &obj.zones {
+        let r = zone.resources.iter().find(|r| r.name == "cpu")?;
+        sum.0 += r.allocatable.parse::<u64>().ok()?;
+        sum.1 += r.available.parse::<u64>().ok()?;
+    }
+    Some((sum.0.to_string(), sum.1.to_string()))
+}
+
+/// This machine's online CPUs.
+fn online_cpus() -> usize {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    isthmus_topology::CpuSet::parse_list(list.trim()).map_or(0, |s| s.len())
+}
+
+/// The Numatopology's allocatable CPU list.
+fn numatopo_allocatable(node: &KubeNode) -> Option<String> {
+    let out = node.kubectl(&[
+        "get",
+        "numatopologies.nodeinfo.volcano.sh",
+        NODE_NAME,
+        "-o",
+        "jsonpath={.spec.numares.cpu.allocatable}",
+    ]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A Guaranteed pod asking one whole CPU (the static policy gives it one exclusively).
+fn guaranteed_pod(node: &KubeNode, name: &str) {
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: isthmus.local/busybox:1.35\n    \
+         imagePullPolicy: Never\n    command: [sleep, \"3600\"]\n    resources:\n      limits: {{cpu: \"1\", memory: 32Mi}}\n"
+    ));
+    node.kubectl_ok(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        &format!("pod/{name}"),
+    ]);
+}
+
+fn delete_pod(node: &KubeNode, name: &str) {
+    node.kubectl_ok(&[
+        "delete",
+        "-n",
+        NS,
+        "pod",
+        name,
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+}
+
+/// The agent on the host as the Kubernetes-only DaemonSet runs it (its args, environment and capabilities), with
+/// the host's own root and the kubelet's real PodResources socket.
+fn start_agent(node: &KubeNode, kubeconfig: &Path, log: &Path) -> Reaped {
+    let docs = render("overlays/kubernetes-only");
+    let container = agent_container(&docs);
+    let listen = format!("127.0.0.1:{}", free_port());
+    Reaped(start_as_in_the_pod(
+        container,
+        &added_capabilities(container),
+        &[],
+        &[
+            ("ISTHMUS_HOST_ROOT", "/".to_owned()),
+            (
+                "ISTHMUS_POD_RESOURCES_SOCKET",
+                node.pod_resources_socket().display().to_string(),
+            ),
+            ("ISTHMUS_LISTEN", listen),
+        ],
+        &[("NODE_NAME", NODE_NAME)],
+        kubeconfig,
+        log,
+    ))
+}
+
+fn wait_for(what: &str, f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    wait_until(what, Duration::from_secs(60), f);
+    start.elapsed()
+}
+
+#[test]
+fn an_exclusive_cpu_leaves_the_nrt_and_the_numatopology_and_comes_back() {
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let kubeconfig = prepare(node);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("agent.log");
+    let _agent = start_agent(node, &kubeconfig, &log);
+
+    // CPU 0 is the kubelet's (its static policy takes ceil(500m) of kubeReserved, lowest first, as the agent
+    // computes it), so one fewer is allocatable, and nothing is held yet.
+    let cpus = online_cpus();
+    let allocatable = (cpus - 1).to_string();
+    wait_for("the NRT with the kubelet's reservation", || {
+        nrt_cpu(node) == Some((allocatable.clone(), allocatable.clone()))
+    });
+    let policy = node.kubectl_ok(&[
+        "get",
+        "noderesourcetopologies.topology.node.k8s.io",
+        NODE_NAME,
+        "-o",
+        "jsonpath={.attributes[?(@.name==\"topologyManagerPolicy\")].value} {.topologyPolicies[0]}",
+    ]);
+    assert_eq!(
+        policy.trim(),
+        "single-numa-node SingleNUMANodeContainerLevel"
+    );
+    let all_but_reserved = numatopo_allocatable(node);
+    assert!(
+        all_but_reserved.is_some(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+
+    guaranteed_pod(node, "exclusive");
+    let held = (cpus - 2).to_string();
+    let took = wait_for("the held CPU out of the NRT's available", || {
+        nrt_cpu(node) == Some((allocatable.clone(), held.clone()))
+    });
+    eprintln!("pod Ready -> NRT available: {took:?}");
+    wait_for("the held CPU out of the Numatopology", || {
+        numatopo_allocatable(node) != all_but_reserved
+    });
+
+    delete_pod(node, "exclusive");
+    let took = wait_for("the CPU back in the NRT", || {
+        nrt_cpu(node) == Some((allocatable.clone(), allocatable.clone()))
+    });
+    eprintln!("pod gone -> NRT available: {took:?}");
+    wait_for("the CPU back in the Numatopology", || {
+        numatopo_allocatable(node) == all_but_reserved
+    });
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("\"level\":\"ERROR\""), "{text}");
+    assert!(
+        text.contains("GetAllocatableResources"),
+        "the 1.20 path was not taken: {text}"
+    );
+}
+
+#[test]
+fn a_restarted_agent_never_publishes_a_held_cpu_as_free() {
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let kubeconfig = prepare(node);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cpus = online_cpus();
+    let (allocatable, held) = ((cpus - 1).to_string(), (cpus - 2).to_string());
+
+    let agent = start_agent(node, &kubeconfig, &dir.path().join("agent-1.log"));
+    guaranteed_pod(node, "held");
+    wait_for("the held CPU out of the NRT", || {
+        nrt_cpu(node) == Some((allocatable.clone(), held.clone()))
+    });
+    drop(agent);
+
+    // Every version of the object from now on, as a watch sees it.
+    let watch = NrtWatch::start(node);
+    let since = SystemTime::now();
+    let agent = start_agent(node, &kubeconfig, &dir.path().join("agent-2.log"));
+    // The restarted agent settles (its first poll, its first publication if any) and stays idle.
+    std::thread::sleep(Duration::from_secs(15));
+    let writes = node.writes_by(&service_account_user("isthmus-system", "isthmus"), since);
+    drop(agent);
+    let versions = watch.stop();
+    assert!(!versions.is_empty(), "the watch saw nothing");
+    for v in &versions {
+        assert_eq!(
+            cpu_of(v),
+            Some((allocatable.clone(), held.clone())),
+            "a version showed the held CPU as free: {v:#?}"
+        );
+    }
+    // Nothing changed on the node: the restarted agent found its object as it would write it.
+    assert!(writes.is_empty(), "{writes:#?}");
+    delete_pod(node, "held");
+}
+
+/// A test overlay of the shipped DaemonSet in `dir`: the image `image`, never pulled, and the host network with the
+/// API server's loopback address (the test node has no kube-proxy to route the kubernetes Service; the probes reach
+/// the metrics port on the host's address then). Applied with `kubectl apply -k`.
+fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
+    let overlay = dir.join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+    let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-only");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
+             images:\n  - name: isthmus\n    newName: {name}\n    newTag: \"{tag}\"\npatches:\n  - path: test.yaml\n",
+            relative(&overlay, &base)
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        overlay.join("test.yaml"),
+        format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: isthmus\n  namespace: isthmus-system\nspec:\n  \
+             template:\n    spec:\n      hostNetwork: true\n      containers:\n      - name: isthmus\n        \
+             imagePullPolicy: Never\n        env:\n        - name: KUBERNETES_SERVICE_HOST\n          value: 127.0.0.1\n        \
+             - name: KUBERNETES_SERVICE_PORT\n          value: \"{}\"\n",
+            node.api_port(),
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+/// The agent's pod, once it is Ready with `image` (panics with its logs if its container restarts).
+fn ready_agent_pod(node: &KubeNode, image: &str) -> serde_json::Value {
+    let pod = || {
+        let out = node.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "isthmus-system",
+            "-l",
+            "app.kubernetes.io/name=isthmus",
+            "-o",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["items"].as_array().cloned().unwrap_or_default()
+    };
+    wait_until_ok("the agent's pod Ready", Duration::from_secs(180), || {
+        let pods = pod();
+        for p in &pods {
+            if p["status"]["containerStatuses"][0]["restartCount"].as_u64() > Some(0) {
+                let logs = node.kubectl(&[
+                    "logs",
+                    "-n",
+                    "isthmus-system",
+                    "-l",
+                    "app.kubernetes.io/name=isthmus",
+                    "--previous",
+                ]);
+                panic!(
+                    "the agent's container restarted: {p:#}\n{}",
+                    describe(&logs)
+                );
+            }
+        }
+        // One pod (an old one still terminating is not done yet), of this image, Ready.
+        let [p] = pods.as_slice() else { return None };
+        let ready = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        (ready && p["spec"]["containers"][0]["image"] == image).then(|| p.clone())
+    })
+}
+
+#[test]
+fn the_agent_runs_from_its_image_as_the_daemonset_runs_it_and_rolls_out_without_a_false_write() {
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let archive = dir.path().join("isthmus.tar");
+    let image = isthmus_tests::node_image::agent_image("test", &archive);
+    node.import_image(&archive);
+    apply_agent_overlay(node, dir.path(), &image);
+    let ready = ready_agent_pod(node, &image);
+
+    // PID 1 of its container, with no capability, the root filesystem read-only, and of the host's /proc only
+    // the files discovery reads.
+    let uid = ready["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let pid = node
+        .container_pid(&uid, "isthmus")
+        .unwrap_or_else(|| panic!("no container process for pod {uid}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}:")))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Name"), "isthmus", "{status}");
+    assert_eq!(
+        field("NSpid").split_whitespace().last(),
+        Some("1"),
+        "{status}"
+    );
+    assert_eq!(field("CapEff"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs"), "1", "{status}");
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mounts")).unwrap_or_default();
+    let root = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("/"));
+    assert!(
+        root.is_some_and(|l| l
+            .split_whitespace()
+            .nth(3)
+            .is_some_and(|o| o.split(',').any(|o| o == "ro"))),
+        "{mounts}"
+    );
+    let mut host_proc: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root/host/proc"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    host_proc.sort();
+    assert_eq!(host_proc, ["cpuinfo", "driver", "meminfo"]);
+
+    // Its NRT carries the kubelet's truth: the reservation, then a Guaranteed pod's CPU.
+    let cpus = online_cpus();
+    let (allocatable, held) = ((cpus - 1).to_string(), (cpus - 2).to_string());
+    wait_for("the pod's NRT", || {
+        nrt_cpu(node) == Some((allocatable.clone(), allocatable.clone()))
+    });
+    let managers = node.kubectl_ok(&[
+        "get",
+        "noderesourcetopologies.topology.node.k8s.io",
+        NODE_NAME,
+        "-o",
+        "jsonpath={.metadata.managedFields[*].manager}",
+    ]);
+    assert!(
+        managers.split_whitespace().any(|m| m == "isthmus"),
+        "{managers}"
+    );
+    guaranteed_pod(node, "during-rollout");
+    wait_for("the held CPU out of the pod's NRT", || {
+        nrt_cpu(node) == Some((allocatable.clone(), held.clone()))
+    });
+
+    // An upgrade: the DaemonSet rolls out to a new image tag while the CPU is held. No version of the NRT, from the
+    // old pod's last to the new pod's first, shows it free.
+    let watch = NrtWatch::start(node);
+    let archive2 = dir.path().join("isthmus-2.tar");
+    let image2 = isthmus_tests::node_image::agent_image("test-2", &archive2);
+    node.import_image(&archive2);
+    apply_agent_overlay(node, dir.path(), &image2);
+    let upgraded = ready_agent_pod(node, &image2);
+    assert_ne!(upgraded["metadata"]["uid"], ready["metadata"]["uid"]);
+
+    // An idle window on a loaded machine (two busy loops on this 2-core machine): no write at all.
+    std::thread::sleep(Duration::from_secs(3));
+    let since = SystemTime::now();
+    let hogs: Vec<Reaped> = (0..2)
+        .map(|_| {
+            Reaped(
+                std::process::Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(30));
+    drop(hogs);
+    let writes = node.writes_by(&service_account_user("isthmus-system", "isthmus"), since);
+    let versions = watch.stop();
+    assert!(
+        writes.is_empty(),
+        "writes in an idle window under load: {writes:#?}"
+    );
+    assert!(!versions.is_empty(), "the watch saw nothing");
+    for v in &versions {
+        assert_eq!(
+            cpu_of(v),
+            Some((allocatable.clone(), held.clone())),
+            "a version during the rollout showed the held CPU as free: {v:#?}"
+        );
+    }
+    eprintln!("NRT versions during the rollout: {}", versions.len());
+
+    delete_pod(node, "during-rollout");
+    // Only the DaemonSet goes: the namespace, RBAC and CRDs stay for the other tests.
+    node.kubectl_ok(&[
+        "delete",
+        "daemonset",
+        "-n",
+        "isthmus-system",
+        "isthmus",
+        "--wait=true",
+    ]);
+    wait_for("the agent's pods gone", || {
+        node.kubectl_ok(&["get", "pods", "-n", "isthmus-system", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+}
+
+/// Every version of the node's NRT from now on, as a watch (`kubectl get --watch`) sees it.
+struct NrtWatch {
+    child: std::process::Child,
+    seen: std::thread::JoinHandle<Vec<NodeResourceTopology>>,
+}
+
+impl NrtWatch {
+    fn start(node: &KubeNode) -> Self {
+        let mut child = std::process::Command::new(isthmus_tests::deploy::kubectl())
+            .arg("--kubeconfig")
+            .arg(node.kubeconfig())
+            .args([
+                "get",
+                "noderesourcetopologies.topology.node.k8s.io",
+                NODE_NAME,
+                "--watch",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let seen = std::thread::spawn(move || {
+            let stream =
+                serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>();
+            stream
+                .flatten()
+                .filter_map(|event| serde_json::from_value(event["object"].clone()).ok())
+                .collect()
+        });
+        Self { child, seen }
+    }
+
+    fn stop(mut self) -> Vec<NodeResourceTopology> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.seen.join().unwrap_or_default()
+    }
+}
+
+/// Wait until `f` gives a value; panics with the node's logs after `timeout`.
+fn wait_until_ok<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            isthmus_tests::kubenode::logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `to` as a path relative to the directory `from` (kustomize refuses absolute resource directories).
+fn relative(from: &Path, to: &Path) -> String {
+    let up = from.components().count().saturating_sub(1);
+    let down = to.strip_prefix("/").unwrap_or(to);
+    format!("{}{}", "../".repeat(up), down.display())
+}
+
+/// Placement on the real node: a pod for Slurm's scheduler gets a job, is bound to the node the job runs on, and
+/// the kubelet really starts its container there; deleting the pod ends the job.
+#[test]
+fn a_placed_pods_containers_run_on_the_node_its_job_runs_on() {
+    use isthmus_tests::placement::{Placement, PodOpts, jobs_of};
+    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    // The Slurm node is the Kubernetes node: same name, slurmd on this machine.
+    let cluster = Cluster::start(&[NodeSpec::new(NODE_NAME, 2, 0)], "");
+    let mut p = Placement::new(node, &cluster, "placed");
+    p.start();
+    let uid = p.create(&PodOpts {
+        image: Some("isthmus.local/busybox:1.35"),
+        ..PodOpts::new("worker")
+    });
+    wait_for("the pod bound where Slurm runs its job", || {
+        p.node_of("worker").as_deref() == Some(NODE_NAME)
+    });
+    let jobs = jobs_of(&cluster, &uid);
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    assert_eq!(
+        (jobs[0].state.as_str(), jobs[0].nodes.as_str()),
+        ("RUNNING", NODE_NAME)
+    );
+    // The kubelet runs the container: Running, and its process is on this machine.
+    let state = || {
+        node.kubectl_ok(&[
+            "get",
+            "pod",
+            "-n",
+            "placed",
+            "worker",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.running.startedAt}",
+        ])
+    };
+    wait_for("the pod's container running", || {
+        let s = state();
+        s.starts_with("Running ") && s.trim().len() > "Running".len()
+    });
+    let pid = node
+        .container_pid(&uid, "main")
+        .unwrap_or_else(|| panic!("no process for the placed pod's container"));
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    assert_eq!(comm.trim(), "sleep");
+
+    p.delete_pod("worker");
+    wait_for("the job ended with its pod", || {
+        jobs_of(&cluster, &uid).iter().all(|j| j.is_finished())
+    });
+    p.stop();
+}
+
+/// The Slurm variant as its DaemonSet runs it: the `kubernetes-slurm` overlay's pod (an image of this build's agent
+/// with Debian's slurmd and munged) registers a dynamic Slurm node with a real slurmctld on the host, and an `srun`
+/// job runs inside the pod, as a child of the agent's slurmd.
+#[test]
+fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
+    use isthmus_tests::slurmctld::Controller;
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    let ctld = Controller::start("MaxNodeCount=16\nTreeWidth=65533\nGresTypes=gpu\n", "", &[]);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+
+    // The pod's slurm.conf is the cluster's, with the node-side paths of the overlay and munged's default socket
+    // (the pod's own munged).
+    let conf = std::fs::read_to_string(ctld.conf()).unwrap_or_else(|e| panic!("{e}"));
+    let pod_conf: String = conf
+        .lines()
+        .filter(|l| {
+            ![
+                "AuthInfo=",
+                "SlurmdSpoolDir=",
+                "SlurmdPidFile=",
+                "SlurmdLogFile=",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        + "SlurmdSpoolDir=/var/spool/slurmd\nSlurmdPidFile=/run/slurm/slurmd.pid\n";
+    let overlay = dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(overlay.join("slurm.conf"), pod_conf).unwrap_or_else(|e| panic!("{e}"));
+    let key = ctld.path().join("munge.key");
+    let out = node.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "munge-key",
+        "-n",
+        "isthmus-system",
+        &format!("--from-file=munge.key={}", key.display()),
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let archive = dir.path().join("isthmus-slurm.tar");
+    let image = isthmus_tests::node_image::slurm_agent_image("test", &archive);
+    node.import_image(&archive);
+    let (name, tag) = image.rsplit_once(':').unwrap_or((&image, "latest"));
+    let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-slurm");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
+             images:\n  - name: isthmus-slurm\n    newName: {name}\n    newTag: \"{tag}\"\n\
+             configMapGenerator:\n  - name: slurm-config\n    namespace: isthmus-system\n    behavior: replace\n    \
+             files:\n      - slurm.conf\npatches:\n  - path: test.yaml\n",
+            relative(&overlay, &base)
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        overlay.join("test.yaml"),
+        format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: isthmus\n  namespace: isthmus-system\nspec:\n  \
+             template:\n    spec:\n      initContainers:\n      - name: slurm-config\n        imagePullPolicy: Never\n      \
+             containers:\n      - name: isthmus\n        imagePullPolicy: Never\n        env:\n        \
+             - name: KUBERNETES_SERVICE_HOST\n          value: 127.0.0.1\n        - name: KUBERNETES_SERVICE_PORT\n          \
+             value: \"{}\"\n",
+            node.api_port()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let pod = ready_agent_pod(node, &image);
+
+    // The node registered itself (dynamic), idle.
+    wait_until_ok(
+        "the dynamic node idle in slurmctld",
+        Duration::from_secs(120),
+        || {
+            let out = std::process::Command::new("scontrol")
+                .args(["show", "node", NODE_NAME])
+                .env("SLURM_CONF", ctld.conf())
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("State=IDLE").then_some(text)
+        },
+    );
+    // A job runs inside the pod: its PID 1 is the agent.
+    let out = std::process::Command::new("srun")
+        .args([
+            "-w",
+            NODE_NAME,
+            "-t",
+            "1",
+            "/bin/busybox",
+            "cat",
+            "/proc/1/comm",
+        ])
+        .env("SLURM_CONF", ctld.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("srun: {e}"));
+    assert!(out.status.success(), "srun: {}", describe(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "isthmus");
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    assert!(node.container_pid(uid, "isthmus").is_some());
+
+    node.kubectl_ok(&[
+        "delete",
+        "daemonset",
+        "-n",
+        "isthmus-system",
+        "isthmus",
+        "--wait=true",
+    ]);
+    node.kubectl_ok(&["delete", "secret", "-n", "isthmus-system", "munge-key"]);
+    wait_for("the agent's pods gone", || {
+        node.kubectl_ok(&["get", "pods", "-n", "isthmus-system", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+}
