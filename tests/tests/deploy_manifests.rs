@@ -419,8 +419,27 @@ fn the_registry_overlays_of_docs_deploy_md_replace_every_image() {
     assert_eq!(bases, want, "one example per thing to apply");
 }
 
+/// Whether `path` (relative to `root`) exists; a `*` in its last component matches any text there.
+fn exists(root: &Path, path: &str) -> bool {
+    let Some((dir, name)) = path.rsplit_once('/') else {
+        return root.join(path).exists();
+    };
+    match name.split_once('*') {
+        None => root.join(path).exists(),
+        Some((head, tail)) => std::fs::read_dir(root.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with(head) && n.ends_with(tail) && n.len() >= head.len() + tail.len()
+            }),
+    }
+}
+
 /// Every repository path the Containerfile, the Makefile, the manifests, the scripts and the docs name exists (a
-/// renamed test or module leaves no comment pointing at nothing). `topology/<plugin>` are Slurm's plugin names.
+/// renamed test or module leaves no comment pointing at nothing; `*` stands for any text in a file name).
+/// `topology/<plugin>` are Slurm's plugin names.
 #[test]
 fn every_repository_path_the_manifests_and_docs_name_exists() {
     let root = repo_root();
@@ -449,7 +468,7 @@ fn every_repository_path_the_manifests_and_docs_name_exists() {
         }
     }
     let path = regex::Regex::new(
-        r"(^|[^\w./-])((?:topology|gres|api|agent|controller|deploy|tests|fixtures|docs|scripts|\.ci)/[\w./-]*\w)",
+        r"(^|[^\w./-])((?:topology|gres|api|agent|controller|deploy|tests|fixtures|docs|scripts|\.ci)/[\w./*-]*[\w*])",
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let slurm_plugins = [
@@ -464,7 +483,7 @@ fn every_repository_path_the_manifests_and_docs_name_exists() {
         for (n, line) in text.lines().enumerate() {
             for c in path.captures_iter(line) {
                 let p = &c[2];
-                if !slurm_plugins.contains(&p) && !root.join(p).exists() {
+                if !slurm_plugins.contains(&p) && !exists(&root, p) {
                     let rel = f.strip_prefix(&root).unwrap_or(f).display().to_string();
                     missing.push(format!("{rel}:{}: {p}", n + 1));
                 }
