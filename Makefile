@@ -14,7 +14,7 @@ PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: deps deploy-tools deploy-check kube-assets build run test fmt lint bench image image-bases
+.PHONY: deps deploy-tools deploy-check kube-assets build run test test-fast fmt lint bench image image-bases
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -63,6 +63,14 @@ fmt:
 
 lint:
 	$(CARGO) clippy --workspace --all-targets --features isthmus-tests/system -- -D warnings
+
+# The fast tier as a machine with only Rust, a C toolchain, pkg-config and libhwloc-dev has it: `cargo test` with
+# nothing else on PATH (the system tier, `--features isthmus-tests/system`, is what `make test` adds).
+test-fast:
+	@d=$$(mktemp -d); for t in cargo rustc rustdoc rustup cc gcc ld ld.bfd as ar ranlib strip pkg-config; do \
+	  p=$$(command -v $$t) && ln -s "$$p" "$$d/$$t"; done; \
+	env -i HOME="$$HOME" PATH="$$d" CARGO_HOME="$${CARGO_HOME:-$$HOME/.cargo}" RUSTUP_HOME="$${RUSTUP_HOME:-$$HOME/.rustup}" \
+	  cargo test --workspace --no-fail-fast; status=$$?; rm -rf "$$d"; exit $$status
 
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite.
 test: deps deploy-tools kube-assets fmt lint
