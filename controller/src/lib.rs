@@ -6,6 +6,7 @@
 
 pub mod fabric;
 pub mod hostlist;
+pub mod identity;
 pub mod label_sources;
 pub mod model;
 pub mod nodesync;

@@ -6,12 +6,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use isthmus_api::fabric::{NodeReport, PortReport, decode, node_report_attributes};
+use isthmus_api::fabric::{NodeReport, PortReport, node_report_attributes};
 use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::report::{DecodeOptions, decode};
 use isthmus_controller::fabric::{NodeKind, ibnetdiscover, is_aggregation_node};
 use isthmus_controller::hostlist;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};
 use isthmus_controller::render::{RenderOptions, topology_conf};
+use isthmus_gres::grammar::NodeDefinition;
 use isthmus_tests::fabric_gen::{self, CaTruth, FIRMWARE_DESCRIPTION, Generated, Truth};
 use isthmus_tests::ibsim::Sim;
 use isthmus_topology::infiniband::format_guid;
@@ -67,6 +69,7 @@ fn reports(truth: &Truth) -> Vec<NodeInput> {
         .iter()
         .map(|(host, cas)| NodeInput {
             name: host.clone(),
+            slurm_name: Some(host.clone()),
             report: Some(NodeReport {
                 node: host.clone(),
                 ports: cas
@@ -80,7 +83,10 @@ fn reports(truth: &Truth) -> Vec<NodeInput> {
                         ..PortReport::default()
                     })
                     .collect(),
-                slurm_node_line: Some(format!("NodeName={host} CPUs=8 RealMemory=1000")),
+                slurm_node: NodeDefinition::parse(
+                    "CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000",
+                )
+                .ok(),
                 ..NodeReport::default()
             }),
             ..NodeInput::default()
@@ -226,7 +232,9 @@ fn the_node_learns_its_leaf_switch_through_smpquery() {
             // Through the NRT attributes and back, as the controller reads it.
             let mut nrt = NodeResourceTopology::named(host);
             nrt.attributes = node_report_attributes(&topo, None, None, &[]);
-            let mut decoded = decode(&nrt).ports;
+            let mut decoded = decode(&nrt, &DecodeOptions::default())
+                .unwrap_or_else(|e| panic!("{host}: {e}"))
+                .ports;
             assert_eq!(decoded.len(), 1);
             assert_eq!(decoded[0].neighbour, Some(ca.switch));
             decoded[0].device.clone_from(&ca.device);
@@ -235,6 +243,7 @@ fn the_node_learns_its_leaf_switch_through_smpquery() {
         assert_eq!(ports.len(), if host == "su1-dgx08" { 3 } else { 8 });
         inputs.push(NodeInput {
             name: host.into(),
+            slurm_name: Some(host.into()),
             report: Some(NodeReport {
                 node: host.into(),
                 ports,

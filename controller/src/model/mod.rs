@@ -19,22 +19,27 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use isthmus_api::fabric::{NodeReport, PortReport};
-use serde::Serialize;
+use isthmus_api::report::Rejection;
+use isthmus_gres::grammar::{GresLine, NodeDefinition, is_slurm_hostname};
+use serde::{Serialize, Serializer};
 
 use crate::fabric::lookup::FabricIndex;
-use crate::fabric::names::{sanitize, switch_names};
-use crate::fabric::tree::{self, Attachment, Group, GroupOrigin, Tree};
+use crate::fabric::names::switch_names;
+use crate::fabric::tree::{self, Attachment, Group, Tree};
 use crate::fabric::{Fabric, FabricSummary, NodeKind, host_of_description};
 use crate::label_sources::{LabelScheme, default_accelerator_labels, default_schemes};
+
+mod label_groups;
 
 /// One node as the controller sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInput {
     /// Kubernetes node name (= NRT name).
     pub name: String,
-    /// Slurm node name when it differs from the one in the report (e.g. from a node label).
+    /// Slurm node name, as the cluster gives it ([`crate::identity::slurm_name`]); `None` leaves the node out of
+    /// every Slurm file.
     pub slurm_name: Option<String>,
-    /// The decoded report, when the node published one.
+    /// The decoded (and accepted) report, when the node published one.
     pub report: Option<NodeReport>,
     /// The Node's current labels.
     pub labels: BTreeMap<String, String>,
@@ -99,24 +104,49 @@ pub enum Placement {
 pub struct ClusterNode {
     /// Kubernetes node name.
     pub name: String,
-    /// Slurm node name.
-    pub slurm_name: String,
+    /// Slurm node name; `None` when the node is in no Slurm file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_name: Option<String>,
     /// IB/RoCE ports as reported.
     pub ports: Vec<PortReport>,
     /// `ClusterUUID.CliqueId`, from the report or from a label.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accelerator_domain: Option<String>,
-    /// The Slurm node line as the node computed it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slurm_node_line: Option<String>,
+    /// The node definition the node reported (without its name).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "as_text_opt"
+    )]
+    pub slurm_node: Option<NodeDefinition>,
     /// gres.conf lines (without `NodeName=`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub gres_lines: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "as_text_list")]
+    pub gres: Vec<GresLine>,
     /// The Node's labels at build time.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Where it sits in the tree.
     pub placement: Placement,
+}
+
+fn as_text_opt<S: Serializer, T: std::fmt::Display>(
+    v: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}
+
+fn as_text_map<S: Serializer, T: std::fmt::Display>(
+    v: &BTreeMap<String, T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(v.iter().map(|(k, v)| (k, v.to_string())))
+}
+
+fn as_text_list<S: Serializer, T: std::fmt::Display>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(ToString::to_string))
 }
 
 impl ClusterNode {
@@ -139,9 +169,16 @@ pub struct ClusterModel {
     /// What the dump held, when one was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fabric: Option<FabricSummary>,
-    /// Problems in the inputs (unreadable report attributes, dump lines), one line each.
+    /// Problems in the inputs (unreadable dump lines), one line each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Reports left out (object name → why: a refused report, no Node, a Slurm name that is not a host name or
+    /// that two Nodes claim); see [`crate::identity::assemble`].
+    #[serde(
+        skip_serializing_if = "BTreeMap::is_empty",
+        serialize_with = "as_text_map"
+    )]
+    pub rejected: BTreeMap<String, Rejection>,
 }
 
 impl ClusterModel {
@@ -168,13 +205,15 @@ impl ClusterModel {
 }
 
 /// Inputs for a dump without node reports (offline use): one node per host named in CA descriptions, Kubernetes
-/// name lower-cased, Slurm name as written.
+/// name lower-cased, Slurm name as written. A host sets its own CA description, so only names that are Slurm host
+/// names are taken.
 pub fn nodes_from_fabric(fabric: &Fabric) -> Vec<NodeInput> {
     let hosts: BTreeSet<&str> = fabric
         .nodes
         .values()
         .filter(|n| n.kind == NodeKind::Ca)
         .filter_map(|n| host_of_description(&n.description))
+        .filter(|h| is_slurm_hostname(h))
         .collect();
     hosts
         .into_iter()
@@ -223,16 +262,7 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
     let mut sources: BTreeMap<String, PlacementSource> = BTreeMap::new();
     for mut input in inputs {
         let report = input.report.take().unwrap_or_default();
-        for p in &report.problems {
-            model.warnings.push(format!("node {}: {p}", input.name));
-        }
-        let slurm_name = input.slurm_name.clone().unwrap_or_else(|| {
-            if report.node.is_empty() {
-                input.name.clone()
-            } else {
-                report.slurm_name().to_owned()
-            }
-        });
+        let slurm_name = input.slurm_name.take();
         let mut switches = BTreeSet::new();
         let mut source = None;
         for p in deciding_ports(&report) {
@@ -253,7 +283,10 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
         if switches.is_empty() {
             if let Some(i) = &index {
                 switches = i
-                    .switches_by_description(&[&input.name, &slurm_name])
+                    .switches_by_description(&[
+                        input.name.as_str(),
+                        slurm_name.as_deref().unwrap_or(input.name.as_str()),
+                    ])
                     .into_iter()
                     .filter(|s| !excluded(*s))
                     .collect();
@@ -292,8 +325,8 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
                 slurm_name,
                 ports: report.ports,
                 accelerator_domain,
-                slurm_node_line: report.slurm_node_line,
-                gres_lines: report.gres_lines,
+                slurm_node: report.slurm_node,
+                gres: report.gres,
                 labels,
                 placement: Placement::Unplaced {
                     reason: String::new(),
@@ -302,7 +335,7 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
         );
     }
     model.tree = tree::build(&attachments, fabric, &names);
-    for n in add_label_groups(&mut model, &sources, &opts.label_schemes) {
+    for n in label_groups::add_label_groups(&mut model, &sources, &opts.label_schemes) {
         sources.insert(n, PlacementSource::Labels);
     }
     model.tree.dedupe_ids();
@@ -344,229 +377,5 @@ fn unplaced_reason(node: &ClusterNode, have_dump: bool) -> String {
     why
 }
 
-/// Place the nodes no fabric source placed by the first label scheme they carry; returns the nodes it placed.
-fn add_label_groups(
-    model: &mut ClusterModel,
-    sources: &BTreeMap<String, PlacementSource>,
-    schemes: &[LabelScheme],
-) -> Vec<String> {
-    let mut index: BTreeMap<(usize, Vec<String>), usize> = BTreeMap::new();
-    let mut placed = Vec::new();
-    for node in model.nodes.values() {
-        if sources.contains_key(&node.name) {
-            continue;
-        }
-        let Some((si, values)) = schemes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (i, s.values(&node.labels)))
-            .find(|(_, v)| !v.is_empty())
-        else {
-            continue;
-        };
-        let values: Vec<String> = values.iter().map(|v| (*v).to_owned()).collect();
-        // Create the chain from the top down so parents exist first.
-        let mut parent = None;
-        for tier in (0..values.len()).rev() {
-            let key = (si, values[tier..].to_vec());
-            let g = match index.get(&key) {
-                Some(&g) => g,
-                None => {
-                    let g = model.tree.groups.len();
-                    model.tree.groups.push(Group {
-                        id: sanitize(&values[tier]).unwrap_or_else(|| format!("label-{tier}")),
-                        tier,
-                        origin: GroupOrigin::Labels,
-                        switches: Vec::new(),
-                        parent,
-                        children: Vec::new(),
-                        nodes: Vec::new(),
-                    });
-                    if let Some(p) = parent {
-                        model.tree.groups[p].children.push(g);
-                    }
-                    index.insert(key, g);
-                    g
-                }
-            };
-            parent = Some(g);
-        }
-        if let Some(leaf) = parent {
-            placed.push((node.name.clone(), leaf));
-        }
-    }
-    for (name, leaf) in placed {
-        model.tree.groups[leaf].nodes.push(name);
-    }
-    for g in &mut model.tree.groups {
-        g.nodes.sort();
-    }
-    model
-        .tree
-        .groups
-        .iter()
-        .filter(|g| g.origin == GroupOrigin::Labels)
-        .flat_map(|g| g.nodes.iter().cloned())
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fabric::ibnetdiscover;
-    use isthmus_api::fabric::PortReport;
-
-    const PREFIX: u64 = 0xfe80_0000_0000_0000;
-
-    /// Two leaves under one spine; leaf1 holds n1's and n3's mlx5_0, leaf2 holds n2's. n3's CA keeps the
-    /// firmware description; a storage leaf holds everyone's mlx5_1.
-    const DUMP: &str = "\
-Switch 8 \"S-0000000000000021\" # \"MF0;spine:MQM8700/U1\" enhanced port 0 lid 1 lmc 0
-[1] \"S-0000000000000011\"[8] # \"MF0;leaf1:MQM8700/U1\" lid 2 4xHDR
-[2] \"S-0000000000000012\"[8] # \"MF0;leaf2:MQM8700/U1\" lid 3 4xHDR
-[3] \"S-0000000000000031\"[8] # \"MF0;storage1:MQM8700/U1\" lid 4 4xHDR
-
-Switch 8 \"S-0000000000000011\" # \"MF0;leaf1:MQM8700/U1\" enhanced port 0 lid 2 lmc 0
-[1] \"H-0000000000000101\"[1](101) # \"n1 mlx5_0\" lid 5 4xHDR
-[2] \"H-0000000000000103\"[1](103) # \"MT4129 ConnectX7 Mellanox Technologies\" lid 7 4xHDR
-[3] \"H-00000000000001a1\"[1](1a1) # \"Mellanox Technologies Aggregation Node\" lid 9 4xHDR
-
-Switch 8 \"S-0000000000000012\" # \"MF0;leaf2:MQM8700/U1\" enhanced port 0 lid 3 lmc 0
-[1] \"H-0000000000000102\"[1](102) # \"n2 mlx5_0\" lid 6 4xHDR
-
-Switch 8 \"S-0000000000000031\" # \"MF0;storage1:MQM8700/U1\" enhanced port 0 lid 4 lmc 0
-[1] \"H-0000000000000201\"[1](201) # \"n1 mlx5_1\" lid 10 4xHDR
-[2] \"H-0000000000000202\"[1](202) # \"n2 mlx5_1\" lid 11 4xHDR
-[3] \"H-0000000000000203\"[1](203) # \"n3 mlx5_1\" lid 12 4xHDR
-";
-
-    fn port(device: &str, guid: u64, neighbour: Option<(u64, u32)>, rail: bool) -> PortReport {
-        PortReport {
-            device: device.into(),
-            port: 1,
-            guid: Some(guid),
-            subnet_prefix: Some(PREFIX),
-            state: Some("ACTIVE".into()),
-            link_layer: Some("InfiniBand".into()),
-            neighbour,
-            rail,
-            ..PortReport::default()
-        }
-    }
-
-    fn node(name: &str, ports: Vec<PortReport>) -> NodeInput {
-        NodeInput {
-            name: name.into(),
-            report: Some(NodeReport {
-                node: name.into(),
-                ports,
-                slurm_node_line: Some(format!("NodeName={name} CPUs=8")),
-                ..NodeReport::default()
-            }),
-            ..NodeInput::default()
-        }
-    }
-
-    fn leaf_id<'a>(m: &'a ClusterModel, n: &str) -> Option<&'a str> {
-        m.nodes[n].leaf().map(|l| m.tree.groups[l].id.as_str())
-    }
-
-    #[test]
-    fn sources_apply_in_precedence_order() {
-        let fabric = ibnetdiscover::parse(DUMP);
-        let inputs = vec![
-            // Neighbour facts win over the dump (which says leaf1): n1 moved to leaf2.
-            node(
-                "n1",
-                vec![
-                    port("mlx5_0", 0x101, Some((0x12, 5)), true),
-                    port("mlx5_1", 0x201, None, false),
-                ],
-            ),
-            // No neighbour facts: found by port GUID; the rail marks keep the storage HCA out.
-            node(
-                "n2",
-                vec![
-                    port("mlx5_0", 0x102, None, true),
-                    port("mlx5_1", 0x202, None, false),
-                ],
-            ),
-            // Firmware-described CA, found by its port GUID only.
-            node(
-                "n3",
-                vec![
-                    port("mlx5_0", 0x103, None, true),
-                    port("mlx5_1", 0x203, None, false),
-                ],
-            ),
-            // Not in the dump, no facts: placed by Topograph's labels.
-            NodeInput {
-                name: "n4".into(),
-                labels: BTreeMap::from([
-                    ("fabric.topograph.run/tier-0".to_owned(), "leafX".to_owned()),
-                    (
-                        "fabric.topograph.run/tier-1".to_owned(),
-                        "spineX".to_owned(),
-                    ),
-                    (
-                        "topology.isthmus.io/tier-0".to_owned(),
-                        "ours-not-read".to_owned(),
-                    ),
-                    ("nvidia.com/gpu.clique".to_owned(), "uuid.7".to_owned()),
-                ]),
-                ..NodeInput::default()
-            },
-            // Nothing at all.
-            node("n5", vec![port("mlx5_0", 0x999, None, false)]),
-        ];
-        let m = build(inputs, Some(&fabric), &ModelOptions::default());
-        assert_eq!(leaf_id(&m, "n1"), Some("leaf2"));
-        assert_eq!(leaf_id(&m, "n2"), Some("leaf2"));
-        assert_eq!(leaf_id(&m, "n3"), Some("leaf1"));
-        assert_eq!(leaf_id(&m, "n4"), Some("leafx"));
-        assert_eq!(leaf_id(&m, "n5"), None);
-        let src = |n: &str| match m.nodes[n].placement {
-            Placement::Placed { source, .. } => Some(source),
-            Placement::Unplaced { .. } => None,
-        };
-        assert_eq!(src("n1"), Some(PlacementSource::Neighbours));
-        assert_eq!(src("n2"), Some(PlacementSource::Ibnetdiscover));
-        assert_eq!(src("n4"), Some(PlacementSource::Labels));
-        assert_eq!(m.nodes["n4"].accelerator_domain.as_deref(), Some("uuid.7"));
-        let unplaced: Vec<&str> = m.unplaced().map(|(n, _)| n.name.as_str()).collect();
-        assert_eq!(unplaced, vec!["n5"]);
-        // leaf1 and leaf2 share the spine; the label tree stays apart.
-        let path: Vec<&str> = m
-            .path_of(&m.nodes["n3"])
-            .iter()
-            .map(|g| g.id.as_str())
-            .collect();
-        assert_eq!(path, vec!["leaf1", "spine"]);
-        let path: Vec<&str> = m
-            .path_of(&m.nodes["n4"])
-            .iter()
-            .map(|g| g.id.as_str())
-            .collect();
-        assert_eq!(path, vec!["leafx", "spinex"]);
-    }
-
-    #[test]
-    fn without_reports_hosts_come_from_descriptions_and_storage_can_be_excluded() {
-        let fabric = ibnetdiscover::parse(DUMP);
-        let inputs = nodes_from_fabric(&fabric);
-        let names: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
-        assert_eq!(names, vec!["n1", "n2", "n3"]);
-        // Without exclusion, every host also reaches the storage leaf, which thereby joins leaf1 and leaf2.
-        let all = build(inputs.clone(), Some(&fabric), &ModelOptions::default());
-        assert_eq!(leaf_id(&all, "n1"), leaf_id(&all, "n2"));
-        let opts = ModelOptions {
-            exclude_switches: vec!["Storage".into()],
-            ..ModelOptions::default()
-        };
-        let m = build(inputs, Some(&fabric), &opts);
-        assert_eq!(leaf_id(&m, "n1"), Some("leaf1"));
-        assert_eq!(leaf_id(&m, "n2"), Some("leaf2"));
-        // n3's compute CA keeps its firmware description; only its storage CA names it, and that leaf is excluded.
-        assert_eq!(leaf_id(&m, "n3"), None);
-    }
-}
+mod tests;

@@ -15,8 +15,7 @@ pub const CONDITION_TYPE: &str = "SlurmNodeState";
 pub const TAINT_KEY: &str = "isthmus.io/slurm-drain";
 /// Node annotation whose text is appended to the drain reason of a cordoned node.
 pub const DRAIN_REASON_ANNOTATION: &str = "isthmus.io/drain-reason";
-/// Node label naming the Slurm node when it differs from the Node name.
-pub const SLURM_NODE_NAME_LABEL: &str = "isthmus.io/slurm-node-name";
+pub use crate::identity::SLURM_NODE_NAME_LABEL;
 /// Longest drain reason sent to Slurm (characters; longer texts are cut).
 const MAX_REASON: usize = 200;
 
@@ -63,15 +62,11 @@ pub enum Action {
     },
 }
 
-/// The Slurm node name of a Node: its `isthmus.io/slurm-node-name` label, else its name.
+/// The Slurm node name of a Node: its `isthmus.io/slurm-node-name` label, else its name; `None` when that is not
+/// a Slurm host name ([`crate::identity::slurm_name`], the mapping the topology task uses too).
 pub fn slurm_name(node: &Node) -> Option<&str> {
-    node.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(SLURM_NODE_NAME_LABEL))
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
-        .or(node.metadata.name.as_deref())
+    let name = node.metadata.name.as_deref()?;
+    crate::identity::slurm_name(name, node.metadata.labels.as_ref()).ok()
 }
 
 /// The drain reason Kubernetes asks for, if it asks for one: a cordon first, then the first configured condition

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt as _};
-use isthmus_api::fabric::decode;
 use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::report::{DecodeOptions, decode};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::topology::TopologyArgs;
 use crate::fabric::Fabric;
-use crate::model::{self, ClusterModel, ModelOptions, NodeInput};
+use crate::identity;
+use crate::model::{self, ClusterModel, ModelOptions};
 
 /// What the reconciler reads.
 #[derive(Debug, Clone)]
@@ -30,9 +31,16 @@ pub struct Inputs {
     pub dump: Option<Store<ConfigMap>>,
 }
 
-/// Build the model from the stores (every NRT, with its Node's labels; Nodes without an NRT with their labels).
-pub fn build_model(inputs: &Inputs, fabric: Option<&Fabric>, opts: &ModelOptions) -> ClusterModel {
-    let mut labels: BTreeMap<String, BTreeMap<String, String>> = inputs
+/// Build the model from the stores: every NRT read strictly ([`decode`]) and paired with its Node
+/// ([`identity::assemble`]: an NRT without a Node is left out, Slurm names come from the Nodes); Nodes without an
+/// NRT take part with their labels.
+pub fn build_model(
+    inputs: &Inputs,
+    fabric: Option<&Fabric>,
+    opts: &ModelOptions,
+    decode_opts: &DecodeOptions,
+) -> ClusterModel {
+    let nodes: Vec<(String, BTreeMap<String, String>)> = inputs
         .nodes
         .state()
         .iter()
@@ -43,27 +51,16 @@ pub fn build_model(inputs: &Inputs, fabric: Option<&Fabric>, opts: &ModelOptions
             ))
         })
         .collect();
-    let mut nodes: Vec<NodeInput> = inputs
+    let reports = inputs
         .nrts
         .state()
         .iter()
-        .filter_map(|o| {
-            let name = o.metadata.name.clone()?;
-            Some(NodeInput {
-                labels: labels.remove(&name).unwrap_or_default(),
-                report: Some(decode(o)),
-                name,
-                ..NodeInput::default()
-            })
-        })
+        .filter_map(|o| Some((o.metadata.name.clone()?, decode(o, decode_opts))))
         .collect();
-    nodes.extend(labels.into_iter().map(|(name, labels)| NodeInput {
-        name,
-        labels,
-        ..NodeInput::default()
-    }));
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    model::build(nodes, fabric, opts)
+    let assembled = identity::assemble(reports, Some(nodes));
+    let mut model = model::build(assembled.inputs, fabric, opts);
+    model.rejected = assembled.rejected;
+    model
 }
 
 /// Drive a reflector stream, waking `notify` on every event; errors are logged and counted (the stream backs off).

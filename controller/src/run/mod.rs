@@ -9,6 +9,8 @@ pub mod access;
 pub mod inputs;
 pub mod leader;
 pub mod objects;
+pub mod outputs;
+pub mod rejections;
 pub mod topology;
 
 use std::fmt::Display;

@@ -11,17 +11,18 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
 use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::inputs::{Inputs, build_model, start_reflectors};
 use super::leader::{Backoff, sleep_or_cancel};
 use super::objects::{LabelSink, ObjectSink, Writes};
+use super::outputs::Rendered;
+use super::rejections::RejectionLog;
 use crate::fabric::{Fabric, ibnetdiscover};
-use crate::model::{ClusterModel, ModelOptions};
-use crate::offline::{self, OutputKind};
-use crate::render::{self, RenderOptions, hypernodes, kueue};
+use crate::model::ModelOptions;
+use crate::offline;
+use crate::render::{RenderOptions, hypernodes, kueue};
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
 
 /// Label on every object the topology task owns whole (besides HyperNodes' own source label).
@@ -144,6 +145,8 @@ pub struct State {
     served: BTreeMap<&'static str, bool>,
     /// A `scontrol reconfigure` is owed (the ConfigMap changed and the call failed).
     reconfigure_due: bool,
+    /// Reports left out in the last pass.
+    rejections: RejectionLog,
 }
 
 impl std::fmt::Debug for State {
@@ -198,6 +201,7 @@ impl State {
             fabric: None,
             served: BTreeMap::new(),
             reconfigure_due: false,
+            rejections: RejectionLog::default(),
         }
     }
 
@@ -260,67 +264,6 @@ impl State {
     }
 }
 
-fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, TopologyError> {
-    serde_json::to_value(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
-}
-
-/// The Slurm ConfigMap's data.
-pub fn slurm_files(
-    model: &ClusterModel,
-    args: &TopologyArgs,
-) -> Result<BTreeMap<String, String>, TopologyError> {
-    let opts = args.render_options();
-    let topo = match args.slurm_topology {
-        SlurmTopology::Tree => OutputKind::TopologyConf,
-        SlurmTopology::Block => OutputKind::TopologyBlock,
-    };
-    Ok(BTreeMap::from([
-        (
-            "topology.conf".to_owned(),
-            offline::render_output(model, topo, &opts)?,
-        ),
-        (
-            "gres.conf".to_owned(),
-            offline::render_output(model, OutputKind::GresConf, &opts)?,
-        ),
-        (
-            "nodes.conf".to_owned(),
-            offline::render_output(model, OutputKind::NodeConf, &opts)?,
-        ),
-    ]))
-}
-
-/// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed) and `nodes` (how
-/// many nodes the model holds, how many are placed).
-pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
-    let mut unplaced = String::new();
-    for (n, why) in model.unplaced() {
-        unplaced.push_str(&format!("{}: {why}\n", n.name));
-    }
-    let total = model.nodes.len();
-    let placed = total - model.unplaced().count();
-    BTreeMap::from([
-        (
-            "nodes".to_owned(),
-            format!("{total} nodes, {placed} placed\n"),
-        ),
-        ("unplaced".to_owned(), unplaced),
-    ])
-}
-
-fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
-        },
-        "data": data,
-    })
-}
-
 /// One pass: rebuild the model, render every enabled output, write what differs. Every output is tried even when
 /// one fails; the first error is returned (and the pass retried by the caller).
 pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
@@ -331,7 +274,9 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         inputs,
         state.fabric.as_ref().map(|(_, f)| f),
         &args.model_options(),
+        &args.model.decode_options(),
     );
+    state.rejections.observe(&model.rejected);
     let unplaced: Vec<&str> = model.unplaced().map(|(n, _)| n.name.as_str()).collect();
     metrics::gauge!("isthmus_controller_topology_nodes").set(model.nodes.len() as f64);
     metrics::gauge!("isthmus_controller_topology_nodes_unplaced").set(unplaced.len() as f64);
@@ -446,64 +391,6 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// Every enabled output, rendered (objects by name); `None` for a disabled one.
-#[derive(Debug, Default)]
-pub struct Rendered {
-    /// Node → labels.
-    pub labels: Option<BTreeMap<String, BTreeMap<String, String>>>,
-    /// HyperNodes.
-    pub hypernodes: Option<BTreeMap<String, Value>>,
-    /// The Kueue Topology.
-    pub kueue: Option<BTreeMap<String, Value>>,
-    /// The Slurm ConfigMap.
-    pub slurm: Option<BTreeMap<String, Value>>,
-    /// The status ConfigMap.
-    pub status: Option<BTreeMap<String, Value>>,
-}
-
-impl Rendered {
-    /// Render what `args` enables.
-    pub fn new(
-        model: &ClusterModel,
-        args: &TopologyArgs,
-        namespace: &str,
-    ) -> Result<Self, TopologyError> {
-        let opts = args.render_options();
-        let mut out = Self::default();
-        if args.node_labels {
-            out.labels = Some(render::labels::render(model, &opts));
-        }
-        if args.hypernodes {
-            let mut desired = BTreeMap::new();
-            for h in render::hypernodes::render(model, &opts) {
-                let name = h.metadata.name.clone().unwrap_or_default();
-                desired.insert(name, to_value(&h)?);
-            }
-            out.hypernodes = Some(desired);
-        }
-        if args.kueue_topology {
-            let t = render::kueue::render(model, &opts);
-            out.kueue = Some(BTreeMap::from([(
-                args.model.kueue_topology_name.clone(),
-                to_value(&t)?,
-            )]));
-        }
-        if args.slurm_configmap {
-            let cm = configmap(
-                &args.slurm_configmap_name,
-                namespace,
-                &slurm_files(model, args)?,
-            );
-            out.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
-        }
-        if args.status_configmap {
-            let cm = configmap(&args.status_configmap_name, namespace, &status_data(model));
-            out.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
-        }
-        Ok(out)
     }
 }
 
