@@ -2,11 +2,15 @@
 //! is a function of the model and [`RenderOptions`]; equal inputs give byte-identical output, so a sink can write
 //! only on change.
 
+pub mod check;
 pub mod gres_conf;
 pub mod hypernodes;
 pub mod kueue;
 pub mod labels;
 pub mod topology_conf;
+
+#[cfg(test)]
+mod props;
 
 use std::collections::BTreeSet;
 
