@@ -49,6 +49,15 @@ pub fn install_crds(api: &ApiServer) {
     }
 }
 
+/// Install only the NRT CRD (the agent's copy): what a cluster without Volcano or Kueue has, and what every
+/// Kubernetes release the project supports accepts.
+pub fn install_nrt_crd(api: &ApiServer) {
+    let path = repo_root().join("deploy/daemonset/base/noderesourcetopology-crd.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    api.apply_yaml(&text);
+    api.wait_for_crd(NRT_CRD);
+}
+
 /// `kubectl apply -k deploy/controller` as the administrator, then a kubeconfig with a token of the controller's
 /// ServiceAccount.
 pub fn install_controller(api: &ApiServer) -> PathBuf {

@@ -364,7 +364,7 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
 fn unplaced_reason(node: &ClusterNode, have_dump: bool) -> String {
     let ib = node.ports.iter().filter(|p| p.is_infiniband()).count();
     let mut why = if ib == 0 {
-        "the node reported no InfiniBand port".to_owned()
+        "the node reported no InfiniBand port (or its report was left out)".to_owned()
     } else {
         format!("none of its {ib} InfiniBand port(s) reported a neighbour switch")
     };
