@@ -57,11 +57,22 @@ pub fn write_if_changed(path: &Path, content: &[u8]) -> Result<WriteOutcome, Wri
         std::process::id()
     ));
     let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| err(&tmp, e))?;
+        let create = || {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+        };
+        let mut f = match create() {
+            // Left by an earlier life of this process id: in a pod the agent is always PID 1 and the directory
+            // (an emptyDir) outlives a container killed mid-write. No live process but this one has this pid.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                fs::remove_file(&tmp).map_err(|e| err(&tmp, e))?;
+                create()
+            }
+            other => other,
+        }
+        .map_err(|e| err(&tmp, e))?;
         // Keep the old file's permissions when replacing; new files get 0644.
         let mode = fs::metadata(path).map(|m| m.permissions()).ok();
         f.write_all(content).map_err(|e| err(&tmp, e))?;
@@ -106,6 +117,16 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty());
+
+        // A temp file left by an earlier process with this pid (PID 1 in a pod whose directory survived a kill
+        // mid-write) does not block the write, and does not stay.
+        let stale = dir
+            .path()
+            .join(format!(".gres.conf.isthmus-{}.tmp", std::process::id()));
+        fs::write(&stale, b"half a file")?;
+        assert_eq!(write_if_changed(&p, b"c\n")?, WriteOutcome::Written);
+        assert_eq!(fs::read(&p)?, b"c\n");
+        assert!(!stale.exists());
 
         // Unwritable directory: error with the path, old file intact.
         let missing = dir.path().join("no/such/dir/gres.conf");

@@ -1,5 +1,6 @@
-//! A real Kubernetes API server for tests: kube-apiserver v1.26.0 (built from `tests/kube-apiserver/`) and etcd,
-//! started on free loopback ports in a fresh temporary directory.
+//! A real Kubernetes API server for tests: kube-apiserver and etcd, started on free loopback ports in a fresh
+//! temporary directory. The binaries are Kubernetes v1.20.2 built from Debian's own `kubernetes` source package by
+//! `tests/kubernetes/build.sh`, or any version `$KUBEBUILDER_ASSETS` names.
 //!
 //! - [`ApiServer::shared`]: one server per test binary, started on first use; tests isolate themselves by
 //!   namespace and object names. [`ApiServer::start`]: a private server a test owns, for tests that stop or restart
@@ -11,11 +12,14 @@
 //! - Audit: every write, and every request of a ServiceAccount, is logged (level Metadata);
 //!   [`ApiServer::writes_by`] lists one identity's writes, [`ApiServer::requests_by`] a ServiceAccount's calls.
 //! - There is no kubelet, scheduler or controller-manager: Nodes are objects ([`ApiServer::create_node`]), pods
-//!   stay Pending, owner references are not garbage-collected, namespaces get no `default` ServiceAccount.
+//!   stay Pending, owner references are not garbage-collected, namespaces get no `default` ServiceAccount, no
+//!   ServiceAccount gets a token Secret (so test pods say `automountServiceAccountToken: false`, which v1.20's
+//!   ServiceAccount admission needs) and the aggregated roles (`view`, `edit`) stay empty.
 //!
 //! Binaries: `$KUBEBUILDER_ASSETS/{kube-apiserver,etcd}` when that variable is set (the envtest convention),
-//! otherwise what `tests/kube-apiserver/build.sh` builds (minutes the first time, instant afterwards). A server
-//! that cannot be built or started fails the test that asked for it, with the reason and the server's log.
+//! otherwise what `tests/kubernetes/build.sh` builds (minutes the first time, instant afterwards). A server that
+//! cannot be built or started fails the test that asked for it, with the reason and the server's log. Checks only a
+//! newer server can make ([`version`]) say so with [`crate::not_run`] when they cannot run.
 //! Everything started here ends with the test process, also when a test fails (see `apiserver/process.rs`).
 //!
 //! ```no_run
@@ -28,6 +32,7 @@
 
 mod assets;
 mod audit;
+mod cel;
 mod kubectl;
 mod pki;
 mod process;
@@ -45,7 +50,7 @@ use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-pub use assets::assets;
+pub use assets::{DEBIAN_KUBERNETES, assets, version};
 pub use audit::{AuditEvent, WRITE_VERBS};
 pub use kubectl::{describe, kubectl_with};
 
@@ -187,12 +192,15 @@ impl ApiServer {
         out
     }
 
-    /// [`Self::apply_yaml`] without the check: for objects the server must reject.
+    /// [`Self::apply_yaml`] without the check: for objects the server must reject. CustomResourceDefinitions
+    /// with CEL rules (`x-kubernetes-validations`, 1.25+) are applied without them to an older server, which would
+    /// refuse the unknown field; that their rules are not enforced is recorded with [`crate::not_run`].
     pub fn try_apply_yaml(&self, text: &str) -> Output {
+        let adapted = cel::without_cel_before_1_25(text, version());
         kubectl_stdin(
             &self.admin_kubeconfig,
             &["apply", "--server-side", "--force-conflicts", "-f", "-"],
-            text,
+            adapted.as_deref().unwrap_or(text),
         )
     }
 

@@ -65,6 +65,9 @@ pub fn pod(namespace: &str, name: &str, gpus: &[usize], cpus: &[i64]) -> PodReso
 pub struct FakeKubelet {
     /// The pods `List` returns.
     pub pods: Arc<Mutex<Vec<PodResources>>>,
+    /// Answer as a Kubernetes 1.20 kubelet does: `List` without memory, and no `GetAllocatableResources` (1.21+),
+    /// which gRPC then refuses as an unknown method.
+    pub v1_20: bool,
 }
 
 #[tonic::async_trait]
@@ -73,7 +76,12 @@ impl PodResourcesLister for FakeKubelet {
         &self,
         _: tonic::Request<ListPodResourcesRequest>,
     ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
-        let pods = self.pods.lock().map(|p| p.clone()).unwrap_or_default();
+        let mut pods = self.pods.lock().map(|p| p.clone()).unwrap_or_default();
+        if self.v1_20 {
+            for c in pods.iter_mut().flat_map(|p| p.containers.iter_mut()) {
+                c.memory.clear();
+            }
+        }
         Ok(tonic::Response::new(ListPodResourcesResponse {
             pod_resources: pods,
         }))
@@ -83,6 +91,12 @@ impl PodResourcesLister for FakeKubelet {
         &self,
         _: tonic::Request<AllocatableResourcesRequest>,
     ) -> Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
+        if self.v1_20 {
+            // What tonic's (and grpc-go's) server answers for a method the service does not have.
+            return Err(tonic::Status::unimplemented(
+                "unknown method GetAllocatableResources for service v1.PodResourcesLister",
+            ));
+        }
         let devices = (0..8)
             .map(|i| ContainerDevices {
                 resource_name: "nvidia.com/gpu".into(),

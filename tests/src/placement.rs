@@ -124,6 +124,8 @@ impl Placement {
             "metadata": {"name": name, "namespace": self.ns},
             "spec": {
                 "schedulerName": self.args.scheduler_name,
+                // No token: an API server without kube-controller-manager has no token Secrets to mount.
+                "automountServiceAccountToken": false,
                 "containers": [{"name": "main", "image": "registry.invalid/app:1",
                     "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
             }

@@ -236,6 +236,18 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
         agent.contains(&format!("image: {image}")),
         "not the agent's image: {image}"
     );
+    // The pod complies with the "restricted" Pod Security Standard, checked here rule by rule on every server
+    // version; where the server has PodSecurity admission (1.23+), the server's own check too.
+    let spec = d["spec"]["template"]["spec"].clone();
+    let violations = isthmus_tests::pod_security::restricted_violations(&spec);
+    assert!(violations.is_empty(), "{violations:#?}");
+    if isthmus_tests::apiserver::version() < (1, 23) {
+        isthmus_tests::not_run(
+            "controller_deploy: PodSecurity admission",
+            "Kubernetes before 1.23 has no PodSecurity admission; the restricted profile was checked offline only",
+        );
+        return;
+    }
     // The pod as the Deployment would create it, in a namespace that enforces "restricted": the server's
     // PodSecurity admission accepts it (dry run) without a warning.
     api.apply_yaml(
@@ -244,7 +256,6 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
          ---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: isthmus-controller\n  \
          namespace: restricted-check\n",
     );
-    let spec = d["spec"]["template"]["spec"].clone();
     let pod = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",

@@ -52,7 +52,7 @@ fn set_condition(site: &SyncSite, node: &str, type_: &str, status: &str, message
 
 #[test]
 fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
-    let site = SyncSite::start(&["ns1", "ns2"], args());
+    let mut site = SyncSite::start(&["ns1", "ns2"], args());
 
     // kubectl cordon → DRAIN with our reason within 2 s; uncordon → IDLE.
     site.kubectl_ok(&[
@@ -173,7 +173,19 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive() {
     );
     assert!(site.running());
 
-    // Everything the ServiceAccount asked was allowed by the shipped RBAC.
+    // Everything the ServiceAccount asked was allowed by the shipped RBAC. A watch is in the audit log once it has
+    // ended (v1.20 logs a quiet watch only then): the controller is stopped first.
+    site.stop().unwrap_or_else(|e| panic!("{e}"));
+    site.wait(
+        "the ended watches in the audit log",
+        Duration::from_secs(10),
+        || {
+            site.api
+                .requests_by(&site.user(), SystemTime::UNIX_EPOCH)
+                .iter()
+                .any(|e| e.verb == "watch")
+        },
+    );
     let denied: Vec<_> = site
         .api
         .requests_by(&site.user(), SystemTime::UNIX_EPOCH)

@@ -20,10 +20,11 @@ fn resource(zone: &Value, name: &str) -> Option<(String, String, String)> {
 }
 
 fn render(socket: &Path) -> (Value, String) {
-    let root = fixtures()
-        .join("hosts/xe9680-8xh100/root")
-        .display()
-        .to_string();
+    render_on(&fixtures().join("hosts/xe9680-8xh100/root"), socket)
+}
+
+fn render_on(root: &Path, socket: &Path) -> (Value, String) {
+    let root = root.display().to_string();
     let sock = socket.display().to_string();
     let out = isthmus(
         &[
@@ -129,5 +130,83 @@ fn an_absent_kubelet_is_a_warning_not_a_failure() {
             .into_iter()
             .flatten()
             .all(|a| a["name"] != "nodeTopologyPodsFingerprint")
+    );
+}
+
+/// A Kubernetes 1.20 kubelet answers `List` but has no `GetAllocatableResources`: allocatable CPUs come from the
+/// kubelet configuration's reservations, devices from discovery, and what pods hold from `List`.
+#[test]
+fn a_1_20_kubelet_without_allocatable_resources_still_gives_what_pods_hold() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // The fixture's host root, with a kubelet configuration beside it.
+    let root = dir.path().join("root");
+    let fixture = fixtures().join("hosts/xe9680-8xh100/root");
+    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
+    for entry in std::fs::read_dir(&fixture)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .flatten()
+    {
+        if entry.file_name() != "var" {
+            std::os::unix::fs::symlink(entry.path(), root.join(entry.file_name()))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    std::fs::write(
+        root.join("var/lib/kubelet/config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n\
+         reservedSystemCPUs: \"0,8\"\ntopologyManagerPolicy: single-numa-node\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet {
+        v1_20: true,
+        ..FakeKubelet::default()
+    };
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        *pods = vec![
+            pod("ml", "trainer-0", &[0, 1], &[1, 2, 3]),
+            pod("default", "web", &[], &[]),
+        ];
+    }
+    let _rt = serve(&socket, kubelet);
+    let (obj, stderr) = render_on(&root, &socket);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let zones = obj["zones"].as_array().cloned().unwrap_or_default();
+    // NUMA 0: CPUs 0-7,16-23, CPU 0 reserved by reservedSystemCPUs, 1-3 held; NUMA 1: CPU 8 reserved.
+    assert_eq!(
+        resource(&zones[0], "cpu"),
+        Some(("16".into(), "15".into(), "12".into()))
+    );
+    assert_eq!(
+        resource(&zones[1], "cpu"),
+        Some(("16".into(), "15".into(), "15".into()))
+    );
+    // Every discovered GPU is allocatable; the trainer holds two on NUMA 0.
+    assert_eq!(
+        resource(&zones[0], "nvidia.com/gpu"),
+        Some(("4".into(), "4".into(), "2".into()))
+    );
+    assert_eq!(
+        resource(&zones[1], "nvidia.com/gpu"),
+        Some(("4".into(), "4".into(), "4".into()))
+    );
+    // A 1.20 kubelet says nothing of memory per NUMA node: capacity.
+    let mem0 = resource(&zones[0], "memory").unwrap_or_else(|| panic!("no memory"));
+    assert_eq!((&mem0.1, &mem0.2), (&mem0.0, &mem0.0));
+    let want =
+        isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0"), ("default", "web")]);
+    let policy = |name: &str| {
+        obj["attributes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["name"] == name)
+            .and_then(|a| a["value"].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(policy("nodeTopologyPodsFingerprint"), Some(want));
+    assert_eq!(
+        policy("topologyManagerPolicy").as_deref(),
+        Some("single-numa-node")
     );
 }

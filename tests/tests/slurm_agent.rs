@@ -407,6 +407,10 @@ fn child_named(parent: u32, name: &str) -> Option<u32> {
 fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_children() {
     let root = h100();
     let mut site = Site::new("pid1", &root, Mode::Configured);
+    // A temp file a PID 1 killed mid-write left in the configuration directory (an emptyDir outlives the
+    // container): the agent, PID 1 again, still writes gres.conf.
+    let stale = site.path().join(".gres.conf.isthmus-1.tmp");
+    std::fs::write(&stale, "Name=gpu File=/dev/nvidia0\n").unwrap_or_else(|e| panic!("{e}"));
     site.start_agent_under(
         &["unshare", "-pf", "--mount-proc", "--kill-child"],
         &root,
@@ -424,6 +428,7 @@ fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_child
         .unwrap_or_default();
     assert_eq!(nspid, "1", "the agent is PID 1 in its namespace:\n{status}");
     assert!(!site.log().contains("cannot start"), "{}", site.log());
+    assert!(site.path().join("gres.conf").is_file() && !stale.exists());
 
     for name in ["slurmd", "munged", "slurmd"] {
         let old = child_named(agent, name).unwrap_or_else(|| panic!("no {name}\n{}", site.log()));

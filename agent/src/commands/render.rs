@@ -62,8 +62,11 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                         None
                     },
                 ),
-                allocation: pods
-                    .map(|(alloc, list)| crate::k8s::podresources::allocation(topo, &alloc, &list)),
+                allocation: Some(crate::k8s::podresources::allocation(
+                    topo,
+                    pods.as_ref(),
+                    &crate::k8s::reservations::reserved_cpus(topo, &config).cpus,
+                )),
             };
             let obj = crate::k8s::nrt::render(topo, &input);
             Ok((object_text(&obj, args.output)?, warnings))
@@ -77,7 +80,7 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                 &crate::k8s::numatopo::NumatopoInputs {
                     node_name: &name,
                     kubelet: &config,
-                    pods: pods.as_ref().map(|(_, list)| list),
+                    pods: pods.as_ref().map(|a| &a.list),
                 },
             );
             warnings.extend(more);
@@ -101,10 +104,7 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
     }
 }
 
-type PodResourcesAnswers = (
-    crate::k8s::podresources::proto::AllocatableResourcesResponse,
-    crate::k8s::podresources::proto::ListPodResourcesResponse,
-);
+type PodResourcesAnswers = crate::k8s::podresources::Answers;
 
 /// The kubelet configuration and, with `--pod-resources-socket`, the kubelet's PodResources answers; what could not
 /// be read becomes a warning.

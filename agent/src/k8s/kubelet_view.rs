@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::kubelet::{TopologyManager, topology_manager};
-use super::podresources::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
+use super::podresources::Answers;
 
 /// The kubelet's view of the node.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -19,7 +19,7 @@ pub struct KubeletView {
     /// The kubelet configuration as a whole, for renderers that need more than the topology manager.
     pub config: super::kubelet::KubeletConfig,
     /// PodResources answers, when the kubelet answered.
-    pub pod_resources: Option<(AllocatableResourcesResponse, ListPodResourcesResponse)>,
+    pub pod_resources: Option<Answers>,
 }
 
 /// Where to ask and how often.

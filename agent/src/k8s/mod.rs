@@ -13,6 +13,7 @@ pub mod nrt;
 pub mod numatopo;
 pub mod podresources;
 pub mod publisher;
+pub mod reservations;
 pub mod tasks;
 
 use std::sync::Arc;
@@ -69,10 +70,12 @@ pub fn nrt_for(
     view: &KubeletView,
     options: &NrtOptions,
 ) -> NodeResourceTopology {
-    let allocation = view
-        .pod_resources
-        .as_ref()
-        .map(|(alloc, list)| podresources::allocation(topo, alloc, list));
+    let reserved = reservations::reserved_cpus(topo, &view.config);
+    let allocation = Some(podresources::allocation(
+        topo,
+        view.pod_resources.as_ref(),
+        &reserved.cpus,
+    ));
     nrt::render(
         topo,
         &nrt::NrtInputs {

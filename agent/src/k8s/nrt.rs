@@ -14,13 +14,17 @@ fn attr(name: impl Into<String>, value: impl Into<String>) -> Attribute {
     Attribute::new(name, value)
 }
 
-/// What the kubelet says is allocatable and in use, per NUMA node (from the PodResources API).
+/// What is allocatable and in use, per NUMA node: from the kubelet's PodResources answers, and from its
+/// configuration's reservations where it cannot say (see [`super::podresources::allocation`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allocation {
     /// NUMA node → resource name → (allocatable, in use).
     pub per_numa: BTreeMap<u32, BTreeMap<String, (u64, u64)>>,
-    /// Fingerprint of the pods on the node.
+    /// Fingerprint of the pods on the node (when the kubelet listed them).
     pub pods_fingerprint: Option<String>,
+    /// Device amounts came from the kubelet's `GetAllocatableResources` (a device it does not list is then not
+    /// allocatable); otherwise every discovered device counts as allocatable.
+    pub devices_from_kubelet: bool,
 }
 
 /// Inputs besides the model.
@@ -55,6 +59,7 @@ fn zone_resources(
     n: &NumaNode,
     discovered: &[DeviceResource],
     alloc: Option<&BTreeMap<String, (u64, u64)>>,
+    devices_from_kubelet: bool,
 ) -> Vec<ResourceInfo> {
     let hugepage_bytes: u64 = n
         .hugepages
@@ -75,34 +80,42 @@ fn zone_resources(
             h.page_size_bytes.saturating_mul(h.count),
         ));
     }
+    // Devices of this NUMA node as the device plugins name them, from discovery: every zone says what it has, also
+    // when the kubelet does not answer.
+    let mut devices: BTreeMap<&str, u64> = BTreeMap::new();
+    for d in discovered.iter().filter(|d| d.numa_node == Some(n.id)) {
+        *devices.entry(d.name.as_str()).or_default() += d.count;
+    }
+    let mut amounts: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (name, count) in &devices {
+        let (kubelet_alloc, used) = alloc.and_then(|a| a.get(*name).copied()).unwrap_or((0, 0));
+        // A kubelet that lists allocatable devices is the truth (a device its plugin did not register is not
+        // allocatable); one that cannot say is taken to offer every device discovered.
+        // (A plugin that shares devices, e.g. time-slicing replicas, may list more than there are: capacity then
+        // follows the kubelet.)
+        let (capacity_here, allocatable) = if devices_from_kubelet {
+            ((*count).max(kubelet_alloc), kubelet_alloc)
+        } else {
+            (*count, *count)
+        };
+        capacity.push(((*name).to_owned(), capacity_here));
+        amounts.insert((*name).to_owned(), (allocatable, used));
+    }
     if let Some(a) = alloc {
-        // Device resources the kubelet's device plugins reported on this NUMA node.
+        // Device resources the kubelet reported on this NUMA node that discovery does not name.
         for (name, (allocatable, _)) in a {
-            if capacity.iter().any(|(c, _)| c == name) {
-                continue;
+            if !capacity.iter().any(|(c, _)| c == name) {
+                capacity.push((name.clone(), *allocatable));
             }
-            // Capacity from discovery where we know which devices the resource stands for (as the device plugins
-            // name them), else the kubelet's count.
-            let discovered = discovered
-                .iter()
-                .filter(|d| d.numa_node == Some(n.id) && d.name == *name)
-                .map(|d| d.count)
-                .sum::<u64>();
-            capacity.push((
-                name.clone(),
-                if discovered > 0 {
-                    discovered
-                } else {
-                    *allocatable
-                },
-            ));
         }
     }
     capacity
         .into_iter()
         .map(|(name, cap)| {
-            let (allocatable, used) = alloc
-                .and_then(|a| a.get(&name).copied())
+            let (allocatable, used) = amounts
+                .get(&name)
+                .copied()
+                .or_else(|| alloc.and_then(|a| a.get(&name).copied()))
                 .unwrap_or((cap, 0));
             ResourceInfo {
                 capacity: cap.to_string(),
@@ -205,7 +218,15 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
                 name: zone_name(i),
                 zone_type: "Node".into(),
                 costs,
-                resources: zone_resources(n, &discovered, alloc),
+                resources: zone_resources(
+                    n,
+                    &discovered,
+                    alloc,
+                    input
+                        .allocation
+                        .as_ref()
+                        .is_some_and(|a| a.devices_from_kubelet),
+                ),
                 attributes,
             }
         })

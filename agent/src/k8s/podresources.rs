@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use isthmus_topology::NodeTopology;
+use isthmus_topology::{CpuSet, NodeTopology};
 
 use super::nrt::Allocation;
 
@@ -38,8 +38,15 @@ pub enum PodResourcesError {
     Call(&'static str, String),
 }
 
-/// Answers of one poll: what is allocatable and what every pod holds.
-pub type Answers = (AllocatableResourcesResponse, ListPodResourcesResponse);
+/// Answers of one poll: what is allocatable (when the kubelet can say: `GetAllocatableResources` exists from
+/// Kubernetes 1.21) and what every pod holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answers {
+    /// `GetAllocatableResources`, `None` from a kubelet without it.
+    pub allocatable: Option<AllocatableResourcesResponse>,
+    /// `List`.
+    pub list: ListPodResourcesResponse,
+}
 
 /// A PodResources client that keeps its connection to the kubelet between polls (a poll is then two requests on an
 /// open HTTP/2 connection, not a new handshake) and reconnects after a failure.
@@ -48,6 +55,9 @@ pub struct Kubelet {
     socket: PathBuf,
     timeout: Duration,
     client: Option<PodResourcesListerClient<tonic::transport::Channel>>,
+    /// The kubelet behind the open connection has no `GetAllocatableResources` (asked again after a reconnect,
+    /// since a restarted kubelet may be a newer one).
+    no_allocatable: bool,
 }
 
 impl Kubelet {
@@ -57,6 +67,7 @@ impl Kubelet {
             socket: socket.to_path_buf(),
             timeout,
             client: None,
+            no_allocatable: false,
         }
     }
 
@@ -83,26 +94,48 @@ impl Kubelet {
         Ok(PodResourcesListerClient::new(channel))
     }
 
-    /// Ask for allocatable resources and the pod list; a failure drops the connection (the next call reconnects).
+    /// Ask for the pod list and allocatable resources; a failure drops the connection (the next call reconnects).
+    /// A kubelet that does not know `GetAllocatableResources` (before 1.21) answers `List` alone.
     pub async fn query(&mut self) -> Result<Answers, PodResourcesError> {
         let mut client = match self.client.take() {
             Some(c) => c,
-            None => self.connect().await?,
+            None => {
+                let c = self.connect().await?;
+                self.no_allocatable = false;
+                c
+            }
         };
-        let alloc = client
-            .get_allocatable_resources(proto::AllocatableResourcesRequest {})
-            .await
-            .map_err(|e| {
-                PodResourcesError::Call("GetAllocatableResources", e.message().to_owned())
-            })?
-            .into_inner();
         let list = client
             .list(proto::ListPodResourcesRequest {})
             .await
             .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
             .into_inner();
+        let allocatable = if self.no_allocatable {
+            None
+        } else {
+            match client
+                .get_allocatable_resources(proto::AllocatableResourcesRequest {})
+                .await
+            {
+                Ok(a) => Some(a.into_inner()),
+                Err(e) if e.code() == tonic::Code::Unimplemented => {
+                    tracing::info!(
+                        "the kubelet has no PodResources GetAllocatableResources (Kubernetes < 1.21): \
+                         allocatable CPUs come from its configuration's reservations, devices from discovery"
+                    );
+                    self.no_allocatable = true;
+                    None
+                }
+                Err(e) => {
+                    return Err(PodResourcesError::Call(
+                        "GetAllocatableResources",
+                        e.message().to_owned(),
+                    ));
+                }
+            }
+        };
         self.client = Some(client);
-        Ok((alloc, list))
+        Ok(Answers { allocatable, list })
     }
 }
 
@@ -122,11 +155,8 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Blocking wrapper for the synchronous agent loop and the CLI.
-pub fn query_blocking(
-    socket: &Path,
-    timeout: Duration,
-) -> Result<(AllocatableResourcesResponse, ListPodResourcesResponse), PodResourcesError> {
+/// Blocking wrapper for the CLI.
+pub fn query_blocking(socket: &Path, timeout: Duration) -> Result<Answers, PodResourcesError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -140,12 +170,10 @@ fn numa_of(t: Option<&TopologyInfo>) -> Option<u32> {
     nodes.first().and_then(|n| u32::try_from(n.id).ok())
 }
 
-/// Per-NUMA allocatable and in-use amounts, from the kubelet's answers and the model's NUMA cpusets.
-pub fn allocation(
-    topo: &NodeTopology,
-    alloc: &AllocatableResourcesResponse,
-    list: &ListPodResourcesResponse,
-) -> Allocation {
+/// Per-NUMA allocatable and in-use amounts, from the kubelet's answers (when it answered) and the model's NUMA
+/// cpusets. Without `GetAllocatableResources` (or without any answer), allocatable CPUs are the CPUs outside
+/// `reserved` (the kubelet's reservation, [`super::reservations`]) and devices are left to discovery.
+pub fn allocation(topo: &NodeTopology, answers: Option<&Answers>, reserved: &CpuSet) -> Allocation {
     let mut per: BTreeMap<u32, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
     let numa_of_cpu = |cpu: i64| -> Option<u32> {
         let cpu = u32::try_from(cpu).ok()?;
@@ -163,27 +191,44 @@ pub fn allocation(
         e.0 += alloc;
         e.1 += used;
     };
-    for cpu in &alloc.cpu_ids {
-        if let Some(n) = numa_of_cpu(*cpu) {
-            add(n, "cpu", 1, 0);
-        }
-    }
     // device id -> (resource, numa) from the allocatable list
     let mut device_numa: BTreeMap<(String, String), u32> = BTreeMap::new();
-    for d in &alloc.devices {
-        if let Some(n) = numa_of(d.topology.as_ref()) {
-            for id in &d.device_ids {
-                device_numa.insert((d.resource_name.clone(), id.clone()), n);
-                add(n, &d.resource_name, 1, 0);
+    match answers.and_then(|a| a.allocatable.as_ref()) {
+        Some(alloc) => {
+            for cpu in &alloc.cpu_ids {
+                if let Some(n) = numa_of_cpu(*cpu) {
+                    add(n, "cpu", 1, 0);
+                }
+            }
+            for d in &alloc.devices {
+                if let Some(n) = numa_of(d.topology.as_ref()) {
+                    for id in &d.device_ids {
+                        device_numa.insert((d.resource_name.clone(), id.clone()), n);
+                        add(n, &d.resource_name, 1, 0);
+                    }
+                }
+            }
+            for m in &alloc.memory {
+                if let Some(n) = numa_of(m.topology.as_ref()) {
+                    add(n, &m.memory_type, m.size, 0);
+                }
+            }
+        }
+        None => {
+            for n in &topo.numa_nodes {
+                let free = n.cpuset.ids().iter().filter(|c| !reserved.contains(**c));
+                add(n.id, "cpu", free.count() as u64, 0);
             }
         }
     }
-    for m in &alloc.memory {
-        if let Some(n) = numa_of(m.topology.as_ref()) {
-            add(n, &m.memory_type, m.size, 0);
-        }
-    }
-    for pod in &list.pod_resources {
+    let Some(answers) = answers else {
+        return Allocation {
+            per_numa: per,
+            pods_fingerprint: None,
+            devices_from_kubelet: false,
+        };
+    };
+    for pod in &answers.list.pod_resources {
         for c in &pod.containers {
             for cpu in &c.cpu_ids {
                 if let Some(n) = numa_of_cpu(*cpu) {
@@ -209,12 +254,15 @@ pub fn allocation(
         }
     }
     let fingerprint = super::fingerprint::fingerprint(
-        list.pod_resources
+        answers
+            .list
+            .pod_resources
             .iter()
             .map(|p| (p.namespace.as_str(), p.name.as_str())),
     );
     Allocation {
         per_numa: per,
         pods_fingerprint: Some(fingerprint),
+        devices_from_kubelet: answers.allocatable.is_some(),
     }
 }

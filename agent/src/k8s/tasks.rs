@@ -129,7 +129,7 @@ fn numatopology_renderer(
             tracing::error!(error = %e, "the Numatopology is not published");
             return None;
         }
-        let pods = view.pod_resources.as_ref().map(|(_, list)| list);
+        let pods = view.pod_resources.as_ref().map(|a| &a.list);
         if pods.is_some() {
             kubelet_answered.store(true, Ordering::Relaxed);
         } else if kubelet_answered.load(Ordering::Relaxed) {
