@@ -4,11 +4,12 @@
 //! Nodes that map to one Slurm name are both left out of Slurm's files: neither can be told from the other.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use isthmus_api::fabric::NodeReport;
 use isthmus_api::report::{RejectReason, Rejection};
 use isthmus_gres::grammar::{excerpt, is_slurm_hostname};
 
+use crate::facts::NodeFacts;
 use crate::model::NodeInput;
 
 /// Node label naming the Slurm node when it differs from the Node name.
@@ -56,7 +57,7 @@ pub struct Assembly {
 }
 
 /// Pair reports with Nodes. `reports` are by object name, each already read (or refused) by
-/// [`isthmus_api::report::decode`]; `nodes` are the Nodes with their labels, or `None` where no Node objects are
+/// [`isthmus_api::report::decode`] and kept as [`NodeFacts`]; `nodes` are the Nodes with their labels, or `None` where no Node objects are
 /// known (the offline render without `--node-dir`: each report's object names its Node, without labels).
 ///
 /// - a report without a Node is dropped (`no-node`);
@@ -65,7 +66,7 @@ pub struct Assembly {
 ///   for the Kubernetes outputs but has no Slurm name, so no Slurm file names it (`bad-slurm-name`,
 ///   `name-conflict`).
 pub fn assemble(
-    reports: Vec<(String, Result<NodeReport, Rejection>)>,
+    reports: Vec<(String, Result<Arc<NodeFacts>, Rejection>)>,
     nodes: Option<Vec<NodeLabels>>,
 ) -> Assembly {
     let mut rejected = BTreeMap::new();
@@ -76,7 +77,7 @@ pub fn assemble(
             .map(|(n, _)| (n.clone(), BTreeMap::new()))
             .collect(),
     };
-    let mut by_node: BTreeMap<String, NodeReport> = BTreeMap::new();
+    let mut by_node: BTreeMap<String, Arc<NodeFacts>> = BTreeMap::new();
     for (name, report) in reports {
         if !nodes.contains_key(&name) {
             rejected.insert(
@@ -111,7 +112,7 @@ pub fn assemble(
             holders.entry(s.clone()).or_default().push(inputs.len());
         }
         inputs.push(NodeInput {
-            report: by_node.remove(&name),
+            facts: by_node.remove(&name),
             name,
             slurm_name: slurm,
             labels,
@@ -158,14 +159,8 @@ mod tests {
         assert_eq!(r, Some(RejectReason::BadSlurmName));
     }
 
-    fn ok(name: &str) -> (String, Result<NodeReport, Rejection>) {
-        (
-            name.to_owned(),
-            Ok(NodeReport {
-                node: name.to_owned(),
-                ..NodeReport::default()
-            }),
-        )
+    fn ok(name: &str) -> (String, Result<Arc<NodeFacts>, Rejection>) {
+        (name.to_owned(), Ok(Arc::new(NodeFacts::default())))
     }
 
     #[test]
@@ -191,7 +186,7 @@ mod tests {
         let got: Vec<(&str, Option<&str>, bool)> = a
             .inputs
             .iter()
-            .map(|i| (i.name.as_str(), i.slurm_name.as_deref(), i.report.is_some()))
+            .map(|i| (i.name.as_str(), i.slurm_name.as_deref(), i.facts.is_some()))
             .collect();
         assert_eq!(
             got,

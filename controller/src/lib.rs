@@ -5,6 +5,7 @@
 //! Kubernetes side feeds inputs in and writes the rendered outputs.
 
 pub mod fabric;
+pub mod facts;
 pub mod hostlist;
 pub mod identity;
 pub mod label_sources;

@@ -15,12 +15,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use isthmus_api::nrt::NodeResourceTopology;
-use isthmus_api::report::{DecodeOptions, decode};
+use isthmus_api::report::DecodeOptions;
 use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 
 use crate::fabric::{Fabric, ibnetdiscover};
+use crate::facts::{self, Interner};
 use crate::identity;
 use crate::model::{self, ClusterModel, ModelOptions, NodeInput};
 use crate::render::{self, RenderOptions};
@@ -289,11 +290,12 @@ pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Err
                 None => None,
             };
             let opts = args.model.decode_options();
+            let mut interner = Interner::default();
             let reports = nrts
                 .iter()
                 .map(|o| {
                     let name = o.metadata.name.clone().unwrap_or_default();
-                    (name, decode(o, &opts))
+                    (name, facts::read(o, &opts, &mut interner))
                 })
                 .collect();
             let assembled = identity::assemble(reports, nodes);

@@ -10,6 +10,7 @@ use isthmus_api::fabric::{NodeReport, PortReport, node_report_attributes};
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_api::report::{DecodeOptions, decode};
 use isthmus_controller::fabric::{NodeKind, ibnetdiscover, is_aggregation_node};
+use isthmus_controller::facts::{Interner, NodeFacts};
 use isthmus_controller::hostlist;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};
 use isthmus_controller::render::{RenderOptions, topology_conf};
@@ -62,6 +63,11 @@ fn upper_tiers(m: &ClusterModel) -> Vec<usize> {
         .collect()
 }
 
+/// What the model keeps of a report.
+fn facts(r: NodeReport) -> std::sync::Arc<NodeFacts> {
+    std::sync::Arc::new(NodeFacts::from_report(r, &mut Interner::default()))
+}
+
 /// Reports as the hosts would publish them, with port GUIDs and rail marks but no neighbour facts.
 fn reports(truth: &Truth) -> Vec<NodeInput> {
     truth
@@ -70,7 +76,7 @@ fn reports(truth: &Truth) -> Vec<NodeInput> {
         .map(|(host, cas)| NodeInput {
             name: host.clone(),
             slurm_name: Some(host.clone()),
-            report: Some(NodeReport {
+            facts: Some(facts(NodeReport {
                 node: host.clone(),
                 ports: cas
                     .iter()
@@ -88,7 +94,7 @@ fn reports(truth: &Truth) -> Vec<NodeInput> {
                 )
                 .ok(),
                 ..NodeReport::default()
-            }),
+            })),
             ..NodeInput::default()
         })
         .collect()
@@ -244,11 +250,11 @@ fn the_node_learns_its_leaf_switch_through_smpquery() {
         inputs.push(NodeInput {
             name: host.into(),
             slurm_name: Some(host.into()),
-            report: Some(NodeReport {
+            facts: Some(facts(NodeReport {
                 node: host.into(),
                 ports,
                 ..NodeReport::default()
-            }),
+            })),
             ..NodeInput::default()
         });
     }

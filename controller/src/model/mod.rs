@@ -18,7 +18,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use isthmus_api::fabric::{NodeReport, PortReport};
+use std::sync::Arc;
+
 use isthmus_api::report::Rejection;
 use isthmus_gres::grammar::{GresLine, NodeDefinition, is_slurm_hostname};
 use serde::{Serialize, Serializer};
@@ -27,6 +28,7 @@ use crate::fabric::lookup::FabricIndex;
 use crate::fabric::names::switch_names;
 use crate::fabric::tree::{self, Attachment, Group, Tree};
 use crate::fabric::{Fabric, FabricSummary, NodeKind, host_of_description};
+use crate::facts::NodeFacts;
 use crate::label_sources::{LabelScheme, default_accelerator_labels, default_schemes};
 
 mod label_groups;
@@ -39,9 +41,9 @@ pub struct NodeInput {
     /// Slurm node name, as the cluster gives it ([`crate::identity::slurm_name`]); `None` leaves the node out of
     /// every Slurm file.
     pub slurm_name: Option<String>,
-    /// The decoded (and accepted) report, when the node published one.
-    pub report: Option<NodeReport>,
-    /// The Node's current labels.
+    /// What the model keeps of the node's accepted report, when it published one.
+    pub facts: Option<Arc<NodeFacts>>,
+    /// The Node's current labels (only those the model reads are kept, see [`ModelOptions::reads_label`]).
     pub labels: BTreeMap<String, String>,
 }
 
@@ -66,6 +68,23 @@ impl Default for ModelOptions {
             exclude_switches: Vec::new(),
             ignore_label_prefixes: vec!["topology.isthmus.io/".into()],
         }
+    }
+}
+
+impl ModelOptions {
+    /// Whether the model reads a label: a key of a label scheme or an accelerator label, and not one isthmus
+    /// writes itself.
+    pub fn reads_label(&self, key: &str) -> bool {
+        let ours = self
+            .ignore_label_prefixes
+            .iter()
+            .any(|p| !p.is_empty() && key.starts_with(p.as_str()));
+        !ours
+            && (self.accelerator_labels.iter().any(|k| k == key)
+                || self
+                    .label_schemes
+                    .iter()
+                    .any(|s| s.keys.iter().any(|k| k == key)))
     }
 }
 
@@ -107,8 +126,8 @@ pub struct ClusterNode {
     /// Slurm node name; `None` when the node is in no Slurm file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm_name: Option<String>,
-    /// IB/RoCE ports as reported.
-    pub ports: Vec<PortReport>,
+    /// How many InfiniBand ports it reported.
+    pub ib_ports: usize,
     /// `ClusterUUID.CliqueId`, from the report or from a label.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accelerator_domain: Option<String>,
@@ -117,11 +136,11 @@ pub struct ClusterNode {
         skip_serializing_if = "Option::is_none",
         serialize_with = "as_text_opt"
     )]
-    pub slurm_node: Option<NodeDefinition>,
+    pub slurm_node: Option<Arc<NodeDefinition>>,
     /// gres.conf lines (without `NodeName=`).
-    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "as_text_list")]
-    pub gres: Vec<GresLine>,
-    /// The Node's labels at build time.
+    #[serde(skip_serializing_if = "slice_empty", serialize_with = "as_text_list")]
+    pub gres: Arc<[GresLine]>,
+    /// The Node's labels the model reads, at build time.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Where it sits in the tree.
@@ -145,7 +164,14 @@ fn as_text_map<S: Serializer, T: std::fmt::Display>(
     s.collect_map(v.iter().map(|(k, v)| (k, v.to_string())))
 }
 
-fn as_text_list<S: Serializer, T: std::fmt::Display>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+fn slice_empty<T>(v: &Arc<[T]>) -> bool {
+    v.is_empty()
+}
+
+fn as_text_list<S: Serializer, T: std::fmt::Display>(
+    v: &Arc<[T]>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     s.collect_seq(v.iter().map(ToString::to_string))
 }
 
@@ -225,16 +251,6 @@ pub fn nodes_from_fabric(fabric: &Fabric) -> Vec<NodeInput> {
         .collect()
 }
 
-/// The ports that decide a node's leaf: InfiniBand ports, and only the rail ports when it marked some.
-fn deciding_ports(report: &NodeReport) -> Vec<&PortReport> {
-    let ib: Vec<&PortReport> = report.ports.iter().filter(|p| p.is_infiniband()).collect();
-    if ib.iter().any(|p| p.rail) {
-        ib.into_iter().filter(|p| p.rail).collect()
-    } else {
-        ib
-    }
-}
-
 /// Build the model. `fabric` is the ibnetdiscover dump to use, if any (see [`Fabric::may_replace`] for whether a
 /// new dump should be used at all).
 pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOptions) -> ClusterModel {
@@ -261,12 +277,12 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
     let mut attachments = Vec::new();
     let mut sources: BTreeMap<String, PlacementSource> = BTreeMap::new();
     for mut input in inputs {
-        let report = input.report.take().unwrap_or_default();
+        let facts = input.facts.take().unwrap_or_default();
         let slurm_name = input.slurm_name.take();
         let mut switches = BTreeSet::new();
         let mut source = None;
-        for p in deciding_ports(&report) {
-            if let Some((s, _)) = p.neighbour {
+        for p in &facts.deciding {
+            if let Some(s) = p.switch {
                 if !excluded(s) {
                     switches.insert(s);
                     source = Some(PlacementSource::Neighbours);
@@ -300,20 +316,15 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
             attachments.push(Attachment {
                 node: input.name.clone(),
                 switches,
-                subnet: report.ports.iter().filter_map(|p| p.subnet_prefix).min(),
+                subnet: facts.subnet,
             });
         }
         let labels: BTreeMap<String, String> = input
             .labels
             .into_iter()
-            .filter(|(k, _)| {
-                !opts
-                    .ignore_label_prefixes
-                    .iter()
-                    .any(|p| !p.is_empty() && k.starts_with(p.as_str()))
-            })
+            .filter(|(k, _)| opts.reads_label(k))
             .collect();
-        let accelerator_domain = report.accelerator_domain.clone().or_else(|| {
+        let accelerator_domain = facts.accelerator_domain.clone().or_else(|| {
             opts.accelerator_labels
                 .iter()
                 .find_map(|k| labels.get(k).filter(|v| !v.is_empty()).cloned())
@@ -323,10 +334,10 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
             ClusterNode {
                 name: input.name,
                 slurm_name,
-                ports: report.ports,
+                ib_ports: facts.ib_ports,
                 accelerator_domain,
-                slurm_node: report.slurm_node,
-                gres: report.gres,
+                slurm_node: facts.slurm_node.clone(),
+                gres: facts.gres.clone(),
                 labels,
                 placement: Placement::Unplaced {
                     reason: String::new(),
@@ -362,7 +373,7 @@ pub fn build(inputs: Vec<NodeInput>, fabric: Option<&Fabric>, opts: &ModelOption
 }
 
 fn unplaced_reason(node: &ClusterNode, have_dump: bool) -> String {
-    let ib = node.ports.iter().filter(|p| p.is_infiniband()).count();
+    let ib = node.ib_ports;
     let mut why = if ib == 0 {
         "the node reported no InfiniBand port (or its report was left out)".to_owned()
     } else {

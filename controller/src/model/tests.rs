@@ -1,6 +1,6 @@
 use super::*;
 use crate::fabric::ibnetdiscover;
-use isthmus_api::fabric::PortReport;
+use isthmus_api::fabric::{NodeReport, PortReport};
 
 const PREFIX: u64 = 0xfe80_0000_0000_0000;
 
@@ -44,15 +44,18 @@ fn node(name: &str, ports: Vec<PortReport>) -> NodeInput {
     NodeInput {
         name: name.into(),
         slurm_name: Some(name.into()),
-        report: Some(NodeReport {
-            node: name.into(),
-            ports,
-            slurm_node: NodeDefinition::parse(
-                "CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000",
-            )
-            .ok(),
-            ..NodeReport::default()
-        }),
+        facts: Some(Arc::new(NodeFacts::from_report(
+            NodeReport {
+                node: name.into(),
+                ports,
+                slurm_node: NodeDefinition::parse(
+                    "CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000",
+                )
+                .ok(),
+                ..NodeReport::default()
+            },
+            &mut crate::facts::Interner::default(),
+        ))),
         ..NodeInput::default()
     }
 }

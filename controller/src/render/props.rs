@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use isthmus_api::fabric::{ACCELERATOR_DOMAIN, PORT_PREFIX, SLURM_GRES, SLURM_NODE};
 use isthmus_api::nrt::{Attribute, NodeResourceTopology};
-use isthmus_api::report::{DecodeOptions, decode};
+use isthmus_api::report::DecodeOptions;
 use proptest::prelude::*;
 
 use super::check::{SlurmFile, read_back};
@@ -85,13 +85,14 @@ proptest! {
     ) {
         let mut reports = Vec::new();
         let mut nodes = Vec::new();
+        let mut interner = crate::facts::Interner::default();
         for (i, (from_good, changes, has_node, label)) in objects.into_iter().enumerate() {
             let n = format!("n{i}");
             let mut attrs = if from_good { good() } else { BTreeMap::new() };
             attrs.extend(changes);
             let mut o = NodeResourceTopology::named(&n);
             o.attributes = attrs.into_iter().map(|(k, v)| Attribute::new(k, v)).collect();
-            reports.push((n.clone(), decode(&o, &DecodeOptions::default())));
+            reports.push((n.clone(), crate::facts::read(&o, &DecodeOptions::default(), &mut interner)));
             if has_node {
                 let labels = label
                     .map(|l| BTreeMap::from([(SLURM_NODE_NAME_LABEL.to_owned(), l)]))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt as _};
 use isthmus_api::nrt::NodeResourceTopology;
-use isthmus_api::report::{DecodeOptions, decode};
+use isthmus_api::report::DecodeOptions;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::topology::TopologyArgs;
 use crate::fabric::Fabric;
+use crate::facts::{self, Interner};
 use crate::identity;
 use crate::model::{self, ClusterModel, ModelOptions};
 
@@ -51,11 +52,17 @@ pub fn build_model(
             ))
         })
         .collect();
+    let mut interner = Interner::default();
     let reports = inputs
         .nrts
         .state()
         .iter()
-        .filter_map(|o| Some((o.metadata.name.clone()?, decode(o, decode_opts))))
+        .filter_map(|o| {
+            Some((
+                o.metadata.name.clone()?,
+                facts::read(o, decode_opts, &mut interner),
+            ))
+        })
         .collect();
     let assembled = identity::assemble(reports, Some(nodes));
     let mut model = model::build(assembled.inputs, fabric, opts);

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use isthmus_api::report::{DecodeOptions, decode};
+use isthmus_api::report::DecodeOptions;
 use isthmus_controller::fabric::ibnetdiscover;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};
 use isthmus_controller::render::{self, RenderOptions};
@@ -54,12 +54,13 @@ fn stats(mut v: Vec<Duration>) -> String {
 /// Every NRT read strictly and paired with its node, as the controller does.
 fn read_reports(nrts: &[isthmus_api::nrt::NodeResourceTopology]) -> Vec<NodeInput> {
     let opts = DecodeOptions::default();
+    let mut interner = isthmus_controller::facts::Interner::default();
     let reports = nrts
         .iter()
         .map(|o| {
             (
                 o.metadata.name.clone().unwrap_or_default(),
-                decode(o, &opts),
+                isthmus_controller::facts::read(o, &opts, &mut interner),
             )
         })
         .collect();
