@@ -44,6 +44,9 @@ pub fn slurm_name<'a>(
     }
 }
 
+/// The detail of a `no-node` entry.
+pub const NO_NODE: &str = "no Node of this name: the report is ignored";
+
 /// A Node as the pairing needs it: its name and labels.
 pub type NodeLabels = (String, BTreeMap<String, String>);
 
@@ -80,13 +83,7 @@ pub fn assemble(
     let mut by_node: BTreeMap<String, Arc<NodeFacts>> = BTreeMap::new();
     for (name, report) in reports {
         if !nodes.contains_key(&name) {
-            rejected.insert(
-                name,
-                Rejection::new(
-                    RejectReason::NoNode,
-                    "no Node of this name: the report is ignored",
-                ),
-            );
+            rejected.insert(name, Rejection::new(RejectReason::NoNode, NO_NODE));
             continue;
         }
         match report {

@@ -10,7 +10,9 @@ pub mod inputs;
 pub mod leader;
 pub mod objects;
 pub mod outputs;
+pub mod pass;
 pub mod rejections;
+pub mod reports;
 pub mod topology;
 
 use std::fmt::Display;

@@ -15,8 +15,8 @@ use kube::api::{
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
-/// How many writes of one kind run at once.
-const CONCURRENCY: usize = 16;
+/// How many label applies run at once (one HTTP/2 connection carries them all).
+const LABEL_CONCURRENCY: usize = 32;
 
 /// Whether every field of `desired` has the same value in `observed`: objects key by key (extra keys in `observed`
 /// are fine: server defaults, other managers' fields), arrays element by element with the same length.
@@ -261,6 +261,8 @@ pub struct LabelSink {
     /// Per node: the resourceVersion the reflector showed when isthmus last applied, and what it applied; a node
     /// whose newer version has not arrived yet is not written twice.
     applied: HashMap<String, (Option<String>, BTreeMap<String, String>)>,
+    /// Per node: how many wanted labels another manager owns (their sum is the `labels_foreign` gauge).
+    foreign: HashMap<String, usize>,
 }
 
 impl std::fmt::Debug for LabelSink {
@@ -275,24 +277,40 @@ impl LabelSink {
         Self {
             api: Api::all(client),
             applied: HashMap::new(),
+            foreign: HashMap::new(),
         }
     }
 
-    /// Apply `desired` (node → labels) to the Nodes in `nodes` (nodes not there are never created). Returns the
-    /// writes and the number of labels left out because another manager owns them.
+    /// How many wanted labels other managers own, over every node checked so far.
+    pub fn foreign(&self) -> usize {
+        self.foreign.values().sum()
+    }
+
+    /// Forget the nodes that are gone.
+    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+        self.applied.retain(|n, _| exists(n));
+        self.foreign.retain(|n, _| exists(n));
+    }
+
+    /// Apply `desired` (node → labels) to `nodes` (the Nodes to check: all after the model changed, else those
+    /// that changed; nodes not there are never created). Returns the writes.
     pub async fn sync(
         &mut self,
-        nodes: &[std::sync::Arc<PartialObjectMeta<Node>>],
-        desired: &BTreeMap<String, BTreeMap<String, String>>,
-    ) -> Result<(Writes, usize), kube::Error> {
+        nodes: impl IntoIterator<Item = std::sync::Arc<PartialObjectMeta<Node>>>,
+        desired: &crate::run::outputs::Labels,
+    ) -> Result<Writes, kube::Error> {
         let mut todo = Vec::new();
-        let mut foreign_total = 0;
         for n in nodes {
             let Some(name) = n.metadata.name.clone() else {
                 continue;
             };
-            let (patch, foreign) = node_labels_patch(&n.metadata, desired.get(&name));
-            foreign_total += foreign;
+            let (patch, foreign) =
+                node_labels_patch(&n.metadata, desired.get(&name).map(|l| l.as_ref()));
+            if foreign > 0 {
+                self.foreign.insert(name.clone(), foreign);
+            } else {
+                self.foreign.remove(&name);
+            }
             let Some(labels) = patch else {
                 self.applied.remove(&name);
                 continue;
@@ -326,7 +344,7 @@ impl LabelSink {
                     (name, rv, labels, r)
                 }
             })
-            .buffer_unordered(CONCURRENCY)
+            .buffer_unordered(LABEL_CONCURRENCY)
             .collect()
             .await;
         let mut writes = Writes::default();
@@ -348,7 +366,7 @@ impl LabelSink {
         }
         match first_error {
             Some(e) => Err(e),
-            None => Ok((writes, foreign_total)),
+            None => Ok(writes),
         }
     }
 }

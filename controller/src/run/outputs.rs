@@ -1,7 +1,8 @@
 //! What the topology task writes, rendered from one model: the Slurm ConfigMap's files, the status ConfigMap,
 //! node labels, HyperNodes and the Kueue Topology, each only when enabled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -80,11 +81,14 @@ fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Va
     })
 }
 
+/// Desired topology labels: node → its labels, nodes with equal labels sharing one map.
+pub type Labels = BTreeMap<String, Arc<BTreeMap<String, String>>>;
+
 /// Every enabled output, rendered (objects by name); `None` for a disabled one.
 #[derive(Debug, Default)]
 pub struct Rendered {
     /// Node → labels.
-    pub labels: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    pub labels: Option<Labels>,
     /// HyperNodes.
     pub hypernodes: Option<BTreeMap<String, Value>>,
     /// The Kueue Topology.
@@ -93,6 +97,26 @@ pub struct Rendered {
     pub slurm: Option<BTreeMap<String, Value>>,
     /// The status ConfigMap.
     pub status: Option<BTreeMap<String, Value>>,
+    /// The Slurm files, to refresh nodes.conf and gres.conf alone.
+    files: BTreeMap<String, String>,
+    /// The status data, to refresh the left-out reports alone.
+    status_data: BTreeMap<String, String>,
+    namespace: String,
+}
+
+/// Share one map among nodes whose labels are equal (all nodes of a leaf without an accelerator domain).
+fn share(labels: BTreeMap<String, BTreeMap<String, String>>) -> Labels {
+    let mut seen: HashMap<BTreeMap<String, String>, Arc<BTreeMap<String, String>>> = HashMap::new();
+    labels
+        .into_iter()
+        .map(|(node, l)| {
+            let shared = seen
+                .entry(l)
+                .or_insert_with_key(|l| Arc::new(l.clone()))
+                .clone();
+            (node, shared)
+        })
+        .collect()
 }
 
 impl Rendered {
@@ -103,9 +127,12 @@ impl Rendered {
         namespace: &str,
     ) -> Result<Self, TopologyError> {
         let opts = args.render_options();
-        let mut out = Self::default();
+        let mut out = Self {
+            namespace: namespace.to_owned(),
+            ..Self::default()
+        };
         if args.node_labels {
-            out.labels = Some(render::labels::render(model, &opts));
+            out.labels = Some(share(render::labels::render(model, &opts)));
         }
         if args.hypernodes {
             let mut desired = BTreeMap::new();
@@ -123,17 +150,55 @@ impl Rendered {
             )]));
         }
         if args.slurm_configmap {
-            let cm = configmap(
-                &args.slurm_configmap_name,
-                namespace,
-                &slurm_files(model, args)?,
-            );
-            out.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
+            out.files = slurm_files(model, args)?;
+            out.slurm_object(args);
         }
         if args.status_configmap {
-            let cm = configmap(&args.status_configmap_name, namespace, &status_data(model));
-            out.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
+            out.status_data = status_data(model);
+            out.status_object(args);
         }
         Ok(out)
+    }
+
+    fn slurm_object(&mut self, args: &TopologyArgs) {
+        let cm = configmap(&args.slurm_configmap_name, &self.namespace, &self.files);
+        self.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
+    }
+
+    fn status_object(&mut self, args: &TopologyArgs) {
+        let cm = configmap(
+            &args.status_configmap_name,
+            &self.namespace,
+            &self.status_data,
+        );
+        self.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
+    }
+
+    /// Render nodes.conf and gres.conf again (a node's Slurm facts changed, nothing placed it elsewhere).
+    pub fn refresh_slurm(&mut self, model: &ClusterModel, args: &TopologyArgs) {
+        if !args.slurm_configmap {
+            return;
+        }
+        self.files
+            .insert("gres.conf".into(), render::gres_conf::central(model));
+        self.files.insert(
+            "nodes.conf".into(),
+            render::gres_conf::node_definitions(model),
+        );
+        self.slurm_object(args);
+    }
+
+    /// Render the left-out reports again.
+    pub fn refresh_rejected(&mut self, model: &ClusterModel, args: &TopologyArgs) {
+        if !args.status_configmap {
+            return;
+        }
+        let full = status_data(model);
+        for key in ["rejected", "nodes"] {
+            if let Some(v) = full.get(key) {
+                self.status_data.insert(key.to_owned(), v.clone());
+            }
+        }
+        self.status_object(args);
     }
 }
