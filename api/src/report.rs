@@ -24,7 +24,7 @@ use isthmus_gres::grammar::{self, GresLine, LineError, NodeDefinition, excerpt};
 use crate::fabric::{
     ACCELERATOR_DOMAIN, NodeReport, PORT_PREFIX, PortReport, SLURM_GRES, SLURM_NODE,
 };
-use crate::nrt::NodeResourceTopology;
+use crate::nrt::{Attribute, NodeResourceTopology};
 
 /// Most InfiniBand/RoCE ports one report may hold.
 pub const MAX_PORTS: usize = 1024;
@@ -235,8 +235,20 @@ fn line_error(what: &str, e: &LineError) -> String {
 /// part of the report (the kubelet policy, the pod fingerprint, …) are not read, but count towards the bounds.
 /// The `node` of the result is the object's name.
 pub fn decode(nrt: &NodeResourceTopology, opts: &DecodeOptions) -> Result<NodeReport, Rejection> {
+    decode_attributes(
+        nrt.metadata.name.as_deref().unwrap_or_default(),
+        &nrt.attributes,
+        opts,
+    )
+}
+
+/// [`decode`] of an object's name and attributes.
+pub fn decode_attributes(
+    name: &str,
+    attrs: &[Attribute],
+    opts: &DecodeOptions,
+) -> Result<NodeReport, Rejection> {
     use RejectReason as R;
-    let attrs = &nrt.attributes;
     if attrs.len() > MAX_ATTRIBUTES {
         return Err(Rejection::new(
             R::TooLarge,
@@ -251,7 +263,7 @@ pub fn decode(nrt: &NodeResourceTopology, opts: &DecodeOptions) -> Result<NodeRe
         ));
     }
     let mut report = NodeReport {
-        node: nrt.metadata.name.clone().unwrap_or_default(),
+        node: name.to_owned(),
         ..NodeReport::default()
     };
     let mut names: HashSet<&str> = HashSet::with_capacity(attrs.len());

@@ -135,7 +135,23 @@ pub fn read(
     opts: &isthmus_api::report::DecodeOptions,
     interner: &mut Interner,
 ) -> Result<Arc<NodeFacts>, isthmus_api::report::Rejection> {
-    isthmus_api::report::decode(nrt, opts).map(|r| Arc::new(NodeFacts::from_report(r, interner)))
+    read_attributes(
+        nrt.metadata.name.as_deref().unwrap_or_default(),
+        &nrt.attributes,
+        opts,
+        interner,
+    )
+}
+
+/// [`read`] of an object's name and attributes.
+pub fn read_attributes(
+    name: &str,
+    attributes: &[isthmus_api::nrt::Attribute],
+    opts: &isthmus_api::report::DecodeOptions,
+    interner: &mut Interner,
+) -> Result<Arc<NodeFacts>, isthmus_api::report::Rejection> {
+    isthmus_api::report::decode_attributes(name, attributes, opts)
+        .map(|r| Arc::new(NodeFacts::from_report(r, interner)))
 }
 
 /// One shared copy of each distinct node definition and gres.conf line set.

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt as _};
-use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::nrt::NrtAttributes;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -159,9 +159,10 @@ pub fn start_reflectors(
     cancel: &CancellationToken,
 ) -> Inputs {
     let reports = ReportStore::new(args.model.decode_options());
+    // Pages of 100: a page's objects are parsed whole before their events are handed on.
     let nrt_stream = watcher(
-        Api::<NodeResourceTopology>::all(client.clone()),
-        watcher::Config::default(),
+        Api::<NrtAttributes>::all(client.clone()),
+        watcher::Config::default().page_size(100),
     )
     .default_backoff();
     let store = reports.clone();

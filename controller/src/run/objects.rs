@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 
 /// How many label applies run at once (one HTTP/2 connection carries them all).
 const LABEL_CONCURRENCY: usize = 32;
+/// How many applies of whole objects (HyperNodes) run at once.
+const OBJECT_CONCURRENCY: usize = 16;
 
 /// Whether every field of `desired` has the same value in `observed`: objects key by key (extra keys in `observed`
 /// are fine: server defaults, other managers' fields), arrays element by element with the same length.
@@ -142,22 +144,32 @@ impl ObjectSink {
         let mut writes = Writes::default();
         let pp = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
         let mut first_error = None;
-        for (name, want) in desired {
-            if observed.get(name).is_some_and(|o| contains(o, want)) {
-                continue;
-            }
-            match self.api.patch(name, &pp, &Patch::Apply(want)).await {
+        let todo: Vec<(String, Value)> = desired
+            .iter()
+            .filter(|(name, want)| !observed.get(*name).is_some_and(|o| contains(o, want)))
+            .map(|(name, want)| (name.clone(), want.clone()))
+            .collect();
+        let results: Vec<_> = futures::stream::iter(todo)
+            .map(|(name, want)| {
+                let (api, pp) = (self.api.clone(), pp.clone());
+                async move {
+                    let r = api.patch(&name, &pp, &Patch::Apply(&want)).await;
+                    (name, r)
+                }
+            })
+            .buffer_unordered(OBJECT_CONCURRENCY)
+            .collect()
+            .await;
+        for (name, r) in results {
+            match r {
                 Ok(o) => {
                     count_write(self.kind, "applied");
                     writes.applied += 1;
-                    observed.insert(
-                        name.clone(),
-                        serde_json::to_value(&o).unwrap_or(Value::Null),
-                    );
+                    observed.insert(name, serde_json::to_value(&o).unwrap_or(Value::Null));
                 }
                 Err(e) => {
                     count_write(self.kind, "failed");
-                    observed.remove(name);
+                    observed.remove(&name);
                     first_error.get_or_insert(e);
                 }
             }
@@ -255,12 +267,19 @@ pub fn node_labels_patch(
     (if same { None } else { Some(want) }, foreign)
 }
 
+fn digest(labels: &BTreeMap<String, String>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    labels.hash(&mut h);
+    h.finish()
+}
+
 /// The topology labels on Nodes.
 pub struct LabelSink {
     api: Api<Node>,
-    /// Per node: the resourceVersion the reflector showed when isthmus last applied, and what it applied; a node
-    /// whose newer version has not arrived yet is not written twice.
-    applied: HashMap<String, (Option<String>, BTreeMap<String, String>)>,
+    /// Per node: the resourceVersion the reflector showed when isthmus last applied, and a digest of what it
+    /// applied; a node whose newer version has not arrived yet is not written twice.
+    applied: HashMap<String, (Option<String>, u64)>,
     /// Per node: how many wanted labels another manager owns (their sum is the `labels_foreign` gauge).
     foreign: HashMap<String, usize>,
 }
@@ -319,7 +338,7 @@ impl LabelSink {
             if self
                 .applied
                 .get(&name)
-                .is_some_and(|(seen, sent)| *seen == rv && *sent == labels)
+                .is_some_and(|(seen, sent)| *seen == rv && *sent == digest(&labels))
             {
                 continue;
             }
@@ -354,7 +373,7 @@ impl LabelSink {
                 Ok(_) => {
                     count_write("node-labels", "applied");
                     writes.applied += 1;
-                    self.applied.insert(name, (rv, labels));
+                    self.applied.insert(name, (rv, digest(&labels)));
                 }
                 Err(e) => {
                     count_write("node-labels", "failed");

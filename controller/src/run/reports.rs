@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::nrt::NrtAttributes;
 use isthmus_api::report::DecodeOptions;
 use kube::runtime::watcher::Event;
 
@@ -51,7 +51,7 @@ impl ReportStore {
     }
 
     /// Read one watch event into the store.
-    pub fn apply(&self, event: Event<NodeResourceTopology>) {
+    pub fn apply(&self, event: Event<NrtAttributes>) {
         let mut inner = self.lock();
         let inner = &mut *inner;
         match event {
@@ -67,7 +67,8 @@ impl ReportStore {
                 {
                     return;
                 }
-                let report = facts::read(&o, &self.opts, &mut inner.interner);
+                let report =
+                    facts::read_attributes(&name, &o.attributes, &self.opts, &mut inner.interner);
                 if inner
                     .entries
                     .insert(name.clone(), Entry { version, report })
@@ -93,7 +94,12 @@ impl ReportStore {
                 let entry = match inner.entries.get(&name) {
                     Some(e) if version.is_some() && e.version == version => e.clone(),
                     _ => Entry {
-                        report: facts::read(&o, &self.opts, &mut inner.interner),
+                        report: facts::read_attributes(
+                            &name,
+                            &o.attributes,
+                            &self.opts,
+                            &mut inner.interner,
+                        ),
                         version,
                     },
                 };
@@ -173,8 +179,9 @@ mod tests {
     use isthmus_api::fabric::SLURM_NODE;
     use isthmus_api::nrt::Attribute;
 
-    fn nrt(name: &str, version: &str, line: &str) -> NodeResourceTopology {
-        let mut o = NodeResourceTopology::named(name);
+    fn nrt(name: &str, version: &str, line: &str) -> NrtAttributes {
+        let mut o = NrtAttributes::default();
+        o.metadata.name = Some(name.into());
         o.metadata.resource_version = Some(version.into());
         o.attributes = vec![Attribute::new(SLURM_NODE, line)];
         o
