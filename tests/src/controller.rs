@@ -143,7 +143,16 @@ impl ControllerProcess {
         let log = dir.path().join("controller.log");
         let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
         let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(isthmus_bin())
+        // ISTHMUS_CONTROLLER_WRAPPER (e.g. `heaptrack`) runs the controller under a profiler, for benchmarks.
+        let mut cmd = match std::env::var_os("ISTHMUS_CONTROLLER_WRAPPER") {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.arg(isthmus_bin());
+                c
+            }
+            None => Command::new(isthmus_bin()),
+        };
+        let child = cmd
             .args([
                 "controller",
                 "run",

@@ -159,10 +159,9 @@ pub fn start_reflectors(
     cancel: &CancellationToken,
 ) -> Inputs {
     let reports = ReportStore::new(args.model.decode_options());
-    // Pages of 100: a page's objects are parsed whole before their events are handed on.
     let nrt_stream = watcher(
         Api::<NrtAttributes>::all(client.clone()),
-        watcher::Config::default().page_size(100),
+        watcher::Config::default(),
     )
     .default_backoff();
     let store = reports.clone();

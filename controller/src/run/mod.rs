@@ -8,6 +8,7 @@
 pub mod access;
 pub mod inputs;
 pub mod leader;
+pub mod node_labels;
 pub mod objects;
 pub mod outputs;
 pub mod pass;

@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::objects::Desired;
 use super::topology::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
 use crate::model::ClusterModel;
 use crate::offline::{self, OutputKind};
 use crate::render;
 
-fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, TopologyError> {
-    serde_json::to_value(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
+fn desired<T: serde::Serialize>(v: &T) -> Result<Desired, TopologyError> {
+    Desired::new(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
 }
 
 /// The Slurm ConfigMap's data.
@@ -90,13 +91,13 @@ pub struct Rendered {
     /// Node → labels.
     pub labels: Option<Labels>,
     /// HyperNodes.
-    pub hypernodes: Option<BTreeMap<String, Value>>,
+    pub hypernodes: Option<BTreeMap<String, Desired>>,
     /// The Kueue Topology.
-    pub kueue: Option<BTreeMap<String, Value>>,
+    pub kueue: Option<BTreeMap<String, Desired>>,
     /// The Slurm ConfigMap.
-    pub slurm: Option<BTreeMap<String, Value>>,
+    pub slurm: Option<BTreeMap<String, Desired>>,
     /// The status ConfigMap.
-    pub status: Option<BTreeMap<String, Value>>,
+    pub status: Option<BTreeMap<String, Desired>>,
     /// The Slurm files, to refresh nodes.conf and gres.conf alone.
     files: BTreeMap<String, String>,
     /// The status data, to refresh the left-out reports alone.
@@ -135,49 +136,61 @@ impl Rendered {
             out.labels = Some(share(render::labels::render(model, &opts)));
         }
         if args.hypernodes {
-            let mut desired = BTreeMap::new();
+            let mut objects = BTreeMap::new();
             for h in render::hypernodes::render(model, &opts) {
                 let name = h.metadata.name.clone().unwrap_or_default();
-                desired.insert(name, to_value(&h)?);
+                objects.insert(name, desired(&h)?);
             }
-            out.hypernodes = Some(desired);
+            out.hypernodes = Some(objects);
         }
         if args.kueue_topology {
             let t = render::kueue::render(model, &opts);
             out.kueue = Some(BTreeMap::from([(
                 args.model.kueue_topology_name.clone(),
-                to_value(&t)?,
+                desired(&t)?,
             )]));
         }
         if args.slurm_configmap {
             out.files = slurm_files(model, args)?;
-            out.slurm_object(args);
+            out.slurm_object(args)?;
         }
         if args.status_configmap {
             out.status_data = status_data(model);
-            out.status_object(args);
+            out.status_object(args)?;
         }
         Ok(out)
     }
 
-    fn slurm_object(&mut self, args: &TopologyArgs) {
+    fn slurm_object(&mut self, args: &TopologyArgs) -> Result<(), TopologyError> {
         let cm = configmap(&args.slurm_configmap_name, &self.namespace, &self.files);
-        self.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
+        self.slurm = Some(BTreeMap::from([(
+            args.slurm_configmap_name.clone(),
+            desired(&cm)?,
+        )]));
+        Ok(())
     }
 
-    fn status_object(&mut self, args: &TopologyArgs) {
+    fn status_object(&mut self, args: &TopologyArgs) -> Result<(), TopologyError> {
         let cm = configmap(
             &args.status_configmap_name,
             &self.namespace,
             &self.status_data,
         );
-        self.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
+        self.status = Some(BTreeMap::from([(
+            args.status_configmap_name.clone(),
+            desired(&cm)?,
+        )]));
+        Ok(())
     }
 
     /// Render nodes.conf and gres.conf again (a node's Slurm facts changed, nothing placed it elsewhere).
-    pub fn refresh_slurm(&mut self, model: &ClusterModel, args: &TopologyArgs) {
+    pub fn refresh_slurm(
+        &mut self,
+        model: &ClusterModel,
+        args: &TopologyArgs,
+    ) -> Result<(), TopologyError> {
         if !args.slurm_configmap {
-            return;
+            return Ok(());
         }
         self.files
             .insert("gres.conf".into(), render::gres_conf::central(model));
@@ -185,13 +198,17 @@ impl Rendered {
             "nodes.conf".into(),
             render::gres_conf::node_definitions(model),
         );
-        self.slurm_object(args);
+        self.slurm_object(args)
     }
 
     /// Render the left-out reports again.
-    pub fn refresh_rejected(&mut self, model: &ClusterModel, args: &TopologyArgs) {
+    pub fn refresh_rejected(
+        &mut self,
+        model: &ClusterModel,
+        args: &TopologyArgs,
+    ) -> Result<(), TopologyError> {
         if !args.status_configmap {
-            return;
+            return Ok(());
         }
         let full = status_data(model);
         for key in ["rejected", "nodes"] {
@@ -199,6 +216,6 @@ impl Rendered {
                 self.status_data.insert(key.to_owned(), v.clone());
             }
         }
-        self.status_object(args);
+        self.status_object(args)
     }
 }

@@ -71,10 +71,10 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
     match &mut state.out {
         Some(out) if !update.rebuilt => {
             if update.slurm {
-                out.refresh_slurm(model, &args);
+                out.refresh_slurm(model, &args)?;
             }
             if update.rejected {
-                out.refresh_rejected(model, &args);
+                out.refresh_rejected(model, &args)?;
             }
         }
         _ => {

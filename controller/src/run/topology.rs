@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::inputs::{Inputs, start_reflectors};
 use super::leader::{Backoff, sleep_or_cancel};
-use super::objects::{LabelSink, ObjectSink};
+use super::node_labels::LabelSink;
+use super::objects::ObjectSink;
 use super::outputs::Rendered;
 use super::pass::reconcile;
 use super::rejections::RejectionLog;
