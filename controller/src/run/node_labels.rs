@@ -17,9 +17,6 @@ use super::outputs::Labels;
 /// One node's labels, shared among nodes with the same.
 type SharedLabels = Arc<BTreeMap<String, String>>;
 
-/// How many label applies run at once (one HTTP/2 connection carries them all).
-const LABEL_CONCURRENCY: usize = 32;
-
 /// The label keys under `f:metadata.f:labels` of each field manager's entries: (ours, everybody else's).
 pub fn label_owners(
     meta: &kube::api::ObjectMeta,
@@ -97,6 +94,8 @@ pub struct LabelSink {
     applied: HashMap<String, (Option<String>, u64)>,
     /// Per node: how many wanted labels another manager owns (their sum is the `labels_foreign` gauge).
     foreign: HashMap<String, usize>,
+    /// How many applies run at once (one HTTP/2 connection carries them all).
+    concurrency: usize,
 }
 
 impl std::fmt::Debug for LabelSink {
@@ -106,12 +105,13 @@ impl std::fmt::Debug for LabelSink {
 }
 
 impl LabelSink {
-    /// A sink writing through `client`.
-    pub fn new(client: kube::Client) -> Self {
+    /// A sink writing through `client`, `concurrency` applies at a time.
+    pub fn new(client: kube::Client, concurrency: usize) -> Self {
         Self {
             api: Api::all(client),
             applied: HashMap::new(),
             foreign: HashMap::new(),
+            concurrency: concurrency.max(1),
         }
     }
 
@@ -185,7 +185,7 @@ impl LabelSink {
                     (name, rv, digest(&labels), r)
                 }
             })
-            .buffer_unordered(LABEL_CONCURRENCY);
+            .buffer_unordered(self.concurrency);
         let mut writes = Writes::default();
         let mut first_error = None;
         while let Some((name, rv, sent, r)) = results.next().await {

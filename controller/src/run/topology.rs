@@ -79,6 +79,10 @@ pub struct TopologyArgs {
     /// How the model is built and the outputs are named (the same flags as `isthmus controller render`).
     #[command(flatten)]
     pub model: offline::ModelFlags,
+    /// How many node label applies run at once (the first pass labels every Node; the API server's capacity
+    /// bounds how fast).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub write_concurrency: usize,
     /// How long to wait after a change for more changes before recomputing.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub debounce: Duration,
@@ -187,7 +191,7 @@ impl State {
         let cm = resource("", "v1", "ConfigMap", "configmaps");
         let source = RenderOptions::default().hypernode_source;
         Self {
-            labels: LabelSink::new(client.clone()),
+            labels: LabelSink::new(client.clone(), args.write_concurrency),
             hypernodes: ObjectSink::new(
                 client.clone(),
                 "hypernode",
@@ -317,11 +321,21 @@ pub async fn run(
     let _stop_reflectors = reflectors.clone().drop_guard();
     let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
     let ready = async {
-        inputs.reports.wait_until_ready().await;
-        let _ = inputs.nodes.wait_until_ready().await;
-        if let Some(d) = &inputs.dump {
-            let _ = d.wait_until_ready().await;
-        }
+        futures::join!(
+            async {
+                inputs.reports.wait_until_ready().await;
+                tracing::info!(nrts = inputs.reports.len(), "reports listed");
+            },
+            async {
+                let _ = inputs.nodes.wait_until_ready().await;
+                tracing::info!(nodes = inputs.nodes.state().len(), "nodes listed");
+            },
+            async {
+                if let Some(d) = &inputs.dump {
+                    let _ = d.wait_until_ready().await;
+                }
+            },
+        );
     };
     tokio::select! {
         () = cancel.cancelled() => return Ok(()),

@@ -9,6 +9,7 @@
 //! cargo build --release -p isthmus-agent --bin isthmus
 //! cargo build --release -p isthmus-tests --bin bench-controller-kube
 //! target/release/bench-controller-kube [NODES] [CHANGES] [IDLE_SECONDS]     # 10000 10 60 by default
+//! BENCH_CONTROLLER_ARGS="--write-concurrency 64" target/release/bench-controller-kube   # more controller flags
 //! ```
 
 use std::collections::VecDeque;
@@ -82,7 +83,11 @@ fn main() {
     );
 
     let started = Instant::now();
-    let c = ControllerProcess::start("bench", &kc, &["--kueue-topology=true"]);
+    // BENCH_CONTROLLER_ARGS: more flags for the controller (e.g. `--write-concurrency 64`).
+    let extra = std::env::var("BENCH_CONTROLLER_ARGS").unwrap_or_default();
+    let mut flags = vec!["--kueue-topology=true"];
+    flags.extend(extra.split_whitespace());
+    let c = ControllerProcess::start("bench", &kc, &flags);
     let pid = c.pid().unwrap_or(0);
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
     let labelled = |c: &ControllerProcess| {
@@ -120,14 +125,9 @@ fn main() {
         .log_text()
         .lines()
         .filter(|l| {
-            [
-                "campaigning",
-                "acquired the lease",
-                "topology inputs listed",
-                "written",
-            ]
-            .iter()
-            .any(|k| l.contains(k))
+            ["campaigning", "acquired the lease", "listed", "written"]
+                .iter()
+                .any(|k| l.contains(k))
         })
         .take(12)
     {
