@@ -61,6 +61,12 @@ pub struct PodOpts<'a> {
     /// An image the node has (never pulled) whose container sleeps, for pods a real kubelet runs; `None`: an
     /// image no kubelet could start (the API server alone never runs pods).
     pub image: Option<&'a str>,
+    /// `spec.terminationGracePeriodSeconds` (default: Kubernetes' 30 s).
+    pub grace: Option<i64>,
+    /// `spec.schedulerName` (default: this test's placement scheduler).
+    pub scheduler: Option<&'a str>,
+    /// Tolerations (JSON, as in a pod spec).
+    pub tolerations: Option<serde_json::Value>,
 }
 
 impl<'a> PodOpts<'a> {
@@ -73,6 +79,9 @@ impl<'a> PodOpts<'a> {
             annotations: &[],
             node_name: None,
             image: None,
+            grace: None,
+            scheduler: None,
+            tolerations: None,
         }
     }
 }
@@ -252,8 +261,10 @@ impl Placement {
         let mut pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": ns},
             "spec": {
-                "schedulerName": self.args.scheduler_name,
+                "schedulerName": o.scheduler.unwrap_or(&self.args.scheduler_name),
                 "nodeName": o.node_name,
+                "terminationGracePeriodSeconds": o.grace,
+                "tolerations": o.tolerations,
                 // No token controller runs beside the test API server (v1.20 would wait for a token Secret).
                 "automountServiceAccountToken": false,
                 "containers": [{"name": "main", "image": "registry.invalid/app:1",
@@ -358,6 +369,20 @@ impl Placement {
         self.rt
             .block_on(self.pods().delete(name, &DeleteParams::default()))
             .unwrap_or_else(|e| panic!("deleting pod {name}: {e}"));
+    }
+
+    /// What the kubelet does once a deleted pod's containers have stopped: delete the pod object for good (grace
+    /// 0). With the API server alone, a deleted bound pod stays until a test calls this.
+    pub fn kubelet_stopped(&self, name: &str) {
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        if let Err(e) = self.rt.block_on(self.pods().delete(name, &dp)) {
+            if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                panic!("deleting pod {name} for good: {e}");
+            }
+        }
     }
 
     /// Set the pod's `status.phase` (what the kubelet does when its containers end: `Succeeded`, `Failed`).

@@ -1,7 +1,8 @@
 //! Slurm decides, Kubernetes runs: pods of the `isthmus-slurm` scheduler get their node from a real Slurm cluster
 //! (munged, slurmctld, a slurmd per node with fake GPU device files) through placeholder jobs, bound on the real
 //! API server by the placement loop running as the controller's ServiceAccount with only its shipped RBAC. There
-//! is no kubelet: a bound pod is one with `spec.nodeName`, and a deleted bound pod stays, being deleted.
+//! is no kubelet: a bound pod is one with `spec.nodeName`, and a deleted bound pod stays, being deleted, until the
+//! test plays the kubelet whose containers stopped (`Placement::kubelet_stopped`: the pod object deleted for good).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -28,6 +29,7 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
     );
     let mut p = Placement::new(api, &cluster, "placement-basic");
     let since = SystemTime::now();
+    p.use_tools();
     p.start();
 
     // A pod asking one GPU: a job holding it, the pod bound to the node Slurm chose (the only one with a GPU).
@@ -48,14 +50,25 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
             .any(|(r, m)| r == "Scheduled" && m.contains("pa2"))
     });
 
-    // Pod deleted: the job is gone within 2 s.
+    // Pod deleted: while the kubelet stops its containers (the pod being deleted, its phase not terminal), the job
+    // is kept; once the pod object is gone, the job is cancelled within 2 s.
+    let squeues = || p.tools().map_or(0, |t| t.calls_of("squeue").len());
     p.delete_pod("gpu");
+    let before = squeues();
+    wait_until("three more passes", WAIT, || squeues() >= before + 3);
+    assert!(p.deleted("gpu") && p.pod("gpu").is_some(), "still stopping");
+    assert!(
+        job(&cluster, id).is_some_and(|j| j.is_running()),
+        "the job outlives the pod's containers: {:?}",
+        job(&cluster, id)
+    );
+    p.kubelet_stopped("gpu");
     let deleted = Instant::now();
     wait_until("the job to be cancelled", Duration::from_secs(2), || {
         !active(&cluster, id)
     });
     eprintln!(
-        "job cancelled {:?} after the pod's deletion",
+        "job cancelled {:?} after the pod object was gone",
         deleted.elapsed()
     );
 
@@ -68,6 +81,12 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
     assert_ne!(id, id2);
     cluster.run_ok("scancel", &[&id2.to_string()]);
     wait_until("gpu2 to be deleted", WAIT, || p.deleted("gpu2"));
+    // Deleted with a grace period inside Slurm's KillWait (30 s here): 25 s.
+    let grace = p
+        .pod("gpu2")
+        .and_then(|g| g.metadata.deletion_grace_period_seconds);
+    assert_eq!(grace, Some(25));
+    p.kubelet_stopped("gpu2");
     let events = p.events("gpu2");
     assert!(
         events.iter().any(|(r, m)| r == "SlurmJobEnded"
@@ -108,6 +127,7 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
         .unwrap_or_else(|| panic!("no job id on requeued"));
     cluster.run_ok("scontrol", &["requeue", &id4.to_string()]);
     wait_until("requeued to be deleted", WAIT, || p.deleted("requeued"));
+    p.kubelet_stopped("requeued");
     let events = p.events("requeued");
     assert!(
         events.iter().any(|(r, m)| r == "SlurmJobEnded"
@@ -191,6 +211,7 @@ fn preemption_by_partition_priority_works_both_ways() {
         "the batch job is {state}"
     );
     p.delete_pod("urgent");
+    p.kubelet_stopped("urgent");
 
     // The reverse: a low-priority pod runs; a high-priority Slurm job evicts it.
     p.create_pod("batchy", 1, &[("slurm.isthmus.io/partition", "low")]);

@@ -22,7 +22,11 @@ fn running(cluster: &Cluster, id: u64) -> bool {
 #[test]
 fn empty_squeue_answers_delete_nothing() {
     let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("fe1", 4, 0)], "");
+    // Two pods, each job holding a node alone (exclusive, the default).
+    let cluster = Cluster::start(
+        &[NodeSpec::new("fe1", 4, 0), NodeSpec::new("fe2", 4, 0)],
+        "",
+    );
     let mut p = Placement::new(api, &cluster, "fencing-empty");
     p.use_tools();
     p.start();
@@ -93,7 +97,11 @@ fn a_lost_sbatch_answer_is_adopted_not_repeated() {
 #[test]
 fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_survive() {
     let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("fl1", 8, 0)], "");
+    // Two pods, each job holding a node alone (exclusive, the default).
+    let cluster = Cluster::start(
+        &[NodeSpec::new("fl1", 8, 0), NodeSpec::new("fl2", 8, 0)],
+        "",
+    );
     let p = Placement::new(api, &cluster, "fencing-leader");
     let timing = Timing {
         lease: 6,
@@ -140,7 +148,11 @@ fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_sur
     assert!(running(&cluster, j1), "the old leader's job, adopted");
     assert!(running(&cluster, j2), "the new leader's job survives");
     assert_eq!(p.node_of("before").as_deref(), Some("fl1"));
-    assert_eq!(p.node_of("after").as_deref(), Some("fl1"));
+    assert_eq!(
+        p.node_of("after").as_deref(),
+        Some("fl2"),
+        "fl1 is held alone"
+    );
     // Nothing the old leader ran reached past its renew deadline (from the cut, when it could no longer renew).
     let deadline = cut + Duration::from_secs(timing.renew_deadline);
     let late: Vec<_> = old

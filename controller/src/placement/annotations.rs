@@ -16,6 +16,13 @@ pub const GROUP_SIZE: &str = "slurm.isthmus.io/group-size";
 /// Annotation the controller sets (through the binding) to the placeholder job's id, for people to read: the
 /// controller itself never reads it.
 pub const JOB_ID: &str = "slurm.isthmus.io/job-id";
+/// Annotation choosing whether the pod's job holds its nodes alone: `exclusive` (the default) or `shared` (only
+/// where the tenancy policy allows sharing).
+pub const SHARING: &str = "slurm.isthmus.io/node-sharing";
+/// [`SHARING`]'s value that shares the node.
+pub const SHARED: &str = "shared";
+/// [`SHARING`]'s default value.
+pub const EXCLUSIVE: &str = "exclusive";
 /// The largest gang.
 pub const MAX_GANG: usize = 4096;
 
@@ -34,6 +41,8 @@ pub struct Requested {
     pub constraint: Option<String>,
     /// `slurm.isthmus.io/switches`.
     pub switches: Option<String>,
+    /// `slurm.isthmus.io/node-sharing: shared`.
+    pub shared: bool,
 }
 
 /// A gang: its name and size.
@@ -196,6 +205,11 @@ pub fn requested(pod: &Pod) -> Result<Requested, String> {
         }
         r.switches = Some(v.to_owned());
     }
+    match get("node-sharing") {
+        None | Some(EXCLUSIVE) => {}
+        Some(SHARED) => r.shared = true,
+        Some(v) => return Err(bad("node-sharing", v, "exclusive or shared")),
+    }
     Ok(r)
 }
 
@@ -304,10 +318,23 @@ mod tests {
             ("constraint", "-x"),
             ("switches", "1@x"),
             ("switches", "99999"),
+            ("node-sharing", "Shared"),
+            ("node-sharing", "yes"),
+            ("node-sharing", ""),
         ] {
             let e = requested(&pod(&[(k, v)])).expect_err(k);
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    #[test]
+    fn node_sharing_is_exclusive_unless_asked() {
+        assert!(!requested(&pod(&[])).is_ok_and(|r| r.shared));
+        assert_eq!(
+            requested(&pod(&[("node-sharing", "exclusive")])),
+            Ok(Requested::default())
+        );
+        assert!(requested(&pod(&[("node-sharing", "shared")])).is_ok_and(|r| r.shared));
     }
 
     #[test]

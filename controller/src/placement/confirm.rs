@@ -121,6 +121,7 @@ mod tests {
         let del = |uid: &str| Action::DeletePod {
             pod: p(uid),
             message: "x".into(),
+            grace: 25,
         };
         let cancel = |job: u64| Action::Cancel {
             job,

@@ -41,6 +41,8 @@ pub enum Action {
         node: String,
         /// Job.
         job: u64,
+        /// Whether the job holds the Node alone: lock the Node first ([`super::lock`]).
+        lock: bool,
     },
     /// Cancel the job.
     Cancel {
@@ -55,6 +57,15 @@ pub enum Action {
         pod: PodRef,
         /// Event message.
         message: String,
+        /// Grace period of the deletion, seconds: within Slurm's `KillWait`.
+        grace: i64,
+    },
+    /// Lift the node lock of a job that no longer holds the Node alone.
+    Unlock {
+        /// Node (Kubernetes name).
+        node: String,
+        /// The job the lock names.
+        job: u64,
     },
     /// Set the pod's `PodScheduled=False`/`Unschedulable` condition message.
     Wait {
@@ -81,7 +92,10 @@ pub enum Action {
 impl Action {
     /// Whether it destroys something (a job, a pod): done only after a complete, fresh read of both sides.
     pub fn is_destructive(&self) -> bool {
-        matches!(self, Action::Cancel { .. } | Action::DeletePod { .. })
+        matches!(
+            self,
+            Action::Cancel { .. } | Action::DeletePod { .. } | Action::Unlock { .. }
+        )
     }
 }
 
@@ -107,6 +121,10 @@ pub struct Inputs<'a> {
     pub in_flight: &'a InFlight,
     /// `--placement-partition`.
     pub default_partition: Option<&'a str>,
+    /// Slurm's `KillWait`, seconds.
+    pub kill_wait: u64,
+    /// Node → the job its node lock names.
+    pub locks: &'a BTreeMap<String, u64>,
 }
 
 /// Slurm's words for a job.
@@ -135,7 +153,7 @@ struct Unit<'a> {
 fn units<'a>(pods: &'a [PodView]) -> Vec<Unit<'a>> {
     let mut gangs: BTreeMap<(&str, &str), Vec<&PodView>> = BTreeMap::new();
     let mut out = Vec::new();
-    for p in pods.iter().filter(|p| p.active) {
+    for p in pods.iter().filter(|p| p.active || p.stopping) {
         match &p.gang {
             Some(Ok(g)) => gangs
                 .entry((&p.pod.namespace, &g.name))
@@ -169,6 +187,7 @@ struct Out<'a> {
     actions: Vec<Action>,
     in_flight: &'a InFlight,
     cancelled: BTreeSet<u64>,
+    kill_wait: u64,
 }
 
 impl Out<'_> {
@@ -196,6 +215,7 @@ impl Out<'_> {
             self.actions.push(Action::DeletePod {
                 pod: m.pod.clone(),
                 message: message.to_owned(),
+                grace: super::lock::deletion_grace(m.grace, self.kill_wait),
             });
         }
     }
@@ -208,6 +228,7 @@ pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
         actions: Vec::new(),
         in_flight: i.in_flight,
         cancelled: BTreeSet::new(),
+        kill_wait: i.kill_wait,
     };
     let units = units(i.pods);
     let mut by_ref: BTreeMap<(String, String), Vec<&Job>> = BTreeMap::new();
@@ -235,6 +256,14 @@ pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
             .unwrap_or_default();
         decide_unit(i, unit, jobs, &mut out);
     }
+    for (node, job) in i.locks {
+        if !super::lock::holds(i.jobs, *job, node, |j| job_nodes(j, i.nodes)) {
+            out.actions.push(Action::Unlock {
+                node: node.clone(),
+                job: *job,
+            });
+        }
+    }
     out.actions
 }
 
@@ -257,6 +286,11 @@ fn job_nodes(job: &Job, nodes: &NodeMap) -> Result<Vec<String>, String> {
 }
 
 fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
+    if unit.members.iter().any(|m| m.stopping) {
+        // Being deleted on its Node: the job is kept until the kubelet has stopped the pod's containers (the pod
+        // gone, or its phase terminal).
+        return;
+    }
     let first = unit.members[0];
     // Jobs of this unit that run as its tenant's user (any user while its namespace has no tenant: its running
     // pods are kept, nothing new is placed).
@@ -380,11 +414,13 @@ fn decide_with_job(
         .filter(|n| !taken.contains(n.as_str()))
         .collect();
     if unit.members.len() == size && free.len() >= unbound.len() {
+        let lock = !shared(i, unit);
         for (m, n) in unbound.iter().zip(free) {
             out.actions.push(Action::Bind {
                 pod: m.pod.clone(),
                 node: n.clone(),
                 job: job.id,
+                lock,
             });
         }
     } else {
@@ -394,6 +430,18 @@ fn decide_with_job(
         );
         out.wait(unbound, &message, false);
     }
+}
+
+/// Whether the unit's job shares its nodes: its pods asked and its tenant allows it. Anything unclear (no tenant,
+/// an annotation outside its grammar) locks.
+fn shared(i: &Inputs<'_>, unit: &Unit<'_>) -> bool {
+    let first = unit.members[0];
+    let (Ok(tenant), Ok(req)) = (&first.tenant, &first.requested) else {
+        return false;
+    };
+    tenant
+        .evaluate(req, unit.members.len(), i.default_partition)
+        .is_ok_and(|s| s.shared)
 }
 
 fn submit(i: &Inputs<'_>, unit: &Unit<'_>, unbound: &[&&PodView], out: &mut Out<'_>) {

@@ -27,6 +27,9 @@ pub enum ActionError {
     /// An API request failed or timed out.
     #[error(transparent)]
     Api(ApiCallError),
+    /// Not bound yet: the Node is locked and pods that must leave it have not left yet.
+    #[error("{0}")]
+    Locking(String),
 }
 
 impl From<ApiCallError> for ActionError {
@@ -64,7 +67,7 @@ impl std::fmt::Debug for Executor {
 }
 
 /// Whether the API said the object is gone (or changed identity): nothing left to do.
-fn gone(e: &ApiCallError) -> bool {
+pub(super) fn gone(e: &ApiCallError) -> bool {
     matches!(e.code(), Some(404 | 409))
 }
 
@@ -97,13 +100,30 @@ impl Executor {
                 jobs::cancel(&self.slurm, *job).await?;
                 Ok(None)
             }
-            Action::Bind { pod, node, job } => {
+            Action::Bind {
+                pod,
+                node,
+                job,
+                lock,
+            } => {
+                if *lock {
+                    self.lock_node(node, *job, pod).await?;
+                }
                 self.bind(pod, node, *job).await?;
                 Ok(None)
             }
-            Action::DeletePod { pod, message } => {
+            Action::Unlock { node, job } => {
+                self.unlock_node(node, *job).await?;
+                Ok(None)
+            }
+            Action::DeletePod {
+                pod,
+                message,
+                grace,
+            } => {
                 self.event(pod, "Warning", "SlurmJobEnded", message).await?;
                 let dp = DeleteParams {
+                    grace_period_seconds: u32::try_from(*grace).ok(),
                     preconditions: Some(Preconditions {
                         uid: Some(pod.uid.clone()),
                         resource_version: None,

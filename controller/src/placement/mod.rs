@@ -12,6 +12,8 @@ pub mod comment;
 pub mod confirm;
 pub mod decide;
 pub mod execute;
+pub mod lock;
+mod lock_exec;
 mod passes;
 pub mod policy;
 pub mod policy_watch;
@@ -47,7 +49,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "pods",
         verbs: &["list", "watch", "delete"],
-        why: "watch the pods of this scheduler; delete a bound pod whose Slurm job ended",
+        why: "watch the pods of this scheduler; delete a bound pod whose Slurm job ended; list the pods on a Node \
+              being locked for an exclusive job",
+    },
+    ApiAccess {
+        group: "",
+        resource: "pods/eviction",
+        verbs: &["create"],
+        why: "evict the pods that do not tolerate the node lock of an exclusive job",
     },
     ApiAccess {
         group: "",
@@ -71,9 +80,9 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
         resource: "nodes",
-        verbs: &["list", "watch"],
-        why: "the Nodes' names and Slurm node name labels (metadata only): a pod is bound only to the one Node of \
-              the Slurm node its job runs on",
+        verbs: &["get", "list", "patch", "watch"],
+        why: "the Nodes' names, Slurm node name labels and lock annotations (metadata only): a pod is bound only to \
+              the one Node of the Slurm node its job runs on; read and patched to set and lift the node lock",
     },
     ApiAccess {
         group: "",
@@ -303,6 +312,7 @@ fn action_name(a: &Action) -> &'static str {
         Action::Bind { .. } => "bind",
         Action::Cancel { .. } => "cancel",
         Action::DeletePod { .. } => "delete_pod",
+        Action::Unlock { .. } => "unlock",
         Action::Wait { .. } => "wait",
         Action::Scheduled { .. } => "scheduled",
     }

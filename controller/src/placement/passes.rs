@@ -49,6 +49,43 @@ pub(super) struct Queues {
 struct Memory {
     recent: Recent,
     baseline: Baseline,
+    /// Slurm's `KillWait` (seconds) and when it was read.
+    kill_wait: Option<(u64, Instant)>,
+}
+
+/// How often `KillWait` is read again.
+const KILL_WAIT_REFRESH: Duration = Duration::from_secs(300);
+
+/// Slurm's `KillWait`, read from slurmctld (`scontrol show config`) at the start and every [`KILL_WAIT_REFRESH`];
+/// while it was never read, no pass runs (a deletion must know how long it may take).
+async fn kill_wait(exec: &Executor, memory: &mut Memory) -> Result<u64, crate::slurm::SlurmError> {
+    if let Some((secs, at)) = memory.kill_wait {
+        if at.elapsed() < KILL_WAIT_REFRESH {
+            return Ok(secs);
+        }
+    }
+    let read = async {
+        let text = exec.slurm.run("scontrol", &["show", "config"]).await?;
+        super::lock::parse_kill_wait(&text).map_err(|e| crate::slurm::SlurmError::Failed {
+            program: "scontrol".to_owned(),
+            args: "show config".to_owned(),
+            status: "exit status: 0".to_owned(),
+            stderr: e.to_string(),
+        })
+    };
+    match (read.await, memory.kill_wait) {
+        (Ok(secs), _) => {
+            memory.kill_wait = Some((secs, Instant::now()));
+            Ok(secs)
+        }
+        // Known from before: keep it, try again at the next refresh.
+        (Err(e), Some((secs, _))) => {
+            tracing::warn!(error = %e, "placement: cannot read KillWait again; keeping {secs} s");
+            memory.kill_wait = Some((secs, Instant::now()));
+            Ok(secs)
+        }
+        (Err(e), None) => Err(e),
+    }
 }
 
 pub(super) async fn passes(
@@ -119,6 +156,8 @@ async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> V
 /// The Node map, the namespaces' labels and the policy, as watched now.
 struct World {
     nodes: NodeMap,
+    /// Node → the job its lock annotation names.
+    locks: BTreeMap<String, u64>,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     policy: Result<Arc<super::policy::Policy>, String>,
 }
@@ -126,6 +165,13 @@ struct World {
 impl World {
     fn now(stores: &Stores, pods: &[Arc<Pod>]) -> World {
         let nodes = stores.nodes.state();
+        let locks = nodes
+            .iter()
+            .filter_map(|n| {
+                let v = n.metadata.annotations.as_ref()?.get(super::lock::LOCK)?;
+                Some((n.metadata.name.clone()?, super::lock::parse_lock(v)?))
+            })
+            .collect();
         let nodes = NodeMap::build(
             nodes
                 .iter()
@@ -144,6 +190,7 @@ impl World {
             .collect();
         World {
             nodes,
+            locks,
             namespace_labels,
             policy: stores.policy.current(),
         }
@@ -179,6 +226,7 @@ async fn confirm_destructive(
     stores: &Stores,
     memory: &mut Memory,
 ) -> Vec<Action> {
+    let kill_wait = memory.kill_wait.map_or(0, |(secs, _)| secs);
     let collapse = |n: usize| {
         tracing::warn!(
             jobs = n,
@@ -222,6 +270,8 @@ async fn confirm_destructive(
         nodes: &world.nodes,
         in_flight,
         default_partition: args.partition.as_deref(),
+        kill_wait,
+        locks: &world.locks,
     });
     let kept = confirm::confirmed(first, &again);
     tracing::debug!(
@@ -239,6 +289,7 @@ async fn pass(
     args: &PlacementArgs,
     memory: &mut Memory,
 ) -> Result<(), crate::slurm::SlurmError> {
+    let kill_wait = kill_wait(exec, memory).await?;
     let started = Instant::now();
     let jobs = jobs::list(&exec.slurm).await?;
     let listed = started.elapsed();
@@ -258,6 +309,8 @@ async fn pass(
         nodes: &world.nodes,
         in_flight: &in_flight,
         default_partition: args.partition.as_deref(),
+        kill_wait,
+        locks: &world.locks,
     })
     .into_iter()
     .filter(|a| memory.recent.should_run(a, now, started))
@@ -286,7 +339,7 @@ async fn pass(
     let n = binds.len();
     let results = run_all(exec, binds, args.parallelism).await;
     for (a, r) in &results {
-        if let (Action::Bind { pod, node, job }, Ok(_)) = (a, r) {
+        if let (Action::Bind { pod, node, job, .. }, Ok(_)) = (a, r) {
             queues.api.push(Action::Scheduled {
                 pod: pod.clone(),
                 node: node.clone(),
@@ -294,7 +347,11 @@ async fn pass(
             });
         }
     }
-    record(results, &mut memory.recent, Instant::now(), &mut Vec::new());
+    let mut locking = Vec::new();
+    record(results, &mut memory.recent, Instant::now(), &mut locking);
+    for a in locking {
+        queues.api.push(a);
+    }
     tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
     metrics::histogram!("isthmus_controller_placement_pass_seconds")
         .record(started.elapsed().as_secs_f64());
@@ -312,6 +369,19 @@ fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mu
             }
             Err(e @ execute::ActionError::Fenced(_)) => {
                 tracing::info!(error = %e, action = action_name(&a), "placement: not written");
+                continue;
+            }
+            Err(execute::ActionError::Locking(message)) => {
+                // Bound in a later pass, once the pods that must leave the Node have left.
+                tracing::info!(%message, "placement: waiting for the node lock");
+                if let Action::Bind { pod, .. } = &a {
+                    refused.push(Action::Wait {
+                        pod: pod.clone(),
+                        message: message.clone(),
+                        version: None,
+                        refused: false,
+                    });
+                }
                 continue;
             }
             _ => {}

@@ -78,6 +78,8 @@ struct RawTenant {
     max_nodes: Option<usize>,
     #[serde(default)]
     extended_resources: BTreeMap<String, String>,
+    #[serde(default)]
+    allow_sharing: bool,
 }
 
 /// A set of Slurm names a tenant may choose from, and the one used when a pod names none.
@@ -116,6 +118,8 @@ pub struct Tenant {
     pub max_nodes: Option<usize>,
     /// Extended resource → GRES.
     pub extended: BTreeMap<String, String>,
+    /// Whether its pods may share their nodes (`allowSharing`; off: every job is `--exclusive`).
+    pub allow_sharing: bool,
 }
 
 /// The validated policy.
@@ -144,6 +148,8 @@ pub struct SubmitSpec {
     pub constraint: Option<String>,
     /// `--switches`.
     pub switches: Option<String>,
+    /// Shares its nodes (no `--exclusive`): the pod asked for it and the tenant allows it.
+    pub shared: bool,
 }
 
 /// A Unix user or group: a POSIX name (lower-case letters, digits, `_`, `-`; at most 32) or a number.
@@ -275,6 +281,7 @@ fn tenant(i: usize, raw: RawTenant) -> Result<Tenant, String> {
         default_time: default_time.or(max_time),
         max_nodes: raw.max_nodes,
         extended: raw.extended_resources,
+        allow_sharing: raw.allow_sharing,
     })
 }
 
@@ -408,7 +415,15 @@ impl Tenant {
                 ));
             }
         }
+        if req.shared && !self.allow_sharing {
+            return Err(format!(
+                "annotation {}={} is refused by the placement policy: {at}.allowSharing is false",
+                super::annotations::SHARING,
+                super::annotations::SHARED
+            ));
+        }
         Ok(SubmitSpec {
+            shared: req.shared,
             user: self.user.clone(),
             group: self.group.clone(),
             account: pick(

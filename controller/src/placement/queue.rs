@@ -251,7 +251,8 @@ mod tests {
         assert!(!l.admit(&Action::Bind {
             pod: x.clone(),
             node: "n1".into(),
-            job: 5
+            job: 5,
+            lock: true,
         }));
         assert_eq!(l.len(), 4);
         l.finish(wait("Priority"), Ok(None));

@@ -24,6 +24,7 @@ pub(crate) fn key(a: &Action) -> (String, String) {
         Action::Bind { pod, node, .. } => (format!("bind {}", pod.uid), node.clone()),
         Action::Cancel { job, .. } => (format!("cancel {job}"), String::new()),
         Action::DeletePod { pod, .. } => (format!("delete {}", pod.uid), String::new()),
+        Action::Unlock { node, job } => (format!("unlock {node}"), job.to_string()),
         Action::Wait { pod, message, .. } => (format!("wait {}", pod.uid), message.clone()),
         Action::Scheduled { pod, node, .. } => (format!("scheduled {}", pod.uid), node.clone()),
     }
@@ -93,6 +94,7 @@ mod tests {
             pod: pod(),
             node: "n1".into(),
             job: 1,
+            lock: true,
         };
         assert!(r.should_run(&bind, t0, t0));
         r.done(&bind, t0);

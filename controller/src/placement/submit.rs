@@ -65,6 +65,10 @@ pub fn command(
         // Always a memory size: without one, a site where memory is consumable gives the job the whole node.
         format!("--mem={}M", res.mem_mib.max(1)),
     ]);
+    // Safe by default: the job holds its nodes alone unless its pod and tenant chose to share them.
+    if !spec.shared {
+        a.push("--exclusive".to_owned());
+    }
     if !res.gres.is_empty() {
         let g: Vec<String> = res.gres.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         a.push(format!("--gres={}", g.join(",")));
@@ -104,6 +108,7 @@ mod tests {
             time: Some(3600),
             constraint: None,
             switches: Some("1".into()),
+            shared: false,
         }
     }
 
@@ -142,6 +147,7 @@ mod tests {
                 "--ntasks-per-node=1",
                 "--cpus-per-task=3",
                 "--mem=1124M",
+                "--exclusive",
                 "--gres=gpu:1",
                 "--account=proj",
                 "--partition=gpu",
@@ -180,5 +186,19 @@ mod tests {
         );
         assert!(c.args.contains(&"--mem=1M".to_owned()));
         assert!(c.args.contains(&"--nodes=2".to_owned()));
+        assert!(c.args.contains(&"--exclusive".to_owned()));
+        let shared = SubmitSpec {
+            shared: true,
+            ..spec()
+        };
+        let c = command(
+            &job(),
+            1,
+            &Resources::default(),
+            &shared,
+            "true",
+            SubmitAs::UidOption,
+        );
+        assert!(!c.args.contains(&"--exclusive".to_owned()), "{:?}", c.args);
     }
 }

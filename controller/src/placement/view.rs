@@ -32,6 +32,10 @@ pub struct PodView {
     pub node: Option<String>,
     /// Not being deleted, not Succeeded or Failed.
     pub active: bool,
+    /// Being deleted on its Node, its phase not terminal yet: the kubelet is stopping its containers.
+    pub stopping: bool,
+    /// `spec.terminationGracePeriodSeconds`.
+    pub grace: Option<i64>,
     /// Its gang, if it names one.
     pub gang: Option<Result<Gang, String>>,
     /// Its needs.
@@ -63,6 +67,7 @@ impl PodView {
         let meta = &pod.metadata;
         let status = pod.status.as_ref();
         let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("");
+        let terminal = phase == "Succeeded" || phase == "Failed";
         let waiting_message = status
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| {
@@ -88,7 +93,14 @@ impl PodView {
                 uid: meta.uid.clone()?,
             },
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            active: meta.deletion_timestamp.is_none() && phase != "Succeeded" && phase != "Failed",
+            active: meta.deletion_timestamp.is_none() && !terminal,
+            stopping: meta.deletion_timestamp.is_some()
+                && !terminal
+                && pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+            grace: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds),
             gang: annotations::gang(pod),
             resources: resources::resources(pod, &translation),
             requested: annotations::requested(pod),

@@ -18,6 +18,7 @@ tenants:
     namespaceSelector: {matchLabels: {slurm-tenant: b}}
     user: 1
     group: daemon
+    allowSharing: true
 "#;
 
 fn good() -> Policy {
@@ -93,6 +94,7 @@ fn requests_inside_the_policy_are_submitted_and_others_refused_by_rule() {
             time: Some(3600),
             constraint: None,
             switches: None,
+            shared: false,
         }
     );
     let asked = Requested {
@@ -259,4 +261,29 @@ fn the_shipped_example_is_a_valid_policy() {
         .unwrap_or_else(|| panic!("no {POLICY_KEY}"));
     let p = parse(doc).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(p.tenants.len(), 1);
+}
+
+#[test]
+fn sharing_needs_the_pod_and_the_tenant() {
+    let p = good();
+    let (a, b) = (&p.tenants[0], &p.tenants[1]);
+    assert!(!a.allow_sharing && b.allow_sharing);
+    let shared = Requested {
+        shared: true,
+        ..Requested::default()
+    };
+    let e = a
+        .evaluate(&shared, 1, None)
+        .expect_err("team-a may not share");
+    assert!(e.contains("tenants[team-a].allowSharing is false"), "{e}");
+    assert!(e.contains("slurm.isthmus.io/node-sharing=shared"), "{e}");
+    assert!(b.evaluate(&shared, 1, None).is_ok_and(|s| s.shared));
+    assert!(
+        b.evaluate(&Requested::default(), 1, None)
+            .is_ok_and(|s| !s.shared)
+    );
+    assert!(
+        parse("tenants: [{name: x, namespaces: [x], user: 1, group: 1, allowSharing: maybe}]")
+            .is_err()
+    );
 }
