@@ -288,7 +288,22 @@ fn job_nodes(job: &Job, nodes: &NodeMap) -> Result<Vec<String>, String> {
 fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
     if unit.members.iter().any(|m| m.stopping) {
         // Being deleted on its Node: the job is kept until the kubelet has stopped the pod's containers (the pod
-        // gone, or its phase terminal).
+        // gone, or its phase terminal). Should the job end meanwhile, a deletion whose grace period outlasts
+        // KillWait is shortened (deleted again with the cap).
+        let cap = super::lock::deletion_grace(Some(i64::MAX), i.kill_wait);
+        let live = jobs.iter().any(|j| !j.is_finished());
+        let long: Vec<&&PodView> = unit
+            .members
+            .iter()
+            .filter(|m| m.stopping && m.deletion_grace.is_some_and(|g| g > cap))
+            .collect();
+        if !live && !long.is_empty() {
+            let message = match jobs.iter().max_by_key(|j| j.id) {
+                Some(j) => describe(j),
+                None => "no Slurm job holds it".to_owned(),
+            };
+            out.delete(&long, &message);
+        }
         return;
     }
     let first = unit.members[0];

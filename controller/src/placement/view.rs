@@ -36,6 +36,8 @@ pub struct PodView {
     pub stopping: bool,
     /// `spec.terminationGracePeriodSeconds`.
     pub grace: Option<i64>,
+    /// `metadata.deletionGracePeriodSeconds`: the grace period of the deletion under way.
+    pub deletion_grace: Option<i64>,
     /// Its gang, if it names one.
     pub gang: Option<Result<Gang, String>>,
     /// Its needs.
@@ -97,6 +99,7 @@ impl PodView {
             stopping: meta.deletion_timestamp.is_some()
                 && !terminal
                 && pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+            deletion_grace: meta.deletion_grace_period_seconds,
             grace: pod
                 .spec
                 .as_ref()

@@ -65,6 +65,7 @@ fn pod_in(ns: &str, name: &str) -> PodView {
         version: None,
         stopping: false,
         grace: None,
+        deletion_grace: None,
     }
 }
 
@@ -497,4 +498,34 @@ fn exclusive_jobs_lock_their_node_and_the_lock_follows_the_job() {
         }
         .is_destructive()
     );
+}
+
+#[test]
+fn a_long_deletion_is_shortened_when_the_job_ends_first() {
+    let stopping = |name: &str, g: i64| PodView {
+        active: false,
+        stopping: true,
+        grace: Some(3600),
+        deletion_grace: Some(g),
+        ..on(pod(name), "n1")
+    };
+    let ended = [
+        job(7, &single("a"), "CANCELLED", "None", "n1"),
+        job(8, &single("b"), "CANCELLED", "None", "n1"),
+    ];
+    let graces: Vec<(String, i64)> = decide(&[stopping("a", 3600), stopping("b", 20)], &ended)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::DeletePod { pod, grace, .. } => Some((pod.name, grace)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        graces,
+        [("a".to_owned(), 25)],
+        "b stops within KillWait already"
+    );
+    // While its job runs, nothing: the job waits for the pod.
+    let running = job(7, &single("a"), "RUNNING", "None", "n1");
+    assert!(decide(&[stopping("a", 3600)], &[running]).is_empty());
 }
