@@ -287,24 +287,7 @@ fn job_nodes(job: &Job, nodes: &NodeMap) -> Result<Vec<String>, String> {
 
 fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
     if unit.members.iter().any(|m| m.stopping) {
-        // Being deleted on its Node: the job is kept until the kubelet has stopped the pod's containers (the pod
-        // gone, or its phase terminal). Should the job end meanwhile, a deletion whose grace period outlasts
-        // KillWait is shortened (deleted again with the cap).
-        let cap = super::lock::deletion_grace(Some(i64::MAX), i.kill_wait);
-        let live = jobs.iter().any(|j| !j.is_finished());
-        let long: Vec<&&PodView> = unit
-            .members
-            .iter()
-            .filter(|m| m.stopping && m.deletion_grace.is_some_and(|g| g > cap))
-            .collect();
-        if !live && !long.is_empty() {
-            let message = match jobs.iter().max_by_key(|j| j.id) {
-                Some(j) => describe(j),
-                None => "no Slurm job holds it".to_owned(),
-            };
-            out.delete(&long, &message);
-        }
-        return;
+        return lifetime::stopping(i, unit, jobs, out);
     }
     let first = unit.members[0];
     // Jobs of this unit that run as its tenant's user (any user while its namespace has no tenant: its running
@@ -429,7 +412,7 @@ fn decide_with_job(
         .filter(|n| !taken.contains(n.as_str()))
         .collect();
     if unit.members.len() == size && free.len() >= unbound.len() {
-        let lock = !shared(i, unit);
+        let lock = !lifetime::shared(i, unit);
         for (m, n) in unbound.iter().zip(free) {
             out.actions.push(Action::Bind {
                 pod: m.pod.clone(),
@@ -445,18 +428,6 @@ fn decide_with_job(
         );
         out.wait(unbound, &message, false);
     }
-}
-
-/// Whether the unit's job shares its nodes: its pods asked and its tenant allows it. Anything unclear (no tenant,
-/// an annotation outside its grammar) locks.
-fn shared(i: &Inputs<'_>, unit: &Unit<'_>) -> bool {
-    let first = unit.members[0];
-    let (Ok(tenant), Ok(req)) = (&first.tenant, &first.requested) else {
-        return false;
-    };
-    tenant
-        .evaluate(req, unit.members.len(), i.default_partition)
-        .is_ok_and(|s| s.shared)
 }
 
 fn submit(i: &Inputs<'_>, unit: &Unit<'_>, unbound: &[&&PodView], out: &mut Out<'_>) {
@@ -521,6 +492,8 @@ fn submit(i: &Inputs<'_>, unit: &Unit<'_>, unbound: &[&&PodView], out: &mut Out<
         pods,
     });
 }
+
+mod lifetime;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,36 @@
+//! A unit's lifetime against its job's: pods being stopped by their kubelet, and whether a job holds its nodes alone.
+
+use super::{Inputs, Job, Out, PodView, Unit, describe};
+
+/// A unit one of whose pods is being deleted on its Node.
+pub(super) fn stopping(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
+    // Being deleted on its Node: the job is kept until the kubelet has stopped the pod's containers (the pod
+    // gone, or its phase terminal). Should the job end meanwhile, a deletion whose grace period outlasts
+    // KillWait is shortened (deleted again with the cap).
+    let cap = crate::placement::lock::deletion_grace(Some(i64::MAX), i.kill_wait);
+    let live = jobs.iter().any(|j| !j.is_finished());
+    let long: Vec<&&PodView> = unit
+        .members
+        .iter()
+        .filter(|m| m.stopping && m.deletion_grace.is_some_and(|g| g > cap))
+        .collect();
+    if !live && !long.is_empty() {
+        let message = match jobs.iter().max_by_key(|j| j.id) {
+            Some(j) => describe(j),
+            None => "no Slurm job holds it".to_owned(),
+        };
+        out.delete(&long, &message);
+    }
+}
+
+/// Whether the unit's job shares its nodes: its pods asked and its tenant allows it. Anything unclear (no tenant,
+/// an annotation outside its grammar) locks.
+pub(super) fn shared(i: &Inputs<'_>, unit: &Unit<'_>) -> bool {
+    let first = unit.members[0];
+    let (Ok(tenant), Ok(req)) = (&first.tenant, &first.requested) else {
+        return false;
+    };
+    tenant
+        .evaluate(req, unit.members.len(), i.default_partition)
+        .is_ok_and(|s| s.shared)
+}
