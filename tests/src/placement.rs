@@ -61,6 +61,8 @@ pub struct PodOpts<'a> {
     /// An image the node has (never pulled) whose container sleeps, for pods a real kubelet runs; `None`: an
     /// image no kubelet could start (the API server alone never runs pods).
     pub image: Option<&'a str>,
+    /// The container's command when `image` is set (default: `sleep 3600`).
+    pub command: Option<&'a [&'a str]>,
     /// `spec.terminationGracePeriodSeconds` (default: Kubernetes' 30 s).
     pub grace: Option<i64>,
     /// `spec.schedulerName` (default: this test's placement scheduler).
@@ -79,6 +81,7 @@ impl<'a> PodOpts<'a> {
             annotations: &[],
             node_name: None,
             image: None,
+            command: None,
             grace: None,
             scheduler: None,
             tolerations: None,
@@ -275,7 +278,10 @@ impl Placement {
         if let (Some(image), Some(c)) = (o.image, pod.spec.as_mut().map(|s| &mut s.containers[0])) {
             c.image = Some(image.to_owned());
             c.image_pull_policy = Some("Never".to_owned());
-            c.command = Some(vec!["sleep".to_owned(), "3600".to_owned()]);
+            c.command = Some(match o.command {
+                Some(cmd) => cmd.iter().map(|a| (*a).to_owned()).collect(),
+                None => vec!["sleep".to_owned(), "3600".to_owned()],
+            });
         }
         let (gpus, annotations) = (o.gpus, o.annotations);
         if gpus > 0 {

@@ -9,8 +9,9 @@
 //! - a pod that asks to share its node, in a namespace whose tenant allows it, gets a job without `--exclusive`, no
 //!   lock, and a Slurm job runs beside it.
 //!
-//! The containers run busybox's `sleep` as PID 1, which ignores SIGTERM: they stop only when their grace period
-//! ends, so every stop below is the grace period's doing.
+//! The placed pods' containers set SIGTERM ignored (`sh -c "trap '' TERM; sleep 3600"`), so that they may outlive the
+//! kubelet's first signal; what is asserted holds however soon they stop: the job never ends while the container's
+//! process lives, and a `scancel` stops it within `KillWait`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -78,7 +79,11 @@ fn lock_of(p: &Placement) -> (Vec<(String, String)>, Option<String>) {
     (taints, annotation)
 }
 
-/// Whether process `pid` is still the container's `sleep`.
+/// A container command that ignores SIGTERM: busybox's `sh` sets it ignored and execs `sleep` (its last command) as
+/// PID 1, which keeps it ignored.
+const STUBBORN: &[&str] = &["sh", "-c", "trap '' TERM; sleep 3600"];
+
+/// Whether process `pid` is still the container's first process (`sleep`).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
 }
@@ -98,7 +103,8 @@ fn placed(
     assert_eq!(jobs.len(), 1, "{jobs:#?}");
     let mut pid = None;
     wait_until("the placed pod's container to run", WAIT, || {
-        pid = node.container_pid(&uid, "main");
+        // Its first process once it is `sleep` (a shell may still be starting it).
+        pid = node.container_pid(&uid, "main").filter(|p| alive(*p));
         pid.is_some()
     });
     (uid, jobs[0].id, pid.unwrap_or_default())
@@ -122,10 +128,12 @@ fn an_exclusive_placed_pod_locks_its_node_and_lives_no_longer_than_its_job() {
     // placed pod is bound; the pod that tolerates every taint stays.
     let worker = PodOpts {
         image: Some(IMAGE),
+        command: Some(STUBBORN),
         grace: Some(6),
         ..PodOpts::new("worker")
     };
     let (_, id, pid) = placed(&p, node, &cluster, &worker);
+    assert!(alive(pid), "the container's sleep is {pid}");
     assert!(
         p.pod("bystander").is_none(),
         "the bystander is gone before the placed pod is bound"
@@ -151,6 +159,8 @@ fn an_exclusive_placed_pod_locks_its_node_and_lives_no_longer_than_its_job() {
 
     // Pod deleted: its containers stop (after its 6 s grace), and only then is the job cancelled.
     p.delete_pod("worker");
+    let deleted = Instant::now();
+    let mut stopped = None;
     let mut waited_for_the_kubelet = false;
     loop {
         let ended = job(&cluster, id).is_none_or(|j| j.is_finished());
@@ -163,11 +173,18 @@ fn an_exclusive_placed_pod_locks_its_node_and_lives_no_longer_than_its_job() {
             break;
         }
         waited_for_the_kubelet |= running && p.deleted("worker");
+        if !running && stopped.is_none() {
+            stopped = Some(deleted.elapsed());
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
         waited_for_the_kubelet,
         "the job was kept while the pod stopped"
+    );
+    eprintln!(
+        "container stopped {stopped:?}, job ended {:?} after the pod's deletion",
+        deleted.elapsed()
     );
     // The lock follows the job: lifted, and the waiting Slurm job runs.
     wait_until("the lock to be lifted", WAIT, || {
@@ -184,10 +201,12 @@ fn an_exclusive_placed_pod_locks_its_node_and_lives_no_longer_than_its_job() {
     // scancel: the pod asks for 60 s of grace, but its containers stop within KillWait.
     let long = PodOpts {
         image: Some(IMAGE),
+        command: Some(STUBBORN),
         grace: Some(60),
         ..PodOpts::new("long")
     };
     let (_, id, pid) = placed(&p, node, &cluster, &long);
+    assert!(alive(pid), "the container's sleep is {pid}");
     cluster.run_ok("scancel", &[&id.to_string()]);
     let cancelled = Instant::now();
     wait_until(
@@ -195,7 +214,12 @@ fn an_exclusive_placed_pod_locks_its_node_and_lives_no_longer_than_its_job() {
         Duration::from_secs(KILL_WAIT),
         || !alive(pid),
     );
-    eprintln!("containers stopped {:?} after scancel", cancelled.elapsed());
+    eprintln!(
+        "containers stopped {:?} after scancel; the pod's deletion grace: {:?}",
+        cancelled.elapsed(),
+        p.pod("long")
+            .and_then(|l| l.metadata.deletion_grace_period_seconds)
+    );
     wait_until("the pod to be gone", WAIT, || p.pod("long").is_none());
     wait_until("the lock to be lifted", WAIT, || {
         lock_of(&p) == (vec![], None)
