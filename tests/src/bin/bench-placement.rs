@@ -80,6 +80,12 @@ fn main() {
     let cluster = Cluster::start(&specs, "");
     let api = ApiServer::start();
     let mut p = Placement::new(&api, &cluster, "bench-placement");
+    // Several pods per node: they share their nodes (an exclusive job would hold a node alone).
+    p.set_policy(
+        &api,
+        "tenants: [{name: bench-placement, namespaces: [bench-placement], user: nobody, group: nogroup, \
+         allowSharing: true}]\n",
+    );
     let parallelism = arg(3, p.args_mut().parallelism);
     p.args_mut().parallelism = parallelism;
     let poll_ms = arg(4, p.args_mut().poll_interval.as_millis() as usize);
@@ -96,7 +102,8 @@ fn main() {
         for i in 0..pods {
             let api_pods = api_pods.clone();
             let pod: Pod = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": format!("p{i}")},
+                "metadata": {"name": format!("p{i}"),
+                    "annotations": {"slurm.isthmus.io/node-sharing": "shared"}},
                 "spec": {"schedulerName": scheduler, "automountServiceAccountToken": false,
                     "containers": [{"name": "main", "image": "registry.invalid/app:1",
                         "resources": {"requests": {"cpu": "1"}}}]}
