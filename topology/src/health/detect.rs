@@ -111,14 +111,15 @@ pub fn classify_events(table: &XidTable, events: &[XidEvent]) -> Vec<(XidEvent, 
         .collect()
 }
 
-/// The findings of classified XID events on the GPUs of `topology`: one per device and class (the latest fatal
+/// The findings of classified XID events on the GPUs of `topology` (which names them; `None` before the first
+/// discovery): one per device and class (the latest fatal
 /// event wins); application errors and ignored XIDs are no finding.
 pub fn xid_findings(
     table: &XidTable,
-    topology: &NodeTopology,
+    topology: Option<&NodeTopology>,
     classified: &[(XidEvent, XidVerdict)],
 ) -> Vec<Finding> {
-    let names = gpus(topology);
+    let names = topology.map(gpus).unwrap_or_default();
     let mut out: BTreeMap<(HealthClass, String), Finding> = BTreeMap::new();
     for (e, v) in classified {
         let class = match v.action {

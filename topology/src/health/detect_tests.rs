@@ -49,7 +49,7 @@ fn the_recorded_xid_119_stream_names_the_gpu() {
     let log = include_str!("../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");
     let classified = classify_events(&table(), &parse_xid_log(log));
     assert_eq!(classified.len(), 5);
-    let f = xid_findings(&table(), &t, &classified);
+    let f = xid_findings(&table(), Some(&t), &classified);
     assert_eq!(f.len(), 1);
     let f = &f[0];
     assert_eq!(
@@ -78,7 +78,7 @@ fn application_error_lines_are_no_finding() {
     assert_eq!(events.len(), 3);
     let classified = classify_events(&table(), &events);
     assert!(classified.iter().all(|(_, v)| v.action == XidAction::App));
-    assert!(xid_findings(&table(), &t, &classified).is_empty());
+    assert!(xid_findings(&table(), Some(&t), &classified).is_empty());
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn recovery_action_lines_decide() {
         .map(|l| format!("{l}\n"))
         .collect();
     let classified = classify_events(&table(), &parse_xid_log(&lines));
-    let f = xid_findings(&table(), &t, &classified);
+    let f = xid_findings(&table(), Some(&t), &classified);
     assert_eq!(
         f.iter().map(|f| f.device.as_str()).collect::<Vec<_>>(),
         ["0009:01:00.0", "0019:01:00.0"]
