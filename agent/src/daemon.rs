@@ -168,6 +168,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let health = Arc::new(Health::default());
     let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
     let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
+    let live_xids = nvml.xid_queue();
     let triggers = crate::discovery::spawn_worker(
         args.host.clone(),
         nvml,
@@ -238,6 +239,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         crate::health::HealthOptions {
             table: xid_table,
             xid_replay: args.health.xid_replay.clone(),
+            live_xids,
             publish: client.clone().zip(publish_as.clone()),
             heartbeat: Duration::from_secs(args.health.health_heartbeat_seconds),
         },

@@ -2,8 +2,8 @@
 //! findings become the `isthmus_device_health` metric and, when the Kubernetes side is on, the Node's health
 //! conditions ([`conditions`]), applied with server-side apply on `nodes/status` under their own field manager.
 //!
-//! XID events come from a kernel-log recording replayed with `--xid-replay` (read as it grows). The live NVML
-//! watcher only counts XIDs (`isthmus_gpu_xid_errors_total`).
+//! XID events come from the live NVML's event watcher (with the recovery action NVML reports after each) and, for
+//! tests and offline analysis, from a kernel-log recording replayed with `--xid-replay` (read as it grows).
 
 pub mod conditions;
 pub mod state;
@@ -57,6 +57,8 @@ pub struct HealthOptions {
     pub table: Arc<XidTable>,
     /// A kernel-log recording of XID events to replay.
     pub xid_replay: Option<PathBuf>,
+    /// The live NVML's XID events (with the recovery action), when NVML is loaded.
+    pub live_xids: Option<isthmus_topology::nvml::XidQueue>,
     /// Where the conditions go: the client and the Node's name; `None`: metric only.
     pub publish: Option<(kube::Client, String)>,
     /// Re-write unchanged conditions this often (their heartbeat); zero: only on change.
@@ -68,6 +70,7 @@ impl std::fmt::Debug for HealthOptions {
         f.debug_struct("HealthOptions")
             .field("xid_table_version", &self.table.version())
             .field("xid_replay", &self.xid_replay)
+            .field("live_xids", &self.live_xids.is_some())
             .field("node", &self.publish.as_ref().map(|(_, n)| n))
             .field("heartbeat", &self.heartbeat)
             .finish()
@@ -127,21 +130,25 @@ pub async fn run(
             }
             topo_changed = false;
         }
-        if let Some(s) = &mut stream {
-            let events = s.read();
-            if !events.is_empty() {
-                for (e, v) in state.xid_events(&events) {
-                    metrics.record_health_event(
-                        "isthmus_health_xid_events_total",
-                        "action",
-                        v.action.as_str(),
-                    );
-                    if state::noteworthy(&v) {
-                        tracing::warn!(gpu = %e.pci_address, xid = e.xid, action = %v.action, source = ?v.source, "XID");
-                    }
+        let mut events = stream
+            .as_mut()
+            .map(xid_stream::XidTail::read)
+            .unwrap_or_default();
+        if let Some(q) = &opts.live_xids {
+            events.extend(isthmus_topology::nvml::take_all(q));
+        }
+        if !events.is_empty() {
+            for (e, v) in state.xid_events(&events) {
+                metrics.record_health_event(
+                    "isthmus_health_xid_events_total",
+                    "action",
+                    v.action.as_str(),
+                );
+                if state::noteworthy(&v) {
+                    tracing::warn!(gpu = %e.pci_address, xid = e.xid, action = %v.action, source = ?v.source, "XID");
                 }
-                changed = true;
             }
+            changed = true;
         }
         let metric_due = last_metric.is_none_or(|t| t.elapsed() >= METRIC_REFRESH);
         let heartbeat_due = !opts.heartbeat.is_zero() && last_write.elapsed() >= opts.heartbeat;
