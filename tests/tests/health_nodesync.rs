@@ -1,7 +1,7 @@
 //! Device health through the node sync against a real API server (the controller's ServiceAccount and shipped RBAC)
 //! and a real two-node Slurm cluster: a failed class drains the Slurm node with `isthmus: health: <class>
 //! <devices>` and taints the Node; recovery lifts exactly the drain and taint the node sync set, and leaves an
-//! administrator's drain and taints alone.
+//! administrator's drain and taints alone; the circuit breaker holds new drains while too many Nodes fail at once.
 
 use std::time::Duration;
 
@@ -180,5 +180,52 @@ fn a_failed_gpu_leaves_slurm_and_kubernetes_and_recovery_lifts_only_ours() {
         2,
         "one drain and one undrain of hs1: {updates:?}"
     );
+    site.stop().unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_circuit_breaker_holds_new_drains_while_too_many_nodes_fail_at_once() {
+    let mut site = SyncSite::start(
+        &["bs1", "bs2", "bs3"],
+        NodeSyncArgs {
+            node_sync: true,
+            condition_hold: HOLD,
+            health_breaker: 0.34,
+            ..NodeSyncArgs::default()
+        },
+    );
+    // One of three fails: within the share, drained.
+    set_health(&site, "bs1", "GpuHealthy", "False", GPU_FAILED);
+    site.wait("bs1 drained", CROSS, || {
+        reason(&site, "bs1").starts_with("isthmus: health: gpu 0000:9b:00.0")
+    });
+    // A second (two of three, more than 34 %): the breaker opens; bs2 is neither drained nor tainted, bs1 stays.
+    set_health(&site, "bs2", "GpuHealthy", "False", GPU_FAILED);
+    let polls = |site: &SyncSite| {
+        site.slurm_calls()
+            .iter()
+            .filter(|c| c.starts_with("sinfo"))
+            .count()
+    };
+    let before = polls(&site);
+    site.wait("three more passes", CROSS, || polls(&site) >= before + 3);
+    assert!(!site.slurm.state("bs2").contains("DRAIN"), "bs2 drained");
+    assert!(
+        taints(&site, "bs2").is_empty(),
+        "{:?}",
+        taints(&site, "bs2")
+    );
+    assert!(site.slurm.state("bs1").contains("DRAIN"));
+    // bs1 recovers: its drain is lifted after the hold, the breaker closes and bs2's drain goes ahead.
+    set_health(&site, "bs1", "GpuHealthy", "True", "no failed gpu device");
+    site.wait("bs2 drained once the breaker closed", HOLD + CROSS, || {
+        reason(&site, "bs2").starts_with("isthmus: health: gpu 0000:9b:00.0")
+    });
+    site.wait("bs2's health taint", CROSS, || {
+        taints(&site, "bs2") == ["isthmus.io/health-gpu:NoSchedule"]
+    });
+    site.wait("bs1 undrained", HOLD + CROSS, || {
+        !site.slurm.state("bs1").contains("DRAIN")
+    });
     site.stop().unwrap_or_else(|e| panic!("{e}"));
 }

@@ -25,7 +25,7 @@ pub const CONFLICT_REASON: &str = "SlurmNodeConflict";
 const MAX_REASON: usize = 200;
 
 /// What the decision depends on besides the two observed nodes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Policy {
     /// Node condition types that drain the Slurm node while their status is `True` (e.g. `GpuUnhealthy`).
     pub drain_conditions: Vec<String>,
@@ -37,6 +37,9 @@ pub struct Policy {
     pub health_conditions: Vec<String>,
     /// Whether a failed health class puts its `isthmus.io/health-<class>:NoSchedule` taint on the Node.
     pub health_taint: bool,
+    /// Largest share of the paired Nodes that may have a failed health class at once before the circuit breaker
+    /// holds new health drains back ([`super::health::breaker`]).
+    pub health_breaker: f64,
 }
 
 /// One write.

@@ -66,6 +66,7 @@ fn policy() -> Policy {
             .map(|(t, _)| (*t).to_owned())
             .collect(),
         health_taint: true,
+        health_breaker: 0.5,
     }
 }
 

@@ -115,9 +115,104 @@ pub fn wanted_taints(node: &Node, policy: &Policy, wanted: Option<&str>) -> BTre
     out
 }
 
+/// One Node, as the circuit breaker counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerInput<'a> {
+    /// The Node's name.
+    pub node: &'a str,
+    /// A failed health class asks for a drain now.
+    pub failing: bool,
+    /// The node sync's health drain is already in place (recorded on the Node).
+    pub drained: bool,
+}
+
+/// What the circuit breaker decided for one pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Breaker {
+    /// More Nodes fail than the share allows: no new health drain or taint.
+    pub open: bool,
+    /// The Nodes whose new health drain and taints are held back.
+    pub held: BTreeSet<String>,
+}
+
+/// The circuit breaker: when more than `share` of the paired Nodes (at least one Node) have a failed health class
+/// at once — a broken driver rollout, not broken hardware — no new health drain or taint is made; the drains already
+/// in place stay, and recovery still lifts them.
+pub fn breaker(nodes: &[BreakerInput<'_>], share: f64) -> Breaker {
+    let failing = nodes.iter().filter(|n| n.failing).count();
+    // Share of a count: exact in f64 for any realistic cluster size.
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let limit = ((share.clamp(0.0, 1.0) * nodes.len() as f64).floor() as usize).max(1);
+    if failing <= limit {
+        return Breaker::default();
+    }
+    Breaker {
+        open: true,
+        held: nodes
+            .iter()
+            .filter(|n| n.failing && !n.drained)
+            .map(|n| n.node.to_owned())
+            .collect(),
+    }
+}
+
+/// Whether a drain reason is a health drain.
+pub fn is_health_reason(reason: &str) -> bool {
+    reason
+        .strip_prefix(REASON_PREFIX)
+        .is_some_and(|r| r.trim_start().starts_with("health: "))
+}
+
+/// `node` without its health conditions: what the decision sees while the breaker holds its drain back.
+pub fn without_health(node: &Node) -> Node {
+    let mut n = node.clone();
+    if let Some(cs) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        cs.retain(|c| class_of(&c.type_).is_none());
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_breaker_holds_when_60_percent_of_20_nodes_fail_at_once() {
+        let names: Vec<String> = (0..20).map(|i| format!("gpu-{i:03}")).collect();
+        let nodes = |failing: usize, drained: usize| -> Vec<BreakerInput<'_>> {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| BreakerInput {
+                    node: n,
+                    failing: i < failing,
+                    drained: i < drained,
+                })
+                .collect()
+        };
+        // 12 of 20 (60 %) against 50 %: open, none of the 12 newly drained.
+        let b = breaker(&nodes(12, 0), 0.5);
+        assert!(b.open);
+        assert_eq!(b.held.len(), 12);
+        // Two were drained before the others failed: theirs stay, the ten new ones are held.
+        let b = breaker(&nodes(12, 2), 0.5);
+        assert_eq!(b.held.len(), 10);
+        assert!(!b.held.contains("gpu-000") && b.held.contains("gpu-011"));
+        // 10 of 20 is the limit itself: closed.
+        assert_eq!(breaker(&nodes(10, 0), 0.5), Breaker::default());
+        // A one-node cluster may always drain its node; share 1 turns the breaker off.
+        let one = [BreakerInput {
+            node: "solo",
+            failing: true,
+            drained: false,
+        }];
+        assert!(!breaker(&one, 0.5).open);
+        assert!(!breaker(&nodes(20, 0), 1.0).open);
+    }
 
     #[test]
     fn devices_keep_to_the_grammar() {

@@ -78,6 +78,18 @@ pub struct NodeSyncArgs {
     /// Put the `isthmus.io/health-<class>:NoSchedule` taint on a Node while its health class has failed.
     #[arg(long = "node-sync-health-taint", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub health_taint: bool,
+    /// Circuit breaker: when more than this share of the paired Nodes have a failed health class at once, no new
+    /// health drain or taint is made (0 to 1; 1 turns it off).
+    #[arg(long = "node-sync-health-breaker", default_value_t = 0.5, value_parser = parse_share, value_name = "SHARE")]
+    pub health_breaker: f64,
+}
+
+/// A share between 0 and 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
+    }
 }
 
 /// One of the health condition types (or nothing, to turn health drains off).
@@ -107,6 +119,7 @@ impl Default for NodeSyncArgs {
                 .map(|(t, _)| (*t).to_owned())
                 .collect(),
             health_taint: true,
+            health_breaker: 0.5,
         }
     }
 }
@@ -134,6 +147,7 @@ impl NodeSyncArgs {
                 .cloned()
                 .collect(),
             health_taint: self.health_taint,
+            health_breaker: self.health_breaker,
         }
     }
 }
