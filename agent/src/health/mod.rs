@@ -32,6 +32,10 @@ pub const FIELD_MANAGER: &str = "isthmus-health";
 /// How often a growing XID recording is read.
 const XID_POLL: Duration = Duration::from_millis(250);
 
+/// The first and the longest wait after a failed condition write.
+const WRITE_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const WRITE_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
 /// How often the metric is refreshed when nothing changes (gauges idle for 10 minutes disappear).
 const METRIC_REFRESH: Duration = Duration::from_secs(60);
 
@@ -121,6 +125,9 @@ pub async fn run(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut topo_changed = true;
     let mut retry_write = false;
+    // After a failed write: not again before this, and the wait doubles (1 s to 60 s) while writes fail.
+    let mut retry_at = Instant::now();
+    let mut backoff = WRITE_BACKOFF_MIN;
     loop {
         let mut changed = false;
         if topo_changed {
@@ -152,11 +159,14 @@ pub async fn run(
         }
         let metric_due = last_metric.is_none_or(|t| t.elapsed() >= METRIC_REFRESH);
         let heartbeat_due = !opts.heartbeat.is_zero() && last_write.elapsed() >= opts.heartbeat;
-        if changed || metric_due || heartbeat_due || retry_write {
+        let write_due = retry_write && Instant::now() >= retry_at;
+        if changed || metric_due || heartbeat_due || write_due {
             let findings = state.findings();
             record_metric(&metrics, &state, &findings);
             last_metric = Some(Instant::now());
-            if let Some((client, node)) = &opts.publish {
+            if let Some((client, node)) =
+                opts.publish.as_ref().filter(|_| Instant::now() >= retry_at)
+            {
                 let states = conditions::class_states(&state.classes(), &findings);
                 let now = Time(k8s_openapi::jiff::Timestamp::now());
                 if written.is_none() {
@@ -178,6 +188,7 @@ pub async fn run(
                             );
                             written = Some(want);
                             last_write = Instant::now();
+                            backoff = WRITE_BACKOFF_MIN;
                         }
                         Err(e) => {
                             metrics.record_health_event(
@@ -187,6 +198,8 @@ pub async fn run(
                             );
                             tracing::warn!(error = %e, "the health conditions could not be written; retrying");
                             retry_write = true;
+                            retry_at = Instant::now() + backoff;
+                            backoff = (backoff * 2).min(WRITE_BACKOFF_MAX);
                         }
                     }
                 }
