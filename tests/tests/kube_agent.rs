@@ -20,13 +20,14 @@ impl Drop for Agent {
     }
 }
 
+/// The NodeResourceTopology applies (not the health conditions' `nodes/status` applies).
 fn patches(state: &std::sync::Mutex<fakeapi::State>) -> Vec<fakeapi::Seen> {
     state
         .lock()
         .map(|s| {
             s.seen
                 .iter()
-                .filter(|r| r.method == "PATCH")
+                .filter(|r| r.method == "PATCH" && r.target.contains("/noderesourcetopologies/"))
                 .cloned()
                 .collect()
         })

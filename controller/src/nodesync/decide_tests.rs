@@ -61,6 +61,12 @@ fn policy() -> Policy {
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
         taint: true,
         condition_hold: std::time::Duration::ZERO,
+        health_conditions: crate::nodesync::health::CLASSES
+            .iter()
+            .map(|(t, _)| (*t).to_owned())
+            .collect(),
+        health_taint: true,
+        health_breaker: 0.5,
     }
 }
 
@@ -482,3 +488,6 @@ fn slurm_name_from_label_or_node_name() {
 
 #[path = "decide_combos.rs"]
 mod combos;
+
+#[path = "decide_health_tests.rs"]
+mod health_cases;

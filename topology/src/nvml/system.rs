@@ -16,7 +16,7 @@ use crate::cpuset::CpuSet;
 use crate::model::{FabricState, NvLink, NvlinkFabric};
 use crate::pci_ids::normalize_pci_address;
 
-use super::xid::{XidCounts, watch_xids};
+use super::xid::{XidCounts, XidQueue, watch_xids};
 
 /// The real NVML, loaded at run time from `libnvidia-ml.so.1`. Initialised once, lazily; create one per process
 /// and keep it. The first successful snapshot also starts a watcher thread counting critical XID events per GPU; it
@@ -25,6 +25,7 @@ use super::xid::{XidCounts, watch_xids};
 pub struct SystemNvml {
     handle: OnceLock<Result<Nvml, NvmlUnavailable>>,
     xids: XidCounts,
+    queue: XidQueue,
     /// Set once the watcher was started; holds why it could not start, if it could not.
     watcher: OnceLock<Option<String>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
@@ -199,6 +200,10 @@ impl NvmlSource for SystemNvml {
         "libnvidia-ml.so.1".to_owned()
     }
 
+    fn xid_queue(&self) -> Option<XidQueue> {
+        Some(self.queue.clone())
+    }
+
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
         use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
         let nvml = self.nvml()?;
@@ -207,10 +212,11 @@ impl NvmlSource for SystemNvml {
             .map_err(|e| NvmlUnavailable(e.to_string()))?;
         let watcher = self.watcher.get_or_init(|| {
             let counts = self.xids.clone();
+            let queue = self.queue.clone();
             let stop = self.stop.clone();
             std::thread::Builder::new()
                 .name("nvml-xid".into())
-                .spawn(move || watch_xids(counts, stop))
+                .spawn(move || watch_xids(counts, queue, stop))
                 .err()
                 .map(|e| e.to_string())
         });
