@@ -1,11 +1,16 @@
-//! The Slurm test cluster itself: two real slurmd nodes register, a GPU job runs on the node Slurm picks, a drain
-//! shows in the node state, and a restarted slurmctld keeps its state.
+//! The Slurm test cluster itself, on every release: two real slurmd nodes register, a GPU job runs on the node Slurm
+//! picks, a drain shows in the node state, and a restarted slurmctld keeps its state.
 
+use isthmus_tests::each_release;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
 
-#[test]
-fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart() {
-    let mut c = Cluster::start(&[NodeSpec::new("c1", 4, 2), NodeSpec::new("c2", 4, 0)], "");
+each_release! {
+fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart(release) {
+    let mut c = Cluster::start_on(
+        release,
+        &[NodeSpec::new("c1", 4, 2), NodeSpec::new("c2", 4, 0)],
+        "",
+    );
     let out = c.run_ok(
         "srun",
         &[
@@ -39,4 +44,5 @@ fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart() {
     c.wait_state("c2", "registered again", |s| s.starts_with("IDLE"));
     c.run_ok("scontrol", &["update", "nodename=c2", "state=resume"]);
     c.wait_state("c2", "idle", |s| s == "IDLE");
+}
 }
