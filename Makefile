@@ -1,8 +1,9 @@
 # isthmus — build, run and test.
 #   make run    install the system packages it needs, then discover this host
 #   make test   formatting, lints and the whole test suite (what CI runs)
-#   make deploy-check   render and validate deploy/daemonset (kubectl kustomize, kubernetes-validate, checkov)
+#   make deploy-check   render and validate deploy/ and the Containerfile (kubectl kustomize, kubernetes-validate, checkov)
 #   make kube-assets    build the Kubernetes v1.20.2 the tests start, from Debian's source package (tests/kubernetes/build.sh)
+#   make image  build the images isthmus and isthmus-slurm with docker, podman or buildah (docs/deploy.md, "Images")
 
 CARGO ?= cargo
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux \
@@ -13,7 +14,7 @@ PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: deps deploy-tools deploy-check kube-assets build run test fmt lint bench
+.PHONY: deps deploy-tools deploy-check kube-assets build run test test-fast fmt lint bench image image-bases
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -42,7 +43,8 @@ deploy-tools:
 	fi
 
 deploy-check: deploy-tools
-	$(CARGO) test -p isthmus-tests --features system --test deploy_manifests --test deploy_scan --test deploy_runtime --test controller_deploy
+	$(CARGO) test -p isthmus-tests --features system --test deploy_manifests --test deploy_scan --test deploy_runtime \
+	  --test controller_deploy --test image
 
 # Kubernetes v1.20.2 (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet) from Debian's own kubernetes
 # source package with Debian's Go 1.19 (~4 min the first time, instant afterwards), so that the first Kubernetes test
@@ -62,6 +64,14 @@ fmt:
 lint:
 	$(CARGO) clippy --workspace --all-targets --features isthmus-tests/system -- -D warnings
 
+# The fast tier as a machine with only Rust, a C toolchain, pkg-config and libhwloc-dev has it: `cargo test` with
+# nothing else on PATH (the system tier, `--features isthmus-tests/system`, is what `make test` adds).
+test-fast:
+	@d=$$(mktemp -d); for t in cargo rustc rustdoc rustup cc gcc ld ld.bfd as ar ranlib strip pkg-config; do \
+	  p=$$(command -v $$t) && ln -s "$$p" "$$d/$$t"; done; \
+	env -i HOME="$$HOME" PATH="$$d" CARGO_HOME="$${CARGO_HOME:-$$HOME/.cargo}" RUSTUP_HOME="$${RUSTUP_HOME:-$$HOME/.rustup}" \
+	  cargo test --workspace --no-fail-fast; status=$$?; rm -rf "$$d"; exit $$status
+
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite.
 test: deps deploy-tools kube-assets fmt lint
 	@rm -f target/not-run.txt
@@ -71,3 +81,44 @@ test: deps deploy-tools kube-assets fmt lint
 
 bench: build
 	./scripts/bench-discover.sh
+
+# The images (Containerfile): $(IMAGE_REPO):$(IMAGE_TAG) (target runtime) and $(IMAGE_REPO)-slurm:$(IMAGE_TAG)
+# (runtime-slurm), the names deploy/ uses. The engine: $(CONTAINER_ENGINE), else the first of docker, podman,
+# buildah that answers (scripts/container-engine.sh says which). IMAGE_BINARY=prebuilt puts the host's
+# target/release/isthmus in instead of compiling in the image (run `make build` first; the host must be Debian
+# bookworm). BASE_IMAGE and BUILDER_IMAGE replace the Containerfile's FROM images (`make image-bases` makes local
+# ones where no registry can be reached), IMAGE_BUILD_FLAGS adds engine flags.
+WORKSPACE_VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
+IMAGE_REPO ?= isthmus
+IMAGE_TAG ?= $(WORKSPACE_VERSION)
+IMAGE_BINARY ?= build
+BASE_IMAGE ?=
+BUILDER_IMAGE ?=
+IMAGE_BUILD_FLAGS ?=
+
+# docker: BuildKit (the default since docker 23, with buildx), which skips the stages a target does not need.
+image: export DOCKER_BUILDKIT ?= 1
+image:
+	@engine=$$(sh scripts/container-engine.sh) || exit 1; \
+	case "$(IMAGE_BINARY)" in \
+	  build) suffix= ;; \
+	  prebuilt) suffix=-prebuilt; \
+	    test -x target/release/isthmus || \
+	      { echo "IMAGE_BINARY=prebuilt needs target/release/isthmus: run make build first" >&2; exit 1; } ;; \
+	  *) echo "IMAGE_BINARY must be build or prebuilt, not $(IMAGE_BINARY)" >&2; exit 1 ;; \
+	esac; \
+	case "$$engine" in *buildah) build="$$engine bud" ;; *) build="$$engine build" ;; esac; \
+	args="$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))"; \
+	args="$$args $(if $(BUILDER_IMAGE),--build-arg BUILDER_IMAGE=$(BUILDER_IMAGE))"; \
+	for t in runtime:$(IMAGE_REPO) runtime-slurm:$(IMAGE_REPO)-slurm; do \
+	  target=$${t%%:*}$$suffix; name=$${t#*:}:$(IMAGE_TAG); \
+	  echo "$$build --target $$target -t $$name"; \
+	  $$build -f Containerfile --target $$target $$args $(IMAGE_BUILD_FLAGS) -t $$name . || exit 1; \
+	done; \
+	echo "built $(IMAGE_REPO):$(IMAGE_TAG) and $(IMAGE_REPO)-slurm:$(IMAGE_TAG) with $$engine"
+
+# Base and builder images made on this machine (debootstrap and the machine's Rust toolchain), for machines that
+# cannot reach a container registry; prints the make image arguments that use them.
+image-bases:
+	@base=$$(bash scripts/local-base-images.sh base) && builder=$$(bash scripts/local-base-images.sh builder) && \
+	echo "make image BASE_IMAGE=$$base BUILDER_IMAGE=$$builder"

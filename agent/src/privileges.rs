@@ -22,7 +22,7 @@ pub struct Need {
 
 /// What slurmd (and the slurmstepd it forks for every job step) needs when jobs run as their users. munged, run as
 /// root, needs none of its own. Each entry was checked by removing it: the failure quoted is what Slurm 22.05 did
-/// (tests/tests/deploy.rs runs jobs as `nobody` with exactly this set).
+/// (tests/tests/deploy_runtime.rs runs jobs as `nobody` with exactly this set).
 pub const SLURM_CAPABILITIES: &[Need] = &[
     Need {
         cap: Capability::CAP_SETUID,

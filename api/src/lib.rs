@@ -8,6 +8,7 @@ pub mod fabric;
 pub mod nrt;
 pub mod numatopo;
 pub mod quantity;
+pub mod report;
 
 /// Field manager of every server-side apply the node agent sends.
 pub const AGENT_FIELD_MANAGER: &str = "isthmus";

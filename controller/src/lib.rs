@@ -6,7 +6,9 @@
 //! leader's tasks and, in every replica, the admission webhook ([`webhook`]).
 
 pub mod fabric;
+pub mod facts;
 pub mod hostlist;
+pub mod identity;
 pub mod label_sources;
 pub mod model;
 pub mod nodesync;

@@ -6,15 +6,23 @@
 //!
 //! `--nrt-dir` holds NodeResourceTopology objects as `kubectl get noderesourcetopologies -o yaml` or `isthmus
 //! render nrt` print them (YAML or JSON; single objects, multi-document streams or `List`s). Without it, every
-//! host named in the dump's CA descriptions is a node.
+//! host named in the dump's CA descriptions is a node. `--node-dir` holds the Node objects (`kubectl get nodes -o
+//! yaml`): with it, a report counts only when a Node of its name is there and the Slurm name comes from the Node
+//! (its `isthmus.io/slurm-node-name` label or its name), exactly as in the running controller; without it, each
+//! report's object names its Node.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use isthmus_api::fabric::decode;
 use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::report::DecodeOptions;
+use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize as _;
+use serde::de::DeserializeOwned;
 
 use crate::fabric::{Fabric, ibnetdiscover};
+use crate::facts::{self, Interner};
+use crate::identity;
 use crate::model::{self, ClusterModel, ModelOptions, NodeInput};
 use crate::render::{self, RenderOptions};
 
@@ -50,6 +58,10 @@ pub struct RenderArgs {
     /// Directory of NodeResourceTopology objects (YAML or JSON).
     #[arg(long, value_name = "DIR")]
     pub nrt_dir: Option<PathBuf>,
+    /// Directory of Node objects (YAML or JSON, `kubectl get nodes -o yaml`): reports without a Node are left out
+    /// and Slurm names come from the Nodes.
+    #[arg(long, value_name = "DIR", requires = "nrt_dir")]
+    pub node_dir: Option<PathBuf>,
     /// What to print.
     #[arg(long, value_enum)]
     pub output: OutputKind,
@@ -77,6 +89,9 @@ pub struct ModelFlags {
     /// Name of the Kueue Topology.
     #[arg(long, default_value = "isthmus")]
     pub kueue_topology_name: String,
+    /// Device files in the nodes' gres.conf lines must lie under this directory.
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub gres_device_dir: String,
 }
 
 impl Default for ModelFlags {
@@ -87,6 +102,7 @@ impl Default for ModelFlags {
             accelerator_label: "topology.isthmus.io/accelerator-domain".into(),
             block_size: None,
             kueue_topology_name: "isthmus".into(),
+            gres_device_dir: "/dev".into(),
         }
     }
 }
@@ -101,6 +117,13 @@ impl ModelFlags {
                 self.accelerator_label.clone(),
             ],
             ..ModelOptions::default()
+        }
+    }
+
+    /// How reports are read.
+    pub fn decode_options(&self) -> DecodeOptions {
+        DecodeOptions {
+            device_dir: self.gres_device_dir.clone(),
         }
     }
 
@@ -153,9 +176,13 @@ fn read(path: &Path) -> Result<String, Error> {
         })
 }
 
-/// Read every NodeResourceTopology object in the YAML/JSON files of `dir` (sorted by file name). Documents that are
-/// not NodeResourceTopology objects are skipped with a warning.
-pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>), Error> {
+/// Read every object of `kind` in the YAML/JSON files of `dir` (sorted by file name; a document without `kind`
+/// counts as one). Other documents are skipped with a warning.
+pub fn load_objects<T: DeserializeOwned>(
+    dir: &Path,
+    kind: &str,
+    has_name: impl Fn(&T) -> bool,
+) -> Result<(Vec<T>, Vec<String>), Error> {
     let rd = std::fs::read_dir(dir).map_err(|source| Error::Read {
         path: dir.to_owned(),
         source,
@@ -187,18 +214,13 @@ pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>),
                 None => vec![value],
             };
             for item in items {
-                let kind = item
-                    .get("kind")
-                    .and_then(|k| k.as_str())
-                    .unwrap_or("NodeResourceTopology");
-                if kind != isthmus_api::nrt::KIND {
-                    warnings.push(format!("{}: skipped a {kind}", f.display()));
+                let found = item.get("kind").and_then(|k| k.as_str()).unwrap_or(kind);
+                if found != kind {
+                    warnings.push(format!("{}: skipped a {found}", f.display()));
                     continue;
                 }
-                match serde_yaml_ng::from_value::<NodeResourceTopology>(item) {
-                    Ok(o) if o.metadata.name.as_deref().is_some_and(|n| !n.is_empty()) => {
-                        out.push(o)
-                    }
+                match serde_yaml_ng::from_value::<T>(item) {
+                    Ok(o) if has_name(&o) => out.push(o),
                     Ok(_) => {
                         warnings.push(format!("{}: skipped an object without a name", f.display()))
                     }
@@ -208,6 +230,31 @@ pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>),
         }
     }
     Ok((out, warnings))
+}
+
+/// Read every NodeResourceTopology object in the YAML/JSON files of `dir` (sorted by file name). Documents that are
+/// not NodeResourceTopology objects are skipped with a warning.
+pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>), Error> {
+    load_objects(dir, isthmus_api::nrt::KIND, |o: &NodeResourceTopology| {
+        o.metadata.name.as_deref().is_some_and(|n| !n.is_empty())
+    })
+}
+
+/// Read every Node in the YAML/JSON files of `dir`: (name, labels).
+pub fn load_nodes(dir: &Path) -> Result<(Vec<identity::NodeLabels>, Vec<String>), Error> {
+    let (nodes, warnings) = load_objects(dir, "Node", |n: &Node| {
+        n.metadata.name.as_deref().is_some_and(|n| !n.is_empty())
+    })?;
+    let nodes = nodes
+        .into_iter()
+        .map(|n| {
+            (
+                n.metadata.name.unwrap_or_default(),
+                n.metadata.labels.unwrap_or_default(),
+            )
+        })
+        .collect();
+    Ok((nodes, warnings))
 }
 
 /// Build the model from the arguments' files; returns it with the warnings met on the way.
@@ -229,31 +276,46 @@ pub fn build_model(args: &RenderArgs) -> Result<(ClusterModel, Vec<String>), Err
         None => None,
     };
     let mut warnings = Vec::new();
+    let mut rejected = BTreeMap::new();
     let inputs: Vec<NodeInput> = match &args.nrt_dir {
         Some(dir) => {
             let (nrts, w) = load_nrts(dir)?;
             warnings.extend(w);
-            nrts.iter()
+            let nodes = match &args.node_dir {
+                Some(d) => {
+                    let (nodes, w) = load_nodes(d)?;
+                    warnings.extend(w);
+                    Some(nodes)
+                }
+                None => None,
+            };
+            let opts = args.model.decode_options();
+            let mut interner = Interner::default();
+            let reports = nrts
+                .iter()
                 .map(|o| {
-                    let report = decode(o);
-                    NodeInput {
-                        name: report.node.clone(),
-                        report: Some(report),
-                        ..NodeInput::default()
-                    }
+                    let name = o.metadata.name.clone().unwrap_or_default();
+                    (name, facts::read(o, &opts, &mut interner))
                 })
-                .collect()
+                .collect();
+            let assembled = identity::assemble(reports, nodes);
+            rejected = assembled.rejected;
+            assembled.inputs
         }
         None => fabric
             .as_ref()
             .map(model::nodes_from_fabric)
             .unwrap_or_default(),
     };
-    let model = model::build(inputs, fabric.as_ref(), &args.model.model_options());
+    let mut model = model::build(inputs, fabric.as_ref(), &args.model.model_options());
+    model.rejected = rejected;
     if model.nodes.is_empty() {
         warnings.push(
             "no node: no NodeResourceTopology was read and no CA description in the dump names a host".into(),
         );
+    }
+    for (n, why) in &model.rejected {
+        warnings.push(format!("node {n}: report left out: {why}"));
     }
     warnings.extend(model.warnings.iter().cloned());
     for (n, why) in model.unplaced() {
@@ -356,6 +418,7 @@ mod tests {
         let args = RenderArgs {
             ibnetdiscover: None,
             nrt_dir: None,
+            node_dir: None,
             output: OutputKind::TopologyConf,
             model: ModelFlags::default(),
         };

@@ -1,20 +1,24 @@
 //! Names Slurm derives: GRES types and bracketed file ranges.
 
 /// Slurm's `gpu_common_underscorify_tolower`: lower-case, spaces to underscores ("NVIDIA H100 80GB HBM3" →
-/// `nvidia_h100_80gb_hbm3`). Characters Slurm's config parser would split on (`,` `:` `=` and whitespace) also
-/// become underscores, so that a type is always one token.
+/// `nvidia_h100_80gb_hbm3`). Every other character outside letters, digits, `_`, `.` and `-` (those Slurm's config
+/// parser splits on, `,` `:` `=`, and anything the controller's report grammar refuses, such as parentheses) also
+/// becomes an underscore, so that a type is always one token the controller accepts.
 pub fn gres_type(model: &str) -> String {
     model
         .trim()
         .chars()
-        .map(|c| {
-            if c.is_whitespace() || matches!(c, ',' | ':' | '=') {
-                '_'
-            } else {
-                c.to_ascii_lowercase()
-            }
-        })
+        .map(|c| word_char(c).to_ascii_lowercase())
         .collect()
+}
+
+/// `c` when it may appear in a GRES type, else `_`.
+fn word_char(c: char) -> char {
+    if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+        c
+    } else {
+        '_'
+    }
 }
 
 /// Slurm's MIG type (`gpu_nvml.c`, `_handle_mig`): the GPU type cut at its first `-`, then `_<GPU instance
@@ -30,21 +34,13 @@ pub fn mig_gres_type(parent_model: &str, gpu_instance_slices: u32, memory_bytes:
 }
 
 /// The brand `AutoDetect=rsmi` uses as an AMD GPU's type (`rsmi_dev_brand_get`: `MI210`, `MI300X`): the model name
-/// without the "Instinct" family word and without the alternatives after a `/`, characters Slurm splits on turned
-/// into underscores.
+/// without the "Instinct" family word and without the alternatives after a `/`, characters outside letters, digits,
+/// `_ . -` turned into underscores.
 pub fn amd_brand(model: &str) -> String {
     let m = model.trim();
     let m = m.strip_prefix("Instinct ").unwrap_or(m);
     let m = m.split('/').next().unwrap_or(m).trim();
-    m.chars()
-        .map(|c| {
-            if c.is_whitespace() || matches!(c, ',' | ':' | '=') {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect()
+    m.chars().map(word_char).collect()
 }
 
 /// Collapse files sharing a prefix with numeric suffixes into Slurm's bracket form: `/dev/nvidia0..3` →
@@ -89,6 +85,7 @@ mod tests {
         assert_eq!(gres_type("NVIDIA A100-SXM4-40GB"), "nvidia_a100-sxm4-40gb");
         assert_eq!(gres_type("Ascend 910"), "ascend_910");
         assert_eq!(gres_type("a:b,c=d"), "a_b_c_d");
+        assert_eq!(gres_type("RTX 4090 (Ti)\n#x"), "rtx_4090__ti___x");
         assert_eq!(
             mig_gres_type("NVIDIA A100-SXM4-80GB", 1, 19968 << 20),
             "nvidia_a100_1g.20gb"

@@ -31,7 +31,7 @@
 //! ```
 
 mod assets;
-mod audit;
+pub mod audit;
 mod cel;
 mod kubectl;
 mod pki;

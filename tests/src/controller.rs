@@ -51,6 +51,15 @@ pub fn install_crds(api: &ApiServer) {
     }
 }
 
+/// Install only the NRT CRD (the agent's copy): what a cluster without Volcano or Kueue has, and what every
+/// Kubernetes release the project supports accepts.
+pub fn install_nrt_crd(api: &ApiServer) {
+    let path = repo_root().join("deploy/daemonset/base/noderesourcetopology-crd.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    api.apply_yaml(&text);
+    api.wait_for_crd(NRT_CRD);
+}
+
 /// `kubectl apply -k deploy/controller` as the administrator, then a kubeconfig with a token of the controller's
 /// ServiceAccount. The admission webhook configurations are removed again: they name the webhook's Service, which
 /// a test server cannot route to (no kube-proxy), so every node-report write would fail by their failure policy.
@@ -155,7 +164,16 @@ impl ControllerProcess {
         let log = dir.path().join("controller.log");
         let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
         let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(isthmus_bin())
+        // ISTHMUS_CONTROLLER_WRAPPER (e.g. `heaptrack`) runs the controller under a profiler, for benchmarks.
+        let mut cmd = match std::env::var_os("ISTHMUS_CONTROLLER_WRAPPER") {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.arg(isthmus_bin());
+                c
+            }
+            None => Command::new(isthmus_bin()),
+        };
+        let child = cmd
             .args([
                 "controller",
                 "run",

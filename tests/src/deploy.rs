@@ -26,24 +26,52 @@ pub const VARIANTS: [(&str, &str); 3] = [
 /// kustomize 2.0.3, which predates directory `resources` and `patches`: with it, a copy whose kustomizations use
 /// the older spelling of the same fields (`bases`, `patchesStrategicMerge`) is rendered instead.
 pub fn render_text(sub: &str) -> String {
-    let out = run_kustomize(&deploy_dir().join(sub));
+    render_text_at(&deploy_dir(), sub)
+}
+
+/// `kubectl kustomize <root/sub>` as text, through a copy of `root` in kustomize 2's spelling where kubectl's
+/// kustomize is that old (see [`render_text`]).
+pub fn render_text_at(root: &Path, sub: &str) -> String {
+    let out = run_kustomize(&root.join(sub));
     match out {
         Ok(text) => text,
         // kustomize 2 rejects directory resources ("must be a file") and reads `patches` as another field.
         Err(err) if err.contains("must be a file") || err.contains("patch.StrategicMerge") => {
             let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-            let copy = tmp.path().join("daemonset");
-            let st = Command::new("cp")
-                .arg("-a")
-                .arg(deploy_dir())
-                .arg(&copy)
-                .status();
+            let copy = tmp.path().join("root");
+            let st = Command::new("cp").arg("-a").arg(root).arg(&copy).status();
             assert!(st.is_ok_and(|s| s.success()));
             legacy_spelling(&copy);
             run_kustomize(&copy.join(sub)).unwrap_or_else(|e| panic!("{e}"))
         }
         Err(err) => panic!("{err}"),
     }
+}
+
+/// The rendered documents of `root/sub`.
+pub fn render_at(root: &Path, sub: &str) -> Vec<Value> {
+    documents(&render_text_at(root, sub))
+}
+
+/// Every container image of every pod template in `docs` (containers and init containers), sorted, unique.
+pub fn images(docs: &[Value]) -> Vec<String> {
+    let mut out: Vec<String> = docs
+        .iter()
+        .flat_map(|d| {
+            ["containers", "initContainers"]
+                .into_iter()
+                .flat_map(move |k| {
+                    at(d, &format!("spec/template/spec/{k}"))
+                        .as_sequence()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|c| c.get("image").and_then(Value::as_str).map(str::to_owned))
+                })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn run_kustomize(dir: &Path) -> Result<String, String> {
@@ -105,8 +133,11 @@ fn legacy_spelling(dir: &Path) {
 
 /// The rendered documents of a variant.
 pub fn render(sub: &str) -> Vec<Value> {
-    let text = render_text(sub);
-    serde_yaml_ng::Deserializer::from_str(&text)
+    documents(&render_text(sub))
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
         .filter(|v| !v.is_null())
         .collect()

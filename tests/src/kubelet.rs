@@ -1,6 +1,12 @@
 //! An in-test kubelet PodResources server (gRPC `v1.PodResourcesLister` on a unix socket) answering for the 8×H100
 //! fixture: its GPUs (by the UUIDs of its nvidia-smi dump) on NUMA 0/1, CPUs 0 and 8 reserved, memory per NUMA node,
 //! and a pod list the test can change.
+//!
+//! The kubelet's own truth is tested on a real kubelet (`tests/tests/kubelet_node.rs`: exclusive CPUs, its
+//! configuration, restarts, the agent's pod). This stand-in remains only for what that kubelet cannot be made to
+//! produce here: GPUs on two NUMA nodes of an 8-GPU machine (the test machine has no GPU and one NUMA node), the
+//! answers of a kubelet newer than the v1.20 one (`GetAllocatableResources`, per-NUMA memory), and pod churn
+//! faster than real pods start.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

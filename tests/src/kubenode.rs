@@ -62,7 +62,8 @@ impl KubeNode {
         let api_port = crate::free_port();
         let script = crate::repo_root().join("tests/kubernetes/node-up.sh");
         let policy = Path::new(LAB).with_extension("audit-policy.yaml");
-        std::fs::write(&policy, AUDIT_POLICY).map_err(|e| format!("{}: {e}", policy.display()))?;
+        std::fs::write(&policy, crate::apiserver::audit::POLICY)
+            .map_err(|e| format!("{}: {e}", policy.display()))?;
         let mut cmd = Command::new("bash");
         cmd.arg(&script)
             .env("BIN", &bin)
@@ -131,12 +132,19 @@ impl KubeNode {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// `kubectl apply -f -` of `text` as the administrator; panics unless it succeeds.
+    /// Server-side apply of `text` as the administrator (idempotent, also for objects a controller of the node
+    /// creates at the same time, such as a namespace's `default` ServiceAccount); panics unless it succeeds.
     pub fn apply(&self, text: &str) {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let file = dir.path().join("objects.yaml");
         std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
-        self.kubectl_ok(&["apply", "-f", &file.to_string_lossy()]);
+        self.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.to_string_lossy(),
+        ]);
     }
 
     /// The kubelet's PodResources socket.
@@ -230,17 +238,6 @@ impl KubeNode {
         None
     }
 }
-
-/// What the node's API server audits: every write, at level Metadata.
-const AUDIT_POLICY: &str = "\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Metadata
-    verbs: [create, update, patch, delete, deletecollection]
-  - level: None
-";
 
 /// The tail of every component's log, for a failure message.
 pub fn logs() -> String {

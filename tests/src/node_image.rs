@@ -161,3 +161,26 @@ pub fn agent_image(tag: &str, out: &Path) -> String {
         .build(&name, "/usr/local/bin/isthmus", out);
     name
 }
+
+/// The agent's Slurm image `isthmus.local/isthmus-slurm:<tag>` (what the `kubernetes-slurm` overlay runs): the
+/// agent, and from Debian's packages on this machine slurmd, slurmstepd, munged, scontrol with Slurm's plugins, plus
+/// `cp` for the overlay's init container and busybox for test jobs, with every library they load; its name.
+pub fn slurm_agent_image(tag: &str, out: &Path) -> String {
+    let name = format!("isthmus.local/isthmus-slurm:{tag}");
+    Rootfs::default()
+        .file_at(&crate::isthmus_bin(), "/usr/local/bin/isthmus")
+        .path("/usr/sbin/slurmd")
+        .path("/usr/sbin/slurmstepd")
+        .path("/usr/sbin/munged")
+        .path("/usr/bin/scontrol")
+        .path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
+        .path("/bin/cp")
+        .file_at(Path::new("/bin/busybox"), "/bin/busybox")
+        .text(
+            "/etc/passwd",
+            "root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        )
+        .text("/etc/group", "root:x:0:\nnogroup:x:65534:\n")
+        .build(&name, "/usr/local/bin/isthmus", out);
+    name
+}

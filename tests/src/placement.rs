@@ -13,10 +13,11 @@ use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-use crate::apiserver::{ApiServer, client_for};
+use crate::apiserver::client_for;
 use crate::slurm_cluster::Cluster;
 use crate::slurm_release::SlurmRelease;
 use crate::slurm_tools::Tools;
+use crate::test_api::TestApi;
 
 /// The controller's namespace and ServiceAccount.
 pub const CONTROLLER_NS: &str = "isthmus-system";
@@ -58,6 +59,9 @@ pub struct PodOpts<'a> {
     pub annotations: &'a [(&'a str, &'a str)],
     /// `spec.nodeName`, set by the pod's creator.
     pub node_name: Option<&'a str>,
+    /// An image the node has (never pulled) whose container sleeps, for pods a real kubelet runs; `None`: an
+    /// image no kubelet could start (the API server alone never runs pods).
+    pub image: Option<&'a str>,
 }
 
 impl<'a> PodOpts<'a> {
@@ -69,6 +73,7 @@ impl<'a> PodOpts<'a> {
             gpus: 0,
             annotations: &[],
             node_name: None,
+            image: None,
         }
     }
 }
@@ -95,38 +100,38 @@ pub struct Placement {
 impl Placement {
     /// Prepare namespace `ns`, the ServiceAccount and its RBAC, a Node object per Slurm node of `cluster`, and a
     /// policy (ConfigMap `policy-<ns>`) whose one tenant `ns` runs its jobs as `nobody`/`nogroup`.
-    pub fn new(api: &ApiServer, cluster: &Cluster, ns: &str) -> Self {
-        api.apply_yaml(&format!(
+    pub fn new(api: &impl TestApi, cluster: &Cluster, ns: &str) -> Self {
+        api.apply_objects(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {CONTROLLER_NS}\n---\napiVersion: v1\n\
              kind: ServiceAccount\nmetadata:\n  name: {CONTROLLER_SA}\n  namespace: {CONTROLLER_NS}\n"
         ));
         add_namespace(api, ns);
-        api.apply_yaml(&rbac_yaml());
-        api.apply_yaml(&role_yaml());
+        api.apply_objects(&rbac_yaml());
+        api.apply_objects(&role_yaml());
         for n in cluster.nodes() {
-            api.create_node(&n.name);
+            api.ensure_node(&n.name);
         }
         let policy = format!("policy-{ns}");
-        api.apply_yaml(&policy_configmap(
+        api.apply_objects(&policy_configmap(
             &policy,
             &format!(
                 "tenants: [{{name: {ns}, namespaces: [{ns}], user: nobody, group: nogroup}}]\n"
             ),
         ));
-        let token = api.token_for(CONTROLLER_NS, CONTROLLER_SA);
-        let sa_kubeconfig = api.kubeconfig_for_token(&token);
+        let token = api.service_account_token(CONTROLLER_NS, CONTROLLER_SA);
+        let sa_kubeconfig = api.token_kubeconfig(&token);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
-        let admin = rt.block_on(client_for(api.admin_kubeconfig()));
+        let admin = rt.block_on(client_for(api.admin()));
         Self {
             rt,
             admin,
             ns: ns.to_owned(),
             sa_kubeconfig,
-            api_url: api.url(),
+            api_url: api.server_url(),
             conf: cluster.conf(),
             release: cluster.release(),
             // A scheduler name per test: the API server is shared, each test's Slurm cluster is not.
@@ -148,8 +153,8 @@ impl Placement {
     }
 
     /// Replace the test's tenancy policy (YAML).
-    pub fn set_policy(&self, api: &ApiServer, policy: &str) {
-        api.apply_yaml(&policy_configmap(&self.args.policy, policy));
+    pub fn set_policy(&self, api: &impl TestApi, policy: &str) {
+        api.apply_objects(&policy_configmap(&self.args.policy, policy));
     }
 
     /// Run the Slurm tools through logging wrappers ([`Tools`]) from the next [`Self::start`] on.
@@ -273,6 +278,11 @@ impl Placement {
             }
         }))
         .unwrap_or_else(|e| panic!("{e}"));
+        if let (Some(image), Some(c)) = (o.image, pod.spec.as_mut().map(|s| &mut s.containers[0])) {
+            c.image = Some(image.to_owned());
+            c.image_pull_policy = Some("Never".to_owned());
+            c.command = Some(vec!["sleep".to_owned(), "3600".to_owned()]);
+        }
         let (gpus, annotations) = (o.gpus, o.annotations);
         if gpus > 0 {
             let limits = [(
@@ -403,8 +413,8 @@ impl Drop for Placement {
 }
 
 /// Create namespace `ns` (and its `default` ServiceAccount) if absent.
-pub fn add_namespace(api: &ApiServer, ns: &str) {
-    api.apply_yaml(&format!(
+pub fn add_namespace(api: &impl TestApi, ns: &str) {
+    api.apply_objects(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
          metadata:\n  name: default\n  namespace: {ns}\n"
     ));

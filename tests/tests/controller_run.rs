@@ -274,6 +274,12 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
         "one NRT changed → ConfigMap updated in {:?}",
         changed_at.elapsed()
     );
+    // The audit log has an event once the response completed: wait for it, then give any other write a second.
+    wait_until(
+        "the write in the audit log",
+        Duration::from_secs(30),
+        || !sa_writes_except_leases(&api, since).is_empty(),
+    );
     std::thread::sleep(Duration::from_secs(1));
     let writes = sa_writes_except_leases(&api, since);
     assert_eq!(writes.len(), 1, "{writes:#?}");

@@ -3,20 +3,9 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
-use isthmus_tests::{HWLOC_CASES, extract, fixtures, isthmus};
+use isthmus_tests::{HWLOC_CASES, copy_tree, extract, fixtures, isthmus};
 use isthmus_topology::{DeviceKind, NodeTopology};
-
-fn copy_tree(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap_or_else(|e| panic!("cp: {e}"));
-    assert!(status.success());
-}
 
 fn write(root: &Path, rel: &str, bytes: &[u8]) {
     let p = root.join(rel);

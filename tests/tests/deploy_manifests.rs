@@ -1,17 +1,20 @@
 //! `deploy/daemonset` as an operator gets it, checked offline: every variant renders with the real `kubectl
 //! kustomize`, validates against the Kubernetes schemas (`kubernetes-validate`, from PyPI) and the upstream NRT CRD,
 //! its objects refer to each other correctly, the ClusterRole grants exactly the agent's API calls, and the
-//! DaemonSet is least privilege and safe to roll out. (Applied to a real API server: `tests/tests/apiserver.rs`; run
-//! with exactly the granted capabilities: `tests/tests/deploy_runtime.rs`.)
+//! DaemonSet is least privilege and safe to roll out; the agent's and the controller's manifests name the images
+//! `make image` builds, the registry overlays of docs/deploy.md replace every one of them, and every repository path
+//! the manifests and docs name exists. (Applied to a real API server: `tests/tests/apiserver.rs`; run with exactly
+//! the granted capabilities: `tests/tests/deploy_runtime.rs`.)
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::Command;
 
 use isthmus_tests::deploy::{
-    VARIANTS, added_capabilities, agent_container, at, container_env, of_kind, one, render,
-    render_text,
+    VARIANTS, added_capabilities, agent_container, at, container_env, images, of_kind, one, render,
+    render_at, render_text,
 };
-use isthmus_tests::fixtures;
+use isthmus_tests::{fixtures, repo_root};
 use serde_yaml_ng::Value;
 
 fn s(v: &Value) -> &str {
@@ -175,7 +178,10 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
                 }
             }
         }
-        assert_eq!(granted, want, "{name}: ClusterRole vs agent/src/access.rs");
+        assert_eq!(
+            granted, want,
+            "{name}: ClusterRole vs agent/src/k8s/access.rs"
+        );
     }
 }
 
@@ -291,4 +297,199 @@ fn the_daemonset_is_least_privilege_and_safe_to_roll_out() {
             assert!(max.ends_with('%') && pct <= 25, "maxUnavailable {max}");
         }
     }
+}
+
+/// `make image` builds `isthmus:<version>` and `isthmus-slurm:<version>` (IMAGE_REPO, IMAGE_TAG's defaults).
+const IMAGE: &str = concat!("isthmus:", env!("CARGO_PKG_VERSION"));
+const SLURM_IMAGE: &str = concat!("isthmus-slurm:", env!("CARGO_PKG_VERSION"));
+
+#[test]
+fn the_manifests_name_the_images_make_image_builds() {
+    let makefile = std::fs::read_to_string(repo_root().join("Makefile")).unwrap_or_default();
+    assert!(
+        makefile.contains("\nIMAGE_REPO ?= isthmus\n"),
+        "Makefile: IMAGE_REPO"
+    );
+    assert!(
+        makefile.contains("\nIMAGE_TAG ?= $(WORKSPACE_VERSION)\n"),
+        "Makefile: IMAGE_TAG"
+    );
+    assert!(makefile.contains("runtime:$(IMAGE_REPO) runtime-slurm:$(IMAGE_REPO)-slurm"));
+    // The agent and the controller: the same image, the Slurm variant wherever Slurm runs.
+    let deploy = repo_root().join("deploy");
+    for (root, sub, want) in [
+        ("daemonset", ".", IMAGE),
+        ("daemonset", "overlays/kubernetes-only", IMAGE),
+        ("daemonset", "overlays/kubernetes-slurm", SLURM_IMAGE),
+        ("controller", ".", IMAGE),
+        ("controller", "overlays/slurm", SLURM_IMAGE),
+    ] {
+        let docs = render_at(&deploy.join(root), sub);
+        assert_eq!(images(&docs), [want], "deploy/{root}/{sub}");
+    }
+    // Every overlay the user applies sets the image with its own `images:` entry, the only place to change it.
+    for k in [
+        "daemonset/overlays/kubernetes-only",
+        "daemonset/overlays/kubernetes-slurm",
+        "controller/base",
+        "controller/overlays/slurm",
+    ] {
+        let text = std::fs::read_to_string(deploy.join(k).join("kustomization.yaml"))
+            .unwrap_or_else(|e| panic!("{k}: {e}"));
+        let kust: Value = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{k}: {e}"));
+        let entries = at(&kust, "images")
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(entries.len(), 1, "{k}: one images: entry");
+        assert_eq!(s(at(&entries[0], "name")), "isthmus", "{k}");
+        assert_eq!(
+            s(at(&entries[0], "newTag")),
+            env!("CARGO_PKG_VERSION"),
+            "{k}"
+        );
+    }
+}
+
+/// The `# site/...` kustomizations of docs/deploy.md ("Use your registry"), beside a copy of deploy/, rendered: every
+/// container of the result runs the image the example names.
+#[test]
+fn the_registry_overlays_of_docs_deploy_md_replace_every_image() {
+    let doc = std::fs::read_to_string(repo_root().join("docs/deploy.md")).unwrap_or_default();
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(repo_root().join("deploy"))
+        .arg(tmp.path())
+        .status();
+    assert!(st.is_ok_and(|s| s.success()));
+    let mut bases = BTreeSet::new();
+    let mut examples = 0;
+    for block in doc.split("```yaml\n").skip(1) {
+        let body = block.split("```").next().unwrap_or_default();
+        let Some(path) = body
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# "))
+            .and_then(|l| l.split(':').next())
+            .filter(|p| p.starts_with("site/"))
+        else {
+            continue;
+        };
+        examples += 1;
+        let file = tmp.path().join(path);
+        std::fs::create_dir_all(file.parent().unwrap_or(tmp.path()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&file, body).unwrap_or_else(|e| panic!("{e}"));
+        let kust: Value = serde_yaml_ng::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let base = s(at(&kust, "resources/0"))
+            .trim_start_matches("../../")
+            .to_owned();
+        let entry = at(&kust, "images/0");
+        let want = match entry.get("digest").and_then(Value::as_str) {
+            Some(d) => format!("{}@{d}", s(at(entry, "newName"))),
+            None => format!("{}:{}", s(at(entry, "newName")), s(at(entry, "newTag"))),
+        };
+        let dir = Path::new(path)
+            .parent()
+            .unwrap_or(Path::new(path))
+            .display()
+            .to_string();
+        let docs = render_at(tmp.path(), &dir);
+        assert_eq!(images(&docs), std::slice::from_ref(&want), "{path}");
+        // The example names the image its base ends with.
+        let shipped = images(&render_at(tmp.path(), &base));
+        let name = s(at(entry, "name"));
+        assert!(
+            shipped.iter().all(|i| i.split(':').next() == Some(name)),
+            "{path}: {name} vs {shipped:?}"
+        );
+        assert!(want.starts_with("registry.example.com/"), "{want}");
+        bases.insert(base);
+    }
+    assert_eq!(examples, 4, "docs/deploy.md's registry overlays");
+    let want: BTreeSet<String> = [
+        "deploy/daemonset/overlays/kubernetes-only",
+        "deploy/daemonset/overlays/kubernetes-slurm",
+        "deploy/controller",
+        "deploy/controller/overlays/slurm",
+    ]
+    .map(str::to_owned)
+    .into();
+    assert_eq!(bases, want, "one example per thing to apply");
+}
+
+/// Whether `path` (relative to `root`) exists; a `*` in its last component matches any text there.
+fn exists(root: &Path, path: &str) -> bool {
+    let Some((dir, name)) = path.rsplit_once('/') else {
+        return root.join(path).exists();
+    };
+    match name.split_once('*') {
+        None => root.join(path).exists(),
+        Some((head, tail)) => std::fs::read_dir(root.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with(head) && n.ends_with(tail) && n.len() >= head.len() + tail.len()
+            }),
+    }
+}
+
+/// Every repository path the Containerfile, the Makefile, the manifests, the scripts and the docs name exists (a
+/// renamed test or module leaves no comment pointing at nothing; `*` stands for any text in a file name).
+/// `topology/<plugin>` are Slurm's plugin names.
+#[test]
+fn every_repository_path_the_manifests_and_docs_name_exists() {
+    let root = repo_root();
+    let mut files: Vec<std::path::PathBuf> = [
+        "Containerfile",
+        "Makefile",
+        ".containerignore",
+        ".dockerignore",
+        "README.md",
+    ]
+    .iter()
+    .map(|f| root.join(f))
+    .collect();
+    let mut dirs = vec![root.join("docs"), root.join("deploy"), root.join("scripts")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "md" || x == "yaml" || x == "sh")
+            {
+                files.push(p);
+            }
+        }
+    }
+    let path = regex::Regex::new(
+        r"(^|[^\w./-])((?:topology|gres|api|agent|controller|deploy|tests|fixtures|docs|scripts|\.ci)/[\w./*-]*[\w*])",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let slurm_plugins = [
+        "topology/tree",
+        "topology/block",
+        "topology/flat",
+        "topology/default",
+    ];
+    let mut missing = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        for (n, line) in text.lines().enumerate() {
+            for c in path.captures_iter(line) {
+                let p = &c[2];
+                if !slurm_plugins.contains(&p) && !exists(&root, p) {
+                    let rel = f.strip_prefix(&root).unwrap_or(f).display().to_string();
+                    missing.push(format!("{rel}:{}: {p}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(files.len() > 20, "{} files", files.len());
+    assert!(missing.is_empty(), "paths that do not exist: {missing:#?}");
 }

@@ -1,12 +1,13 @@
 //! The images and manifests (the node agent's and the controller's) through a security scan and a package check: `checkov` (from PyPI) fails only checks
-//! that `docs/deploy.md` explains and accepts, and the Containerfile's runtime stages install exactly the Debian
-//! packages that provide what the binary links and runs.
+//! that `docs/deploy.md` explains and accepts, and the Containerfile's runtime images install the Debian packages
+//! that provide what the binary links and the programs it runs.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use isthmus_tests::deploy::{VARIANTS, render_text};
+use isthmus_tests::image::Containerfile;
 use isthmus_tests::{controller, isthmus_bin, repo_root};
 
 /// checkov's failed checks per target, and the table of accepted ones in docs/deploy.md.
@@ -128,31 +129,28 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
     );
 }
 
-/// The Containerfile's runtime stages install exactly the packages that provide what the binary and the agent use.
+/// The Containerfile's runtime images install the packages that provide what the binary links and the programs it
+/// runs.
 #[test]
 fn the_runtime_images_hold_what_the_binary_links_and_runs() {
-    let text = std::fs::read_to_string(repo_root().join("Containerfile")).unwrap_or_default();
-    let mut stage = String::new();
-    let mut installed: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("FROM ") {
-            stage = rest.rsplit(' ').next().unwrap_or_default().to_owned();
-        }
-        if let Some((_, pkgs)) = line.split_once("--no-install-recommends ") {
-            let pkgs = pkgs.split("&&").next().unwrap_or_default();
-            installed.entry(stage.clone()).or_default().extend(
-                pkgs.split_whitespace()
-                    .filter(|w| *w != "\\")
-                    .map(str::to_owned),
-            );
-        }
-    }
-    let runtime = installed.get("runtime").cloned().unwrap_or_default();
-    let slurm: Vec<String> = runtime
-        .iter()
-        .chain(installed.get("runtime-slurm").into_iter().flatten())
-        .cloned()
-        .collect();
+    let cf = Containerfile::load();
+    // The packages a target installs: every `--no-install-recommends` list of its stages and of those it starts from.
+    let installed = |target: &str| -> BTreeSet<String> {
+        cf.chain(target)
+            .iter()
+            .flat_map(|s| s.instructions.iter())
+            .filter(|i| i.keyword == "RUN")
+            .filter_map(|i| i.args.split_once("--no-install-recommends "))
+            .flat_map(|(_, pkgs)| {
+                pkgs.split("&&")
+                    .next()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
     // Every shared library the binary needs, and the package that ships it here (Debian bookworm, as the image).
     let ldd = Command::new("ldd")
         .arg(isthmus_bin())
@@ -171,20 +169,34 @@ fn the_runtime_images_hold_what_the_binary_links_and_runs() {
         needed.insert(package_of(Path::new(path)));
     }
     assert!(needed.contains("libhwloc15"), "{needed:?}");
-    for p in &needed {
-        assert!(
-            base.contains(&p.as_str()) || runtime.contains(p),
-            "{p} is linked but not installed in the runtime stage ({runtime:?})"
-        );
-    }
-    // The Slurm image: the programs the agent runs.
-    for program in ["slurmd", "slurmstepd", "munged", "scontrol"] {
-        let path = which(program);
-        let pkg = package_of(&path);
-        assert!(
-            slurm.contains(&pkg),
-            "{program} comes from {pkg}, not installed in runtime-slurm"
-        );
+    // Both images (and their -prebuilt twins): the libraries and smpquery (--neighbours); the Slurm image also the
+    // programs the agent runs for Slurm.
+    for (target, programs) in [
+        ("runtime", &["smpquery"][..]),
+        ("runtime-prebuilt", &["smpquery"][..]),
+        (
+            "runtime-slurm",
+            &["smpquery", "slurmd", "slurmstepd", "munged", "scontrol"][..],
+        ),
+        (
+            "runtime-slurm-prebuilt",
+            &["smpquery", "slurmd", "slurmstepd", "munged", "scontrol"][..],
+        ),
+    ] {
+        let packages = installed(target);
+        for p in &needed {
+            assert!(
+                base.contains(&p.as_str()) || packages.contains(p),
+                "{target}: {p} is linked but not installed ({packages:?})"
+            );
+        }
+        for program in programs {
+            let pkg = package_of(&which(program));
+            assert!(
+                packages.contains(&pkg),
+                "{target}: {program} comes from {pkg}, which is not installed"
+            );
+        }
     }
 }
 

@@ -29,6 +29,7 @@ fn args(dump_name: &str, output: OutputKind, exclude: &[&str]) -> RenderArgs {
     RenderArgs {
         ibnetdiscover: Some(dump(dump_name)),
         nrt_dir: None,
+        node_dir: None,
         output,
         model: ModelFlags {
             exclude_switches: exclude.iter().map(|s| (*s).to_owned()).collect(),

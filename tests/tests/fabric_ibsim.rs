@@ -6,12 +6,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use isthmus_api::fabric::{NodeReport, PortReport, decode, node_report_attributes};
+use isthmus_api::fabric::{NodeReport, PortReport, node_report_attributes};
 use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::report::{DecodeOptions, decode};
 use isthmus_controller::fabric::{NodeKind, ibnetdiscover, is_aggregation_node};
+use isthmus_controller::facts::{Interner, NodeFacts};
 use isthmus_controller::hostlist;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};
 use isthmus_controller::render::{RenderOptions, topology_conf};
+use isthmus_gres::grammar::NodeDefinition;
 use isthmus_tests::fabric_gen::{self, CaTruth, FIRMWARE_DESCRIPTION, Generated, Truth};
 use isthmus_tests::ibsim::Sim;
 use isthmus_topology::infiniband::format_guid;
@@ -60,6 +63,11 @@ fn upper_tiers(m: &ClusterModel) -> Vec<usize> {
         .collect()
 }
 
+/// What the model keeps of a report.
+fn facts(r: NodeReport) -> std::sync::Arc<NodeFacts> {
+    std::sync::Arc::new(NodeFacts::from_report(r, &mut Interner::default()))
+}
+
 /// Reports as the hosts would publish them, with port GUIDs and rail marks but no neighbour facts.
 fn reports(truth: &Truth) -> Vec<NodeInput> {
     truth
@@ -67,7 +75,8 @@ fn reports(truth: &Truth) -> Vec<NodeInput> {
         .iter()
         .map(|(host, cas)| NodeInput {
             name: host.clone(),
-            report: Some(NodeReport {
+            slurm_name: Some(host.clone()),
+            facts: Some(facts(NodeReport {
                 node: host.clone(),
                 ports: cas
                     .iter()
@@ -80,9 +89,12 @@ fn reports(truth: &Truth) -> Vec<NodeInput> {
                         ..PortReport::default()
                     })
                     .collect(),
-                slurm_node_line: Some(format!("NodeName={host} CPUs=8 RealMemory=1000")),
+                slurm_node: NodeDefinition::parse(
+                    "CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000",
+                )
+                .ok(),
                 ..NodeReport::default()
-            }),
+            })),
             ..NodeInput::default()
         })
         .collect()
@@ -226,7 +238,9 @@ fn the_node_learns_its_leaf_switch_through_smpquery() {
             // Through the NRT attributes and back, as the controller reads it.
             let mut nrt = NodeResourceTopology::named(host);
             nrt.attributes = node_report_attributes(&topo, None, None, &[]);
-            let mut decoded = decode(&nrt).ports;
+            let mut decoded = decode(&nrt, &DecodeOptions::default())
+                .unwrap_or_else(|e| panic!("{host}: {e}"))
+                .ports;
             assert_eq!(decoded.len(), 1);
             assert_eq!(decoded[0].neighbour, Some(ca.switch));
             decoded[0].device.clone_from(&ca.device);
@@ -235,11 +249,12 @@ fn the_node_learns_its_leaf_switch_through_smpquery() {
         assert_eq!(ports.len(), if host == "su1-dgx08" { 3 } else { 8 });
         inputs.push(NodeInput {
             name: host.into(),
-            report: Some(NodeReport {
+            slurm_name: Some(host.into()),
+            facts: Some(facts(NodeReport {
                 node: host.into(),
                 ports,
                 ..NodeReport::default()
-            }),
+            })),
             ..NodeInput::default()
         });
     }

@@ -23,6 +23,7 @@ fn args(dump: Option<&Path>, nrt_dir: Option<&Path>) -> RenderArgs {
     RenderArgs {
         ibnetdiscover: dump.map(Path::to_path_buf),
         nrt_dir: nrt_dir.map(Path::to_path_buf),
+        node_dir: None,
         output: OutputKind::TopologyConf,
         model: ModelFlags::default(),
     }
@@ -67,7 +68,7 @@ fn assert_slurm_sees_the_model(c: &Controller, model: &ClusterModel) {
     let slurm: BTreeMap<&str, &str> = model
         .nodes
         .values()
-        .map(|n| (n.name.as_str(), n.slurm_name.as_str()))
+        .filter_map(|n| Some((n.name.as_str(), n.slurm_name.as_deref()?)))
         .collect();
     for (i, g) in model.tree.groups.iter().enumerate() {
         let s = &shown[&g.id];
@@ -119,7 +120,7 @@ fn slurmctld_loads_the_director_topology(release) {
     let a = args(Some(&dump), None);
     let (model, _) = offline::build_model(&a).unwrap_or_else(|e| panic!("{e}"));
     let conf = render(&model, &a, OutputKind::TopologyConf);
-    let names = hostlist::compress(model.nodes.values().map(|n| n.slurm_name.as_str()));
+    let names = hostlist::compress(model.nodes.values().filter_map(|n| n.slurm_name.as_deref()));
     let nodes = format!("NodeName={names} CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1");
     let c = start(
         release,
@@ -136,7 +137,7 @@ fn slurmctld_loads_the_director_topology(release) {
         .nodes
         .values()
         .next()
-        .map(|n| n.slurm_name.clone())
+        .and_then(|n| n.slurm_name.clone())
         .unwrap_or_default();
     let bad = format!("{conf}SwitchName=extra-leaf Nodes={first}\n");
     let c = start(
@@ -266,7 +267,9 @@ fn slurm_accepts_the_topology_gres_conf_and_node_definitions_built_from_nrts(rel
     std::fs::write(nrt_dir.path().join("list.json"), list.to_string())
         .unwrap_or_else(|e| panic!("{e}"));
 
-    let a = args(None, Some(nrt_dir.path()));
+    let mut a = args(None, Some(nrt_dir.path()));
+    // The device files are the test's own nodes: the controller accepts paths under that directory only.
+    a.model.gres_device_dir.clone_from(&dev);
     let (model, warnings) = offline::build_model(&a).unwrap_or_else(|e| panic!("{e}"));
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(model.nodes.len(), 32);
@@ -332,7 +335,11 @@ fn slurm_accepts_the_topology_gres_conf_and_node_definitions_built_from_nrts(rel
             .filter(|l| !l.contains("Running with local config file despite slurmctld"))
             .collect();
         assert!(problems.is_empty(), "{host}: {output}");
-        let want = &model.nodes[host].gres_lines;
+        let want: Vec<String> = model.nodes[host]
+            .gres
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(printed.len(), want.len(), "{host}: {output}");
         for (line, got) in want.iter().zip(&printed) {
             for kv in line.split_whitespace() {

@@ -260,28 +260,3 @@ fn table_shows_every_section() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
 }
-
-#[test]
-fn the_generator_reproduces_the_committed_tree() {
-    let out_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let target = out_dir.path().join("root");
-    let status = std::process::Command::new("python3")
-        .arg(fixtures().join("generators/xe9680_8xh100.py"))
-        .arg("--out")
-        .arg(&target)
-        .current_dir(isthmus_tests::repo_root())
-        .status()
-        .unwrap_or_else(|e| panic!("python3: {e}"));
-    assert!(status.success());
-    let diff = std::process::Command::new("diff")
-        .args(["-r", "--no-dereference"])
-        .arg(fixtures().join("hosts/xe9680-8xh100/root"))
-        .arg(&target)
-        .output()
-        .unwrap_or_else(|e| panic!("diff: {e}"));
-    assert!(
-        diff.status.success(),
-        "generated tree differs:\n{}",
-        String::from_utf8_lossy(&diff.stdout)
-    );
-}

@@ -545,3 +545,184 @@ fn relative(from: &Path, to: &Path) -> String {
     let down = to.strip_prefix("/").unwrap_or(to);
     format!("{}{}", "../".repeat(up), down.display())
 }
+
+/// Placement on the real node: a pod for Slurm's scheduler gets a job, is bound to the node the job runs on, and
+/// the kubelet really starts its container there; deleting the pod ends the job.
+#[test]
+fn a_placed_pods_containers_run_on_the_node_its_job_runs_on() {
+    use isthmus_tests::placement::{Placement, PodOpts, jobs_of};
+    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    // The Slurm node is the Kubernetes node: same name, slurmd on this machine.
+    let cluster = Cluster::start(&[NodeSpec::new(NODE_NAME, 2, 0)], "");
+    let mut p = Placement::new(node, &cluster, "placed");
+    p.start();
+    let uid = p.create(&PodOpts {
+        image: Some("isthmus.local/busybox:1.35"),
+        ..PodOpts::new("worker")
+    });
+    wait_for("the pod bound where Slurm runs its job", || {
+        p.node_of("worker").as_deref() == Some(NODE_NAME)
+    });
+    let jobs = jobs_of(&cluster, &uid);
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    assert_eq!(
+        (jobs[0].state.as_str(), jobs[0].nodes.as_str()),
+        ("RUNNING", NODE_NAME)
+    );
+    // The kubelet runs the container: Running, and its process is on this machine.
+    let state = || {
+        node.kubectl_ok(&[
+            "get",
+            "pod",
+            "-n",
+            "placed",
+            "worker",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.running.startedAt}",
+        ])
+    };
+    wait_for("the pod's container running", || {
+        let s = state();
+        s.starts_with("Running ") && s.trim().len() > "Running".len()
+    });
+    let pid = node
+        .container_pid(&uid, "main")
+        .unwrap_or_else(|| panic!("no process for the placed pod's container"));
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    assert_eq!(comm.trim(), "sleep");
+
+    p.delete_pod("worker");
+    wait_for("the job ended with its pod", || {
+        jobs_of(&cluster, &uid).iter().all(|j| j.is_finished())
+    });
+    p.stop();
+}
+
+/// The Slurm variant as its DaemonSet runs it: the `kubernetes-slurm` overlay's pod (an image of this build's agent
+/// with Debian's slurmd and munged) registers a dynamic Slurm node with a real slurmctld on the host, and an `srun`
+/// job runs inside the pod, as a child of the agent's slurmd.
+#[test]
+fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
+    use isthmus_tests::slurmctld::Controller;
+    let _turn = turn();
+    let node = KubeNode::shared();
+    let _ = prepare(node);
+    let ctld = Controller::start("MaxNodeCount=16\nTreeWidth=65533\nGresTypes=gpu\n", "", &[]);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+
+    // The pod's slurm.conf is the cluster's, with the node-side paths of the overlay and munged's default socket
+    // (the pod's own munged).
+    let conf = std::fs::read_to_string(ctld.conf()).unwrap_or_else(|e| panic!("{e}"));
+    let pod_conf: String = conf
+        .lines()
+        .filter(|l| {
+            ![
+                "AuthInfo=",
+                "SlurmdSpoolDir=",
+                "SlurmdPidFile=",
+                "SlurmdLogFile=",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        + "SlurmdSpoolDir=/var/spool/slurmd\nSlurmdPidFile=/run/slurm/slurmd.pid\n";
+    let overlay = dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(overlay.join("slurm.conf"), pod_conf).unwrap_or_else(|e| panic!("{e}"));
+    let key = ctld.path().join("munge.key");
+    let out = node.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "munge-key",
+        "-n",
+        "isthmus-system",
+        &format!("--from-file=munge.key={}", key.display()),
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let archive = dir.path().join("isthmus-slurm.tar");
+    let image = isthmus_tests::node_image::slurm_agent_image("test", &archive);
+    node.import_image(&archive);
+    let (name, tag) = image.rsplit_once(':').unwrap_or((&image, "latest"));
+    let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-slurm");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
+             images:\n  - name: isthmus-slurm\n    newName: {name}\n    newTag: \"{tag}\"\n\
+             configMapGenerator:\n  - name: slurm-config\n    namespace: isthmus-system\n    behavior: replace\n    \
+             files:\n      - slurm.conf\npatches:\n  - path: test.yaml\n",
+            relative(&overlay, &base)
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        overlay.join("test.yaml"),
+        format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: isthmus\n  namespace: isthmus-system\nspec:\n  \
+             template:\n    spec:\n      initContainers:\n      - name: slurm-config\n        imagePullPolicy: Never\n      \
+             containers:\n      - name: isthmus\n        imagePullPolicy: Never\n        env:\n        \
+             - name: KUBERNETES_SERVICE_HOST\n          value: 127.0.0.1\n        - name: KUBERNETES_SERVICE_PORT\n          \
+             value: \"{}\"\n",
+            node.api_port()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let pod = ready_agent_pod(node, &image);
+
+    // The node registered itself (dynamic), idle.
+    wait_until_ok(
+        "the dynamic node idle in slurmctld",
+        Duration::from_secs(120),
+        || {
+            let out = std::process::Command::new("scontrol")
+                .args(["show", "node", NODE_NAME])
+                .env("SLURM_CONF", ctld.conf())
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("State=IDLE").then_some(text)
+        },
+    );
+    // A job runs inside the pod: its PID 1 is the agent.
+    let out = std::process::Command::new("srun")
+        .args([
+            "-w",
+            NODE_NAME,
+            "-t",
+            "1",
+            "/bin/busybox",
+            "cat",
+            "/proc/1/comm",
+        ])
+        .env("SLURM_CONF", ctld.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("srun: {e}"));
+    assert!(out.status.success(), "srun: {}", describe(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "isthmus");
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    assert!(node.container_pid(uid, "isthmus").is_some());
+
+    node.kubectl_ok(&[
+        "delete",
+        "daemonset",
+        "-n",
+        "isthmus-system",
+        "isthmus",
+        "--wait=true",
+    ]);
+    node.kubectl_ok(&["delete", "secret", "-n", "isthmus-system", "munge-key"]);
+    wait_for("the agent's pods gone", || {
+        node.kubectl_ok(&["get", "pods", "-n", "isthmus-system", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+}

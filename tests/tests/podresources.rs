@@ -1,5 +1,7 @@
 //! The PodResources client against an in-test gRPC server speaking the kubelet's `v1.PodResourcesLister` protocol on
-//! a unix socket: allocatable/available per NUMA zone and the pod fingerprint reach the NodeResourceTopology.
+//! a unix socket: allocatable/available per NUMA zone and the pod fingerprint reach the NodeResourceTopology. The
+//! stand-in answers for an 8-GPU, 2-NUMA machine and for kubelets newer and older than the real v1.20 one; the real
+//! kubelet's answers are tested in `tests/tests/kubelet_node.rs` (`isthmus_tests::kubelet` says why both exist).
 
 use std::path::Path;
 

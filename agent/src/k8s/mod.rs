@@ -15,6 +15,8 @@ pub mod podresources;
 pub mod publisher;
 pub mod reservations;
 pub mod tasks;
+#[cfg(test)]
+mod test_topology;
 
 use std::sync::Arc;
 

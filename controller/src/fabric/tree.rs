@@ -1,7 +1,9 @@
 //! From "which leaf switches does each node reach" plus the switch-to-switch links to a tree of switch groups.
 //!
 //! - **Leaves (tier 0).** Two leaf switches belong to one leaf group when they share enough nodes: at least half
-//!   of the smaller one's nodes, and at least two (or its only node). In a rail-optimized pod every host reaches 4
+//!   of the smaller one's nodes, and at least two (or its only node). Shared nodes are counted for pairs of
+//!   switches at most [`PAIR_WINDOW`] apart in a node's GUID-ordered list (every pair for any real node), so the
+//!   cost is linear in what a node reports. In a rail-optimized pod every host reaches 4
 //!   or 8 rail leaves and the pod's hosts share them all, so the pod (its rail leaves and hosts) is one group,
 //!   hosts cabled to only some of the rails included. On a classic fat tree a group is one leaf switch: a single
 //!   dual-homed server (a subnet manager, a storage head) does not merge two leaves. Each node then sits in the
@@ -185,6 +187,12 @@ fn components(links: &[BTreeSet<u64>]) -> Vec<(Vec<usize>, BTreeSet<u64>)> {
     comps.into_values().collect()
 }
 
+/// How many of a node's next switches (in GUID order) each of its switches is paired with when counting shared
+/// nodes. A real node reaches one leaf per rail (8, at most 18 or so), so every pair is counted; a node that
+/// claims thousands of leaves costs `PAIR_WINDOW` pairs per switch instead of a number of pairs quadratic in its
+/// report.
+pub const PAIR_WINDOW: usize = 32;
+
 /// Leaf groups: (switches, nodes) with every node in exactly one group (see the module documentation).
 fn leaf_groups(attachments: &[Attachment]) -> Vec<(BTreeSet<u64>, Vec<String>)> {
     let mut hosts_of: BTreeMap<u64, usize> = BTreeMap::new();
@@ -195,7 +203,8 @@ fn leaf_groups(attachments: &[Attachment]) -> Vec<(BTreeSet<u64>, Vec<String>)> 
         }
         let v: Vec<u64> = a.switches.iter().copied().collect();
         for (i, x) in v.iter().enumerate() {
-            for y in &v[i + 1..] {
+            let end = v.len().min(i + 1 + PAIR_WINDOW);
+            for y in &v[i + 1..end] {
                 *shared.entry((*x, *y)).or_default() += 1;
             }
         }
@@ -454,68 +463,4 @@ fn join_roots(tree: &mut Tree, attachments: &[Attachment], fabric: Option<&Fabri
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fabric::ibnetdiscover;
-
-    fn att(node: &str, switches: &[u64]) -> Attachment {
-        Attachment {
-            node: node.into(),
-            switches: switches.iter().copied().collect(),
-            subnet: Some(0xfe80_0000_0000_0000),
-        }
-    }
-
-    #[test]
-    fn rail_pods_are_one_leaf_each_and_partial_hosts_stay_in_theirs() {
-        // Pod A: rails 1..4 on switches 1..4; pod B on 11..14; a partially cabled host in each.
-        let a = [1, 2, 3, 4];
-        let b = [11, 12, 13, 14];
-        let atts = vec![
-            att("a1", &a),
-            att("a2", &a),
-            att("a3", &a[..2]),
-            att("b1", &b),
-            att("b2", &b[1..]),
-            att("lonely", &[]),
-        ];
-        let t = build(&atts, None, &BTreeMap::new());
-        let leaves: Vec<&Group> = t.groups.iter().filter(|g| g.tier == 0).collect();
-        assert_eq!(leaves.len(), 2);
-        assert_eq!(leaves[0].nodes, vec!["a1", "a2", "a3"]);
-        assert_eq!(leaves[1].nodes, vec!["b1", "b2"]);
-        assert_eq!(leaves[0].id, "sw-0000000000000001-x4");
-        // Same subnet, no dump: joined under one root.
-        let roots: Vec<&Group> = t.groups.iter().filter(|g| g.parent.is_none()).collect();
-        assert_eq!(roots.len(), 1);
-        assert_eq!(
-            (roots[0].id.as_str(), roots[0].origin),
-            ("fabric", GroupOrigin::Joined)
-        );
-        assert!(!t.leaf_of().contains_key("lonely"));
-    }
-
-    #[test]
-    fn a_two_level_fat_tree_from_a_dump() {
-        let f = ibnetdiscover::parse(
-            "Switch 4 \"S-0000000000000021\" # \"MF0;spine1:MQM8700/U1\" enhanced port 0 lid 1 lmc 0\n\
-             [1] \"S-0000000000000011\"[3] # \"MF0;leaf1:MQM8700/U1\" lid 2 4xHDR\n\
-             [2] \"S-0000000000000012\"[3] # \"MF0;leaf2:MQM8700/U1\" lid 3 4xHDR\n\n\
-             Switch 4 \"S-0000000000000022\" # \"MF0;spine2:MQM8700/U1\" enhanced port 0 lid 1 lmc 0\n\
-             [1] \"S-0000000000000011\"[4] # \"MF0;leaf1:MQM8700/U1\" lid 2 4xHDR\n\
-             [2] \"S-0000000000000012\"[4] # \"MF0;leaf2:MQM8700/U1\" lid 3 4xHDR\n\n\
-             Switch 4 \"S-0000000000000011\" # \"MF0;leaf1:MQM8700/U1\" enhanced port 0 lid 2 lmc 0\n\
-             [1] \"H-0000000000000101\"[1](101) # \"n1 mlx5_0\" lid 5 4xHDR\n\n\
-             Switch 4 \"S-0000000000000012\" # \"MF0;leaf2:MQM8700/U1\" enhanced port 0 lid 3 lmc 0\n\
-             [1] \"H-0000000000000102\"[1](102) # \"n2 mlx5_0\" lid 6 4xHDR\n",
-        );
-        let names = crate::fabric::names::switch_names(&f);
-        let t = build(&[att("n1", &[0x11]), att("n2", &[0x12])], Some(&f), &names);
-        let ids: Vec<(usize, &str)> = t
-            .ordered()
-            .into_iter()
-            .map(|i| (t.groups[i].tier, t.groups[i].id.as_str()))
-            .collect();
-        assert_eq!(ids, vec![(0, "leaf1"), (0, "leaf2"), (1, "spine1-x2")]);
-    }
-}
+mod tests;

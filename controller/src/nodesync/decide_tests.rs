@@ -466,6 +466,12 @@ fn slurm_name_from_label_or_node_name() {
         "a001".to_owned(),
     )]));
     assert_eq!(slurm_name(&n), Some("a001"));
+    // A label that is not a Slurm host name pairs the Node with nothing.
+    n.metadata.labels = Some(BTreeMap::from([(
+        SLURM_NODE_NAME_LABEL.to_owned(),
+        "a[001-999]".to_owned(),
+    )]));
+    assert_eq!(slurm_name(&n), None);
 }
 
 #[path = "decide_combos.rs"]

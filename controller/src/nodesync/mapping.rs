@@ -5,32 +5,16 @@
 
 use std::collections::BTreeMap;
 
-/// Node label naming the Slurm node when it differs from the Node name.
-pub const SLURM_NODE_NAME_LABEL: &str = "isthmus.io/slurm-node-name";
+pub use crate::identity::SLURM_NODE_NAME_LABEL;
 
-/// Whether `name` can be a Slurm node name: 1–64 of letters, digits, `.`, `_`, `-`, starting with a letter or digit.
-pub fn valid_slurm_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 64
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-}
-
-/// The Slurm node name a Node claims: its label if set (`Err` when the label's value cannot be a Slurm node name),
-/// else its own name.
+/// The Slurm node name a Node claims: the one mapping every task uses ([`crate::identity::slurm_name`]: its label
+/// when set and not empty, else its own name; `Err` when that is not a Slurm host name).
 pub fn claimed<'a>(
     node_name: &'a str,
     labels: Option<&'a BTreeMap<String, String>>,
 ) -> Result<&'a str, String> {
-    match labels.and_then(|l| l.get(SLURM_NODE_NAME_LABEL)) {
-        Some(v) if valid_slurm_name(v) => Ok(v),
-        Some(v) => Err(format!(
-            "Node {node_name}: label {SLURM_NODE_NAME_LABEL}={v:?} is not a Slurm node name"
-        )),
-        None => Ok(node_name),
-    }
+    crate::identity::slurm_name(node_name, labels)
+        .map_err(|r| format!("Node {node_name}: {}", r.detail))
 }
 
 /// Why a Slurm node has no Node to act on.
@@ -152,12 +136,19 @@ mod tests {
     }
 
     #[test]
-    fn slurm_name_grammar() {
-        for ok in ["n1", "gpu-001", "a.b_c", "X"] {
-            assert!(valid_slurm_name(ok), "{ok}");
-        }
-        for bad in ["", "-a", "a b", "a,b", "a=b", "n[1-2]", &"a".repeat(65)] {
-            assert!(!valid_slurm_name(bad), "{bad}");
+    fn the_label_and_the_name_follow_the_host_name_grammar() {
+        for (name, label, want) in [
+            ("n1", None, Some("n1")),
+            ("k", Some("gpu-001"), Some("gpu-001")),
+            ("k", Some("a.b_c"), Some("a.b_c")),
+            ("k", Some(""), Some("k")),
+            ("k", Some("-a"), None),
+            ("k", Some("a,b"), None),
+            ("k", Some("n[1-2]"), None),
+            ("bad name", None, None),
+        ] {
+            let l = label.map(labels);
+            assert_eq!(claimed(name, l.as_ref()).ok(), want, "{name} {label:?}");
         }
     }
 }

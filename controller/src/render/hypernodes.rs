@@ -128,8 +128,7 @@ fn member(member_type: MemberType, name: &str) -> MemberSpec {
 /// The HyperNodes for the placed nodes, leaves first, by name within a tier. Groups without placed nodes below
 /// them are left out (a HyperNode needs at least one member).
 pub fn render(model: &ClusterModel, opts: &RenderOptions) -> Vec<HyperNode> {
-    let nodes: Vec<_> = model.nodes.values().collect();
-    let keep = groups_holding(model, &nodes);
+    let keep = groups_holding(model, model.nodes.values());
     let mut out = Vec::new();
     for i in model.tree.ordered() {
         if !keep.contains(&i) {

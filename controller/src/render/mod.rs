@@ -2,11 +2,15 @@
 //! is a function of the model and [`RenderOptions`]; equal inputs give byte-identical output, so a sink can write
 //! only on change.
 
+pub mod check;
 pub mod gres_conf;
 pub mod hypernodes;
 pub mod kueue;
 pub mod labels;
 pub mod topology_conf;
+
+#[cfg(test)]
+mod props;
 
 use std::collections::BTreeSet;
 
@@ -51,23 +55,44 @@ impl RenderOptions {
     }
 }
 
-/// The nodes Slurm files describe: the nodes that reported a Slurm node line, or every node when none did (a dump
-/// rendered without node reports).
-pub fn slurm_nodes(model: &ClusterModel) -> Vec<&ClusterNode> {
-    let with_line: Vec<&ClusterNode> = model
+/// A node Slurm files describe, with its Slurm name.
+#[derive(Debug, Clone, Copy)]
+pub struct SlurmNode<'a> {
+    /// The node.
+    pub node: &'a ClusterNode,
+    /// Its Slurm name (from the cluster, checked).
+    pub name: &'a str,
+}
+
+/// The nodes Slurm files describe: the nodes with a Slurm name that reported a node definition, or every node
+/// with a Slurm name when none did (a dump rendered without node reports). A node without a Slurm name (its name
+/// is not a Slurm host name, or another Node claims the same) is in no Slurm file.
+pub fn slurm_nodes(model: &ClusterModel) -> Vec<SlurmNode<'_>> {
+    let named: Vec<SlurmNode<'_>> = model
         .nodes
         .values()
-        .filter(|n| n.slurm_node_line.is_some())
+        .filter_map(|node| {
+            Some(SlurmNode {
+                name: node.slurm_name.as_deref()?,
+                node,
+            })
+        })
         .collect();
-    if with_line.is_empty() {
-        model.nodes.values().collect()
+    if named.iter().any(|n| n.node.slurm_node.is_some()) {
+        named
+            .into_iter()
+            .filter(|n| n.node.slurm_node.is_some())
+            .collect()
     } else {
-        with_line
+        named
     }
 }
 
 /// Group indices whose subtree holds at least one of `nodes`.
-pub(crate) fn groups_holding(model: &ClusterModel, nodes: &[&ClusterNode]) -> BTreeSet<usize> {
+pub(crate) fn groups_holding<'a>(
+    model: &ClusterModel,
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
+) -> BTreeSet<usize> {
     let mut keep = BTreeSet::new();
     for n in nodes {
         if let Some(leaf) = n.leaf() {

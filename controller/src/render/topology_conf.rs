@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{RenderOptions, groups_holding, slurm_nodes};
+use super::{RenderOptions, SlurmNode, groups_holding, slurm_nodes};
 use crate::fabric::names::sanitize;
 use crate::hostlist::compress;
-use crate::model::{ClusterModel, ClusterNode};
+use crate::model::ClusterModel;
 
 /// One `SwitchName=` entry.
 struct SwitchLine {
@@ -21,10 +21,10 @@ struct SwitchLine {
 
 fn switch_lines(model: &ClusterModel, opts: &RenderOptions) -> Vec<SwitchLine> {
     let nodes = slurm_nodes(model);
-    let keep = groups_holding(model, &nodes);
+    let keep = groups_holding(model, nodes.iter().map(|n| n.node));
     let slurm_name: BTreeMap<&str, &str> = nodes
         .iter()
-        .map(|n| (n.name.as_str(), n.slurm_name.as_str()))
+        .map(|n| (n.node.name.as_str(), n.name))
         .collect();
     let mut out = Vec::new();
     for i in model.tree.ordered() {
@@ -50,16 +50,16 @@ fn switch_lines(model: &ClusterModel, opts: &RenderOptions) -> Vec<SwitchLine> {
             comment: None,
         });
     }
-    let unplaced: Vec<&ClusterNode> = nodes
+    let unplaced: Vec<&str> = nodes
         .iter()
-        .copied()
-        .filter(|n| n.leaf().is_none())
+        .filter(|n| n.node.leaf().is_none())
+        .map(|n| n.name)
         .collect();
     if !unplaced.is_empty() {
         out.push(SwitchLine {
             name: opts.unplaced_switch.clone(),
             switches: None,
-            nodes: Some(compress(unplaced.iter().map(|n| n.slurm_name.as_str()))),
+            nodes: Some(compress(unplaced.iter().copied())),
             comment: Some(format!(
                 "{} node(s) no topology source placed: their own switch, so that Slurm keeps using them",
                 unplaced.len()
@@ -98,7 +98,7 @@ fn blocks(model: &ClusterModel) -> (Vec<(String, Vec<&str>)>, Vec<&str>) {
     let nodes = slurm_nodes(model);
     let mut by_block: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let mut left_out = Vec::new();
-    for n in nodes {
+    for SlurmNode { node: n, name } in nodes {
         let block = n
             .accelerator_domain
             .as_deref()
@@ -106,8 +106,8 @@ fn blocks(model: &ClusterModel) -> (Vec<(String, Vec<&str>)>, Vec<&str>) {
             .and_then(|id| sanitize(&id))
             .or_else(|| n.leaf().map(|l| model.tree.groups[l].id.clone()));
         match block {
-            Some(b) => by_block.entry(b).or_default().push(n.slurm_name.as_str()),
-            None => left_out.push(n.slurm_name.as_str()),
+            Some(b) => by_block.entry(b).or_default().push(name),
+            None => left_out.push(name),
         }
     }
     (by_block.into_iter().collect(), left_out)

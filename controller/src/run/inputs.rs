@@ -1,75 +1,83 @@
-//! What the topology task reads: reflectors (watch + list with kube-rs's default backoff) on NodeResourceTopologies
-//! (only their attributes are kept), on Nodes (metadata only) and on the ibnetdiscover ConfigMap, and the model built
-//! from their stores.
+//! What the topology task reads: the NodeResourceTopologies, read into facts as they arrive ([`ReportStore`]), the
+//! Nodes' metadata (a reflector store, trimmed to the labels isthmus reads or writes and to who owns those) with the
+//! names of the Nodes that changed since the last pass ([`NodeChanges`]), and the ibnetdiscover ConfigMap. Every
+//! watch is a list + watch with kube-rs's default backoff.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt as _};
-use isthmus_api::fabric::decode;
-use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_api::nrt::NrtAttributes;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::Event;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::reports::ReportStore;
 use super::topology::TopologyArgs;
-use crate::fabric::Fabric;
-use crate::model::{self, ClusterModel, ModelOptions, NodeInput};
+use crate::identity::SLURM_NODE_NAME_LABEL;
 
 /// What the reconciler reads.
 #[derive(Debug, Clone)]
 pub struct Inputs {
-    /// NodeResourceTopologies (zones and managedFields dropped: only the attributes are read).
-    pub nrts: Store<NodeResourceTopology>,
-    /// Nodes' metadata.
+    /// The reports, read.
+    pub reports: ReportStore,
+    /// Nodes' metadata (only the labels isthmus reads or writes, and their owners).
     pub nodes: Store<PartialObjectMeta<Node>>,
+    /// Names of the Nodes that changed since the last pass.
+    pub node_changes: NodeChanges,
     /// The ibnetdiscover ConfigMap, when one is configured.
     pub dump: Option<Store<ConfigMap>>,
 }
 
-/// Build the model from the stores (every NRT, with its Node's labels; Nodes without an NRT with their labels).
-pub fn build_model(inputs: &Inputs, fabric: Option<&Fabric>, opts: &ModelOptions) -> ClusterModel {
-    let mut labels: BTreeMap<String, BTreeMap<String, String>> = inputs
-        .nodes
-        .state()
-        .iter()
-        .filter_map(|n| {
-            Some((
-                n.metadata.name.clone()?,
-                n.metadata.labels.clone().unwrap_or_default(),
-            ))
-        })
-        .collect();
-    let mut nodes: Vec<NodeInput> = inputs
-        .nrts
-        .state()
-        .iter()
-        .filter_map(|o| {
-            let name = o.metadata.name.clone()?;
-            Some(NodeInput {
-                labels: labels.remove(&name).unwrap_or_default(),
-                report: Some(decode(o)),
-                name,
-                ..NodeInput::default()
-            })
-        })
-        .collect();
-    nodes.extend(labels.into_iter().map(|(name, labels)| NodeInput {
-        name,
-        labels,
-        ..NodeInput::default()
-    }));
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    model::build(nodes, fabric, opts)
+/// The Nodes that changed since the last [`NodeChanges::take`], or all of them after a relist.
+#[derive(Debug, Clone, Default)]
+pub struct NodeChanges(Arc<Mutex<(HashSet<String>, bool)>>);
+
+/// Which Nodes changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    /// These.
+    Some(BTreeSet<String>),
+    /// Every Node (the list was read again).
+    All,
 }
 
-/// Drive a reflector stream, waking `notify` on every event; errors are logged and counted (the stream backs off).
-fn spawn_reflector<S, T>(
+impl NodeChanges {
+    fn note(&self, event: &Event<PartialObjectMeta<Node>>) {
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            Event::Apply(o) | Event::Delete(o) => {
+                if let Some(n) = &o.metadata.name {
+                    g.0.insert(n.clone());
+                }
+            }
+            Event::InitDone => g.1 = true,
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    /// The changes since the last call.
+    pub fn take(&self) -> Changed {
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let names = std::mem::take(&mut g.0);
+        if std::mem::take(&mut g.1) {
+            Changed::All
+        } else {
+            Changed::Some(names.into_iter().collect())
+        }
+    }
+}
+
+/// Drive a watch stream, handing each event to `on_event` and waking `notify`; errors are logged and counted (the
+/// stream backs off).
+fn spawn_watch<S, T>(
     what: &'static str,
     stream: S,
+    on_event: impl Fn(T) + Send + 'static,
     notify: Arc<Notify>,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()>
@@ -85,7 +93,10 @@ where
                 item = stream.next() => item,
             };
             match item {
-                Some(Ok(_)) => notify.notify_one(),
+                Some(Ok(event)) => {
+                    on_event(event);
+                    notify.notify_one();
+                }
                 Some(Err(e)) => {
                     tracing::warn!(resource = what, error = %e, "watch failed; retrying with backoff");
                     metrics::counter!("isthmus_controller_topology_watch_errors_total", "resource" => what)
@@ -97,9 +108,18 @@ where
     })
 }
 
-/// Reduce each `managedFields` entry to the label keys it owns (all the label sink reads) and drop the entries that
-/// own none: on a real Node the kubelet's entries (status, images, conditions) are most of the metadata.
-pub fn keep_label_fields(meta: &mut kube::api::ObjectMeta) {
+/// Reduce a Node's metadata to what the topology task uses: its name and resourceVersion, the labels `keep`
+/// accepts, and each `managedFields` entry to the keys of those labels it owns (entries that own none are dropped:
+/// on a real Node the kubelet's entries, status and images, are most of the metadata).
+pub fn trim_node_meta(meta: &mut kube::api::ObjectMeta, keep: &dyn Fn(&str) -> bool) {
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    meta.uid = None;
+    meta.creation_timestamp = None;
+    if let Some(labels) = &mut meta.labels {
+        labels.retain(|k, _| keep(k));
+    }
     let Some(entries) = meta.managed_fields.take() else {
         return;
     };
@@ -111,17 +131,26 @@ pub fn keep_label_fields(meta: &mut kube::api::ObjectMeta) {
                 .as_ref()
                 .and_then(|f| f.0.get("f:metadata"))
                 .and_then(|m| m.get("f:labels"))
-                .cloned()?;
+                .and_then(serde_json::Value::as_object)?;
+            let owned: serde_json::Map<String, serde_json::Value> = labels
+                .iter()
+                .filter(|(k, _)| k.strip_prefix("f:").is_some_and(keep))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if owned.is_empty() {
+                return None;
+            }
             e.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
-                serde_json::json!({ "f:metadata": { "f:labels": labels } }),
+                serde_json::json!({ "f:metadata": { "f:labels": owned } }),
             ));
+            e.time = None;
             Some(e)
         })
         .collect();
     meta.managed_fields = Some(kept);
 }
 
-/// Start the reflectors (their tasks end with `cancel`).
+/// Start the watches (their tasks end with `cancel`).
 pub fn start_reflectors(
     client: &kube::Client,
     args: &TopologyArgs,
@@ -129,36 +158,49 @@ pub fn start_reflectors(
     notify: &Arc<Notify>,
     cancel: &CancellationToken,
 ) -> Inputs {
-    let (nrts, nrt_writer) = reflector::store::<NodeResourceTopology>();
+    let reports = ReportStore::new(args.model.decode_options());
     let nrt_stream = watcher(
-        Api::<NodeResourceTopology>::all(client.clone()),
+        Api::<NrtAttributes>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
-    .modify(|o| {
-        o.zones.clear();
-        o.metadata.managed_fields = None;
-    })
-    .reflect(nrt_writer);
-    spawn_reflector(
+    .default_backoff();
+    let store = reports.clone();
+    spawn_watch(
         "noderesourcetopologies",
         nrt_stream,
+        move |e| store.apply(e),
         notify.clone(),
         cancel.clone(),
     );
 
+    let opts = args.model_options();
+    let (tier, accelerator) = (
+        args.model.tier_label_prefix.clone(),
+        args.model.accelerator_label.clone(),
+    );
+    let keep = move |k: &str| {
+        k == SLURM_NODE_NAME_LABEL
+            || k == accelerator
+            || (!tier.is_empty() && k.starts_with(tier.as_str()))
+            || opts.reads_label(k)
+    };
     let (nodes, node_writer) = reflector::store::<PartialObjectMeta<Node>>();
     let node_stream = watcher(
         Api::<PartialObjectMeta<Node>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
-    .modify(|n| {
-        n.metadata.annotations = None;
-        keep_label_fields(&mut n.metadata);
-    })
+    .modify(move |n| trim_node_meta(&mut n.metadata, &keep))
     .reflect(node_writer);
-    spawn_reflector("nodes", node_stream, notify.clone(), cancel.clone());
+    let node_changes = NodeChanges::default();
+    let changes = node_changes.clone();
+    spawn_watch(
+        "nodes",
+        node_stream,
+        move |e| changes.note(&e),
+        notify.clone(),
+        cancel.clone(),
+    );
 
     let dump = args.ibnetdiscover_configmap.as_ref().map(|name| {
         let (store, writer) = reflector::store::<ConfigMap>();
@@ -166,10 +208,15 @@ pub fn start_reflectors(
         let stream = watcher(Api::<ConfigMap>::namespaced(client.clone(), namespace), cfg)
             .default_backoff()
             .reflect(writer);
-        spawn_reflector("configmaps", stream, notify.clone(), cancel.clone());
+        spawn_watch("configmaps", stream, |_| {}, notify.clone(), cancel.clone());
         store
     });
-    Inputs { nrts, nodes, dump }
+    Inputs {
+        reports,
+        nodes,
+        node_changes,
+        dump,
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +226,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn only_label_ownership_is_kept() {
+    fn only_the_ownership_of_kept_labels_is_kept() {
         let entry = |m: &str, f: serde_json::Value| ManagedFieldsEntry {
             manager: Some(m.into()),
             fields_v1: Some(FieldsV1(f)),
@@ -190,12 +237,21 @@ mod tests {
                 entry("kubelet", json!({"f:status": {"f:conditions": {}}})),
                 entry(
                     "kubectl",
-                    json!({"f:metadata": {"f:labels": {"f:a": {}}, "f:annotations": {"f:b": {}}}, "f:spec": {}}),
+                    json!({"f:metadata": {"f:labels": {"f:a": {}, "f:z": {}}, "f:annotations": {"f:b": {}}}, "f:spec": {}}),
                 ),
+                entry("other", json!({"f:metadata": {"f:labels": {"f:z": {}}}})),
             ]),
+            labels: Some(
+                [
+                    ("a".to_owned(), "1".to_owned()),
+                    ("z".to_owned(), "2".to_owned()),
+                ]
+                .into(),
+            ),
             ..kube::api::ObjectMeta::default()
         };
-        keep_label_fields(&mut meta);
+        trim_node_meta(&mut meta, &|k| k == "a");
+        assert_eq!(meta.labels.map(|l| l.len()), Some(1));
         let kept = meta.managed_fields.unwrap_or_default();
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].manager.as_deref(), Some("kubectl"));

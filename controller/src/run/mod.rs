@@ -10,7 +10,12 @@ pub mod fence;
 pub mod inputs;
 pub mod leader;
 pub mod lease;
+pub mod node_labels;
 pub mod objects;
+pub mod outputs;
+pub mod pass;
+pub mod rejections;
+pub mod reports;
 pub mod topology;
 
 use std::fmt::Display;

@@ -4,19 +4,16 @@
 //! reflector's copy, or the server's answer to the last read or apply) and writes nothing when every rendered field
 //! already has its value.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 
 use futures::StreamExt as _;
 use isthmus_api::CONTROLLER_FIELD_MANAGER;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{
-    Api, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::ApiResource;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// How many writes of one kind run at once.
-const CONCURRENCY: usize = 16;
+/// How many applies of whole objects (HyperNodes) run at once.
+const OBJECT_CONCURRENCY: usize = 16;
 
 /// Whether every field of `desired` has the same value in `observed`: objects key by key (extra keys in `observed`
 /// are fine: server defaults, other managers' fields), arrays element by element with the same length.
@@ -32,7 +29,7 @@ pub fn contains(observed: &Value, desired: &Value) -> bool {
     }
 }
 
-fn count_write(kind: &'static str, result: &'static str) {
+pub(super) fn count_write(kind: &'static str, result: &'static str) {
     metrics::counter!("isthmus_controller_topology_writes_total", "kind" => kind, "result" => result)
         .increment(1);
 }
@@ -53,6 +50,34 @@ impl Writes {
     }
 }
 
+/// One object as it should be: its JSON text (what is applied) and a digest of it. A sink keeps, per object, only
+/// the digest of what it knows the server holds, never the server's answer: at 10,000 nodes the HyperNodes' member
+/// lists as JSON values were tens of MiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    json: String,
+    digest: u64,
+}
+
+impl Desired {
+    /// The object `v`.
+    pub fn new<T: serde::Serialize>(v: &T) -> Result<Self, serde_json::Error> {
+        let json = serde_json::to_string(v)?;
+        let digest = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            json.hash(&mut h);
+            h.finish()
+        };
+        Ok(Self { json, digest })
+    }
+
+    /// The object as a JSON value.
+    pub fn value(&self) -> Value {
+        serde_json::from_str(&self.json).unwrap_or(Value::Null)
+    }
+}
+
 /// Objects of one kind that isthmus owns whole.
 pub struct ObjectSink {
     kind: &'static str,
@@ -60,8 +85,9 @@ pub struct ObjectSink {
     /// Label selector of the objects isthmus owns: those the model no longer has are deleted. Without one, only
     /// the named objects are read and nothing is deleted.
     owned_selector: Option<String>,
-    /// The observed objects by name; `None` until read (again after an error).
-    observed: Option<BTreeMap<String, Value>>,
+    /// The objects on the server by name, each with the digest of the desired object it is known to hold (`None`:
+    /// it holds something else); `None` until read (again after an error).
+    observed: Option<BTreeMap<String, Option<u64>>>,
 }
 
 impl std::fmt::Debug for ObjectSink {
@@ -98,23 +124,31 @@ impl ObjectSink {
         self.observed = None;
     }
 
+    /// Read what the server holds and compare it with `desired` there and then.
     async fn read(
         &self,
-        names: impl Iterator<Item = &String>,
-    ) -> Result<BTreeMap<String, Value>, kube::Error> {
+        desired: &BTreeMap<String, Desired>,
+    ) -> Result<BTreeMap<String, Option<u64>>, kube::Error> {
         let mut out = BTreeMap::new();
+        let mut note = |name: String, o: &DynamicObject| {
+            let held = desired.get(&name).and_then(|want| {
+                let observed = serde_json::to_value(o).unwrap_or(Value::Null);
+                contains(&observed, &want.value()).then_some(want.digest)
+            });
+            out.insert(name, held);
+        };
         match &self.owned_selector {
             Some(sel) => {
                 for o in self.api.list(&ListParams::default().labels(sel)).await? {
                     if let Some(n) = o.metadata.name.clone() {
-                        out.insert(n, serde_json::to_value(&o).unwrap_or(Value::Null));
+                        note(n, &o);
                     }
                 }
             }
             None => {
-                for n in names {
+                for n in desired.keys() {
                     if let Some(o) = self.api.get_opt(n).await? {
-                        out.insert(n.clone(), serde_json::to_value(&o).unwrap_or(Value::Null));
+                        note(n.clone(), &o);
                     }
                 }
             }
@@ -123,7 +157,10 @@ impl ObjectSink {
     }
 
     /// Make the server hold `desired` (name → object): apply what differs, delete owned objects not in it.
-    pub async fn sync(&mut self, desired: &BTreeMap<String, Value>) -> Result<Writes, kube::Error> {
+    pub async fn sync(
+        &mut self,
+        desired: &BTreeMap<String, Desired>,
+    ) -> Result<Writes, kube::Error> {
         let result = self.sync_inner(desired).await;
         if result.is_err() {
             self.observed = None;
@@ -133,35 +170,49 @@ impl ObjectSink {
 
     async fn sync_inner(
         &mut self,
-        desired: &BTreeMap<String, Value>,
+        desired: &BTreeMap<String, Desired>,
     ) -> Result<Writes, kube::Error> {
         let mut observed = match self.observed.take() {
             Some(o) => o,
-            None => self.read(desired.keys()).await?,
+            None => self.read(desired).await?,
         };
         let mut writes = Writes::default();
         let pp = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
         let mut first_error = None;
-        for (name, want) in desired {
-            if observed.get(name).is_some_and(|o| contains(o, want)) {
-                continue;
-            }
-            match self.api.patch(name, &pp, &Patch::Apply(want)).await {
-                Ok(o) => {
+        // Bodies are made one at a time, as the writes go out.
+        let todo: Vec<(String, u64)> = desired
+            .iter()
+            .filter(|(name, want)| observed.get(*name) != Some(&Some(want.digest)))
+            .map(|(name, want)| (name.clone(), want.digest))
+            .collect();
+        let mut results = futures::stream::iter(todo)
+            .map(|(name, digest)| {
+                let body = desired
+                    .get(&name)
+                    .map(Desired::value)
+                    .unwrap_or(Value::Null);
+                let (api, pp) = (self.api.clone(), pp.clone());
+                async move {
+                    let r = api.patch(&name, &pp, &Patch::Apply(&body)).await.map(drop);
+                    (name, digest, r)
+                }
+            })
+            .buffer_unordered(OBJECT_CONCURRENCY);
+        while let Some((name, digest, r)) = results.next().await {
+            match r {
+                Ok(()) => {
                     count_write(self.kind, "applied");
                     writes.applied += 1;
-                    observed.insert(
-                        name.clone(),
-                        serde_json::to_value(&o).unwrap_or(Value::Null),
-                    );
+                    observed.insert(name, Some(digest));
                 }
                 Err(e) => {
                     count_write(self.kind, "failed");
-                    observed.remove(name);
+                    observed.remove(&name);
                     first_error.get_or_insert(e);
                 }
             }
         }
+        drop(results);
         if self.owned_selector.is_some() {
             let stale: Vec<String> = observed
                 .keys()
@@ -193,202 +244,19 @@ impl ObjectSink {
     }
 }
 
-/// The label keys under `f:metadata.f:labels` of each field manager's entries: (ours, everybody else's).
-pub fn label_owners(
-    meta: &kube::api::ObjectMeta,
-    manager: &str,
-) -> (BTreeSet<String>, BTreeSet<String>) {
-    let mut ours = BTreeSet::new();
-    let mut others = BTreeSet::new();
-    for entry in meta.managed_fields.iter().flatten() {
-        let keys = entry
-            .fields_v1
-            .as_ref()
-            .and_then(|f| f.0.get("f:metadata"))
-            .and_then(|m| m.get("f:labels"))
-            .and_then(Value::as_object)
-            .map(|labels| {
-                labels
-                    .keys()
-                    .filter_map(|k| k.strip_prefix("f:"))
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        let is_ours = entry.manager.as_deref() == Some(manager)
-            && entry.operation.as_deref() == Some("Apply");
-        if is_ours {
-            ours.extend(keys);
-        } else {
-            others.extend(keys);
-        }
-    }
-    (ours, others)
-}
-
-/// The labels to apply on one node and whether that is needed: `desired` minus the keys another manager owns
-/// (never overwritten), compared with the labels isthmus owns now. `None`: nothing to write. The second value
-/// counts the keys left out because another manager owns them.
-pub fn node_labels_patch(
-    meta: &kube::api::ObjectMeta,
-    desired: Option<&BTreeMap<String, String>>,
-) -> (Option<BTreeMap<String, String>>, usize) {
-    let (ours, others) = label_owners(meta, CONTROLLER_FIELD_MANAGER);
-    let empty = BTreeMap::new();
-    let desired = desired.unwrap_or(&empty);
-    let want: BTreeMap<String, String> = desired
-        .iter()
-        .filter(|(k, _)| !others.contains(*k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let foreign = desired.len() - want.len();
-    let labels = meta.labels.clone().unwrap_or_default();
-    let have: BTreeMap<String, String> = ours
-        .iter()
-        .filter_map(|k| labels.get(k).map(|v| (k.clone(), v.clone())))
-        .collect();
-    // Equal when every label we want has its value and we own no other label.
-    let same = want
-        .iter()
-        .all(|(k, v)| labels.get(k) == Some(v) && ours.contains(k))
-        && have.keys().all(|k| want.contains_key(k));
-    (if same { None } else { Some(want) }, foreign)
-}
-
-/// The topology labels on Nodes.
-pub struct LabelSink {
-    api: Api<Node>,
-    /// Per node: the resourceVersion the reflector showed when isthmus last applied, and what it applied; a node
-    /// whose newer version has not arrived yet is not written twice.
-    applied: HashMap<String, (Option<String>, BTreeMap<String, String>)>,
-}
-
-impl std::fmt::Debug for LabelSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LabelSink").finish()
-    }
-}
-
-impl LabelSink {
-    /// A sink writing through `client`.
-    pub fn new(client: kube::Client) -> Self {
-        Self {
-            api: Api::all(client),
-            applied: HashMap::new(),
-        }
-    }
-
-    /// Apply `desired` (node → labels) to the Nodes in `nodes` (nodes not there are never created). Returns the
-    /// writes and the number of labels left out because another manager owns them.
-    pub async fn sync(
-        &mut self,
-        nodes: &[std::sync::Arc<PartialObjectMeta<Node>>],
-        desired: &BTreeMap<String, BTreeMap<String, String>>,
-    ) -> Result<(Writes, usize), kube::Error> {
-        let mut todo = Vec::new();
-        let mut foreign_total = 0;
-        for n in nodes {
-            let Some(name) = n.metadata.name.clone() else {
-                continue;
-            };
-            let (patch, foreign) = node_labels_patch(&n.metadata, desired.get(&name));
-            foreign_total += foreign;
-            let Some(labels) = patch else {
-                self.applied.remove(&name);
-                continue;
-            };
-            let rv = n.metadata.resource_version.clone();
-            if self
-                .applied
-                .get(&name)
-                .is_some_and(|(seen, sent)| *seen == rv && *sent == labels)
-            {
-                continue;
-            }
-            todo.push((name, rv, labels));
-        }
-        let api = self.api.clone();
-        let results: Vec<_> = futures::stream::iter(todo)
-            .map(|(name, rv, labels)| {
-                let api = api.clone();
-                async move {
-                    let body = json!({
-                        "apiVersion": "v1",
-                        "kind": "Node",
-                        "metadata": { "name": name, "labels": labels },
-                    });
-                    let pp = PatchParams::apply(CONTROLLER_FIELD_MANAGER);
-                    // The answer is not kept: 10,000 of them would be most of the memory of a first pass.
-                    let r = api
-                        .patch_metadata(&name, &pp, &Patch::Apply(&body))
-                        .await
-                        .map(drop);
-                    (name, rv, labels, r)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        let mut writes = Writes::default();
-        let mut first_error = None;
-        for (name, rv, labels, r) in results {
-            match r {
-                Ok(_) => {
-                    count_write("node-labels", "applied");
-                    writes.applied += 1;
-                    self.applied.insert(name, (rv, labels));
-                }
-                Err(e) => {
-                    count_write("node-labels", "failed");
-                    tracing::warn!(node = %name, error = %e, "applying topology labels failed");
-                    self.applied.remove(&name);
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok((writes, foreign_total)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-    use kube::api::ObjectMeta;
+    use serde_json::json;
 
-    fn entry(manager: &str, op: &str, keys: &[&str]) -> ManagedFieldsEntry {
-        let labels: serde_json::Map<String, Value> =
-            keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
-        ManagedFieldsEntry {
-            manager: Some(manager.into()),
-            operation: Some(op.into()),
-            fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:labels": labels}}))),
-            ..ManagedFieldsEntry::default()
-        }
-    }
-
-    fn meta(labels: &[(&str, &str)], entries: Vec<ManagedFieldsEntry>) -> ObjectMeta {
-        ObjectMeta {
-            name: Some("n1".into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-            ),
-            managed_fields: Some(entries),
-            ..ObjectMeta::default()
-        }
-    }
-
-    fn want(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect()
+    #[test]
+    fn desired_objects_keep_their_json_and_a_digest() -> Result<(), serde_json::Error> {
+        let a = Desired::new(&json!({"kind": "X", "spec": {"n": 1}}))?;
+        let b = Desired::new(&json!({"kind": "X", "spec": {"n": 2}}))?;
+        assert_eq!(a.value(), json!({"kind": "X", "spec": {"n": 1}}));
+        assert_ne!(a.digest, b.digest);
+        assert_eq!(a, Desired::new(&json!({"kind": "X", "spec": {"n": 1}}))?);
+        Ok(())
     }
 
     #[test]
@@ -398,49 +266,5 @@ mod tests {
         assert!(!contains(&o, &json!({"b": {"c": [1]}})));
         assert!(!contains(&o, &json!({"a": 2})));
         assert!(!contains(&o, &json!({"z": 1})));
-    }
-
-    #[test]
-    fn nothing_to_write_when_our_labels_are_there() {
-        let m = meta(
-            &[("t/tier-0", "leaf1"), ("other", "x")],
-            vec![
-                entry(CONTROLLER_FIELD_MANAGER, "Apply", &["t/tier-0"]),
-                entry("kubelet", "Update", &["other"]),
-            ],
-        );
-        assert_eq!(
-            node_labels_patch(&m, Some(&want(&[("t/tier-0", "leaf1")]))),
-            (None, 0)
-        );
-        // A changed value, or a label we own that is no longer wanted, is written.
-        assert_eq!(
-            node_labels_patch(&m, Some(&want(&[("t/tier-0", "leaf2")]))).0,
-            Some(want(&[("t/tier-0", "leaf2")]))
-        );
-        assert_eq!(node_labels_patch(&m, None).0, Some(BTreeMap::new()));
-    }
-
-    #[test]
-    fn a_label_another_manager_owns_is_left_alone() {
-        let m = meta(
-            &[("t/tier-0", "theirs")],
-            vec![entry("kubectl-label", "Update", &["t/tier-0"])],
-        );
-        let (patch, foreign) = node_labels_patch(
-            &m,
-            Some(&want(&[("t/tier-0", "leaf1"), ("t/tier-1", "spine")])),
-        );
-        assert_eq!(patch, Some(want(&[("t/tier-1", "spine")])));
-        assert_eq!(foreign, 1);
-    }
-
-    #[test]
-    fn an_unowned_label_with_our_value_is_claimed() {
-        let m = meta(&[("t/tier-0", "leaf1")], vec![]);
-        assert_eq!(
-            node_labels_patch(&m, Some(&want(&[("t/tier-0", "leaf1")]))).0,
-            Some(want(&[("t/tier-0", "leaf1")]))
-        );
     }
 }

@@ -7,21 +7,25 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt as _;
 use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::inputs::{Inputs, build_model, start_reflectors};
+use super::inputs::{Inputs, start_reflectors};
 use super::leader::{Backoff, sleep_or_cancel};
-use super::objects::{LabelSink, ObjectSink, Writes};
+use super::node_labels::LabelSink;
+use super::objects::ObjectSink;
+use super::outputs::Rendered;
+use super::pass::reconcile;
+use super::rejections::RejectionLog;
 use crate::fabric::{Fabric, ibnetdiscover};
-use crate::model::{ClusterModel, ModelOptions};
-use crate::offline::{self, OutputKind};
-use crate::render::{self, RenderOptions, hypernodes, kueue};
+use crate::model::ModelOptions;
+use crate::model::engine::Engine;
+use crate::offline;
+use crate::render::{RenderOptions, hypernodes, kueue};
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
 
 /// Label on every object the topology task owns whole (besides HyperNodes' own source label).
@@ -75,8 +79,12 @@ pub struct TopologyArgs {
     /// How the model is built and the outputs are named (the same flags as `isthmus controller render`).
     #[command(flatten)]
     pub model: offline::ModelFlags,
+    /// How many node label applies run at once (the first pass labels every Node; the API server's capacity
+    /// bounds how fast).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub write_concurrency: usize,
     /// How long to wait after a change for more changes before recomputing.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub debounce: Duration,
 }
 
@@ -113,7 +121,7 @@ pub enum TopologyError {
 }
 
 impl TopologyError {
-    fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
+    pub(super) fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
         move |source| Self::Api { what, source }
     }
 
@@ -129,21 +137,29 @@ impl TopologyError {
 
 /// The reconciler's state between runs.
 pub struct State {
-    args: TopologyArgs,
-    namespace: String,
-    slurm: SlurmClient,
+    pub(super) args: TopologyArgs,
+    pub(super) namespace: String,
+    pub(super) slurm: SlurmClient,
     client: kube::Client,
-    labels: LabelSink,
-    hypernodes: ObjectSink,
-    kueue: ObjectSink,
-    configmap: ObjectSink,
-    status: ObjectSink,
-    /// The dump in use and the text it was parsed from.
-    fabric: Option<(String, Fabric)>,
+    pub(super) labels: LabelSink,
+    pub(super) hypernodes: ObjectSink,
+    pub(super) kueue: ObjectSink,
+    pub(super) configmap: ObjectSink,
+    pub(super) status: ObjectSink,
+    /// The dump in use and the ConfigMap resourceVersion it was read from.
+    pub(super) fabric: Option<(Option<String>, Fabric)>,
     /// Whether each optional CRD was found served (HyperNode, Kueue Topology); asked again while not.
     served: BTreeMap<&'static str, bool>,
     /// A `scontrol reconfigure` is owed (the ConfigMap changed and the call failed).
-    reconfigure_due: bool,
+    pub(super) reconfigure_due: bool,
+    /// Reports left out in the last pass.
+    pub(super) rejections: RejectionLog,
+    /// The model, kept up to date change by change.
+    pub(super) engine: Engine,
+    /// The outputs of the model as it is.
+    pub(super) out: Option<Rendered>,
+    /// Every Node's labels must be checked at the next pass (after a failed label write).
+    pub(super) labels_due: bool,
 }
 
 impl std::fmt::Debug for State {
@@ -164,6 +180,7 @@ impl State {
         args: TopologyArgs,
         namespace: String,
     ) -> Self {
+        let engine = Engine::new(args.model_options());
         let hn = resource(
             hypernodes::GROUP,
             hypernodes::VERSION,
@@ -174,7 +191,7 @@ impl State {
         let cm = resource("", "v1", "ConfigMap", "configmaps");
         let source = RenderOptions::default().hypernode_source;
         Self {
-            labels: LabelSink::new(client.clone()),
+            labels: LabelSink::new(client.clone(), args.write_concurrency),
             hypernodes: ObjectSink::new(
                 client.clone(),
                 "hypernode",
@@ -198,11 +215,15 @@ impl State {
             fabric: None,
             served: BTreeMap::new(),
             reconfigure_due: false,
+            rejections: RejectionLog::default(),
+            engine,
+            out: None,
+            labels_due: true,
         }
     }
 
     /// Whether `group/version` serves `plural` (asked until it does; a read, never a write).
-    async fn served(
+    pub(super) async fn served(
         &mut self,
         group_version: &'static str,
         plural: &str,
@@ -226,284 +247,55 @@ impl State {
         Ok(found)
     }
 
-    /// The dump to use: the ConfigMap's text parsed, unless it cannot replace the one in use (a degenerate dump).
-    fn update_fabric(&mut self, inputs: &Inputs) {
+    /// The dump to use: the ConfigMap's text parsed when its resourceVersion changed, unless it cannot replace the
+    /// one in use (a degenerate dump). Returns whether the dump in use changed.
+    pub(super) fn update_fabric(&mut self, inputs: &Inputs) -> bool {
         let Some(store) = &inputs.dump else {
-            return;
+            return false;
         };
-        let text = store
-            .state()
-            .first()
-            .and_then(|cm| cm.data.as_ref()?.get(&self.args.ibnetdiscover_key).cloned());
-        let Some(text) = text else {
+        let Some(cm) = store.state().first().cloned() else {
+            if self.fabric.is_some() {
+                tracing::warn!("the ibnetdiscover ConfigMap is gone: keeping the last good dump");
+            }
+            return false;
+        };
+        let version = cm.metadata.resource_version.clone();
+        if self
+            .fabric
+            .as_ref()
+            .is_some_and(|(v, _)| version.is_some() && *v == version)
+        {
+            return false;
+        }
+        let Some(text) = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&self.args.ibnetdiscover_key))
+        else {
             if self.fabric.is_some() {
                 tracing::warn!(
-                    "the ibnetdiscover ConfigMap or its key is gone: keeping the last good dump"
+                    "the ibnetdiscover ConfigMap has no dump under its key: keeping the last good dump"
                 );
             }
-            return;
+            return false;
         };
-        if self.fabric.as_ref().is_some_and(|(t, _)| *t == text) {
-            return;
-        }
-        let parsed = ibnetdiscover::parse(&text);
+        let parsed = ibnetdiscover::parse(text);
         match parsed.may_replace(self.fabric.as_ref().map(|(_, f)| f)) {
             Ok(()) => {
                 tracing::info!(summary = ?parsed.summary(), "using the ibnetdiscover dump");
-                self.fabric = Some((text, parsed));
+                self.fabric = Some((version, parsed));
+                true
             }
             Err(why) => {
                 tracing::warn!(%why, "refusing the ibnetdiscover dump: keeping the previous one");
                 metrics::counter!("isthmus_controller_topology_dumps_refused_total").increment(1);
+                // Not read again until the ConfigMap changes.
+                if let Some((v, _)) = &mut self.fabric {
+                    *v = version;
+                }
+                false
             }
         }
-    }
-}
-
-fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, TopologyError> {
-    serde_json::to_value(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
-}
-
-/// The Slurm ConfigMap's data.
-pub fn slurm_files(
-    model: &ClusterModel,
-    args: &TopologyArgs,
-) -> Result<BTreeMap<String, String>, TopologyError> {
-    let opts = args.render_options();
-    let topo = match args.slurm_topology {
-        SlurmTopology::Tree => OutputKind::TopologyConf,
-        SlurmTopology::Block => OutputKind::TopologyBlock,
-    };
-    Ok(BTreeMap::from([
-        (
-            "topology.conf".to_owned(),
-            offline::render_output(model, topo, &opts)?,
-        ),
-        (
-            "gres.conf".to_owned(),
-            offline::render_output(model, OutputKind::GresConf, &opts)?,
-        ),
-        (
-            "nodes.conf".to_owned(),
-            offline::render_output(model, OutputKind::NodeConf, &opts)?,
-        ),
-    ]))
-}
-
-/// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed) and `nodes` (how
-/// many nodes the model holds, how many are placed).
-pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
-    let mut unplaced = String::new();
-    for (n, why) in model.unplaced() {
-        unplaced.push_str(&format!("{}: {why}\n", n.name));
-    }
-    let total = model.nodes.len();
-    let placed = total - model.unplaced().count();
-    BTreeMap::from([
-        (
-            "nodes".to_owned(),
-            format!("{total} nodes, {placed} placed\n"),
-        ),
-        ("unplaced".to_owned(), unplaced),
-    ])
-}
-
-fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
-        },
-        "data": data,
-    })
-}
-
-/// One pass: rebuild the model, render every enabled output, write what differs. Every output is tried even when
-/// one fails; the first error is returned (and the pass retried by the caller).
-pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
-    let started = Instant::now();
-    state.update_fabric(inputs);
-    let args = state.args.clone();
-    let model = build_model(
-        inputs,
-        state.fabric.as_ref().map(|(_, f)| f),
-        &args.model_options(),
-    );
-    let unplaced: Vec<&str> = model.unplaced().map(|(n, _)| n.name.as_str()).collect();
-    metrics::gauge!("isthmus_controller_topology_nodes").set(model.nodes.len() as f64);
-    metrics::gauge!("isthmus_controller_topology_nodes_unplaced").set(unplaced.len() as f64);
-    metrics::counter!("isthmus_controller_topology_recomputes_total").increment(1);
-    if !unplaced.is_empty() {
-        tracing::warn!(
-            count = unplaced.len(),
-            first = ?unplaced.iter().take(5).collect::<Vec<_>>(),
-            "nodes whose leaf no source gives: no topology label for them"
-        );
-    }
-    let nodes = model.nodes.len();
-    let out = Rendered::new(&model, &args, &state.namespace)?;
-    // The model is the largest thing in memory: gone before the writes.
-    drop(model);
-    let mut first_error: Option<TopologyError> = None;
-    let mut note = |kind: &str, r: Result<Writes, TopologyError>| match r {
-        Ok(w) if w.any() => tracing::info!(
-            output = kind,
-            applied = w.applied,
-            deleted = w.deleted,
-            "written"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            tracing::warn!(output = kind, error = %e, "writing failed; will retry");
-            first_error.get_or_insert(e);
-        }
-    };
-
-    if let Some(desired) = &out.labels {
-        let r = state
-            .labels
-            .sync(&inputs.nodes.state(), desired)
-            .await
-            .map(|(w, foreign)| {
-                metrics::gauge!("isthmus_controller_topology_labels_foreign").set(foreign as f64);
-                w
-            })
-            .map_err(TopologyError::api("node labels"));
-        note("node-labels", r);
-    }
-
-    if let Some(desired) = &out.hypernodes {
-        let r = async {
-            if !state
-                .served("topology.volcano.sh/v1alpha1", hypernodes::PLURAL)
-                .await?
-            {
-                return Ok(Writes::default());
-            }
-            state
-                .hypernodes
-                .sync(desired)
-                .await
-                .map_err(TopologyError::api("hypernodes"))
-        }
-        .await;
-        note("hypernodes", r);
-    }
-
-    if let Some(desired) = &out.kueue {
-        let r = async {
-            if !state
-                .served("kueue.x-k8s.io/v1beta2", kueue::PLURAL)
-                .await?
-            {
-                return Ok(Writes::default());
-            }
-            state
-                .kueue
-                .sync(desired)
-                .await
-                .map_err(TopologyError::api("kueue topology"))
-        }
-        .await;
-        note("kueue-topology", r);
-    }
-
-    if let Some(desired) = &out.slurm {
-        let r = async {
-            let w = state
-                .configmap
-                .sync(desired)
-                .await
-                .map_err(TopologyError::api("slurm configmap"))?;
-            if w.any() && args.scontrol_reconfigure {
-                state.reconfigure_due = true;
-            }
-            if state.reconfigure_due {
-                state.slurm.run("scontrol", &["reconfigure"]).await?;
-                state.reconfigure_due = false;
-            }
-            Ok(w)
-        }
-        .await;
-        note("slurm-configmap", r);
-    }
-
-    if let Some(desired) = &out.status {
-        let r = state
-            .status
-            .sync(desired)
-            .await
-            .map_err(TopologyError::api("status configmap"));
-        note("status-configmap", r);
-    }
-
-    let took = started.elapsed();
-    metrics::histogram!("isthmus_controller_topology_recompute_seconds").record(took.as_secs_f64());
-    tracing::debug!(nodes, took_ms = took.as_millis() as u64, "recomputed");
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
-/// Every enabled output, rendered (objects by name); `None` for a disabled one.
-#[derive(Debug, Default)]
-pub struct Rendered {
-    /// Node → labels.
-    pub labels: Option<BTreeMap<String, BTreeMap<String, String>>>,
-    /// HyperNodes.
-    pub hypernodes: Option<BTreeMap<String, Value>>,
-    /// The Kueue Topology.
-    pub kueue: Option<BTreeMap<String, Value>>,
-    /// The Slurm ConfigMap.
-    pub slurm: Option<BTreeMap<String, Value>>,
-    /// The status ConfigMap.
-    pub status: Option<BTreeMap<String, Value>>,
-}
-
-impl Rendered {
-    /// Render what `args` enables.
-    pub fn new(
-        model: &ClusterModel,
-        args: &TopologyArgs,
-        namespace: &str,
-    ) -> Result<Self, TopologyError> {
-        let opts = args.render_options();
-        let mut out = Self::default();
-        if args.node_labels {
-            out.labels = Some(render::labels::render(model, &opts));
-        }
-        if args.hypernodes {
-            let mut desired = BTreeMap::new();
-            for h in render::hypernodes::render(model, &opts) {
-                let name = h.metadata.name.clone().unwrap_or_default();
-                desired.insert(name, to_value(&h)?);
-            }
-            out.hypernodes = Some(desired);
-        }
-        if args.kueue_topology {
-            let t = render::kueue::render(model, &opts);
-            out.kueue = Some(BTreeMap::from([(
-                args.model.kueue_topology_name.clone(),
-                to_value(&t)?,
-            )]));
-        }
-        if args.slurm_configmap {
-            let cm = configmap(
-                &args.slurm_configmap_name,
-                namespace,
-                &slurm_files(model, args)?,
-            );
-            out.slurm = Some(BTreeMap::from([(args.slurm_configmap_name.clone(), cm)]));
-        }
-        if args.status_configmap {
-            let cm = configmap(&args.status_configmap_name, namespace, &status_data(model));
-            out.status = Some(BTreeMap::from([(args.status_configmap_name.clone(), cm)]));
-        }
-        Ok(out)
     }
 }
 
@@ -529,18 +321,28 @@ pub async fn run(
     let _stop_reflectors = reflectors.clone().drop_guard();
     let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
     let ready = async {
-        let _ = inputs.nrts.wait_until_ready().await;
-        let _ = inputs.nodes.wait_until_ready().await;
-        if let Some(d) = &inputs.dump {
-            let _ = d.wait_until_ready().await;
-        }
+        futures::join!(
+            async {
+                inputs.reports.wait_until_ready().await;
+                tracing::info!(nrts = inputs.reports.len(), "reports listed");
+            },
+            async {
+                let _ = inputs.nodes.wait_until_ready().await;
+                tracing::info!(nodes = inputs.nodes.state().len(), "nodes listed");
+            },
+            async {
+                if let Some(d) = &inputs.dump {
+                    let _ = d.wait_until_ready().await;
+                }
+            },
+        );
     };
     tokio::select! {
         () = cancel.cancelled() => return Ok(()),
         () = ready => {}
     }
     tracing::info!(
-        nrts = inputs.nrts.state().len(),
+        nrts = inputs.reports.len(),
         nodes = inputs.nodes.state().len(),
         "topology inputs listed"
     );

@@ -299,7 +299,9 @@ mod tests {
             slurm_timeout: Duration::from_millis(100),
             ..SlurmArgs::default()
         });
-        let e = rt().block_on(c.run("sleep", &["5"])).expect_err("too slow");
+        let e = rt()
+            .block_on(c.run("/bin/sleep", &["5"]))
+            .expect_err("too slow");
         assert!(matches!(e, SlurmError::Timeout { .. }), "{e}");
     }
 
@@ -307,15 +309,15 @@ mod tests {
     fn failure_carries_stderr_and_json_errors_are_typed() {
         let c = SlurmClient::default();
         let e = rt()
-            .block_on(c.run("sh", &["-c", "echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2; exit 1"]))
+            .block_on(c.run("/bin/sh", &["-c", "echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2; exit 1"]))
             .expect_err("exit 1");
         assert!(e.is_unreachable(), "{e}");
         let e = rt()
-            .block_on(c.json::<serde_json::Value>("echo", &["{not json"]))
+            .block_on(c.json::<serde_json::Value>("/bin/echo", &["{not json"]))
             .expect_err("bad json");
         assert!(matches!(e, SlurmError::Json { .. }), "{e}");
         let v: serde_json::Value = rt()
-            .block_on(c.json("echo", &[r#"{"nodes":[]}"#]))
+            .block_on(c.json("/bin/echo", &[r#"{"nodes":[]}"#]))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v["nodes"], serde_json::json!([]));
     }

@@ -291,7 +291,7 @@ mod tests {
             std::fs::write(
                 &path,
                 format!(
-                    "#!/bin/sh\necho \"{name} $*\" >> '{}'\ncat <<'EOF'\n{out}\nEOF\n",
+                    "#!/bin/sh\nPATH=/usr/bin:/bin\necho \"{name} $*\" >> '{}'\ncat <<'EOF'\n{out}\nEOF\n",
                     log.display()
                 ),
             )

@@ -10,7 +10,7 @@ use serde::Deserialize;
 /// `--audit-policy-file`: writes (create, update, patch, delete, deletecollection) of anyone and every request of a
 /// ServiceAccount at level Metadata, once each (when the response is complete; a watch also when it starts, except
 /// that v1.20 logs a watch that has carried no event only when it ends); other reads are not recorded.
-pub(super) const POLICY: &str = "\
+pub const POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use isthmus_api::fabric::decode;
+use isthmus_api::report::DecodeOptions;
 use isthmus_controller::fabric::ibnetdiscover;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};
 use isthmus_controller::render::{self, RenderOptions};
@@ -51,6 +51,24 @@ fn stats(mut v: Vec<Duration>) -> String {
     )
 }
 
+/// Every NRT read strictly and paired with its node, as the controller does.
+fn read_reports(nrts: &[isthmus_api::nrt::NodeResourceTopology]) -> Vec<NodeInput> {
+    let opts = DecodeOptions::default();
+    let mut interner = isthmus_controller::facts::Interner::default();
+    let reports = nrts
+        .iter()
+        .map(|o| {
+            (
+                o.metadata.name.clone().unwrap_or_default(),
+                isthmus_controller::facts::read(o, &opts, &mut interner),
+            )
+        })
+        .collect();
+    let a = isthmus_controller::identity::assemble(reports, None);
+    assert!(a.rejected.is_empty(), "{:?}", a.rejected);
+    a.inputs
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let nodes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
@@ -74,17 +92,7 @@ fn main() {
     let opts = ModelOptions::default();
     {
         // Memory of each step, once, holding every intermediate as the controller would.
-        let inputs: Vec<NodeInput> = nrts
-            .iter()
-            .map(|o| {
-                let report = decode(o);
-                NodeInput {
-                    name: report.node.clone(),
-                    report: Some(report),
-                    ..NodeInput::default()
-                }
-            })
-            .collect();
+        let inputs: Vec<NodeInput> = read_reports(&nrts);
         let (after_decode, _) = rss();
         let fabric = ibnetdiscover::parse(&dump);
         let (after_parse, _) = rss();
@@ -100,18 +108,7 @@ fn main() {
             after_render.saturating_sub(after_model)
         );
     }
-    let decode_all = |nrts: &[isthmus_api::nrt::NodeResourceTopology]| -> Vec<NodeInput> {
-        nrts.iter()
-            .map(|o| {
-                let report = decode(o);
-                NodeInput {
-                    name: report.node.clone(),
-                    report: Some(report),
-                    ..NodeInput::default()
-                }
-            })
-            .collect()
-    };
+    let decode_all = read_reports;
     // Full recompute: decode every NRT, parse the dump, build, render.
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); 5];
     let mut last = None;

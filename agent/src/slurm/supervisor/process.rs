@@ -342,10 +342,10 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let reaper = Reaper::new();
         let (mut foreign, _guard) =
-            reaper.spawn_foreign(tokio::process::Command::new("true").kill_on_drop(true))?;
+            reaper.spawn_foreign(tokio::process::Command::new("/bin/true").kill_on_drop(true))?;
         let pid = spawn(&ChildSpec {
             name: "t".into(),
-            program: "sh".into(),
+            program: "/bin/sh".into(),
             args: vec!["-c".into(), "exit 7".into()],
             env: vec![],
             ready: Readiness::Started,

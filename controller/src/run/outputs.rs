@@ -1,0 +1,221 @@
+//! What the topology task writes, rendered from one model: the Slurm ConfigMap's files, the status ConfigMap,
+//! node labels, HyperNodes and the Kueue Topology, each only when enabled.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::objects::Desired;
+use super::topology::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
+use crate::model::ClusterModel;
+use crate::offline::{self, OutputKind};
+use crate::render;
+
+fn desired<T: serde::Serialize>(v: &T) -> Result<Desired, TopologyError> {
+    Desired::new(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
+}
+
+/// The Slurm ConfigMap's data.
+pub fn slurm_files(
+    model: &ClusterModel,
+    args: &TopologyArgs,
+) -> Result<BTreeMap<String, String>, TopologyError> {
+    let opts = args.render_options();
+    let topo = match args.slurm_topology {
+        SlurmTopology::Tree => OutputKind::TopologyConf,
+        SlurmTopology::Block => OutputKind::TopologyBlock,
+    };
+    Ok(BTreeMap::from([
+        (
+            "topology.conf".to_owned(),
+            offline::render_output(model, topo, &opts)?,
+        ),
+        (
+            "gres.conf".to_owned(),
+            offline::render_output(model, OutputKind::GresConf, &opts)?,
+        ),
+        (
+            "nodes.conf".to_owned(),
+            offline::render_output(model, OutputKind::NodeConf, &opts)?,
+        ),
+    ]))
+}
+
+/// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed), `rejected` (one
+/// `node: reason: details` line per report left out: refused, without a Node, or of a node without a usable Slurm
+/// name) and `nodes` (how many nodes the model holds, how many are placed, how many reports are left out).
+pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
+    let mut unplaced = String::new();
+    for (n, why) in model.unplaced() {
+        unplaced.push_str(&format!("{}: {why}\n", n.name));
+    }
+    let mut rejected = String::new();
+    for (n, why) in &model.rejected {
+        rejected.push_str(&format!("{n}: {why}\n"));
+    }
+    let total = model.nodes.len();
+    let placed = total - model.unplaced().count();
+    BTreeMap::from([
+        (
+            "nodes".to_owned(),
+            format!(
+                "{total} nodes, {placed} placed, {} reports left out\n",
+                model.rejected.len()
+            ),
+        ),
+        ("unplaced".to_owned(), unplaced),
+        ("rejected".to_owned(), rejected),
+    ])
+}
+
+fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+        },
+        "data": data,
+    })
+}
+
+/// Desired topology labels: node → its labels, nodes with equal labels sharing one map.
+pub type Labels = BTreeMap<String, Arc<BTreeMap<String, String>>>;
+
+/// Every enabled output, rendered (objects by name); `None` for a disabled one.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// Node → labels.
+    pub labels: Option<Labels>,
+    /// HyperNodes.
+    pub hypernodes: Option<BTreeMap<String, Desired>>,
+    /// The Kueue Topology.
+    pub kueue: Option<BTreeMap<String, Desired>>,
+    /// The Slurm ConfigMap.
+    pub slurm: Option<BTreeMap<String, Desired>>,
+    /// The status ConfigMap.
+    pub status: Option<BTreeMap<String, Desired>>,
+    /// The Slurm files, to refresh nodes.conf and gres.conf alone.
+    files: BTreeMap<String, String>,
+    /// The status data, to refresh the left-out reports alone.
+    status_data: BTreeMap<String, String>,
+    namespace: String,
+}
+
+/// Share one map among nodes whose labels are equal (all nodes of a leaf without an accelerator domain).
+fn share(labels: BTreeMap<String, BTreeMap<String, String>>) -> Labels {
+    let mut seen: HashMap<BTreeMap<String, String>, Arc<BTreeMap<String, String>>> = HashMap::new();
+    labels
+        .into_iter()
+        .map(|(node, l)| {
+            let shared = seen
+                .entry(l)
+                .or_insert_with_key(|l| Arc::new(l.clone()))
+                .clone();
+            (node, shared)
+        })
+        .collect()
+}
+
+impl Rendered {
+    /// Render what `args` enables.
+    pub fn new(
+        model: &ClusterModel,
+        args: &TopologyArgs,
+        namespace: &str,
+    ) -> Result<Self, TopologyError> {
+        let opts = args.render_options();
+        let mut out = Self {
+            namespace: namespace.to_owned(),
+            ..Self::default()
+        };
+        if args.node_labels {
+            out.labels = Some(share(render::labels::render(model, &opts)));
+        }
+        if args.hypernodes {
+            let mut objects = BTreeMap::new();
+            for h in render::hypernodes::render(model, &opts) {
+                let name = h.metadata.name.clone().unwrap_or_default();
+                objects.insert(name, desired(&h)?);
+            }
+            out.hypernodes = Some(objects);
+        }
+        if args.kueue_topology {
+            let t = render::kueue::render(model, &opts);
+            out.kueue = Some(BTreeMap::from([(
+                args.model.kueue_topology_name.clone(),
+                desired(&t)?,
+            )]));
+        }
+        if args.slurm_configmap {
+            out.files = slurm_files(model, args)?;
+            out.slurm_object(args)?;
+        }
+        if args.status_configmap {
+            out.status_data = status_data(model);
+            out.status_object(args)?;
+        }
+        Ok(out)
+    }
+
+    fn slurm_object(&mut self, args: &TopologyArgs) -> Result<(), TopologyError> {
+        let cm = configmap(&args.slurm_configmap_name, &self.namespace, &self.files);
+        self.slurm = Some(BTreeMap::from([(
+            args.slurm_configmap_name.clone(),
+            desired(&cm)?,
+        )]));
+        Ok(())
+    }
+
+    fn status_object(&mut self, args: &TopologyArgs) -> Result<(), TopologyError> {
+        let cm = configmap(
+            &args.status_configmap_name,
+            &self.namespace,
+            &self.status_data,
+        );
+        self.status = Some(BTreeMap::from([(
+            args.status_configmap_name.clone(),
+            desired(&cm)?,
+        )]));
+        Ok(())
+    }
+
+    /// Render nodes.conf and gres.conf again (a node's Slurm facts changed, nothing placed it elsewhere).
+    pub fn refresh_slurm(
+        &mut self,
+        model: &ClusterModel,
+        args: &TopologyArgs,
+    ) -> Result<(), TopologyError> {
+        if !args.slurm_configmap {
+            return Ok(());
+        }
+        self.files
+            .insert("gres.conf".into(), render::gres_conf::central(model));
+        self.files.insert(
+            "nodes.conf".into(),
+            render::gres_conf::node_definitions(model),
+        );
+        self.slurm_object(args)
+    }
+
+    /// Render the left-out reports again.
+    pub fn refresh_rejected(
+        &mut self,
+        model: &ClusterModel,
+        args: &TopologyArgs,
+    ) -> Result<(), TopologyError> {
+        if !args.status_configmap {
+            return Ok(());
+        }
+        let full = status_data(model);
+        for key in ["rejected", "nodes"] {
+            if let Some(v) = full.get(key) {
+                self.status_data.insert(key.to_owned(), v.clone());
+            }
+        }
+        self.status_object(args)
+    }
+}

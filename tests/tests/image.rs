@@ -1,0 +1,380 @@
+//! The Containerfile and its build context, checked without a container engine: the ignore files send exactly what
+//! it copies, the dependency layer depends on the manifests alone, the images' default commands are ones the binary
+//! runs, and the munge key the package makes never reaches a layer. (Built with an engine: `image_build.rs`.)
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use isthmus_tests::image::{
+    Containerfile, exec_form, ignore_patterns, parse_copy, sent, workspace_members,
+};
+use isthmus_tests::{free_port, http_get, isthmus_bin, repo_root};
+
+#[test]
+fn the_build_context_is_exactly_what_the_containerfile_copies() {
+    let patterns = ignore_patterns(".containerignore");
+    assert_eq!(
+        patterns,
+        ignore_patterns(".dockerignore"),
+        ".containerignore (podman, buildah) and .dockerignore (docker) must agree"
+    );
+    assert_eq!(patterns[0], "*", "everything is left out first");
+    let exceptions: BTreeSet<String> = patterns[1..]
+        .iter()
+        .map(|p| {
+            p.strip_prefix('!')
+                .unwrap_or_else(|| panic!("only exceptions after `*`: {p}"))
+                .to_owned()
+        })
+        .collect();
+    let cf = Containerfile::load();
+    assert_eq!(
+        exceptions,
+        cf.context_sources(),
+        "the ignore files send exactly what the Containerfile copies from the context"
+    );
+    for m in workspace_members() {
+        assert!(
+            sent(&patterns, &format!("{m}/Cargo.toml")),
+            "{m}/Cargo.toml"
+        );
+    }
+    for p in &exceptions {
+        assert!(
+            repo_root().join(p).exists() || p == "target/release/isthmus",
+            "{p} does not exist"
+        );
+    }
+    for big in [
+        ".venv/bin/python3",
+        ".git/HEAD",
+        "target/debug/isthmus",
+        "target/release/deps/libtokio.rlib",
+        "fixtures/hwloc/linux/x.tar.bz2",
+        "tests/tests/image.rs",
+        "docs/deploy.md",
+        "deploy/daemonset/base/daemonset.yaml",
+    ] {
+        assert!(!sent(&patterns, big), "{big} would be sent to the engine");
+    }
+    for needed in [
+        "Cargo.lock",
+        "agent/src/main.rs",
+        "agent/proto/podresources.proto",
+        "target/release/isthmus",
+    ] {
+        assert!(sent(&patterns, needed), "{needed} would not be sent");
+    }
+    // What would be sent today, without the release binary: the sources and manifests only.
+    let mut bytes = 0u64;
+    for p in exceptions.iter().filter(|p| !p.starts_with("target/")) {
+        bytes += du(&repo_root().join(p));
+    }
+    assert!(bytes < 8 << 20, "the context is {bytes} bytes");
+}
+
+fn du(p: &Path) -> u64 {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| du(&e.path()))
+            .sum(),
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
+}
+
+#[test]
+fn the_dependency_layer_is_built_from_the_manifests_alone() {
+    let cf = Containerfile::load();
+    for (stage, c) in cf.copies() {
+        assert!(
+            !(c.from.is_none() && c.sources.iter().any(|s| s == "." || s == "./")),
+            "{stage}: COPY of the whole context"
+        );
+    }
+    // The manifests stage copies manifests, the build script, what it reads, and the stub script; nothing else.
+    let manifests = cf.stage("manifests");
+    for i in manifests
+        .instructions
+        .iter()
+        .filter(|i| i.keyword == "COPY")
+    {
+        let c = parse_copy(&i.args);
+        assert!(c.from.is_none());
+        for s in &c.sources {
+            let name = s.rsplit('/').next().unwrap_or_default();
+            assert!(
+                ["Cargo.toml", "Cargo.lock", "build.rs", "cargo-stubs.sh"].contains(&name)
+                    || is_proto_dir(&repo_root().join(s)),
+                "manifests stage copies {s}"
+            );
+        }
+    }
+    // In the build stage the dependencies are compiled before any source is copied.
+    let build_stage = cf.stage("build");
+    let pos = |pred: &dyn Fn(&isthmus_tests::image::Instruction) -> bool| {
+        build_stage.instructions.iter().position(pred)
+    };
+    let first_cargo = pos(&|i| i.keyword == "RUN" && i.args.contains("cargo build"));
+    let first_source = pos(&|i| {
+        let c = parse_copy(&i.args);
+        i.keyword == "COPY" && c.from.is_none() && c.sources.iter().any(|s| s.ends_with("/src"))
+    });
+    let from_manifests =
+        pos(&|i| i.keyword == "COPY" && parse_copy(&i.args).from.as_deref() == Some("manifests"));
+    assert!(from_manifests.is_some() && first_cargo.is_some() && first_source.is_some());
+    assert!(from_manifests < first_cargo && first_cargo < first_source);
+    // Every member's sources are copied in after it, and touched so that cargo rebuilds them.
+    let copied: BTreeSet<String> = cf.context_sources();
+    let last_run = build_stage
+        .instructions
+        .iter()
+        .rev()
+        .find(|i| i.keyword == "RUN")
+        .map(|i| i.args.clone())
+        .unwrap_or_default();
+    for m in workspace_members().into_iter().filter(|m| m != "tests") {
+        assert!(
+            copied.contains(&format!("{m}/src")),
+            "{m}/src is not copied"
+        );
+        assert!(
+            last_run.contains(&format!("{m}/src")),
+            "{m}/src is not touched"
+        );
+    }
+    // The manifests stage, replayed: the copied files plus scripts/cargo-stubs.sh make a workspace cargo accepts with
+    // the locked Cargo.lock, whatever tests exist.
+    let a = replay_manifests_stage(&cf, None);
+    let b = replay_manifests_stage(
+        &cf,
+        Some("\n[[test]]\nname = \"added_later\"\nrequired-features = [\"system\"]\n"),
+    );
+    assert_eq!(
+        tree(a.path()),
+        tree(b.path()),
+        "a new test changes the dependency layer"
+    );
+    let host = String::from_utf8_lossy(
+        &Command::new("rustc")
+            .arg("-vV")
+            .output()
+            .unwrap_or_else(|e| panic!("rustc: {e}"))
+            .stdout,
+    )
+    .lines()
+    .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+    .unwrap_or_default();
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["fetch", "--locked", "--offline", "--target", &host])
+        .current_dir(a.path())
+        .env("CARGO_TARGET_DIR", a.path().join("target"))
+        .output()
+        .unwrap_or_else(|e| panic!("cargo: {e}"));
+    assert!(
+        out.status.success(),
+        "the stubbed workspace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What the build script reads is there.
+    let build_rs = std::fs::read_to_string(repo_root().join("agent/build.rs")).unwrap_or_default();
+    for lit in build_rs.split('"').skip(1).step_by(2) {
+        if repo_root().join("agent").join(lit).exists() && !lit.is_empty() {
+            assert!(a.path().join("agent").join(lit).exists(), "agent/{lit}");
+        }
+    }
+}
+
+fn is_proto_dir(p: &Path) -> bool {
+    p.is_dir()
+        && std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .all(|e| e.path().extension().is_some_and(|x| x == "proto"))
+}
+
+/// The manifests stage's context copies into a temporary /src, then the stub script; `extra_test` is appended to
+/// tests/Cargo.toml first.
+fn replay_manifests_stage(cf: &Containerfile, extra_test: Option<&str>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = repo_root();
+    for i in cf.stage("manifests").instructions.iter() {
+        if i.keyword != "COPY" {
+            continue;
+        }
+        let c = parse_copy(&i.args);
+        if c.dest.starts_with('/') {
+            continue; // the stub script itself
+        }
+        for s in &c.sources {
+            let src = root.join(s);
+            let name = s.rsplit('/').next().unwrap_or_default();
+            let dest = if src.is_dir() || !c.dest.ends_with('/') {
+                dir.path().join(&c.dest)
+            } else {
+                dir.path().join(&c.dest).join(name)
+            };
+            let st = if src.is_dir() {
+                std::fs::create_dir_all(&dest).unwrap_or_else(|e| panic!("{e}"));
+                Command::new("cp")
+                    .arg("-a")
+                    .arg(format!("{}/.", src.display()))
+                    .arg(&dest)
+                    .status()
+            } else {
+                std::fs::create_dir_all(dest.parent().unwrap_or(dir.path()))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                Command::new("cp").arg("-a").arg(&src).arg(&dest).status()
+            };
+            assert!(st.is_ok_and(|s| s.success()), "copying {s}");
+        }
+    }
+    if let Some(extra) = extra_test {
+        let p = dir.path().join("tests/Cargo.toml");
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&p, text + extra).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let out = Command::new("sh")
+        .arg(root.join("scripts/cargo-stubs.sh"))
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("sh: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo-stubs.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Every file under `dir` with its content, sorted.
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap_or(&p).display().to_string();
+                out.push((rel, std::fs::read(&p).unwrap_or_default()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_images_default_commands_are_what_the_binary_runs() {
+    let cf = Containerfile::load();
+    let entry = |t: &str| exec_form(&cf.effective(t, "ENTRYPOINT").unwrap_or_default());
+    let cmd = |t: &str| exec_form(&cf.effective(t, "CMD").unwrap_or_default());
+    let user = |t: &str| cf.effective(t, "USER").unwrap_or_default();
+    for t in [
+        "runtime",
+        "runtime-slurm",
+        "runtime-prebuilt",
+        "runtime-slurm-prebuilt",
+    ] {
+        assert_eq!(entry(t), ["/usr/local/bin/isthmus"], "{t}");
+        // Each image's last layer is the binary, at the entry point.
+        let last = cf
+            .stage(t)
+            .instructions
+            .last()
+            .map(|i| parse_copy(&i.args))
+            .unwrap_or_else(|| panic!("{t} is empty"));
+        assert_eq!(last.dest, "/usr/local/bin/isthmus", "{t}");
+    }
+    assert_eq!(cmd("runtime"), ["agent", "--slurm-mode", "off"]);
+    assert_eq!(user("runtime"), "65532:65532");
+    assert_eq!(cmd("runtime-slurm"), ["agent"]);
+    assert_eq!(user("runtime-slurm"), "0:0");
+    for (a, b) in [
+        ("runtime", "runtime-prebuilt"),
+        ("runtime-slurm", "runtime-slurm-prebuilt"),
+    ] {
+        assert_eq!((cmd(a), user(a)), (cmd(b), user(b)));
+        assert_eq!(cf.stage(a).from, cf.stage(b).from);
+    }
+    // runtime's default command, run as the image runs it (uid 65532, only PATH in the environment, no Kubernetes):
+    // it serves /healthz and stops cleanly on SIGTERM.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65532", "--regid=65532", "--clear-groups", "--"])
+        .arg(isthmus_bin())
+        .args(cmd("runtime"))
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .env("ISTHMUS_LISTEN", &addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("setpriv: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut healthy = false;
+    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+        if matches!(http_get(&addr, "/healthz"), Ok((200, _))) {
+            healthy = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    isthmus_tests::slurm::term(child.id());
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait: {e}"));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(healthy, "no /healthz: {log}");
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("serving /metrics"), "{log}");
+    assert!(
+        !log.contains(" ERROR ") && !log.contains("not found in PATH"),
+        "{log}"
+    );
+    // runtime-slurm's default command is a command line the binary accepts.
+    let help = Command::new(isthmus_bin())
+        .args(cmd("runtime-slurm"))
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--slurm-mode"));
+}
+
+#[test]
+fn the_munge_key_the_package_makes_is_deleted_in_the_layer_that_installs_it() {
+    let cf = Containerfile::load();
+    let mut installs = 0;
+    for s in &cf.stages {
+        for i in s.instructions.iter() {
+            assert!(
+                !(i.keyword == "COPY" || i.keyword == "ADD") || !i.args.contains("munge.key"),
+                "{}: {}",
+                s.name,
+                i.args
+            );
+            assert!(!i.args.contains("mungekey") && !i.args.contains("create-munge-key"));
+            if i.keyword == "RUN" && i.args.split_whitespace().any(|w| w == "munge") {
+                installs += 1;
+                let install = i.args.find("apt-get install").unwrap_or(usize::MAX);
+                let rm = i.args.find("rm -f /etc/munge/munge.key").unwrap_or(0);
+                assert!(rm > install, "{}: {}", s.name, i.args);
+            }
+        }
+    }
+    assert_eq!(installs, 1);
+}

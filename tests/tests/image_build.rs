@@ -1,0 +1,274 @@
+//! The images as `make image` builds them, with a real container engine: both built from a debootstrap base
+//! (scripts/local-base-images.sh) with this build's binary, run (the Kubernetes image's default command under the
+//! DaemonSet's restrictions), searched for the programs the agent runs, and every layer listed for keys. With
+//! `ISTHMUS_IMAGE_FROM_SOURCE=1` also built from source, then after a source change and after a new test, to show
+//! that only the workspace's crates are recompiled. Without a working engine these tests say NOT RUN.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use isthmus_tests::image::{
+    RemovedOnDrop, base_image, build, builder_image, copy_context, engine, engine_ok, engine_run,
+    layers, workspace_members,
+};
+use isthmus_tests::{free_port, http_get, isthmus_bin, not_run};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[test]
+fn make_image_builds_both_images_and_they_run() {
+    let engine = match engine() {
+        Ok(e) => e,
+        Err(why) => {
+            not_run("image: make image and the built images", &why);
+            return;
+        }
+    };
+    let base = base_image(&engine);
+    let ctx = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    copy_context(ctx.path());
+    let bin = ctx.path().join("target/release/isthmus");
+    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::copy(isthmus_bin(), &bin).unwrap_or_else(|e| panic!("{e}"));
+    let repo = format!("localhost/isthmus-test-{}", std::process::id());
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(ctx.path())
+        .args([
+            "image",
+            "IMAGE_BINARY=prebuilt",
+            &format!("IMAGE_REPO={repo}"),
+            &format!("BASE_IMAGE={base}"),
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("make: {e}"));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "make image: {log}");
+    assert!(
+        log.contains(&format!("container engine: {engine}")),
+        "{log}"
+    );
+    let k8s = format!("{repo}:{VERSION}");
+    let slurm = format!("{repo}-slurm:{VERSION}");
+    let _cleanup = RemovedOnDrop(engine.clone(), vec![k8s.clone(), slurm.clone()]);
+    assert!(log.contains(&format!(
+        "built {repo}:{VERSION} and {repo}-slurm:{VERSION}"
+    )));
+    if engine.ends_with("buildah") {
+        not_run(
+            "image: running the built images",
+            "buildah builds but does not run containers; the images were built only",
+        );
+    } else {
+        run_checks(&engine, &k8s, &slurm);
+    }
+    // No layer of either image holds a key (a key deleted in a later layer would still be in an earlier one).
+    for image in [&k8s, &slurm] {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let all = layers(&engine, image, tmp.path());
+        assert!(all.len() >= 2, "{image}: {} layers", all.len());
+        for (layer, paths) in &all {
+            let keys: Vec<&String> = paths
+                .iter()
+                .filter(|p| {
+                    p.contains("munge.key")
+                        || p.ends_with(".key")
+                        || p.contains("ssh_host_")
+                        || p.ends_with("munge.seed")
+                        || p.ends_with("random-seed")
+                })
+                .collect();
+            assert!(keys.is_empty(), "{image} layer {layer}: {keys:?}");
+        }
+        let size = engine_ok(
+            &engine,
+            &["image", "inspect", "--format", "{{.Size}}", image],
+        );
+        eprintln!("{image}: {} layers, {} bytes", all.len(), size.trim());
+    }
+}
+
+fn run_checks(engine: &str, k8s: &str, slurm: &str) {
+    // The image's configuration as the Containerfile says.
+    let config = |image: &str, field: &str| {
+        engine_ok(
+            engine,
+            &[
+                "image",
+                "inspect",
+                "--format",
+                &format!("{{{{json .Config.{field}}}}}"),
+                image,
+            ],
+        )
+        .trim()
+        .to_owned()
+    };
+    assert_eq!(config(k8s, "Cmd"), r#"["agent","--slurm-mode","off"]"#);
+    assert_eq!(config(k8s, "User"), r#""65532:65532""#);
+    assert_eq!(config(slurm, "Cmd"), r#"["agent"]"#);
+    assert_eq!(config(slurm, "User"), r#""0:0""#);
+    // The default command of the Kubernetes image, under the DaemonSet's restrictions (read-only root, no
+    // capability, no_new_privs): healthy, and exit 0 on SIGTERM.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let name = format!("isthmus-test-{}", std::process::id());
+    engine_ok(
+        engine,
+        &[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            "host",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "-e",
+            &format!("ISTHMUS_LISTEN={addr}"),
+            k8s,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut healthy = false;
+    while Instant::now() < deadline {
+        if matches!(http_get(&addr, "/healthz"), Ok((200, _))) {
+            healthy = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = engine_run(engine, &["stop", "-t", "20", &name]);
+    let code = engine_ok(
+        engine,
+        &["inspect", "--format", "{{.State.ExitCode}}", &name],
+    );
+    let logs = engine_run(engine, &["logs", &name]);
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&logs.stdout),
+        String::from_utf8_lossy(&logs.stderr)
+    );
+    let _ = engine_run(engine, &["rm", "-f", &name]);
+    assert!(healthy, "the default command never served /healthz: {logs}");
+    assert_eq!(code.trim(), "0", "{logs}");
+    // The programs the agent runs.
+    for (image, programs) in [
+        (k8s, &["smpquery"][..]),
+        (
+            slurm,
+            &["smpquery", "slurmd", "slurmstepd", "munged", "scontrol"][..],
+        ),
+    ] {
+        let script = format!(
+            "for p in {}; do command -v $p || exit 1; done",
+            programs.join(" ")
+        );
+        let found = engine_ok(
+            engine,
+            &["run", "--rm", "--entrypoint", "sh", image, "-c", &script],
+        );
+        assert_eq!(found.lines().count(), programs.len(), "{image}: {found}");
+    }
+    let version = engine_ok(
+        engine,
+        &["run", "--rm", "--entrypoint", "slurmd", slurm, "-V"],
+    );
+    assert!(version.starts_with("slurm"), "{version}");
+    // /etc/munge: empty, root's, 0700 (the key is mounted from the Secret).
+    let munge = engine_ok(
+        engine,
+        &[
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            slurm,
+            "-c",
+            "stat -c '%U %a' /etc/munge && ls -A /etc/munge",
+        ],
+    );
+    assert_eq!(munge.trim(), "root 700");
+}
+
+#[test]
+fn a_source_change_rebuilds_only_the_workspace_crates() {
+    if std::env::var("ISTHMUS_IMAGE_FROM_SOURCE").as_deref() != Ok("1") {
+        not_run(
+            "image: build from source, then after a source change and a new test",
+            "compiling in the image takes ~15 min on 2 cores; set ISTHMUS_IMAGE_FROM_SOURCE=1 (docs/benchmarks.md has the measured run)",
+        );
+        return;
+    }
+    let engine = engine().unwrap_or_else(|why| panic!("ISTHMUS_IMAGE_FROM_SOURCE=1: {why}"));
+    let args = vec![
+        format!("--build-arg=BASE_IMAGE={}", base_image(&engine)),
+        format!("--build-arg=BUILDER_IMAGE={}", builder_image(&engine)),
+    ];
+    let ctx = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    copy_context(ctx.path());
+    let tag = format!(
+        "localhost/isthmus-source-test-{}:{VERSION}",
+        std::process::id()
+    );
+    let _cleanup = RemovedOnDrop(engine.clone(), vec![tag.clone()]);
+    build(&engine, ctx.path(), "runtime", &tag, &args);
+    let version = engine_ok(&engine, &["run", "--rm", &tag, "--version"]);
+    assert_eq!(version.trim(), format!("isthmus {VERSION}"));
+    // A source change: the dependency step is cached; cargo compiles only our crates.
+    let main = ctx.path().join("agent/src/main.rs");
+    let text = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&main, text + "// changed\n").unwrap_or_else(|e| panic!("{e}"));
+    let log = build(&engine, ctx.path(), "runtime", &tag, &args);
+    assert!(dependency_step_cached(&log), "{log}");
+    let compiled: BTreeSet<&str> = log
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Compiling "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let ours: BTreeSet<String> = workspace_members()
+        .iter()
+        .filter(|m| *m != "tests")
+        .map(|m| format!("isthmus-{m}"))
+        .collect();
+    assert!(!compiled.is_empty(), "{log}");
+    for c in &compiled {
+        assert!(
+            ours.contains(*c),
+            "{c} was recompiled after a source change"
+        );
+    }
+    // A new test: nothing in the build stage runs again.
+    let manifest = ctx.path().join("tests/Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&manifest, text + "\n[[test]]\nname = \"added_later\"\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let log = build(&engine, ctx.path(), "runtime", &tag, &args);
+    assert!(dependency_step_cached(&log), "{log}");
+    assert!(!log.contains("Compiling "), "{log}");
+}
+
+/// Whether the build output shows the dependency step (`RUN cargo build` before the sources) taken from the cache:
+/// podman and buildah print `--> Using cache` after the step, docker `CACHED` on the step's number.
+fn dependency_step_cached(log: &str) -> bool {
+    let lines: Vec<&str> = log.lines().collect();
+    let Some(i) = lines.iter().position(|l| {
+        l.contains("RUN cargo build --release --locked -p isthmus-agent") && !l.contains("&&")
+    }) else {
+        return false;
+    };
+    if lines.get(i + 1).is_some_and(|l| l.contains("Using cache")) {
+        return true;
+    }
+    // docker: "#12 [build 5/11] RUN cargo build ..." then "#12 CACHED".
+    let step = lines[i].split_whitespace().next().unwrap_or_default();
+    step.starts_with('#') && lines.iter().any(|l| *l == format!("{step} CACHED"))
+}
