@@ -89,6 +89,9 @@ impl SlurmDir {
             std::fs::write(self.path().join("cgroup.conf"), cgroup)
                 .unwrap_or_else(|e| panic!("{e}"));
         }
+        // From 24.11 on `slurmd -G` opens its spool directory (its domain socket's, and where it caches hwloc's
+        // topology) and logs errors without it.
+        std::fs::create_dir_all(self.path().join("spool")).unwrap_or_else(|e| panic!("{e}"));
         let conf = format!(
             "ClusterName=isthmus-test\nSlurmctldHost=localhost\nAuthType=auth/munge\n{auth_info}SlurmUser=root\n\
              StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\n\
