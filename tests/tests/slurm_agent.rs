@@ -46,6 +46,8 @@ const DEFAULT_MUNGE_SOCKET: &str = "/run/munge/munge.socket.2";
 /// A throw-away Slurm cluster directory: key, slurm.conf, fake GPU device nodes.
 struct Site {
     release: SlurmRelease,
+    /// `auth/slurm` (a `slurm.key` beside slurm.conf) instead of munge: the agent runs no munged.
+    auth_slurm: bool,
     dir: tempfile::TempDir,
     node: String,
     mode: Mode,
@@ -131,6 +133,7 @@ impl Site {
         std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         Self {
             release,
+            auth_slurm: false,
             dir,
             node: node.to_owned(),
             mode,
@@ -139,6 +142,23 @@ impl Site {
             agent: None,
             ctld: None,
         }
+    }
+
+    /// A configured node of `release` (23.11 or later) whose daemons and clients authenticate with `auth/slurm`: the
+    /// key `slurm.key` beside slurm.conf, where slurmctld, slurmd and the clients read it; no munged.
+    fn with_auth_slurm(release: SlurmRelease, node: &str, root: &Path) -> Self {
+        let mut site = Self::on(release, node, root, Mode::Configured);
+        let p = site.path().display().to_string();
+        let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
+        let munge = format!(
+            "AuthType=auth/munge\nAuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\n"
+        );
+        assert!(conf.contains(&munge), "{conf}");
+        let conf = conf.replace(&munge, "AuthType=auth/slurm\nCredType=cred/slurm\n");
+        std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
+        isthmus_tests::slurmctld::write_slurm_key(site.path());
+        site.auth_slurm = true;
+        site
     }
 
     fn munge_socket(&self) -> PathBuf {
@@ -184,6 +204,20 @@ impl Site {
         let (program, args) = full.split_first().unwrap_or_else(|| panic!("no program"));
         let mut cmd = Command::new(program);
         cmd.args(args);
+        let munge: Vec<std::ffi::OsString> = if self.auth_slurm {
+            vec!["--no-munged".into()]
+        } else {
+            vec![
+                "--munged".into(),
+                self.release.program("munged").into(),
+                "--munge-socket".into(),
+                sock.clone().into(),
+                "--munge-key".into(),
+                d.join("munge.key").into(),
+                "--munge-state-dir".into(),
+                d.join("munge").into(),
+            ]
+        };
         let child = cmd
             .arg("agent")
             .arg("--host-root")
@@ -201,14 +235,7 @@ impl Site {
             .args(&slurm_source)
             .arg("--slurmd")
             .arg(self.release.program("slurmd"))
-            .arg("--munged")
-            .arg(self.release.program("munged"))
-            .arg("--munge-socket")
-            .arg(&sock)
-            .arg("--munge-key")
-            .arg(d.join("munge.key"))
-            .arg("--munge-state-dir")
-            .arg(d.join("munge"))
+            .args(munge)
             .arg("--dev-dir")
             .arg(d.join("dev"))
             .args(extra)
@@ -220,7 +247,9 @@ impl Site {
             .spawn()
             .unwrap_or_else(|e| panic!("{e}"));
         self.agent = Some(child);
-        wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
+        if !self.auth_slurm {
+            wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
+        }
     }
 
     fn start_slurmctld(&mut self) {
@@ -422,6 +451,55 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly(release) {
             "pid {pid} left as a zombie or orphan"
         );
     }
+}
+}
+
+each_release! {
+only [V26_05]
+/// With `auth/slurm` the agent runs slurmd alone: the node registers with its GPUs and a job gets two of them, and
+/// no munged runs for the site (none among the agent's children, none naming the site's directory).
+fn with_auth_slurm_the_node_runs_a_job_and_no_munged_runs(release) {
+    let root = h100();
+    let mut site = Site::with_auth_slurm(release, "as1", &root);
+    site.start_agent(&root, &[]);
+    site.start_slurmctld();
+    site.wait_idle();
+    let n = site.scontrol_node();
+    assert!(
+        n.get("Gres")
+            .is_some_and(|g| g.starts_with("gpu:nvidia_h100_80gb_hbm3:8")),
+        "{n:?}"
+    );
+    let srun = Command::new("timeout")
+        .arg("60")
+        .arg(release.program("srun"))
+        .args(["-N1", "-w", "as1", "--gres=gpu:2", "env"])
+        .env("SLURM_CONF", site.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("srun: {e}"));
+    let out = String::from_utf8_lossy(&srun.stdout);
+    assert!(
+        out.lines().any(|l| l == "CUDA_VISIBLE_DEVICES=0,1"),
+        "srun: {out}\n{}",
+        String::from_utf8_lossy(&srun.stderr)
+    );
+    let agent = site.agent.as_ref().map(Child::id).unwrap_or_default();
+    assert!(child_named(agent, "slurmd").is_some(), "{}", site.log());
+    assert_eq!(child_named(agent, "munged"), None);
+    let site_dir = site.path().display().to_string();
+    let munged: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            comm.trim() == "munged" && String::from_utf8_lossy(&cmdline).contains(&site_dir)
+        })
+        .collect();
+    assert!(munged.is_empty(), "munged for the site: {munged:?}");
+    assert!(!site.munge_socket().exists());
 }
 }
 
