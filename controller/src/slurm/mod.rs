@@ -128,6 +128,16 @@ pub enum SlurmError {
         /// The answer's errors, one line.
         errors: String,
     },
+    /// The program's text output has a shape this reader does not know (no line of it could be read).
+    #[error("{program} {args}: no line of its output has the shape this reader knows: {detail}")]
+    Unreadable {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// What was read (the first line, cut).
+        detail: String,
+    },
     /// The program's `--json` output did not parse.
     #[error("{program} {args}: unreadable JSON: {source}")]
     Json {
@@ -157,7 +167,8 @@ impl SlurmError {
             SlurmError::Json { .. }
             | SlurmError::ProtocolMismatch { .. }
             | SlurmError::AuthRejected { .. }
-            | SlurmError::Reported { .. } => false,
+            | SlurmError::Reported { .. }
+            | SlurmError::Unreadable { .. } => false,
         }
     }
 }
