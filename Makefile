@@ -9,7 +9,7 @@
 CARGO ?= cargo
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux \
   golang-1.19-go etcd-server ibsim-utils libumad2sim0 infiniband-diags rsync busybox-static \
-  golang-github-modern-go-reflect2-dev libc6-dev debootstrap
+  golang-github-modern-go-reflect2-dev libc6-dev containerd runc containernetworking-plugins openssl iproute2 curl debootstrap
 # The manifest checkers, from PyPI, in a project-local virtual environment.
 PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv

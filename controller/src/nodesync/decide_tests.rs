@@ -78,7 +78,10 @@ fn recorded(mut n: Node, reason: &str, since: &str) -> Node {
     n.metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(ownership::RECORD_ANNOTATION.to_owned(), r.to_annotation());
+        .insert(
+            ownership::RECORD_ANNOTATION.to_owned(),
+            r.to_annotation().expect("a drain record serialises"),
+        );
     n
 }
 
@@ -111,7 +114,10 @@ fn apply(actions: &[Action], n: &mut Node, s: &mut SlurmNode) {
                 let a = n.metadata.annotations.get_or_insert_with(BTreeMap::new);
                 match record {
                     Some(r) => {
-                        a.insert(ownership::RECORD_ANNOTATION.to_owned(), r.to_annotation());
+                        a.insert(
+                            ownership::RECORD_ANNOTATION.to_owned(),
+                            r.to_annotation().expect("a drain record serialises"),
+                        );
                     }
                     None => {
                         a.remove(ownership::RECORD_ANNOTATION);

@@ -177,6 +177,7 @@ pub async fn run(
     };
     let watch_task = tokio::spawn(watch);
     let ready = tokio::select! {
+        biased;
         () = shutdown.cancelled() => { watch_task.abort(); return Ok(()); }
         r = store.wait_until_ready() => r,
     };

@@ -307,16 +307,22 @@ impl Shell {
                 taints,
                 resource_version,
             } => {
-                let list = if taints.is_empty() {
-                    serde_json::Value::Null
-                } else {
-                    serde_json::to_value(&taints).unwrap_or(serde_json::Value::Null)
-                };
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": resource_version},
-                    "spec": {"taints": list},
-                });
-                self.merge_patch(&node, "the taint", &patch).await
+                // A list that cannot be written is an error, never an empty list (which would remove every taint).
+                match serde_json::to_value(&taints) {
+                    Err(e) => Err(format!("the taints cannot be serialised: {e}")),
+                    Ok(list) => {
+                        let list = if taints.is_empty() {
+                            serde_json::Value::Null
+                        } else {
+                            list
+                        };
+                        let patch = serde_json::json!({
+                            "metadata": {"resourceVersion": resource_version},
+                            "spec": {"taints": list},
+                        });
+                        self.merge_patch(&node, "the taint", &patch).await
+                    }
+                }
             }
             Action::Record { node, record } => {
                 match &record {
@@ -329,11 +335,15 @@ impl Shell {
                         self.alloc_at_record.remove(&t.slurm.name);
                     }
                 }
-                let value = record.map(|r| r.to_annotation());
-                let patch = serde_json::json!({
-                    "metadata": {"annotations": {ownership::RECORD_ANNOTATION: value}},
-                });
-                self.merge_patch(&node, "the drain record", &patch).await
+                match record.map(|r| r.to_annotation()).transpose() {
+                    Err(e) => Err(format!("the drain record cannot be serialised: {e}")),
+                    Ok(value) => {
+                        let patch = serde_json::json!({
+                            "metadata": {"annotations": {ownership::RECORD_ANNOTATION: value}},
+                        });
+                        self.merge_patch(&node, "the drain record", &patch).await
+                    }
+                }
             }
             Action::SetCondition { node, condition } => {
                 let patch = serde_json::json!({

@@ -25,7 +25,8 @@ use super::xid::{XidCounts, watch_xids};
 pub struct SystemNvml {
     handle: OnceLock<Result<Nvml, NvmlUnavailable>>,
     xids: XidCounts,
-    watcher: OnceLock<()>,
+    /// Set once the watcher was started; holds why it could not start, if it could not.
+    watcher: OnceLock<Option<String>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -204,16 +205,23 @@ impl NvmlSource for SystemNvml {
         let count = nvml
             .device_count()
             .map_err(|e| NvmlUnavailable(e.to_string()))?;
-        self.watcher.get_or_init(|| {
+        let watcher = self.watcher.get_or_init(|| {
             let counts = self.xids.clone();
             let stop = self.stop.clone();
-            let _ = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("nvml-xid".into())
-                .spawn(move || watch_xids(counts, stop));
+                .spawn(move || watch_xids(counts, stop))
+                .err()
+                .map(|e| e.to_string())
         });
         let xids = self.xids.lock().map(|c| c.clone()).unwrap_or_default();
         let mut gpus = Vec::new();
         let mut problems = Vec::new();
+        if let Some(e) = watcher {
+            problems.push(format!(
+                "the XID watcher thread could not start ({e}): XID events are not counted"
+            ));
+        }
         for index in 0..count {
             let dev = match nvml.device_by_index(index) {
                 Ok(d) => d,
