@@ -64,6 +64,27 @@ pub struct SlurmView {
     pub slurmd: ChildSpec,
 }
 
+/// The gres.conf the agent owns: `text` with `AutoDetect=off` after its header comments. slurmd then takes its GRES
+/// from these lines only: a slurmd built with NVML or RSMI support (Debian's 24.11 and later, for a dynamic node
+/// whose gres.conf has no line of a type) would otherwise detect GPUs itself beside what discovery rendered. Slurm
+/// 22.05 and later accept the line (`slurmd -G` reads it without a word).
+pub fn owned_gres_conf(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut placed = false;
+    for line in text.lines() {
+        if !placed && !line.starts_with('#') {
+            out.push_str("AutoDetect=off\n");
+            placed = true;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if !placed {
+        out.push_str("AutoDetect=off\n");
+    }
+    out
+}
+
 /// What is wrong with a munge key.
 #[derive(Debug, thiserror::Error)]
 pub enum MungeKeyProblem {
@@ -159,7 +180,7 @@ impl SlurmNode {
         let gres = self
             .gres_out
             .as_ref()
-            .map(|_| gres_conf::render(topo, &self.slurm.gres_options(), None).0);
+            .map(|_| owned_gres_conf(&gres_conf::render(topo, &self.slurm.gres_options(), None).0));
         let mut args = vec!["-D".to_owned(), "-N".to_owned(), self.node.clone()];
         if let Some(conf) = &self.slurm_conf {
             args.extend(["-f".to_owned(), conf.display().to_string()]);
@@ -225,5 +246,25 @@ impl SlurmNode {
             Ok(Err(e)) => tracing::warn!(%node, error = %e, "scontrol delete failed"),
             Err(_) => tracing::warn!(%node, "scontrol delete did not finish within 30 s"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owned_gres_conf;
+
+    #[test]
+    fn the_owned_gres_conf_turns_autodetection_off_after_its_header() {
+        let text = "# generated\n# needs GresTypes=gpu\nName=gpu File=/dev/nvidia0\n";
+        assert_eq!(
+            owned_gres_conf(text),
+            "# generated\n# needs GresTypes=gpu\nAutoDetect=off\nName=gpu File=/dev/nvidia0\n"
+        );
+        // A host without accelerators: only the header, and still no autodetection.
+        assert_eq!(
+            owned_gres_conf("# generated\n"),
+            "# generated\nAutoDetect=off\n"
+        );
+        assert_eq!(owned_gres_conf(""), "AutoDetect=off\n");
     }
 }

@@ -199,17 +199,19 @@ pub fn is_ours(reason: &str) -> bool {
 }
 
 /// The `SlurmNodeState` condition for this Slurm state: `True` when Slurm may run jobs there; reason the state in
-/// CamelCase (`Idle`, `IdleDrain`, `DownNotResponding`); message Slurm's reason. `lastTransitionTime` is kept from
-/// `observed` while the status does not change.
+/// CamelCase (`Idle`, `IdleDrain`, `DownNotResponding`); message Slurm's reason while the state keeps jobs off the
+/// node, empty while Slurm may run jobs there (Slurm 24.11 and later keep a resumed node's reason until a job runs on
+/// it: a reason that no longer applies is not shown). `lastTransitionTime` is kept from `observed` while the status
+/// does not change.
 pub fn condition_for(
     slurm: &SlurmNode,
     observed: Option<&NodeCondition>,
     now: &Time,
 ) -> NodeCondition {
-    let status = if slurm.can_run_jobs() {
-        "True"
+    let (status, message) = if slurm.can_run_jobs() {
+        ("True", "")
     } else {
-        "False"
+        ("False", slurm.reason.trim())
     };
     let reason = match slurm.camel_state() {
         s if s.is_empty() => "Unknown".to_owned(),
@@ -225,7 +227,7 @@ pub fn condition_for(
         type_: CONDITION_TYPE.to_owned(),
         status: status.to_owned(),
         reason: Some(reason),
-        message: Some(slurm.reason.trim().to_owned()),
+        message: Some(message.to_owned()),
         last_transition_time,
         last_heartbeat_time: None,
     }

@@ -426,6 +426,28 @@ fn last_transition_time_moves_only_with_the_status() {
 }
 
 #[test]
+fn the_message_is_the_reason_only_while_the_state_keeps_jobs_off() {
+    // Drained or down: Slurm's reason.
+    let c = condition_for(&slurm("IDLE", &["DRAIN"], "maintenance"), None, &time(9));
+    assert_eq!(c.message.as_deref(), Some("maintenance"));
+    let c = condition_for(
+        &slurm("DOWN", &["NOT_RESPONDING"], "Not responding"),
+        None,
+        &time(9),
+    );
+    assert_eq!(c.message.as_deref(), Some("Not responding"));
+    // Resumed on 24.11 or later, which keeps the reason until a job runs there: nothing stale is shown.
+    let resumed =
+        crate::slurm::nodes::parse_sinfo("n1|idle|2026-11-24T07:01:02|0/2/0/2|maintenance|\n");
+    assert_eq!(resumed[0].reason, "maintenance");
+    let c = condition_for(&resumed[0], None, &time(9));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()),
+        ("True", Some("Idle"), Some(""))
+    );
+}
+
+#[test]
 fn fingerprint_ignores_heartbeats_and_our_condition() {
     let n = with_condition(
         node("n1"),

@@ -146,7 +146,10 @@ impl Shell {
                 n
             }
             Err(e) => {
-                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(0.0);
+                // A refusal (another release's client, an unknown shape) is an answer: slurmctld is up, the client
+                // is wrong, and the warning says which.
+                let up = if e.is_unreachable() { 0.0 } else { 1.0 };
+                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(up);
                 let delay = self.slurm_backoff.fail();
                 self.slurm_retry_at = Instant::now() + delay;
                 tracing::warn!(error = %e, retry_in = ?delay, "reading Slurm's nodes failed");
