@@ -3,18 +3,19 @@
 #   make test   formatting, lints and the whole test suite (what CI runs)
 #   make deploy-check   render and validate deploy/ and the Containerfile (kubectl kustomize, kubernetes-validate, checkov)
 #   make kube-assets    build the Kubernetes v1.20.2 the tests start, from Debian's source package (tests/kubernetes/build.sh)
+#   make slurm-roots    build the Slurm 24.11 and 26.05 roots the tests run, from Debian trixie's and sid's packages (tests/slurm/root.sh)
 #   make image  build the images isthmus and isthmus-slurm with docker, podman or buildah (docs/deploy.md, "Images")
 
 CARGO ?= cargo
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux \
   golang-1.19-go etcd-server ibsim-utils libumad2sim0 infiniband-diags rsync busybox-static \
-  golang-github-modern-go-reflect2-dev libc6-dev
+  golang-github-modern-go-reflect2-dev libc6-dev containerd runc containernetworking-plugins openssl iproute2 curl debootstrap
 # The manifest checkers, from PyPI, in a project-local virtual environment.
 PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: deps deploy-tools deploy-check kube-assets build run test test-fast fmt lint bench image image-bases
+.PHONY: deps deploy-tools deploy-check kube-assets slurm-roots build run test test-fast fmt lint bench image image-bases
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -52,6 +53,13 @@ deploy-check: deploy-tools
 kube-assets: deps
 	@if [ -z "$$KUBEBUILDER_ASSETS" ]; then bash tests/kubernetes/build.sh >/dev/null; fi
 
+# The Slurm releases the end-to-end tests run beside the machine's 22.05: 24.11 (Debian trixie) and 26.05 (Debian sid)
+# in debootstrap roots cached under ~/.cache/isthmus/slurm (~1.5 min each the first time, instant afterwards). The
+# tests build a missing root themselves; building them here first keeps that time out of the tests'.
+slurm-roots: deps
+	bash tests/slurm/root.sh 24.11 >/dev/null
+	bash tests/slurm/root.sh 26.05 >/dev/null
+
 build: deps
 	$(CARGO) build --release -p isthmus-agent --bin isthmus
 
@@ -73,7 +81,7 @@ test-fast:
 	  cargo test --workspace --no-fail-fast; status=$$?; rm -rf "$$d"; exit $$status
 
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite.
-test: deps deploy-tools kube-assets fmt lint
+test: deps deploy-tools kube-assets slurm-roots fmt lint
 	@rm -f target/not-run.txt
 	@status=0; $(CARGO) test --workspace --no-fail-fast --features isthmus-tests/system || status=$$?; \
 	if [ -s target/not-run.txt ]; then echo "== not run in this environment:"; sort -u target/not-run.txt; fi; \

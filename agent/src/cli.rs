@@ -234,6 +234,9 @@ pub struct AgentArgs {
     /// Slurm rendering options.
     #[command(flatten)]
     pub slurm: SlurmArgs,
+    /// Device health options.
+    #[command(flatten)]
+    pub health: crate::health::HealthArgs,
     /// How slurmd runs.
     #[arg(long, value_enum, env = "ISTHMUS_SLURM_MODE", default_value_t = SlurmMode::Configured)]
     pub slurm_mode: SlurmMode,

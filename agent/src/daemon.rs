@@ -46,6 +46,9 @@ pub enum DaemonError {
          true)"
     )]
     Client(String),
+    /// The built-in XID table cannot be read.
+    #[error("the XID table: {0}")]
+    XidTable(#[from] isthmus_topology::health::xid::XidTableError),
     /// The HTTP endpoint cannot listen.
     #[error("listening on {addr}: {source}")]
     Listen {
@@ -69,6 +72,7 @@ pub struct Plan {
     publish_nrt: bool,
     nvml: Box<dyn NvmlSource + Send>,
     listener: std::net::TcpListener,
+    xid_table: Arc<isthmus_topology::health::xid::XidTable>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -107,6 +111,9 @@ impl Plan {
             addr: args.listen.clone(),
             source,
         })?;
+        let xid_table = Arc::new(crate::health::load_table(
+            args.health.xid_override.as_deref(),
+        )?);
         Ok(Self {
             args: args.clone(),
             slurm,
@@ -115,6 +122,7 @@ impl Plan {
             publish_nrt: nrt,
             nvml,
             listener,
+            xid_table,
         })
     }
 }
@@ -142,6 +150,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         publish_nrt,
         nvml,
         listener,
+        xid_table,
     } = plan;
     let shutdown = CancellationToken::new();
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -159,6 +168,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let health = Arc::new(Health::default());
     let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
     let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
+    let live_xids = nvml.xid_queue();
     let triggers = crate::discovery::spawn_worker(
         args.host.clone(),
         nvml,
@@ -221,6 +231,19 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         topo_rx.clone(),
         child_status,
         health,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+
+    tokio::spawn(crate::health::run(
+        crate::health::HealthOptions {
+            table: xid_table,
+            xid_replay: args.health.xid_replay.clone(),
+            live_xids,
+            publish: client.clone().zip(publish_as.clone()),
+            heartbeat: Duration::from_secs(args.health.health_heartbeat_seconds),
+        },
+        topo_rx.clone(),
         metrics.clone(),
         shutdown.clone(),
     ));

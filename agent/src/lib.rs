@@ -3,6 +3,7 @@
 //! - [`cli`]: the command line; [`commands`]: one module per subcommand (`discover`, `render`, `agent`).
 //! - [`discovery`]: host root → [`isthmus_topology::NodeTopology`], and the daemon's discovery worker (the one
 //!   thread that owns NVML).
+//! - [`health`]: device health (XID classification, failed devices) → metric and Node conditions.
 //! - [`daemon`]: the agent's loop: starts the tasks below on one runtime and owns shutdown.
 //! - [`k8s`]: the Kubernetes side (NRT rendering and publication, the kubelet's PodResources and configuration).
 //! - [`slurm`]: the Slurm side (gres.conf and slurmd's arguments from discovery, the supervisor of munged and slurmd).
@@ -14,6 +15,7 @@ pub mod commands;
 pub mod config_file;
 pub mod daemon;
 pub mod discovery;
+pub mod health;
 pub mod http;
 pub mod k8s;
 pub mod metrics;

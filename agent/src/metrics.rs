@@ -167,6 +167,18 @@ fn describe() {
     );
     describe_counter!("isthmus_discoveries_total", "Discoveries run.");
     describe_gauge!(
+        "isthmus_device_health",
+        "1 while the device (GPU PCI address, InfiniBand HCA/port) is sound, 0 while it has failed, per health class."
+    );
+    describe_counter!(
+        "isthmus_health_xid_events_total",
+        "XID events read, by the action the classification chose (app, ignore, reset-gpu, reboot, nvlink)."
+    );
+    describe_counter!(
+        "isthmus_health_condition_writes_total",
+        "Writes of the node's health conditions (nodes/status), by result (ok, error)."
+    );
+    describe_gauge!(
         "isthmus_supervised_child_up",
         "Whether the supervised child is running and ready."
     );
@@ -382,6 +394,27 @@ impl Metrics {
                 }
             }
         });
+    }
+
+    /// Device health: `devices` are (class, device, sound).
+    pub fn record_health(&self, devices: &[(&'static str, String, bool)]) {
+        self.with(|| {
+            for (class, device, sound) in devices {
+                gauge!("isthmus_device_health", "device" => device.clone(), "class" => *class)
+                    .set(if *sound { 1.0 } else { 0.0 });
+            }
+        });
+    }
+
+    /// Count one health event: a classified XID (`isthmus_health_xid_events_total{action}`) or a condition write
+    /// (`isthmus_health_condition_writes_total{result}`).
+    pub fn record_health_event(
+        &self,
+        name: &'static str,
+        label: &'static str,
+        value: &'static str,
+    ) {
+        self.with(|| counter!(name, label => value).increment(1));
     }
 
     /// Count what a publication of one of the agent's objects did (`object`: `nrt`, `numatopology`).

@@ -1,9 +1,11 @@
-//! The isthmus cluster controller, pure part: every node's fabric report (its NodeResourceTopology attributes),
-//! an optional `ibnetdiscover` dump and existing node labels are merged into one [`model::ClusterModel`], which
-//! the renderers turn into what Slurm (`topology.conf`, central `gres.conf`, `NodeName=` lines), Volcano
-//! (`HyperNode`s), Kueue (`Topology`) and Kubernetes node labels need. Nothing here talks to the API server: the
-//! Kubernetes side feeds inputs in and writes the rendered outputs. The running controller ([`run`]) adds the
-//! leader's tasks and, in every replica, the admission webhook ([`webhook`]).
+//! The isthmus cluster controller. Its pure part: every node's fabric report (its NodeResourceTopology attributes,
+//! read by a strict grammar in `isthmus_api::report` and kept as [`facts`], its Slurm identity decided by the Node
+//! in [`identity`]), an optional `ibnetdiscover` dump ([`fabric`]) and existing node labels are merged into one [`model::ClusterModel`], which the
+//! renderers ([`render`]) turn into what Slurm (`topology.conf`, central `gres.conf`, `NodeName=` lines), Volcano
+//! (`HyperNode`s), Kueue (`Topology`) and Kubernetes node labels need; [`offline`] runs that from files. The pure
+//! part talks to no API server. The running controller ([`run`]) feeds it from watches and writes its outputs, and
+//! runs the leader's other tasks ([`nodesync`], [`placement`]) and, in every replica, the admission webhook
+//! ([`webhook`]).
 
 pub mod fabric;
 pub mod facts;

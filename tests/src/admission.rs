@@ -121,6 +121,16 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
 /// (`kubectl patch` reads it, which the agent's role does not allow): what the agent's own patches are. Returns
 /// the server's error text on failure.
 pub fn merge_patch(kubeconfig: &Path, path: &str, body: &str) -> Result<(), String> {
+    patch_as(kubeconfig, path, "application/merge-patch+json", body)
+}
+
+/// A server-side apply (`application/apply-patch+yaml`; JSON is YAML) of `body` at `path` (which carries the
+/// `fieldManager` query) with the credentials of `kubeconfig`.
+pub fn apply_patch(kubeconfig: &Path, path: &str, body: &str) -> Result<(), String> {
+    patch_as(kubeconfig, path, "application/apply-patch+yaml", body)
+}
+
+fn patch_as(kubeconfig: &Path, path: &str, content_type: &str, body: &str) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -128,7 +138,7 @@ pub fn merge_patch(kubeconfig: &Path, path: &str, body: &str) -> Result<(), Stri
     rt.block_on(async {
         let client = crate::apiserver::client_for(kubeconfig).await;
         let request = http::Request::patch(path)
-            .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+            .header(http::header::CONTENT_TYPE, content_type)
             .body(body.as_bytes().to_vec())
             .map_err(|e| e.to_string())?;
         client

@@ -20,6 +20,8 @@ pub struct Seen {
     pub content_type: String,
     /// Body.
     pub body: String,
+    /// The status it was answered with.
+    pub status: u16,
 }
 
 /// The fake server's shared state.
@@ -84,26 +86,26 @@ fn serve(stream: TcpStream, state: &Mutex<State>, uid: &str) -> std::io::Result<
         let mut body = vec![0; length];
         reader.read_exact(&mut body)?;
         let body = String::from_utf8_lossy(&body).into_owned();
-        let fail = {
-            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-            s.seen.push(Seen {
-                at: Instant::now(),
-                method: method.clone(),
-                target: target.clone(),
-                content_type,
-                body: body.clone(),
-            });
-            s.fail_with
-        };
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let fail = s.fail_with;
         let (status, reply) = match (fail, method.as_str()) {
             (Some(code), _) => (code, format!(r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected","code":{code}}}"#)),
             (None, "GET") if target.starts_with("/api/v1/nodes/") => {
                 let name = target.trim_start_matches("/api/v1/nodes/");
                 (200, format!(r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{name}","uid":"{uid}"}}}}"#))
             }
-            (None, "PATCH") => (200, body),
+            (None, "PATCH") => (200, body.clone()),
             (None, _) => (404, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404,"reason":"NotFound"}"#.to_owned()),
         };
+        s.seen.push(Seen {
+            at: Instant::now(),
+            method,
+            target,
+            content_type,
+            body,
+            status,
+        });
+        drop(s);
         write!(
             out,
             "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{reply}",

@@ -10,6 +10,7 @@ use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
 
 use crate::apiserver::{ApiServer, AuditEvent, client_for, describe, service_account_user};
 use crate::slurm_cluster::{Cluster, NodeSpec};
+use crate::slurm_release::SlurmRelease;
 
 /// Namespace and name of the controller's ServiceAccount.
 pub const SA: (&str, &str) = ("isthmus-system", "isthmus-controller");
@@ -28,14 +29,24 @@ pub struct SyncSite {
 }
 
 impl SyncSite {
-    /// Start everything for Slurm nodes `names` (2 CPUs, no GPU each) with these flags, and wait until every Node
-    /// shows `SlurmNodeState` `True`.
+    /// Start everything for Slurm 22.05 nodes `names` (2 CPUs, no GPU each) with these flags, and wait until every
+    /// Node shows `SlurmNodeState` `True`.
     pub fn start(names: &[&str], args: NodeSyncArgs) -> Self {
-        Self::start_with(names, args, "")
+        Self::start_with(SlurmRelease::V22_05, names, args, "")
     }
 
-    /// [`Self::start`] with extra slurm.conf `settings` (e.g. `Epilog=`).
-    pub fn start_with(names: &[&str], args: NodeSyncArgs, settings: &str) -> Self {
+    /// [`Self::start`] on `release`.
+    pub fn start_on(release: SlurmRelease, names: &[&str], args: NodeSyncArgs) -> Self {
+        Self::start_with(release, names, args, "")
+    }
+
+    /// [`Self::start_on`] with extra slurm.conf `settings` (e.g. `Epilog=`).
+    pub fn start_with(
+        release: SlurmRelease,
+        names: &[&str],
+        args: NodeSyncArgs,
+        settings: &str,
+    ) -> Self {
         let api = ApiServer::start();
         api.apply_yaml(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
@@ -51,12 +62,11 @@ impl SyncSite {
             api.create_node(n);
         }
         let specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n, 2, 0)).collect();
-        let slurm = Cluster::start(&specs, settings);
+        let slurm = Cluster::start_on(release, &specs, settings);
         let bin = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let log = bin.path().join("calls.log");
         for program in ["scontrol", "sinfo"] {
-            let real =
-                crate::ibsim::which(program).unwrap_or_else(|| panic!("{program} not installed"));
+            let real = release.program(program);
             let path = bin.path().join(program);
             std::fs::write(
                 &path,

@@ -15,6 +15,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::apiserver::client_for;
 use crate::slurm_cluster::Cluster;
+use crate::slurm_release::SlurmRelease;
 use crate::slurm_tools::Tools;
 use crate::test_api::TestApi;
 
@@ -101,6 +102,7 @@ pub struct Placement {
     sa_kubeconfig: PathBuf,
     api_url: String,
     conf: PathBuf,
+    release: SlurmRelease,
     args: PlacementArgs,
     tools: Option<Tools>,
     slurm_timeout: Duration,
@@ -143,6 +145,7 @@ impl Placement {
             sa_kubeconfig,
             api_url: api.server_url(),
             conf: cluster.conf(),
+            release: cluster.release(),
             // A scheduler name per test: the API server is shared, each test's Slurm cluster is not.
             args: PlacementArgs {
                 enabled: true,
@@ -168,8 +171,12 @@ impl Placement {
 
     /// Run the Slurm tools through logging wrappers ([`Tools`]) from the next [`Self::start`] on.
     pub fn use_tools(&mut self) -> &Tools {
+        let release = self.release;
         self.tools.get_or_insert_with(|| {
-            Tools::new(&["squeue", "sbatch", "scancel", "scontrol", "sinfo"])
+            Tools::for_release(
+                release,
+                &["squeue", "sbatch", "scancel", "scontrol", "sinfo"],
+            )
         })
     }
 
@@ -203,11 +210,21 @@ impl Placement {
         &mut self.args
     }
 
-    /// The Slurm client settings of the loop (through the wrappers when [`Self::use_tools`] was called).
+    /// The Slurm release of the cluster.
+    pub fn release(&self) -> SlurmRelease {
+        self.release
+    }
+
+    /// The Slurm client settings of the loop: the cluster's release (through the wrappers when [`Self::use_tools`]
+    /// was called).
     pub fn slurm_args(&self) -> SlurmArgs {
         SlurmArgs {
             slurm_conf: Some(self.conf.clone()),
-            slurm_bin_dir: self.tools.as_ref().map(|t| t.path().to_path_buf()),
+            slurm_bin_dir: self
+                .tools
+                .as_ref()
+                .map(|t| t.path().to_path_buf())
+                .or_else(|| self.release.bin_dir()),
             slurm_timeout: self.slurm_timeout,
         }
     }

@@ -1,14 +1,20 @@
-//! Real Slurm (Debian's `slurmd`) driven from tests: a throw-away slurm.conf in a temp dir, device nodes made with
-//! `mknod`, and `slurmd -G` to read back what slurmd parsed from a gres.conf.
+//! Real Slurm (Debian's `slurmd` of each release, [`SlurmRelease`]) driven from tests: a throw-away slurm.conf in a
+//! temp dir, device nodes made with `mknod`, and `slurmd -G` to read back what slurmd parsed from a gres.conf.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-/// A temp directory holding slurm.conf, gres.conf and fake device nodes.
+use crate::slurm_release::SlurmRelease;
+
+/// A temp directory holding slurm.conf, gres.conf and fake device nodes (and, for releases whose `slurmd -G`
+/// authenticates, a munged).
 #[derive(Debug)]
 pub struct SlurmDir {
     dir: tempfile::TempDir,
+    release: SlurmRelease,
+    munged: Option<Munged>,
 }
 
 impl Default for SlurmDir {
@@ -18,11 +24,30 @@ impl Default for SlurmDir {
 }
 
 impl SlurmDir {
-    /// A new, empty directory.
+    /// A new, empty directory for Slurm 22.05.
     pub fn new() -> Self {
+        Self::for_release(SlurmRelease::V22_05)
+    }
+
+    /// A new directory for `release`. From 24.11 on, `slurmd -G` creates a munge credential before it reads
+    /// gres.conf ("Munge encode failed ... Did you start munged?", then "slurmd initialization failed"): a munged
+    /// runs for the directory's life.
+    pub fn for_release(release: SlurmRelease) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let munged = (release >= SlurmRelease::V24_11).then(|| {
+            write_munge_key(dir.path());
+            Munged::start(release, dir.path())
+        });
         Self {
-            dir: tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}")),
+            dir,
+            release,
+            munged,
         }
+    }
+
+    /// The release.
+    pub fn release(&self) -> SlurmRelease {
+        self.release
     }
 
     /// The directory.
@@ -51,11 +76,24 @@ impl SlurmDir {
         }
     }
 
-    /// Write slurm.conf with `node_line` (a full `NodeName=...` line) and `gres_types`.
+    /// Write slurm.conf with `node_line` (a full `NodeName=...` line) and `gres_types` (and the cgroup.conf the
+    /// release needs).
     pub fn write_slurm_conf(&self, node_line: &str, gres_types: &str, extra: &str) -> PathBuf {
         let d = self.path().display();
+        let auth_info = self
+            .munged
+            .as_ref()
+            .map(|m| format!("AuthInfo=socket={}\n", m.socket().display()))
+            .unwrap_or_default();
+        if let Some(cgroup) = self.release.cgroup_conf() {
+            std::fs::write(self.path().join("cgroup.conf"), cgroup)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        // From 24.11 on `slurmd -G` opens its spool directory (its domain socket's, and where it caches hwloc's
+        // topology) and logs errors without it.
+        std::fs::create_dir_all(self.path().join("spool")).unwrap_or_else(|e| panic!("{e}"));
         let conf = format!(
-            "ClusterName=isthmus-test\nSlurmctldHost=localhost\nAuthType=auth/munge\nSlurmUser=root\n\
+            "ClusterName=isthmus-test\nSlurmctldHost=localhost\nAuthType=auth/munge\n{auth_info}SlurmUser=root\n\
              StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\n\
              SlurmdPidFile={d}/slurmd.pid\nSlurmdLogFile={d}/slurmd.log\nProctrackType=proctrack/linuxproc\n\
              TaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\nGresTypes={gres_types}\n{extra}\
@@ -70,25 +108,30 @@ impl SlurmDir {
 /// One `Gres Name=...` record as `slurmd -G` prints it.
 pub type GresPrint = BTreeMap<String, String>;
 
-/// Run `slurmd -G -f <slurm.conf> -N <node>` with hwloc pointed at `host_root`; return the records it printed and
-/// its whole output (for error/warning checks).
-pub fn slurmd_g(conf: &Path, node: &str, host_root: &Path) -> (Vec<GresPrint>, String) {
+/// Run `slurmd -G -f <slurm.conf> -N <node>` of `release` with hwloc pointed at `host_root`; return the records it
+/// printed and its whole output (for error/warning checks).
+pub fn slurmd_g(
+    release: SlurmRelease,
+    conf: &Path,
+    node: &str,
+    host_root: &Path,
+) -> (Vec<GresPrint>, String) {
     let out = Command::new("timeout")
-        .args(["60", "slurmd", "-G", "-f"])
+        .arg("60")
+        .arg(release.program("slurmd"))
+        .args(["-G", "-f"])
         .arg(conf)
         .args(["-N", node])
         .env("HWLOC_FSROOT", host_root)
         .env("HWLOC_COMPONENTS", "linux,stop")
         .output()
-        .unwrap_or_else(|e| {
-            panic!("slurmd could not run ({e}); install Debian's slurmd (bash .ci/run does)")
-        });
+        .unwrap_or_else(|e| panic!("{release} slurmd could not run ({e})"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "slurmd -G failed:\n{text}");
+    assert!(out.status.success(), "{release} slurmd -G failed:\n{text}");
     let records = text
         .lines()
         .filter_map(|l| l.split_once("Gres Name=").map(|(_, r)| format!("Name={r}")))
@@ -151,16 +194,75 @@ pub fn prepare_site(dir: &Path, subdirs: &[&str]) {
             .status();
         assert!(st.is_ok_and(|s| s.success()), "mknod (the test needs root)");
     }
+    write_munge_key(dir);
+}
+
+/// A 1 KiB key at `dir/munge.key`, mode 0400, and the directory `dir/munge` for munged's socket and files. The
+/// same bytes serve as auth/slurm's `slurm.key`.
+pub fn write_munge_key(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir.join("munge")).unwrap_or_else(|e| panic!("{e}"));
     let key: Vec<u8> = (0..1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    std::fs::write(dir.join("munge.key"), key).unwrap_or_else(|e| panic!("{e}"));
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(
-        dir.join("munge.key"),
-        std::fs::Permissions::from_mode(0o400),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.join("munge.key");
+    if path.exists() {
+        return;
+    }
+    std::fs::write(&path, key).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A munged of a release: key `dir/munge.key`, socket and files in `dir/munge`; stopped when dropped.
+#[derive(Debug)]
+pub struct Munged {
+    child: Option<Child>,
+    socket: PathBuf,
+}
+
+impl Munged {
+    /// Start munged and wait for its socket.
+    pub fn start(release: SlurmRelease, dir: &Path) -> Self {
+        let m = dir.join("munge");
+        std::fs::create_dir_all(&m).unwrap_or_else(|e| panic!("{e}"));
+        let socket = m.join("munge.sock");
+        let child = release
+            .command("munged")
+            .arg("-F")
+            .arg("-f")
+            .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--key-file={}", dir.join("munge.key").display()))
+            .arg(format!("--log-file={}", m.join("munged.log").display()))
+            .arg(format!("--pid-file={}", m.join("munged.pid").display()))
+            .arg(format!("--seed-file={}", m.join("munged.seed").display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{release} munged: {e}"));
+        let munged = Self {
+            child: Some(child),
+            socket,
+        };
+        wait_until("munged's socket", Duration::from_secs(20), || {
+            munged.socket.exists()
+        });
+        munged
+    }
+
+    /// Its socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Munged {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            crate::slurmctld::stop(child);
+        }
+    }
 }
 
 /// Poll `f` every 200 ms until it holds; panic after `timeout`.

@@ -1,15 +1,17 @@
 //! A throw-away Slurm cluster that runs jobs: Debian's munged and slurmctld ([`crate::slurmctld::Controller`]) plus
-//! one real `slurmd` per node, all on loopback (each slurmd on its own port), with fake GPU device files so that
-//! GRES can be allocated. For tests of what reads and changes Slurm's state: node states, drains, jobs.
+//! one real `slurmd` per node, all of one release ([`SlurmRelease`]) and on loopback (each slurmd on its own port),
+//! with fake GPU device files so that GRES can be allocated. For tests of what reads and changes Slurm's state:
+//! node states, drains, jobs.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 use crate::free_port;
 use crate::slurm::wait_until;
-use crate::slurmctld::{Controller, stop};
+use crate::slurm_release::SlurmRelease;
+use crate::slurmctld::{Auth, Controller, stop};
 
 /// One node of the cluster.
 #[derive(Debug, Clone)]
@@ -56,13 +58,24 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Start a cluster of `nodes` with extra slurm.conf `settings` (which may define partitions: `PartitionName=`;
-    /// otherwise one default partition `all` holds every node) and wait until every node is IDLE.
+    /// Start a Slurm 22.05 cluster of `nodes` with extra slurm.conf `settings` (which may define partitions:
+    /// `PartitionName=`; otherwise one default partition `all` holds every node) and wait until every node is IDLE.
     pub fn start(nodes: &[NodeSpec], settings: &str) -> Self {
-        assert!(
-            crate::ibsim::which("slurmd").is_some(),
-            "slurmd is not installed: install Debian's slurmd (bash .ci/run does)"
-        );
+        Self::start_on(SlurmRelease::V22_05, nodes, settings)
+    }
+
+    /// [`Self::start`] on `release` (auth/munge).
+    pub fn start_on(release: SlurmRelease, nodes: &[NodeSpec], settings: &str) -> Self {
+        Self::start_auth(release, Auth::Munge, nodes, settings)
+    }
+
+    /// [`Self::start_on`] with `auth`.
+    pub fn start_auth(
+        release: SlurmRelease,
+        auth: Auth,
+        nodes: &[NodeSpec],
+        settings: &str,
+    ) -> Self {
         let mut node_lines = String::new();
         let mut gres = String::new();
         for n in nodes {
@@ -84,7 +97,7 @@ impl Cluster {
         let settings = format!(
             "GresTypes=gpu\nReturnToService=2\nSlurmdTimeout=30\nSlurmdParameters=config_overrides\n{settings}"
         );
-        let ctld = Controller::start(&settings, &node_lines, &[]);
+        let ctld = Controller::start_on(release, auth, &settings, &node_lines, &[]);
         let dev = ctld.path().join("dev");
         for n in nodes.iter().filter(|n| n.gpus > 0) {
             gres.push_str(&format!(
@@ -109,6 +122,11 @@ impl Cluster {
             });
         }
         cluster
+    }
+
+    /// The release.
+    pub fn release(&self) -> SlurmRelease {
+        self.ctld.release()
     }
 
     /// The controller (slurm.conf, logs, slurmctld stop/start).
@@ -136,7 +154,9 @@ impl Cluster {
             .append(true)
             .open(d.join(format!("slurmd-{name}.out")))
             .unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new("slurmd")
+        let child = self
+            .release()
+            .command("slurmd")
             .args(["-D", "-N", name, "-f"])
             .arg(self.conf())
             .env("SLURM_CONF", self.conf())
@@ -144,7 +164,7 @@ impl Cluster {
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
-            .unwrap_or_else(|e| panic!("slurmd: {e}"));
+            .unwrap_or_else(|e| panic!("{} slurmd: {e}", self.release()));
         self.slurmds.insert(name.to_owned(), child);
     }
 
@@ -155,15 +175,10 @@ impl Cluster {
         }
     }
 
-    /// Run a Slurm client program (`scontrol`, `squeue`, `sbatch`, `scancel`, ...) against this cluster.
+    /// Run a Slurm client program of the cluster's release (`scontrol`, `squeue`, `sbatch`, `scancel`, ...)
+    /// against this cluster.
     pub fn run(&self, program: &str, args: &[&str]) -> Output {
-        Command::new("timeout")
-            .arg("60")
-            .arg(program)
-            .args(args)
-            .env("SLURM_CONF", self.conf())
-            .output()
-            .unwrap_or_else(|e| panic!("{program}: {e}"))
+        self.ctld.run(program, args)
     }
 
     /// Like [`Self::run`], asserting success; returns stdout.
@@ -171,7 +186,8 @@ impl Cluster {
         let out = self.run(program, args);
         assert!(
             out.status.success(),
-            "{program} {args:?}: {}{}",
+            "{} {program} {args:?}: {}{}",
+            self.release(),
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );

@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::time::SystemTime;
 
+use crate::slurm_release::SlurmRelease;
+
 /// One logged call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
@@ -31,13 +33,21 @@ pub struct Tools {
 }
 
 impl Tools {
-    /// Wrappers for `programs` (found on `PATH`).
+    /// Wrappers for `programs` of Slurm 22.05 (found on `PATH`).
     pub fn new(programs: &[&str]) -> Tools {
+        Self::for_release(SlurmRelease::V22_05, programs)
+    }
+
+    /// Wrappers for `programs` of `release` (and its `setpriv`, for a controller that switches user with it).
+    pub fn for_release(release: SlurmRelease, programs: &[&str]) -> Tools {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path().display().to_string();
+        let mut programs = programs.to_vec();
+        if release.bin_dir().is_some() {
+            programs.push("setpriv");
+        }
         for program in programs {
-            let real = crate::ibsim::which(program)
-                .unwrap_or_else(|| panic!("{program} is not installed"));
+            let real = release.program(program);
             let script = format!(
                 "#!/bin/sh\n\
                  d='{d}'\n\

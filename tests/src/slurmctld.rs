@@ -1,32 +1,66 @@
-//! A throw-away Slurm controller for tests of cluster-wide files: Debian's `munged` and `slurmctld` on loopback in
-//! a temp dir, with a caller-supplied node section and extra files (topology.conf, gres.conf) beside slurm.conf.
-//! The nodes need not run: they are declared with `NodeAddr=127.0.0.1` and, typically, `State=FUTURE`.
+//! A throw-away Slurm controller for tests of cluster-wide files: Debian's `munged` and `slurmctld` of a release
+//! ([`SlurmRelease`]) on loopback in a temp dir, with a caller-supplied node section and extra files
+//! (topology.conf, gres.conf) beside slurm.conf. The nodes need not run: they are declared with
+//! `NodeAddr=127.0.0.1` and, typically, `State=FUTURE`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::free_port;
-use crate::slurm::{prepare_site, wait_until};
+use crate::slurm::{Munged, prepare_site, wait_until};
+use crate::slurm_release::SlurmRelease;
+
+/// How the daemons and clients authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// `auth/munge` with a munged of the release (every release).
+    Munge,
+    /// `auth/slurm` with a shared `slurm.key` beside slurm.conf, no munged anywhere (23.11 and later).
+    Slurm,
+}
 
 /// munged + slurmctld, stopped when dropped.
 #[derive(Debug)]
 pub struct Controller {
     dir: tempfile::TempDir,
-    munged: Option<Child>,
+    release: SlurmRelease,
+    auth: Auth,
+    munged: Option<Munged>,
     slurmctld: Option<Child>,
+}
+
+/// The slurm.conf lines that select `auth` for a site in `dir`.
+pub fn auth_lines(auth: Auth, dir: &Path) -> String {
+    match auth {
+        Auth::Munge => format!(
+            "AuthType=auth/munge\nAuthInfo=socket={}/munge/munge.sock\nCredType=cred/munge\n",
+            dir.display()
+        ),
+        Auth::Slurm => "AuthType=auth/slurm\nCredType=cred/slurm\n".to_owned(),
+    }
 }
 
 impl Controller {
     /// Write slurm.conf (`settings` and `nodes` after the common part) and `files` (name, content) into a temp
-    /// dir, start munged and slurmctld, and wait until `scontrol ping` answers.
+    /// dir, start munged and slurmctld of Slurm 22.05, and wait until `scontrol ping` answers.
     pub fn start(settings: &str, nodes: &str, files: &[(&str, &str)]) -> Self {
-        for tool in ["munged", "slurmctld", "scontrol"] {
-            assert!(
-                crate::ibsim::which(tool).is_some(),
-                "{tool} is not installed: install Debian's munge, slurmctld and slurm-client (bash .ci/run does)"
-            );
-        }
+        Self::start_on(SlurmRelease::V22_05, Auth::Munge, settings, nodes, files)
+    }
+
+    /// [`Self::start`] with `release` and `auth`. With `auth/slurm` the key is `slurm.key` beside slurm.conf (where
+    /// every daemon and client of the site looks for it), and the release's cgroup.conf is written when it needs one.
+    pub fn start_on(
+        release: SlurmRelease,
+        auth: Auth,
+        settings: &str,
+        nodes: &str,
+        files: &[(&str, &str)],
+    ) -> Self {
+        assert!(
+            auth == Auth::Munge || release.has_auth_slurm(),
+            "{release} has no auth/slurm"
+        );
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
         prepare_site(d, &["state", "spool"]);
@@ -37,9 +71,10 @@ impl Controller {
         } else {
             "PartitionName=all Nodes=ALL Default=YES\n"
         };
+        let auth_conf = auth_lines(auth, d);
         let conf = format!(
-            "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\nAuthType=auth/munge\n\
-             AuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
+            "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\n{auth_conf}\
+             SlurmUser=root\nSlurmdUser=root\n\
              StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool/%n\nSlurmctldPidFile={p}/slurmctld.pid\n\
              SlurmdPidFile={p}/slurmd-%n.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd-%n.log\n\
              ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\n\
@@ -48,42 +83,35 @@ impl Controller {
             free_port()
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        if let Some(cgroup) = release.cgroup_conf() {
+            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap_or_else(|e| panic!("{e}"));
+        }
+        if auth == Auth::Slurm {
+            write_slurm_key(d);
+        }
         for (name, content) in files {
             std::fs::write(d.join(name), content).unwrap_or_else(|e| panic!("{e}"));
         }
+        let munged = (auth == Auth::Munge).then(|| Munged::start(release, d));
         let mut site = Self {
             dir,
-            munged: None,
+            release,
+            auth,
+            munged,
             slurmctld: None,
         };
-        let d = site.dir.path().to_path_buf();
-        let munged = Command::new("munged")
-            .arg("-F")
-            .arg("-f")
-            .arg(format!("--socket={}", d.join("munge/munge.sock").display()))
-            .arg(format!("--key-file={}", d.join("munge.key").display()))
-            .arg(format!(
-                "--log-file={}",
-                d.join("munge/munged.log").display()
-            ))
-            .arg(format!(
-                "--pid-file={}",
-                d.join("munge/munged.pid").display()
-            ))
-            .arg(format!(
-                "--seed-file={}",
-                d.join("munge/munged.seed").display()
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("munged: {e}"));
-        site.munged = Some(munged);
-        let sock = d.join("munge/munge.sock");
-        wait_until("munged's socket", Duration::from_secs(20), || sock.exists());
         site.start_slurmctld(true);
         site
+    }
+
+    /// The release.
+    pub fn release(&self) -> SlurmRelease {
+        self.release
+    }
+
+    /// How the site authenticates.
+    pub fn auth(&self) -> Auth {
+        self.auth
     }
 
     /// Start slurmctld (again) and wait until it answers; `clean`: ignore saved state (`-i`), as at first start.
@@ -94,7 +122,7 @@ impl Controller {
             .append(true)
             .open(d.join("slurmctld.out"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let mut cmd = Command::new("slurmctld");
+        let mut cmd = self.release.command("slurmctld");
         cmd.arg("-D");
         if clean {
             cmd.arg("-i");
@@ -107,7 +135,7 @@ impl Controller {
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
-            .unwrap_or_else(|e| panic!("slurmctld: {e}"));
+            .unwrap_or_else(|e| panic!("{} slurmctld: {e}", self.release));
         self.slurmctld = Some(ctld);
         wait_until("slurmctld to answer", Duration::from_secs(60), || {
             if let Some(status) = self
@@ -145,27 +173,43 @@ impl Controller {
     }
 
     fn scontrol_ok(&self, args: &[&str]) -> bool {
-        Command::new("scontrol")
+        self.run("scontrol", args).status.success()
+    }
+
+    /// Run a Slurm client program of the site's release (`scontrol`, `sinfo`, `squeue`, `sbatch`, ...) against it
+    /// (60 s at most).
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        Command::new("timeout")
+            .arg("60")
+            .arg(self.release.program(program))
             .args(args)
             .env("SLURM_CONF", self.conf())
             .output()
-            .is_ok_and(|o| o.status.success())
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
     }
 
     /// `scontrol <args>`; panics on failure.
     pub fn scontrol(&self, args: &[&str]) -> String {
-        let out = Command::new("scontrol")
-            .args(args)
-            .env("SLURM_CONF", self.conf())
-            .output()
-            .unwrap_or_else(|e| panic!("scontrol: {e}"));
+        let out = self.run("scontrol", args);
         assert!(
             out.status.success(),
-            "scontrol {args:?}: {}",
+            "{} scontrol {args:?}: {}",
+            self.release,
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+}
+
+/// auth/slurm's key, `dir/slurm.key`: the bytes of the site's munge key, mode 0600 (slurmctld refuses a key others
+/// may read).
+pub fn write_slurm_key(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    crate::slurm::write_munge_key(dir);
+    let key = dir.join("slurm.key");
+    std::fs::copy(dir.join("munge.key"), &key).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// SIGTERM a child, SIGKILL it after 10 s, and reap it.
@@ -184,11 +228,9 @@ pub fn stop(mut child: Child) {
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        for child in [self.slurmctld.take(), self.munged.take()]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(child) = self.slurmctld.take() {
             stop(child);
         }
+        drop(self.munged.take());
     }
 }

@@ -20,6 +20,9 @@ mod policy;
 #[path = "admission/slurm.rs"]
 mod slurm;
 
+#[path = "admission/health.rs"]
+mod health;
+
 use slurm::{kubelets, tenants};
 
 #[track_caller]
@@ -215,6 +218,8 @@ fn the_base_alone_guards_node_reports_and_leaves_pods_alone() {
         &["apply", "--server-side", "-f", &other.to_string_lossy()],
     );
     assert_denied(&out, "own-node-report", "A applies B's");
+    node(&api, d, "node-b", &[], &[]);
+    health::health_conditions(&api, &kc_a);
     // Without the Slurm overlay nothing judges pods: a tenant's nodeName is RBAC's business only.
     let t = tenant(&api);
     let pod = file(d, "pod.yaml", &tenant_pod("on-a", Some("node-a"), &[]));

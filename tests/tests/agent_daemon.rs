@@ -165,11 +165,45 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
     let st = Command::new("mkfifo").arg(&meminfo).status();
     assert!(st.is_ok_and(|s| s.success()));
     assert!(isthmus_tests::slurm::kill_with(pid, "HUP"));
-    // Let the PodResources call and the API request start.
-    let (api_conn, _) = api
+    // Wait until all three are in flight: the API request's head has arrived, the kubelet has a connection the
+    // agent is waiting on, and the discovery holds the FIFO open.
+    let (mut api_conn, _) = api
         .accept()
         .unwrap_or_else(|e| panic!("no API request: {e}\n{}", log()));
-    std::thread::sleep(Duration::from_millis(500));
+    api_conn
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = std::io::Read::read(&mut api_conn, &mut buf)
+            .unwrap_or_else(|e| panic!("the API request did not arrive: {e}\n{}", log()));
+        assert!(n > 0, "the agent closed the API connection\n{}", log());
+        head.extend_from_slice(&buf[..n]);
+    }
+    _kubelet
+        .set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut kubelet_conn = None;
+    wait_until("a PodResources connection", Duration::from_secs(30), || {
+        kubelet_conn = _kubelet.accept().ok();
+        kubelet_conn.is_some()
+    });
+    // Opening a FIFO with no writer waits in the kernel's `wait_for_partner` (reading one, in `pipe_read`).
+    wait_until(
+        "the discovery blocked on the FIFO",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|t| {
+                    std::fs::read_to_string(t.path().join("wchan"))
+                        .is_ok_and(|w| w == "wait_for_partner" || w == "pipe_read")
+                })
+        },
+    );
 
     let start = Instant::now();
     assert!(isthmus_tests::slurm::term(pid));
@@ -193,5 +227,5 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
         log()
     );
     assert!(log().contains("SIGKILL"), "{}", log());
-    drop(api_conn);
+    drop((api_conn, kubelet_conn));
 }

@@ -3,16 +3,46 @@
 //! API server by the placement loop running as the controller's ServiceAccount with only its shipped RBAC. There
 //! is no kubelet: a bound pod is one with `spec.nodeName`, and a deleted bound pod stays, being deleted, until the
 //! test plays the kubelet whose containers stopped (`Placement::kubelet_stopped`: the pod object deleted for good).
+//!
+//! Every test but the gang's runs on Slurm 22.05 and 24.11 (`NAME::on_22_05`, `on_24_11`). 26.05 has no `sbatch
+//! --uid/--gid`: its placement needs `--placement-submit-as=setpriv`, which these tests do not set.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use isthmus_tests::apiserver::{ApiServer, service_account_user};
+use isthmus_tests::each_release;
 use isthmus_tests::placement::{
     CONTROLLER_NS, CONTROLLER_SA, PREEMPTION, Placement, job, jobs, jobs_of, sbatch,
 };
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+use isthmus_tests::slurm_release::SlurmRelease;
+
+/// The API server of a test: 22.05's tests share one; another release's test gets its own, so that the Node and
+/// namespace names of one release's test never meet another's.
+enum Api {
+    Shared(&'static ApiServer),
+    Own(Box<ApiServer>),
+}
+
+impl std::ops::Deref for Api {
+    type Target = ApiServer;
+    fn deref(&self) -> &ApiServer {
+        match self {
+            Api::Shared(a) => a,
+            Api::Own(a) => a,
+        }
+    }
+}
+
+fn api_for(release: SlurmRelease) -> Api {
+    if release == SlurmRelease::V22_05 {
+        Api::Shared(ApiServer::shared())
+    } else {
+        Api::Own(Box::new(ApiServer::start()))
+    }
+}
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -20,10 +50,12 @@ fn active(c: &Cluster, id: u64) -> bool {
     job(c, id).is_some_and(|j| !j.is_finished())
 }
 
-#[test]
-fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
-    let api = ApiServer::shared();
-    let cluster = Cluster::start(
+each_release! {
+only [V22_05, V24_11]
+fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release,
         &[NodeSpec::new("pa1", 4, 0), NodeSpec::new("pa2", 4, 1)],
         "",
     );
@@ -175,11 +207,14 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other() {
         );
     }
 }
+}
 
-#[test]
-fn preemption_by_partition_priority_works_both_ways() {
-    let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("pb1", 4, 1)], PREEMPTION);
+each_release! {
+only [V22_05, V24_11]
+fn preemption_by_partition_priority_works_both_ways(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release, &[NodeSpec::new("pb1", 4, 1)], PREEMPTION);
     let mut p = Placement::new(api, &cluster, "placement-preempt");
     p.set_policy(
         api,
@@ -233,11 +268,17 @@ fn preemption_by_partition_priority_works_both_ways() {
     );
     p.stop();
 }
+}
 
-#[test]
-fn a_gang_of_two_on_one_node_stays_pending_as_a_whole() {
-    let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("pc1", 4, 1)], "");
+each_release! {
+// 22.05 only: 24.11's sbatch refuses a job for more nodes than the partition has ("Requested node configuration is
+// not available") where 22.05 keeps it pending, and the placement then puts the refusal on one member of the gang
+// only (the other says nothing): docs/slurm-releases.md, "Not yet done".
+only [V22_05]
+fn a_gang_of_two_on_one_node_stays_pending_as_a_whole(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release, &[NodeSpec::new("pc1", 4, 1)], "");
     let mut p = Placement::new(api, &cluster, "placement-gang");
     p.start();
     let gang = [
@@ -274,11 +315,14 @@ fn a_gang_of_two_on_one_node_stays_pending_as_a_whole() {
     eprintln!("m0 waits: {:?}", p.waiting_message("m0"));
     p.stop();
 }
+}
 
-#[test]
-fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans() {
-    let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("pd1", 4, 1)], "");
+each_release! {
+only [V22_05, V24_11]
+fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release, &[NodeSpec::new("pd1", 4, 1)], "");
     let mut p = Placement::new(api, &cluster, "placement-restart");
     p.start();
     let running = p.create_pod("running", 1, &[]);
@@ -320,11 +364,14 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans() {
     assert!(!p.deleted("running"));
     p.stop();
 }
+}
 
-#[test]
-fn slurmctld_down_is_waited_out() {
-    let api = ApiServer::shared();
-    let mut cluster = Cluster::start(&[NodeSpec::new("pe1", 4, 1)], "");
+each_release! {
+only [V22_05, V24_11]
+fn slurmctld_down_is_waited_out(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let mut cluster = Cluster::start_on(release, &[NodeSpec::new("pe1", 4, 1)], "");
     let mut p = Placement::new(api, &cluster, "placement-outage");
     p.start();
     cluster.controller().stop_slurmctld();
@@ -345,4 +392,5 @@ fn slurmctld_down_is_waited_out() {
         .unwrap_or_default();
     assert_eq!(jobs_of(&cluster, &uid).len(), 1);
     p.stop();
+}
 }

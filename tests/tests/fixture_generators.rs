@@ -1,5 +1,5 @@
-//! The recorded host trees that generators build from real dumps are exactly what the generators make today
-//! (system tier: the generators are Python scripts and the comparison is `diff -r`).
+//! The recorded host trees and the XID table that generators build from real data are exactly what the generators
+//! make today (system tier: the generators are Python scripts and the comparison is `diff -r`).
 
 use isthmus_tests::fixtures;
 
@@ -25,5 +25,20 @@ fn the_generator_reproduces_the_committed_tree() {
         diff.status.success(),
         "generated tree differs:\n{}",
         String::from_utf8_lossy(&diff.stdout)
+    );
+}
+
+#[test]
+fn the_xid_table_is_what_its_generator_makes_from_the_sources() {
+    let out = std::process::Command::new("python3")
+        .arg(fixtures().join("generators/xid_table.py"))
+        .arg("--check")
+        .current_dir(isthmus_tests::repo_root())
+        .output()
+        .unwrap_or_else(|e| panic!("python3: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

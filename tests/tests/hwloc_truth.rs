@@ -2,10 +2,12 @@
 //! node line Debian's real `slurmd -C` computes for the same tree.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use isthmus_gres::NodeShape;
-use isthmus_tests::{HWLOC_CASES, HwlocCase, extract, isthmus, lstopo};
+use isthmus_tests::slurm_release::SlurmRelease;
+use isthmus_tests::{
+    HWLOC_CASES, HwlocCase, each_release, extract, extract_shared, extract_variant, isthmus, lstopo,
+};
 use isthmus_topology::{CpuSet, NodeTopology};
 
 fn discover(case: &HwlocCase, root: &std::path::Path, extra: &[&str]) -> NodeTopology {
@@ -130,16 +132,19 @@ fn discovery_matches_lstopo_expected_output() {
     assert_eq!(checked, HWLOC_CASES.len());
 }
 
-fn slurmd_c(case: &HwlocCase, root: &std::path::Path) -> BTreeMap<String, u32> {
-    let out = Command::new("slurmd")
+fn slurmd_c(
+    release: SlurmRelease,
+    case: &HwlocCase,
+    root: &std::path::Path,
+) -> BTreeMap<String, u32> {
+    let out = release
+        .command("slurmd")
         .arg("-C")
         .env("HWLOC_FSROOT", root)
         .env("HWLOC_COMPONENTS", "linux,stop")
         .envs(case.env())
         .output()
-        .unwrap_or_else(|e| {
-            panic!("slurmd -C could not run ({e}); install Debian's slurmd (bash .ci/run does)")
-        });
+        .unwrap_or_else(|e| panic!("{release} slurmd -C could not run ({e})"));
     let text = String::from_utf8_lossy(&out.stdout);
     text.split_whitespace()
         .filter_map(|kv| {
@@ -149,17 +154,27 @@ fn slurmd_c(case: &HwlocCase, root: &std::path::Path) -> BTreeMap<String, u32> {
         .collect()
 }
 
-#[test]
-fn node_shape_matches_real_slurmd() {
+each_release! {
+/// The node line's shape equals what `slurmd -C` of each release computes for every fixture.
+fn node_shape_matches_real_slurmd(release) {
     for case in HWLOC_CASES {
-        let x = extract(&case.tarball());
-        let topo = discover(case, &x.root, &[]);
+        let root = extract_shared(&case.tarball());
+        let topo = discover(case, &root, &[]);
         let (shape, _) = NodeShape::of(&topo);
-        let slurm = slurmd_c(case, &x.root);
-        let ours = [
-            ("CPUs", shape.cpus),
+        let slurm = slurmd_c(release, case, &root);
+        let mut fields: BTreeMap<String, String> = [
             ("Boards", shape.boards),
             ("SocketsPerBoard", shape.sockets_per_board),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_string()))
+        .collect();
+        release.hwloc_boards(case.name, &mut fields);
+        let n = |k: &str| fields[k].parse::<u32>().unwrap_or(0);
+        let ours = [
+            ("CPUs", shape.cpus),
+            ("Boards", n("Boards")),
+            ("SocketsPerBoard", n("SocketsPerBoard")),
             ("CoresPerSocket", shape.cores_per_socket),
             ("ThreadsPerCore", shape.threads_per_core),
         ];
@@ -167,11 +182,12 @@ fn node_shape_matches_real_slurmd() {
             assert_eq!(
                 slurm.get(k),
                 Some(&v),
-                "{}: {k} (slurmd -C said {slurm:?})",
+                "{release} {}: {k} (slurmd -C said {slurm:?})",
                 case.name
             );
         }
     }
+}
 }
 
 #[test]
@@ -235,7 +251,7 @@ fn logged_irregularities(text: &str) -> Vec<String> {
         .filter(|l| l.contains("not multiple of"))
         .filter_map(|l| {
             l.split_once("error: ")
-                .or_else(|| l.split_once("slurmd will log: "))
+                .or_else(|| l.split_once("slurmd 22.05 will log: "))
                 .map(|(_, m)| m.trim().to_owned())
         })
         .collect();
@@ -244,8 +260,15 @@ fn logged_irregularities(text: &str) -> Vec<String> {
 }
 
 /// `isthmus render node` and real `slurmd -C` on one tree: the shape fields agree, and the irregularities we say
-/// slurmd will log are the ones it logs.
-fn compare_with_slurmd_c(label: &str, root: &std::path::Path, env: &[(String, String)]) {
+/// slurmd 22.05 will log are the ones it logs (24.11 and later compute the same shape and log none of them).
+fn compare_with_slurmd_c(
+    release: SlurmRelease,
+    case: &str,
+    label: &str,
+    root: &std::path::Path,
+    env: &[(String, String)],
+) {
+    let label = format!("{release} {label}");
     let env_ref: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let root_s = root.display().to_string();
     let ours = isthmus(
@@ -265,17 +288,19 @@ fn compare_with_slurmd_c(label: &str, root: &std::path::Path, env: &[(String, St
         "{label}: {}",
         String::from_utf8_lossy(&ours.stderr)
     );
-    let slurm = Command::new("slurmd")
+    let slurm = release
+        .command("slurmd")
         .arg("-C")
         .env("HWLOC_FSROOT", root)
         .env("HWLOC_COMPONENTS", "linux,stop")
         .envs(env.iter().cloned())
         .output()
-        .unwrap_or_else(|e| panic!("slurmd -C could not run ({e}); install Debian's slurmd"));
-    let (a, b) = (
+        .unwrap_or_else(|e| panic!("{label}: slurmd -C could not run ({e})"));
+    let (mut a, b) = (
         node_fields(&String::from_utf8_lossy(&ours.stdout)),
         node_fields(&String::from_utf8_lossy(&slurm.stdout)),
     );
+    release.hwloc_boards(case, &mut a);
     for k in [
         "CPUs",
         "Boards",
@@ -285,8 +310,13 @@ fn compare_with_slurmd_c(label: &str, root: &std::path::Path, env: &[(String, St
     ] {
         assert_eq!(a.get(k), b.get(k), "{label}: {k}\nours {a:?}\nslurmd {b:?}");
     }
+    let predicted = if release == SlurmRelease::V22_05 {
+        logged_irregularities(&String::from_utf8_lossy(&ours.stderr))
+    } else {
+        Vec::new()
+    };
     assert_eq!(
-        logged_irregularities(&String::from_utf8_lossy(&ours.stderr)),
+        predicted,
         logged_irregularities(&String::from_utf8_lossy(&slurm.stderr)),
         "{label}: the irregularities slurmd logs"
     );
@@ -305,108 +335,112 @@ fn topology_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Odd shapes built from every tree: (a) no core_id and no thread siblings (hwloc creates no Core objects);
-/// (b) a package mask contradicting its list for the last package's CPUs (hwloc drops that package but keeps its
-/// cores).
-#[test]
-fn node_shape_matches_real_slurmd_on_odd_shapes() {
+/// (a) of the odd shapes: no core_id and no thread siblings (hwloc creates no Core objects).
+fn remove_cores(root: &std::path::Path) {
+    for f in topology_files(root) {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name == "core_id" || name.starts_with("thread_siblings") || name.starts_with("core_cpus")
+        {
+            std::fs::remove_file(&f).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+/// The package mask file hwloc reads (package_cpus, else core_siblings), the CPU topology directories that have
+/// it, and the packages they name, sorted.
+fn package_masks(
+    root: &std::path::Path,
+) -> (
+    &'static str,
+    Vec<std::path::PathBuf>,
+    std::collections::BTreeSet<String>,
+) {
+    let files = topology_files(root);
+    let mask = if files.iter().any(|f| f.ends_with("package_cpus")) {
+        "package_cpus"
+    } else {
+        "core_siblings"
+    };
+    let dirs: Vec<std::path::PathBuf> = files
+        .iter()
+        .filter_map(|f| f.parent().map(std::path::Path::to_path_buf))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|d| d.join(mask).exists())
+        .collect();
+    let pkgs = dirs.iter().map(|d| package_of(d)).collect();
+    (mask, dirs, pkgs)
+}
+
+fn package_of(cpu_topology: &std::path::Path) -> String {
+    std::fs::read_to_string(cpu_topology.join("physical_package_id"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// (b) of the odd shapes: the last package's CPUs carry the first package's mask (hwloc drops that package but
+/// keeps its cores).
+fn contradict_last_package(root: &std::path::Path) {
+    let (mask, dirs, pkgs) = package_masks(root);
+    let (Some(first), Some(last)) = (pkgs.iter().next(), pkgs.iter().last()) else {
+        return;
+    };
+    let first_mask = dirs
+        .iter()
+        .find(|d| &package_of(d) == first)
+        .map(|d| std::fs::read_to_string(d.join(mask)).unwrap_or_default())
+        .unwrap_or_default();
+    for d in dirs.iter().filter(|d| &package_of(d) == last) {
+        std::fs::write(d.join(mask), &first_mask).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+each_release! {
+/// Odd shapes built from every tree: (a) [`remove_cores`], (b) [`contradict_last_package`] (trees of two packages or
+/// more). Each variant is built once per test binary and shared by the releases.
+fn node_shape_matches_real_slurmd_on_odd_shapes(release) {
     for case in HWLOC_CASES {
-        let x = extract(&case.tarball());
-        let files = topology_files(&x.root);
-        if files.is_empty() {
+        let original = extract_shared(&case.tarball());
+        if topology_files(&original).is_empty() {
             continue;
         }
-        // (a)
-        let a = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let a_root = a.path().join("root");
-        assert!(
-            Command::new("cp")
-                .arg("-a")
-                .arg(&x.root)
-                .arg(&a_root)
-                .status()
-                .is_ok_and(|s| s.success())
-        );
-        for f in topology_files(&a_root) {
-            let name = f
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name == "core_id"
-                || name.starts_with("thread_siblings")
-                || name.starts_with("core_cpus")
-            {
-                std::fs::remove_file(&f).unwrap_or_else(|e| panic!("{e}"));
-            }
-        }
+        let a_root = extract_variant(&case.tarball(), "no-cores", remove_cores);
         compare_with_slurmd_c(
+            release,
+            case.name,
             &format!("{} without cores", case.name),
             &a_root,
             &case.env(),
         );
-        // (b): the mask file hwloc reads for packages (package_cpus, else core_siblings).
-        let mask = if files.iter().any(|f| f.ends_with("package_cpus")) {
-            "package_cpus"
-        } else {
-            "core_siblings"
-        };
-        let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
-        let pkg_of = |cpu_topo: &std::path::Path| {
-            read(&cpu_topo.join("physical_package_id"))
-                .trim()
-                .to_owned()
-        };
-        let dirs: Vec<std::path::PathBuf> = files
-            .iter()
-            .filter_map(|f| f.parent().map(std::path::Path::to_path_buf))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .filter(|d| d.join(mask).exists())
-            .collect();
-        let pkgs: std::collections::BTreeSet<String> = dirs.iter().map(|d| pkg_of(d)).collect();
+        let (mask, _, pkgs) = package_masks(&original);
         if pkgs.len() < 2 {
             continue;
         }
-        let (first, last) = (
-            pkgs.iter().next().cloned().unwrap_or_default(),
-            pkgs.iter().last().cloned().unwrap_or_default(),
-        );
-        let b = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let b_root = b.path().join("root");
-        assert!(
-            Command::new("cp")
-                .arg("-a")
-                .arg(&x.root)
-                .arg(&b_root)
-                .status()
-                .is_ok_and(|s| s.success())
-        );
-        let first_mask = dirs
-            .iter()
-            .find(|d| pkg_of(d) == first)
-            .map(|d| read(&d.join(mask)))
-            .unwrap_or_default();
-        for d in dirs.iter().filter(|d| pkg_of(d) == last) {
-            let rel = d.strip_prefix(&x.root).unwrap_or(d);
-            std::fs::write(b_root.join(rel).join(mask), &first_mask)
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
+        let b_root = extract_variant(&case.tarball(), "contradicting-mask", contradict_last_package);
         compare_with_slurmd_c(
+            release,
+            case.name,
             &format!("{} with a contradicting {mask}", case.name),
             &b_root,
             &case.env(),
         );
     }
 }
+}
 
-/// On the machine running the tests, RealMemory is what slurmd -C reports minus the reserve.
-#[test]
-fn real_memory_is_slurmds_minus_the_reserve() {
-    let slurm = Command::new("slurmd")
+each_release! {
+/// On the machine running the tests, RealMemory is what slurmd -C of each release reports minus the reserve.
+fn real_memory_is_slurmds_minus_the_reserve(release) {
+    let slurm = release
+        .command("slurmd")
         .arg("-C")
         .env_remove("HWLOC_FSROOT")
         .output()
-        .unwrap_or_else(|e| panic!("slurmd -C could not run ({e}); install Debian's slurmd"));
+        .unwrap_or_else(|e| panic!("{release} slurmd -C could not run ({e})"));
     let theirs: u64 = node_fields(&String::from_utf8_lossy(&slurm.stdout))
         .get("RealMemory")
         .and_then(|v| v.parse().ok())
@@ -459,4 +493,5 @@ fn real_memory_is_slurmds_minus_the_reserve() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("less than 1 GiB"), "{stderr}");
+}
 }

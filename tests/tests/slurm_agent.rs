@@ -1,6 +1,11 @@
 //! `isthmus agent` with real Slurm: munged, slurmctld and slurmd from Debian, on loopback in a temp dir. The node
 //! registers idle with exactly the fixture's CPUs and GRES, `srun --gres=gpu:2` gets two GPUs, crashed children
 //! are restarted, a hardware change restarts slurmd only when gres.conf changes, and SIGTERM stops everything.
+//!
+//! The agent runs the daemons of each release ([`SlurmRelease`]: `--slurmd`/`--munged` name the release's
+//! programs): the configured node (jobs, crashes, stop), the agent as PID 1 of its own PID namespace and the dynamic
+//! node run on 22.05, 24.11 and 26.05. The configless node, the hardware change and the command-line errors test
+//! the agent's own logic, which does not depend on the release: they run on 22.05 only.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use isthmus_tests::slurm::{children_of, wait_until};
-use isthmus_tests::{fixtures, free_port, isthmus_bin};
+use isthmus_tests::slurm_release::SlurmRelease;
+use isthmus_tests::{each_release, fixtures, free_port, isthmus_bin};
 
 /// Alive and not a zombie.
 fn alive(pid: u32) -> bool {
@@ -39,6 +45,9 @@ const DEFAULT_MUNGE_SOCKET: &str = "/run/munge/munge.socket.2";
 
 /// A throw-away Slurm cluster directory: key, slurm.conf, fake GPU device nodes.
 struct Site {
+    release: SlurmRelease,
+    /// `auth/slurm` (a `slurm.key` beside slurm.conf) instead of munge: the agent runs no munged.
+    auth_slurm: bool,
     dir: tempfile::TempDir,
     node: String,
     mode: Mode,
@@ -50,9 +59,17 @@ struct Site {
 
 impl Site {
     fn new(node: &str, root: &Path, mode: Mode) -> Self {
+        Self::on(SlurmRelease::V22_05, node, root, mode)
+    }
+
+    /// A site whose daemons and clients are `release`'s.
+    fn on(release: SlurmRelease, node: &str, root: &Path, mode: Mode) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
         isthmus_tests::slurm::prepare_site(d, &["state", "spool"]);
+        if let Some(cgroup) = release.cgroup_conf() {
+            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap_or_else(|e| panic!("{e}"));
+        }
         let node_line = if mode != Mode::Configured {
             "MaxNodeCount=16\nTreeWidth=65533\n".to_owned()
         } else {
@@ -115,6 +132,8 @@ impl Site {
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         Self {
+            release,
+            auth_slurm: false,
             dir,
             node: node.to_owned(),
             mode,
@@ -123,6 +142,23 @@ impl Site {
             agent: None,
             ctld: None,
         }
+    }
+
+    /// A configured node of `release` (23.11 or later) whose daemons and clients authenticate with `auth/slurm`: the
+    /// key `slurm.key` beside slurm.conf, where slurmctld, slurmd and the clients read it; no munged.
+    fn with_auth_slurm(release: SlurmRelease, node: &str, root: &Path) -> Self {
+        let mut site = Self::on(release, node, root, Mode::Configured);
+        let p = site.path().display().to_string();
+        let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
+        let munge = format!(
+            "AuthType=auth/munge\nAuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\n"
+        );
+        assert!(conf.contains(&munge), "{conf}");
+        let conf = conf.replace(&munge, "AuthType=auth/slurm\nCredType=cred/slurm\n");
+        std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
+        isthmus_tests::slurmctld::write_slurm_key(site.path());
+        site.auth_slurm = true;
+        site
     }
 
     fn munge_socket(&self) -> PathBuf {
@@ -156,13 +192,31 @@ impl Site {
                 format!("localhost:{}", self.ctld_port),
             ];
         }
-        let mut cmd = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(isthmus_bin());
-                c
-            }
-            None => Command::new(isthmus_bin()),
+        // A release in a root runs each program through `enter` (a mount namespace and chroot: CAP_SYS_ADMIN and
+        // CAP_SYS_CHROOT), which the agent's children lose when it narrows its bounding set to slurmd's list. Without
+        // CAP_SETPCAP the agent cannot narrow it (it warns and goes on), so its children keep what `enter` needs.
+        // The list itself is proven on 22.05, the machine's packages (and by deploy_runtime.rs).
+        let mut full: Vec<std::ffi::OsString> = wrapper.iter().map(Into::into).collect();
+        if self.release.root_dir().is_some() {
+            full.extend(["setpriv".into(), "--bounding-set=-setpcap".into()]);
+        }
+        full.push(isthmus_bin().into());
+        let (program, args) = full.split_first().unwrap_or_else(|| panic!("no program"));
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        let munge: Vec<std::ffi::OsString> = if self.auth_slurm {
+            vec!["--no-munged".into()]
+        } else {
+            vec![
+                "--munged".into(),
+                self.release.program("munged").into(),
+                "--munge-socket".into(),
+                sock.clone().into(),
+                "--munge-key".into(),
+                d.join("munge.key").into(),
+                "--munge-state-dir".into(),
+                d.join("munge").into(),
+            ]
         };
         let child = cmd
             .arg("agent")
@@ -179,12 +233,9 @@ impl Site {
             ])
             .args(["--listen", &self.listen])
             .args(&slurm_source)
-            .arg("--munge-socket")
-            .arg(&sock)
-            .arg("--munge-key")
-            .arg(d.join("munge.key"))
-            .arg("--munge-state-dir")
-            .arg(d.join("munge"))
+            .arg("--slurmd")
+            .arg(self.release.program("slurmd"))
+            .args(munge)
             .arg("--dev-dir")
             .arg(d.join("dev"))
             .args(extra)
@@ -196,13 +247,17 @@ impl Site {
             .spawn()
             .unwrap_or_else(|e| panic!("{e}"));
         self.agent = Some(child);
-        wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
+        if !self.auth_slurm {
+            wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
+        }
     }
 
     fn start_slurmctld(&mut self) {
         let out = std::fs::File::create(self.path().join("slurmctld.out"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new("slurmctld")
+        let child = self
+            .release
+            .command("slurmctld")
             .arg("-D")
             .arg("-f")
             .arg(self.conf())
@@ -211,12 +266,14 @@ impl Site {
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
-            .unwrap_or_else(|e| panic!("slurmctld: {e}"));
+            .unwrap_or_else(|e| panic!("{} slurmctld: {e}", self.release));
         self.ctld = Some(child);
     }
 
     fn scontrol_node(&self) -> BTreeMap<String, String> {
-        let out = Command::new("scontrol")
+        let out = self
+            .release
+            .command("scontrol")
             .args(["show", "node", &self.node])
             .env("SLURM_CONF", self.conf())
             .output()
@@ -282,10 +339,10 @@ fn h100() -> PathBuf {
     fixtures().join("hosts/xe9680-8xh100/root")
 }
 
-#[test]
-fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
+each_release! {
+fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly(release) {
     let root = h100();
-    let mut site = Site::new("gpu1", &root, Mode::Configured);
+    let mut site = Site::on(release, "gpu1", &root, Mode::Configured);
     site.start_agent(&root, &[]);
     site.start_slurmctld();
     site.wait_idle();
@@ -302,7 +359,9 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
     );
 
     let srun = Command::new("timeout")
-        .args(["60", "srun", "-N1", "-w", "gpu1", "--gres=gpu:2", "env"])
+        .arg("60")
+        .arg(release.program("srun"))
+        .args(["-N1", "-w", "gpu1", "--gres=gpu:2", "env"])
         .env("SLURM_CONF", site.conf())
         .output()
         .unwrap_or_else(|e| panic!("srun: {e}"));
@@ -393,6 +452,56 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly() {
         );
     }
 }
+}
+
+each_release! {
+only [V26_05]
+/// With `auth/slurm` the agent runs slurmd alone: the node registers with its GPUs and a job gets two of them, and
+/// no munged runs for the site (none among the agent's children, none naming the site's directory).
+fn with_auth_slurm_the_node_runs_a_job_and_no_munged_runs(release) {
+    let root = h100();
+    let mut site = Site::with_auth_slurm(release, "as1", &root);
+    site.start_agent(&root, &[]);
+    site.start_slurmctld();
+    site.wait_idle();
+    let n = site.scontrol_node();
+    assert!(
+        n.get("Gres")
+            .is_some_and(|g| g.starts_with("gpu:nvidia_h100_80gb_hbm3:8")),
+        "{n:?}"
+    );
+    let srun = Command::new("timeout")
+        .arg("60")
+        .arg(release.program("srun"))
+        .args(["-N1", "-w", "as1", "--gres=gpu:2", "env"])
+        .env("SLURM_CONF", site.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("srun: {e}"));
+    let out = String::from_utf8_lossy(&srun.stdout);
+    assert!(
+        out.lines().any(|l| l == "CUDA_VISIBLE_DEVICES=0,1"),
+        "srun: {out}\n{}",
+        String::from_utf8_lossy(&srun.stderr)
+    );
+    let agent = site.agent.as_ref().map(Child::id).unwrap_or_default();
+    assert!(child_named(agent, "slurmd").is_some(), "{}", site.log());
+    assert_eq!(child_named(agent, "munged"), None);
+    let site_dir = site.path().display().to_string();
+    let munged: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            comm.trim() == "munged" && String::from_utf8_lossy(&cmdline).contains(&site_dir)
+        })
+        .collect();
+    assert!(munged.is_empty(), "munged for the site: {munged:?}");
+    assert!(!site.munge_socket().exists());
+}
+}
 
 fn child_named(parent: u32, name: &str) -> Option<u32> {
     children_of(parent)
@@ -401,12 +510,12 @@ fn child_named(parent: u32, name: &str) -> Option<u32> {
         .map(|(p, _, _)| p)
 }
 
+each_release! {
 /// In a pod the agent is PID 1 of its PID namespace: it must start munged and slurmd there, restart them after
 /// kill -9, leave no zombie, and stop them on SIGTERM.
-#[test]
-fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_children() {
+fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_children(release) {
     let root = h100();
-    let mut site = Site::new("pid1", &root, Mode::Configured);
+    let mut site = Site::on(release, "pid1", &root, Mode::Configured);
     // A temp file a PID 1 killed mid-write left in the configuration directory (an emptyDir outlives the
     // container): the agent, PID 1 again, still writes gres.conf.
     let stale = site.path().join(".gres.conf.isthmus-1.tmp");
@@ -453,11 +562,12 @@ fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_child
         assert!(!alive(pid), "pid {pid} survived the agent");
     }
 }
+}
 
 /// Start a dynamic node (defined by the agent's `--conf`) and check it registers idle with the fixture's CPUs and GRES.
-fn check_dynamic_node(name: &str, mode: Mode) {
+fn check_dynamic_node(release: SlurmRelease, name: &str, mode: Mode) {
     let root = h100();
-    let mut site = Site::new(name, &root, mode);
+    let mut site = Site::on(release, name, &root, mode);
     site.start_agent(
         &root,
         &[
@@ -484,15 +594,16 @@ fn check_dynamic_node(name: &str, mode: Mode) {
     );
 }
 
-#[test]
-fn dynamic_node_registers_with_its_gres() {
-    check_dynamic_node("dyn1", Mode::Dynamic);
+each_release! {
+fn dynamic_node_registers_with_its_gres(release) {
+    check_dynamic_node(release, "dyn1", Mode::Dynamic);
+}
 }
 
 #[test]
 fn configless_dynamic_node_takes_its_gres_from_the_controller() {
     // The GRES comes from the controller's central gres.conf (Site::new writes it for configless mode).
-    check_dynamic_node("cl1", Mode::Configless);
+    check_dynamic_node(SlurmRelease::V22_05, "cl1", Mode::Configless);
 }
 
 #[test]

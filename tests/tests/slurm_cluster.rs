@@ -1,11 +1,16 @@
-//! The Slurm test cluster itself: two real slurmd nodes register, a GPU job runs on the node Slurm picks, a drain
-//! shows in the node state, and a restarted slurmctld keeps its state.
+//! The Slurm test cluster itself, on every release: two real slurmd nodes register, a GPU job runs on the node Slurm
+//! picks, a drain shows in the node state, and a restarted slurmctld keeps its state.
 
+use isthmus_tests::each_release;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
 
-#[test]
-fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart() {
-    let mut c = Cluster::start(&[NodeSpec::new("c1", 4, 2), NodeSpec::new("c2", 4, 0)], "");
+each_release! {
+fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart(release) {
+    let mut c = Cluster::start_on(
+        release,
+        &[NodeSpec::new("c1", 4, 2), NodeSpec::new("c2", 4, 0)],
+        "",
+    );
     let out = c.run_ok(
         "srun",
         &[
@@ -39,4 +44,52 @@ fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart() {
     c.wait_state("c2", "registered again", |s| s.starts_with("IDLE"));
     c.run_ok("scontrol", &["update", "nodename=c2", "state=resume"]);
     c.wait_state("c2", "idle", |s| s == "IDLE");
+}
+}
+
+/// What the controller's Slurm client reports when its tools are of another release than slurmctld: a 22.05 client
+/// of 26.05 and of 24.11 is a protocol mismatch, a 26.05 client of 24.11 a rejected authentication; never an
+/// unreachable slurmctld. Node reads (`sinfo`) and `scontrol reconfigure` (the topology task's) alike.
+#[test]
+fn a_client_of_another_release_is_reported_as_such_never_as_unreachable() {
+    use isthmus_controller::slurm::nodes::NodeReader;
+    use isthmus_controller::slurm::{SlurmArgs, SlurmClient, SlurmError};
+    use isthmus_tests::slurm_release::SlurmRelease;
+    use isthmus_tests::slurmctld::{Auth, Controller};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let nodes = "NodeName=m1 CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1";
+    for (server, client, mismatch) in [
+        (SlurmRelease::V26_05, SlurmRelease::V22_05, true),
+        (SlurmRelease::V24_11, SlurmRelease::V22_05, true),
+        (SlurmRelease::V24_11, SlurmRelease::V26_05, false),
+    ] {
+        let c = Controller::start_on(server, Auth::Munge, "", nodes, &[]);
+        let slurm = SlurmClient::new(SlurmArgs {
+            slurm_conf: Some(c.conf()),
+            slurm_bin_dir: client.bin_dir(),
+            ..SlurmArgs::default()
+        });
+        let read = rt.block_on(NodeReader::new(slurm.clone()).nodes());
+        let reconfigure = rt.block_on(slurm.run("scontrol", &["reconfigure"]));
+        for (what, e) in [
+            ("sinfo", read.map(|_| ()).err()),
+            ("scontrol reconfigure", reconfigure.map(|_| ()).err()),
+        ] {
+            let label = format!("{client} client of {server}: {what}");
+            let e = e.unwrap_or_else(|| panic!("{label}: answered"));
+            assert!(!e.is_unreachable(), "{label}: {e}");
+            if mismatch {
+                // 22.05's reconfigure sometimes finds the connection closed first ("Broken pipe").
+                let ok = matches!(e, SlurmError::ProtocolMismatch { .. })
+                    || (what == "scontrol reconfigure" && e.to_string().contains("Broken pipe"));
+                assert!(ok, "{label}: {e}");
+            } else {
+                assert!(matches!(e, SlurmError::AuthRejected { .. }), "{label}: {e}");
+            }
+        }
+    }
 }

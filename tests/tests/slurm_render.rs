@@ -1,11 +1,12 @@
-//! `isthmus render gres|node|topology` against real Slurm: slurmd accepts every gres.conf we generate, without an
-//! error or warning, and parses exactly what we meant; the node line agrees with `slurmd -C` on every fixture.
+//! `isthmus render gres|node|topology` against real Slurm of every release (22.05, 24.11, 26.05): slurmd accepts
+//! every gres.conf we generate, without an error or warning, and parses exactly what we meant; the node line agrees
+//! with `slurmd -C` on every fixture.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use isthmus_tests::slurm_gres::{check_with_slurmd, run_ok};
-use isthmus_tests::{HWLOC_CASES, extract, fixtures, isthmus};
+use isthmus_tests::slurm_gres::{check_with_slurmd_on, run_ok};
+use isthmus_tests::{HWLOC_CASES, each_release, extract_shared, fixtures, isthmus};
 
 fn h100() -> String {
     fixtures()
@@ -21,38 +22,43 @@ fn nvml() -> String {
         .to_string()
 }
 
-#[test]
-fn slurmd_accepts_h100_gres_with_nvml_links() {
+each_release! {
+fn slurmd_accepts_h100_gres_with_nvml_links(release) {
     let rec = nvml();
-    let gres = check_with_slurmd(&h100(), &["--nvml-replay", rec.as_str()], false);
+    let gres = check_with_slurmd_on(release, &h100(), &["--nvml-replay", rec.as_str()], false);
     assert!(gres.contains("Type=nvidia_h100_80gb_hbm3 "), "{gres}");
 }
-
-#[test]
-fn slurmd_accepts_h100_gres_without_nvml() {
-    check_with_slurmd(&h100(), &["--no-nvml"], false);
 }
 
-#[test]
-fn slurmd_accepts_cluster_form_and_hca_gres() {
-    check_with_slurmd(&h100(), &["--no-nvml", "--hca-gres"], true);
+each_release! {
+fn slurmd_accepts_h100_gres_without_nvml(release) {
+    check_with_slurmd_on(release, &h100(), &["--no-nvml"], false);
+}
+}
+
+each_release! {
+fn slurmd_accepts_cluster_form_and_hca_gres(release) {
+    check_with_slurmd_on(release, &h100(), &["--no-nvml", "--hca-gres"], true);
     let rec = nvml();
-    check_with_slurmd(
+    check_with_slurmd_on(
+        release,
         &h100(),
         &["--nvml-replay", rec.as_str(), "--hca-gres"],
         true,
     );
 }
+}
 
-#[test]
-fn slurmd_accepts_gres_of_hosts_without_accelerators() {
+each_release! {
+fn slurmd_accepts_gres_of_hosts_without_accelerators(release) {
     for case in HWLOC_CASES
         .iter()
         .filter(|c| ["32intel64-2p8co2t+8ve", "2amd64-2n"].contains(&c.name))
     {
-        let x = extract(&case.tarball());
-        check_with_slurmd(&x.root.display().to_string(), &["--no-nvml"], false);
+        let root = extract_shared(&case.tarball());
+        check_with_slurmd_on(release, &root.display().to_string(), &["--no-nvml"], false);
     }
+}
 }
 
 fn fields(line: &str) -> BTreeMap<String, String> {
@@ -61,21 +67,17 @@ fn fields(line: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A host root, the extracted tree keeping it alive, and its hwloc environment.
-type Root = (
-    String,
-    Option<isthmus_tests::Extracted>,
-    Vec<(String, String)>,
-);
+/// A host root, its hwloc environment and its fixture's name.
+type Root = (String, Vec<(String, String)>, &'static str);
 
-#[test]
-fn render_node_agrees_with_slurmd_c_on_every_fixture() {
-    let mut roots: Vec<Root> = vec![(h100(), None, Vec::new())];
+each_release! {
+fn render_node_agrees_with_slurmd_c_on_every_fixture(release) {
+    let mut roots: Vec<Root> = vec![(h100(), Vec::new(), "xe9680-8xh100")];
     for case in HWLOC_CASES {
-        let x = extract(&case.tarball());
-        roots.push((x.root.display().to_string(), Some(x), case.env()));
+        let root = extract_shared(&case.tarball());
+        roots.push((root.display().to_string(), case.env(), case.name));
     }
-    for (root, _keep, env) in &roots {
+    for (root, env, name) in &roots {
         let env_ref: Vec<(&str, &str)> =
             env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let out = isthmus(
@@ -95,14 +97,16 @@ fn render_node_agrees_with_slurmd_c_on_every_fixture() {
             "{root}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let ours = fields(&String::from_utf8_lossy(&out.stdout));
-        let slurm = std::process::Command::new("slurmd")
+        let mut ours = fields(&String::from_utf8_lossy(&out.stdout));
+        release.hwloc_boards(name, &mut ours);
+        let slurm = release
+            .command("slurmd")
             .arg("-C")
             .env("HWLOC_FSROOT", root)
             .env("HWLOC_COMPONENTS", "linux,stop")
             .envs(env.iter().cloned())
             .output()
-            .unwrap_or_else(|e| panic!("slurmd -C: {e}"));
+            .unwrap_or_else(|e| panic!("{release} slurmd -C: {e}"));
         let theirs = fields(&String::from_utf8_lossy(&slurm.stdout));
         for k in [
             "CPUs",
@@ -111,10 +115,11 @@ fn render_node_agrees_with_slurmd_c_on_every_fixture() {
             "CoresPerSocket",
             "ThreadsPerCore",
         ] {
-            assert_eq!(ours.get(k), theirs.get(k), "{root}: {k}");
+            assert_eq!(ours.get(k), theirs.get(k), "{release} {root}: {k}");
         }
         assert_eq!(ours.get("NodeName").map(String::as_str), Some("n1"));
     }
+}
 }
 
 fn golden(name: &str, actual: &str) {

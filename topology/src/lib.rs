@@ -9,6 +9,7 @@ pub mod cpuset;
 pub mod device_resources;
 pub mod discover;
 pub mod fabric_probe;
+pub mod health;
 pub mod hostroot;
 pub mod hwloc;
 pub mod infiniband;

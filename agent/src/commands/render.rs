@@ -36,7 +36,8 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                     .iter()
                     .map(|i| {
                         if i.slurmd_logs() {
-                            format!("slurmd will log: {i}")
+                            // 24.11 and later compute the same shape without a word.
+                            format!("slurmd 22.05 will log: {i}")
                         } else {
                             i.to_string()
                         }

@@ -27,7 +27,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "nodes",
         verbs: &["get"],
         why: "the Node's UID for the owner reference of the node's objects (garbage collection with the Node); read \
-              at start and after an object was deleted",
+              at start and after an object was deleted; the Node's health conditions, read at start",
+    },
+    ApiAccess {
+        group: "",
+        resource: "nodes/status",
+        verbs: &["patch"],
+        why: "server-side apply of the node's device health conditions (GpuHealthy, NvlinkHealthy, \
+              InfinibandHealthy); the admission webhook holds the agent to its own Node and to these conditions",
     },
 ];
 
@@ -50,8 +57,9 @@ pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'stat
         _ => return None,
     };
     let (resource, named) = match rest {
-        [resource] => (*resource, false),
-        [resource, _name] => (*resource, true),
+        [resource] => ((*resource).to_owned(), false),
+        [resource, _name] => ((*resource).to_owned(), true),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
         _ => return None,
     };
     let verb = match (method, named) {
@@ -64,7 +72,7 @@ pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'stat
         ("DELETE", true) => "delete",
         _ => return None,
     };
-    Some((group.to_owned(), resource.to_owned(), verb))
+    Some((group.to_owned(), resource, verb))
 }
 
 /// Whether [`API_ACCESS`] (or, for a GET, [`DISCOVERY_READS`]) covers the request. A server-side apply (PATCH)
@@ -129,6 +137,12 @@ mod tests {
             "watch is not granted"
         );
         assert!(!allowed("PATCH", "/api/v1/nodes/node1"));
+        assert!(allowed(
+            "PATCH",
+            "/api/v1/nodes/node1/status?&force=true&fieldManager=isthmus-health"
+        ));
+        assert!(!allowed("PUT", "/api/v1/nodes/node1/status"));
+        assert!(!allowed("GET", "/api/v1/nodes/node1/status"));
         assert!(!allowed("GET", "/api/v1/namespaces/default/pods/p"));
         assert!(!allowed(
             "DELETE",

@@ -35,9 +35,15 @@ pub fn node_report(
 ) -> Vec<isthmus_api::nrt::Attribute> {
     let (line, gres) = match slurm {
         Some((name, args)) => {
-            let line = isthmus_gres::node_def::node_line(topo, name, &args.node_options())
-                .ok()
-                .map(|(l, _)| l);
+            // A node line that cannot be rendered is left out of the report, loudly: the controller then keeps
+            // the node out of Slurm's files (its report has no node definition).
+            let line = match isthmus_gres::node_def::node_line(topo, name, &args.node_options()) {
+                Ok((l, _)) => Some(l),
+                Err(e) => {
+                    tracing::warn!(node = name, error = %e, "the Slurm node line cannot be rendered; the report carries none");
+                    None
+                }
+            };
             let gres = isthmus_gres::gres_conf::records(topo, &args.gres_options())
                 .0
                 .iter()

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use isthmus_topology::NodeTopology;
 
@@ -58,6 +58,25 @@ pub struct Kubelet {
     /// The kubelet behind the open connection has no `GetAllocatableResources` (asked again after a reconnect,
     /// since a restarted kubelet may be a newer one).
     no_allocatable: bool,
+    /// The last `GetAllocatableResources` answer on this connection and when it came.
+    allocatable: Option<(Instant, AllocatableResourcesResponse)>,
+    /// The last `List` answer on this connection.
+    last_list: Option<ListPodResourcesResponse>,
+}
+
+/// How long an allocatable answer is used before it is asked again while nothing else changes. What is
+/// allocatable changes only with the kubelet's devices (a device plugin's health, a registration) and its restart;
+/// asking once per poll would double an idle node's PodResources traffic for nothing.
+pub const ALLOCATABLE_REFRESH: Duration = Duration::from_secs(10);
+
+/// Whether to ask `GetAllocatableResources` in this poll: when there is no answer on this connection, when the pod
+/// list changed (a pod's devices may have come from a changed device set), or when the answer is older than
+/// [`ALLOCATABLE_REFRESH`].
+pub fn ask_allocatable(answered_at: Option<Instant>, now: Instant, list_changed: bool) -> bool {
+    match answered_at {
+        None => true,
+        Some(at) => list_changed || now.saturating_duration_since(at) >= ALLOCATABLE_REFRESH,
+    }
 }
 
 impl Kubelet {
@@ -68,6 +87,8 @@ impl Kubelet {
             timeout,
             client: None,
             no_allocatable: false,
+            allocatable: None,
+            last_list: None,
         }
     }
 
@@ -102,6 +123,8 @@ impl Kubelet {
             None => {
                 let c = self.connect().await?;
                 self.no_allocatable = false;
+                self.allocatable = None;
+                self.last_list = None;
                 c
             }
         };
@@ -110,14 +133,23 @@ impl Kubelet {
             .await
             .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
             .into_inner();
+        let now = Instant::now();
+        let list_changed = self.last_list.as_ref() != Some(&list);
+        let cached = self.allocatable.as_ref().map(|(at, _)| *at);
         let allocatable = if self.no_allocatable {
             None
+        } else if !ask_allocatable(cached, now, list_changed) {
+            self.allocatable.as_ref().map(|(_, a)| a.clone())
         } else {
             match client
                 .get_allocatable_resources(proto::AllocatableResourcesRequest {})
                 .await
             {
-                Ok(a) => Some(a.into_inner()),
+                Ok(a) => {
+                    let a = a.into_inner();
+                    self.allocatable = Some((now, a.clone()));
+                    Some(a)
+                }
                 Err(e) if e.code() == tonic::Code::Unimplemented => {
                     tracing::info!(
                         "the kubelet has no PodResources GetAllocatableResources (Kubernetes < 1.21): \
@@ -135,6 +167,9 @@ impl Kubelet {
             }
         };
         self.client = Some(client);
+        if list_changed {
+            self.last_list = Some(list.clone());
+        }
         Ok(Answers { allocatable, list })
     }
 }
@@ -270,5 +305,28 @@ pub fn allocation(
         per_numa: per,
         pods_fingerprint: Some(fingerprint),
         devices_from_kubelet: answers.allocatable.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocatable_is_asked_first_on_a_pod_change_and_every_refresh_period() {
+        let t0 = Instant::now();
+        assert!(ask_allocatable(None, t0, false));
+        assert!(!ask_allocatable(Some(t0), t0, false));
+        assert!(!ask_allocatable(
+            Some(t0),
+            t0 + ALLOCATABLE_REFRESH - Duration::from_millis(1),
+            false
+        ));
+        assert!(ask_allocatable(Some(t0), t0 + ALLOCATABLE_REFRESH, false));
+        assert!(ask_allocatable(
+            Some(t0),
+            t0 + Duration::from_millis(1),
+            true
+        ));
     }
 }

@@ -1,44 +1,47 @@
 //! munged as the supervisor runs it: its arguments, and the checks that turn an unusable key or directory into one
 //! clear error at start.
 
-use super::node::{SlurmConfigError, resolve_program};
+use super::node::{MungeKeyProblem, SlurmConfigError, resolve_program};
 use super::supervisor::process::{ChildSpec, Readiness};
 use crate::cli::AgentArgs;
 
 /// munged's spec, after checking its key and preparing its directories.
 pub fn munged_spec(args: &AgentArgs) -> Result<ChildSpec, SlurmConfigError> {
     let program = resolve_program(&args.munged)?;
-    let key = args.munge_key.display();
+    let key_error = |problem| SlurmConfigError::MungeKey {
+        key: args.munge_key.clone(),
+        problem,
+    };
     // The agent and munged hold no DAC capability: the key and every directory above it must be reachable by root
     // as owner (Debian's /etc/munge is munge-owned, mode 0700; the image hands it to root).
     match std::fs::File::open(&args.munge_key).and_then(|f| f.metadata()) {
         Ok(m) if m.is_file() => {}
         Ok(_) => {
-            return Err(SlurmConfigError::Munge(format!(
-                "munge key {key} is not a regular file"
-            )));
+            return Err(key_error(MungeKeyProblem::NotAFile));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(SlurmConfigError::Munge(format!(
-                "munge key {key} does not exist (create one with mungekey -c)"
-            )));
+            return Err(key_error(MungeKeyProblem::Missing));
         }
         Err(e) => {
-            return Err(SlurmConfigError::Munge(format!(
-                "munge key {key} cannot be read without capabilities ({e}); it and its directories must be owned by \
-                 root (munged runs as root with no DAC capability)"
-            )));
+            return Err(key_error(MungeKeyProblem::Unreadable(e)));
         }
     }
     let state = &args.munge_state_dir;
     let prepare = |dir: &std::path::Path, mode: Option<u32>| -> Result<(), SlurmConfigError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| SlurmConfigError::Munge(format!("creating {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|source| SlurmConfigError::MungeDir {
+            what: "creating".into(),
+            dir: dir.to_path_buf(),
+            source,
+        })?;
         if let Some(mode) = mode {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(|e| {
-                SlurmConfigError::Munge(format!("chmod {mode:o} {}: {e}", dir.display()))
-            })?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(
+                |source| SlurmConfigError::MungeDir {
+                    what: format!("chmod {mode:o}"),
+                    dir: dir.to_path_buf(),
+                    source,
+                },
+            )?;
         }
         Ok(())
     };
@@ -62,4 +65,83 @@ pub fn munged_spec(args: &AgentArgs) -> Result<ChildSpec, SlurmConfigError> {
         env: Vec::new(),
         ready: Readiness::PathExists(args.munge_socket.clone()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser as _;
+    use std::error::Error as _;
+
+    fn args(dir: &std::path::Path, key: &std::path::Path) -> Option<AgentArgs> {
+        let cli = Cli::try_parse_from([
+            "isthmus".into(),
+            "agent".into(),
+            "--munged=/bin/true".into(),
+            format!("--munge-key={}", key.display()),
+            format!("--munge-state-dir={}", dir.join("state").display()),
+            format!(
+                "--munge-socket={}",
+                dir.join("run/munge.socket.2").display()
+            ),
+        ])
+        .ok()?;
+        match cli.command {
+            Command::Agent(a) => Some(*a),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_unusable_key_or_directory_is_a_typed_error_with_its_cause() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let missing = dir.path().join("no-key");
+        let a = args(dir.path(), &missing).expect("the arguments parse");
+        match munged_spec(&a) {
+            Err(SlurmConfigError::MungeKey {
+                key,
+                problem: MungeKeyProblem::Missing,
+            }) => assert_eq!(key, missing),
+            other => panic!("{other:?}"),
+        }
+        let a = args(dir.path(), dir.path()).expect("the arguments parse");
+        assert!(matches!(
+            munged_spec(&a),
+            Err(SlurmConfigError::MungeKey {
+                problem: MungeKeyProblem::NotAFile,
+                ..
+            })
+        ));
+        // A state directory under a regular file cannot be created: the system's error is kept as the source.
+        let key = dir.path().join("munge.key");
+        std::fs::write(&key, [0u8; 32]).expect("a key");
+        let mut a = args(dir.path(), &key).expect("the arguments parse");
+        a.munge_state_dir = key.join("state");
+        let e = munged_spec(&a).expect_err("a directory under a file");
+        assert!(matches!(e, SlurmConfigError::MungeDir { .. }), "{e:?}");
+        let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            source.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotADirectory)
+        );
+        assert!(e.to_string().starts_with("creating "), "{e}");
+    }
+
+    #[test]
+    fn a_missing_program_says_where_it_was_looked_for() {
+        let e =
+            resolve_program(std::path::Path::new("/nonexistent/munged")).expect_err("no such file");
+        assert_eq!(e.to_string(), "/nonexistent/munged not found");
+        let e = resolve_program(std::path::Path::new("no-such-program-isthmus"))
+            .expect_err("not in PATH");
+        assert!(
+            matches!(&e, SlurmConfigError::Program { in_path: true, .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .ends_with("not found in PATH (install Slurm/munge or pass its path)")
+        );
+    }
 }

@@ -15,8 +15,13 @@ use crate::config_file::{WriteError, WriteOutcome, write_if_changed};
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmConfigError {
     /// A program is missing.
-    #[error("{0}")]
-    Program(String),
+    #[error("{} not found{}", .program.display(), if *.in_path { " in PATH (install Slurm/munge or pass its path)" } else { "" })]
+    Program {
+        /// The program as given.
+        program: PathBuf,
+        /// Whether it was looked up in PATH (a bare name) rather than given as a path.
+        in_path: bool,
+    },
     /// slurm.conf is missing.
     #[error("slurm.conf {0} does not exist")]
     NoSlurmConf(String),
@@ -26,9 +31,25 @@ pub enum SlurmConfigError {
     /// The node name is unknown.
     #[error("{0}")]
     NodeName(#[from] crate::cli::NodeNameError),
-    /// The munge key or state directories are unusable.
-    #[error("{0}")]
-    Munge(String),
+    /// The munge key is unusable.
+    #[error("munge key {}: {problem}", .key.display())]
+    MungeKey {
+        /// The key's path.
+        key: PathBuf,
+        /// What is wrong with it.
+        problem: MungeKeyProblem,
+    },
+    /// A munge state directory cannot be prepared.
+    #[error("{what} {}: {source}", .dir.display())]
+    MungeDir {
+        /// What was being done (`creating`, `chmod 700`).
+        what: String,
+        /// The directory.
+        dir: PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The node definition cannot be rendered.
     #[error("{0}")]
     Render(#[from] isthmus_gres::NodeDefError),
@@ -43,26 +64,62 @@ pub struct SlurmView {
     pub slurmd: ChildSpec,
 }
 
+/// The gres.conf the agent owns: `text` with `AutoDetect=off` after its header comments. slurmd then takes its GRES
+/// from these lines only: a slurmd built with NVML or RSMI support (Debian's 24.11 and later, for a dynamic node
+/// whose gres.conf has no line of a type) would otherwise detect GPUs itself beside what discovery rendered. Slurm
+/// 22.05 and later accept the line (`slurmd -G` reads it without a word).
+pub fn owned_gres_conf(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut placed = false;
+    for line in text.lines() {
+        if !placed && !line.starts_with('#') {
+            out.push_str("AutoDetect=off\n");
+            placed = true;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if !placed {
+        out.push_str("AutoDetect=off\n");
+    }
+    out
+}
+
+/// What is wrong with a munge key.
+#[derive(Debug, thiserror::Error)]
+pub enum MungeKeyProblem {
+    /// It is a directory or another non-file.
+    #[error("is not a regular file")]
+    NotAFile,
+    /// It does not exist.
+    #[error("does not exist (create one with mungekey -c)")]
+    Missing,
+    /// It cannot be opened without DAC capabilities.
+    #[error(
+        "cannot be read without capabilities ({0}); it and its directories must be owned by root (munged runs as \
+         root with no DAC capability)"
+    )]
+    Unreadable(#[source] std::io::Error),
+}
+
 /// Find a program in PATH (or accept a path).
 pub fn resolve_program(p: &Path) -> Result<PathBuf, SlurmConfigError> {
     if p.components().count() > 1 {
         if p.is_file() {
             return Ok(p.to_path_buf());
         }
-        return Err(SlurmConfigError::Program(format!(
-            "{} not found",
-            p.display()
-        )));
+        return Err(SlurmConfigError::Program {
+            program: p.to_path_buf(),
+            in_path: false,
+        });
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|d| d.join(p))
         .find(|c| c.is_file())
-        .ok_or_else(|| {
-            SlurmConfigError::Program(format!(
-                "{} not found in PATH (install Slurm/munge or pass its path)",
-                p.display()
-            ))
+        .ok_or_else(|| SlurmConfigError::Program {
+            program: p.to_path_buf(),
+            in_path: true,
         })
 }
 
@@ -123,7 +180,7 @@ impl SlurmNode {
         let gres = self
             .gres_out
             .as_ref()
-            .map(|_| gres_conf::render(topo, &self.slurm.gres_options(), None).0);
+            .map(|_| owned_gres_conf(&gres_conf::render(topo, &self.slurm.gres_options(), None).0));
         let mut args = vec!["-D".to_owned(), "-N".to_owned(), self.node.clone()];
         if let Some(conf) = &self.slurm_conf {
             args.extend(["-f".to_owned(), conf.display().to_string()]);
@@ -189,5 +246,25 @@ impl SlurmNode {
             Ok(Err(e)) => tracing::warn!(%node, error = %e, "scontrol delete failed"),
             Err(_) => tracing::warn!(%node, "scontrol delete did not finish within 30 s"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owned_gres_conf;
+
+    #[test]
+    fn the_owned_gres_conf_turns_autodetection_off_after_its_header() {
+        let text = "# generated\n# needs GresTypes=gpu\nName=gpu File=/dev/nvidia0\n";
+        assert_eq!(
+            owned_gres_conf(text),
+            "# generated\n# needs GresTypes=gpu\nAutoDetect=off\nName=gpu File=/dev/nvidia0\n"
+        );
+        // A host without accelerators: only the header, and still no autodetection.
+        assert_eq!(
+            owned_gres_conf("# generated\n"),
+            "# generated\nAutoDetect=off\n"
+        );
+        assert_eq!(owned_gres_conf(""), "AutoDetect=off\n");
     }
 }

@@ -25,7 +25,7 @@ pub const CONFLICT_REASON: &str = "SlurmNodeConflict";
 const MAX_REASON: usize = 200;
 
 /// What the decision depends on besides the two observed nodes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Policy {
     /// Node condition types that drain the Slurm node while their status is `True` (e.g. `GpuUnhealthy`).
     pub drain_conditions: Vec<String>,
@@ -33,6 +33,13 @@ pub struct Policy {
     pub taint: bool,
     /// How long a condition-driven drain outlasts its condition ([`super::hold`]).
     pub condition_hold: Duration,
+    /// Device health condition types that drain while `False` ([`super::health`]).
+    pub health_conditions: Vec<String>,
+    /// Whether a failed health class puts its `isthmus.io/health-<class>:NoSchedule` taint on the Node.
+    pub health_taint: bool,
+    /// Largest share of the paired Nodes that may have a failed health class at once before the circuit breaker
+    /// holds new health drains back ([`super::health::breaker`]).
+    pub health_breaker: f64,
 }
 
 /// One write.
@@ -104,8 +111,13 @@ pub fn cordon_drain(node: &Node) -> Option<String> {
     }))
 }
 
-/// The drain reason of the first configured condition that is `True`, if any.
+/// The drain reason of the first configured condition that is `True`, else of the first failed health class.
 pub fn condition_drain(node: &Node, policy: &Policy) -> Option<String> {
+    configured_drain(node, policy)
+        .or_else(|| super::health::drain_reason(node, policy).map(|r| clean_reason(&r)))
+}
+
+fn configured_drain(node: &Node, policy: &Policy) -> Option<String> {
     let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref())?;
     policy
         .drain_conditions
@@ -187,17 +199,19 @@ pub fn is_ours(reason: &str) -> bool {
 }
 
 /// The `SlurmNodeState` condition for this Slurm state: `True` when Slurm may run jobs there; reason the state in
-/// CamelCase (`Idle`, `IdleDrain`, `DownNotResponding`); message Slurm's reason. `lastTransitionTime` is kept from
-/// `observed` while the status does not change.
+/// CamelCase (`Idle`, `IdleDrain`, `DownNotResponding`); message Slurm's reason while the state keeps jobs off the
+/// node, empty while Slurm may run jobs there (Slurm 24.11 and later keep a resumed node's reason until a job runs on
+/// it: a reason that no longer applies is not shown). `lastTransitionTime` is kept from `observed` while the status
+/// does not change.
 pub fn condition_for(
     slurm: &SlurmNode,
     observed: Option<&NodeCondition>,
     now: &Time,
 ) -> NodeCondition {
-    let status = if slurm.can_run_jobs() {
-        "True"
+    let (status, message) = if slurm.can_run_jobs() {
+        ("True", "")
     } else {
-        "False"
+        ("False", slurm.reason.trim())
     };
     let reason = match slurm.camel_state() {
         s if s.is_empty() => "Unknown".to_owned(),
@@ -213,7 +227,7 @@ pub fn condition_for(
         type_: CONDITION_TYPE.to_owned(),
         status: status.to_owned(),
         reason: Some(reason),
-        message: Some(slurm.reason.trim().to_owned()),
+        message: Some(message.to_owned()),
         last_transition_time,
         last_heartbeat_time: None,
     }
@@ -324,19 +338,25 @@ pub fn decide(
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let has_taint = taints.iter().any(|t| t.key == TAINT_KEY);
+    let ours = |k: &str| k == TAINT_KEY || k.starts_with(super::health::TAINT_PREFIX);
+    let has: std::collections::BTreeSet<String> = taints
+        .iter()
+        .filter(|t| ours(&t.key))
+        .map(|t| t.key.clone())
+        .collect();
     let ours_now = wanted.is_some() && is_ours(&slurm.reason);
-    let want_taint = policy.taint && drained && !ours_now;
-    if want_taint != has_taint {
-        let mut new: Vec<Taint> = taints.into_iter().filter(|t| t.key != TAINT_KEY).collect();
-        if want_taint {
-            new.push(Taint {
-                key: TAINT_KEY.to_owned(),
-                effect: "NoSchedule".to_owned(),
-                value: None,
-                time_added: None,
-            });
-        }
+    let mut want = super::health::wanted_taints(node, policy, wanted);
+    if policy.taint && drained && !ours_now {
+        want.insert(TAINT_KEY.to_owned());
+    }
+    if want != has {
+        let mut new: Vec<Taint> = taints.into_iter().filter(|t| !ours(&t.key)).collect();
+        new.extend(want.into_iter().map(|key| Taint {
+            key,
+            effect: "NoSchedule".to_owned(),
+            value: None,
+            time_added: None,
+        }));
         actions.push(Action::SetTaints {
             node: name.clone(),
             taints: new,

@@ -61,6 +61,12 @@ fn policy() -> Policy {
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
         taint: true,
         condition_hold: std::time::Duration::ZERO,
+        health_conditions: crate::nodesync::health::CLASSES
+            .iter()
+            .map(|(t, _)| (*t).to_owned())
+            .collect(),
+        health_taint: true,
+        health_breaker: 0.5,
     }
 }
 
@@ -78,7 +84,10 @@ fn recorded(mut n: Node, reason: &str, since: &str) -> Node {
     n.metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(ownership::RECORD_ANNOTATION.to_owned(), r.to_annotation());
+        .insert(
+            ownership::RECORD_ANNOTATION.to_owned(),
+            r.to_annotation().expect("a drain record serialises"),
+        );
     n
 }
 
@@ -111,7 +120,10 @@ fn apply(actions: &[Action], n: &mut Node, s: &mut SlurmNode) {
                 let a = n.metadata.annotations.get_or_insert_with(BTreeMap::new);
                 match record {
                     Some(r) => {
-                        a.insert(ownership::RECORD_ANNOTATION.to_owned(), r.to_annotation());
+                        a.insert(
+                            ownership::RECORD_ANNOTATION.to_owned(),
+                            r.to_annotation().expect("a drain record serialises"),
+                        );
                     }
                     None => {
                         a.remove(ownership::RECORD_ANNOTATION);
@@ -414,6 +426,28 @@ fn last_transition_time_moves_only_with_the_status() {
 }
 
 #[test]
+fn the_message_is_the_reason_only_while_the_state_keeps_jobs_off() {
+    // Drained or down: Slurm's reason.
+    let c = condition_for(&slurm("IDLE", &["DRAIN"], "maintenance"), None, &time(9));
+    assert_eq!(c.message.as_deref(), Some("maintenance"));
+    let c = condition_for(
+        &slurm("DOWN", &["NOT_RESPONDING"], "Not responding"),
+        None,
+        &time(9),
+    );
+    assert_eq!(c.message.as_deref(), Some("Not responding"));
+    // Resumed on 24.11 or later, which keeps the reason until a job runs there: nothing stale is shown.
+    let resumed =
+        crate::slurm::nodes::parse_sinfo("n1|idle|2026-11-24T07:01:02|0/2/0/2|maintenance|\n");
+    assert_eq!(resumed[0].reason, "maintenance");
+    let c = condition_for(&resumed[0], None, &time(9));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()),
+        ("True", Some("Idle"), Some(""))
+    );
+}
+
+#[test]
 fn fingerprint_ignores_heartbeats_and_our_condition() {
     let n = with_condition(
         node("n1"),
@@ -476,3 +510,6 @@ fn slurm_name_from_label_or_node_name() {
 
 #[path = "decide_combos.rs"]
 mod combos;
+
+#[path = "decide_health_tests.rs"]
+mod health_cases;

@@ -87,6 +87,7 @@ mod tests {
             drain_conditions: vec!["GpuUnhealthy".into()],
             taint: true,
             condition_hold: Duration::from_secs(60),
+            ..Policy::default()
         };
         let mut h = Holds::default();
         let t0 = Instant::now();
@@ -125,6 +126,7 @@ mod tests {
             drain_conditions: vec!["GpuUnhealthy".into()],
             taint: true,
             condition_hold: Duration::from_secs(60),
+            ..Policy::default()
         };
         let mut h = Holds::default();
         let t0 = Instant::now();

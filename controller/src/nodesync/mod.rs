@@ -10,6 +10,7 @@
 //! returns the writes; this shell only reads, calls it and sends what it returned.
 
 pub mod decide;
+pub mod health;
 pub mod hold;
 pub mod mapping;
 pub mod ownership;
@@ -64,6 +65,43 @@ pub struct NodeSyncArgs {
     /// How long a condition-driven drain outlasts its condition (a condition that flaps drains once).
     #[arg(long = "node-sync-condition-hold", default_value = "60s", value_parser = parse_duration)]
     pub condition_hold: Duration,
+    /// Device health condition types (written by the node agent) that drain the Slurm node while `False`, with
+    /// the reason `isthmus: health: <class> <devices>` (comma-separated; empty: none).
+    #[arg(
+        long = "node-sync-health-conditions",
+        value_delimiter = ',',
+        default_value = "GpuHealthy,NvlinkHealthy,InfinibandHealthy",
+        value_parser = parse_health_type,
+        value_name = "TYPE,..."
+    )]
+    pub health_conditions: Vec<String>,
+    /// Put the `isthmus.io/health-<class>:NoSchedule` taint on a Node while its health class has failed.
+    #[arg(long = "node-sync-health-taint", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub health_taint: bool,
+    /// Circuit breaker: when more than this share of the paired Nodes have a failed health class at once, no new
+    /// health drain or taint is made (0 to 1; 1 turns it off).
+    #[arg(long = "node-sync-health-breaker", default_value_t = 0.5, value_parser = parse_share, value_name = "SHARE")]
+    pub health_breaker: f64,
+}
+
+/// A share between 0 and 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
+    }
+}
+
+/// One of the health condition types (or nothing, to turn health drains off).
+fn parse_health_type(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() || health::class_of(s).is_some() {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a health condition type (GpuHealthy, NvlinkHealthy, InfinibandHealthy)"
+        ))
+    }
 }
 
 impl Default for NodeSyncArgs {
@@ -76,6 +114,12 @@ impl Default for NodeSyncArgs {
             drain_conditions: Vec::new(),
             taint: true,
             condition_hold: Duration::from_secs(60),
+            health_conditions: health::CLASSES
+                .iter()
+                .map(|(t, _)| (*t).to_owned())
+                .collect(),
+            health_taint: true,
+            health_breaker: 0.5,
         }
     }
 }
@@ -96,6 +140,14 @@ impl NodeSyncArgs {
                 .collect(),
             taint: self.taint,
             condition_hold: self.condition_hold,
+            health_conditions: self
+                .health_conditions
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect(),
+            health_taint: self.health_taint,
+            health_breaker: self.health_breaker,
         }
     }
 }
@@ -177,6 +229,7 @@ pub async fn run(
     };
     let watch_task = tokio::spawn(watch);
     let ready = tokio::select! {
+        biased;
         () = shutdown.cancelled() => { watch_task.abort(); return Ok(()); }
         r = store.wait_until_ready() => r,
     };

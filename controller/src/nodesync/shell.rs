@@ -71,6 +71,8 @@ pub(super) struct Shell {
     /// (its store copy does not show our write yet).
     stale: HashMap<String, String>,
     holds: Holds,
+    /// Whether the health circuit breaker was open on the last pass.
+    breaker_open: bool,
     /// Slurm node → CPUs allocated when its drain was recorded.
     alloc_at_record: HashMap<String, u32>,
     /// The mapping problems reported last pass (each is logged when it appears).
@@ -102,6 +104,7 @@ impl Shell {
             write_backoff: HashMap::new(),
             stale: HashMap::new(),
             holds: Holds::default(),
+            breaker_open: false,
             alloc_at_record: HashMap::new(),
             reported: BTreeSet::new(),
         }
@@ -143,7 +146,10 @@ impl Shell {
                 n
             }
             Err(e) => {
-                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(0.0);
+                // A refusal (another release's client, an unknown shape) is an answer: slurmctld is up, the client
+                // is wrong, and the warning says which.
+                let up = if e.is_unreachable() { 0.0 } else { 1.0 };
+                metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(up);
                 let delay = self.slurm_backoff.fail();
                 self.slurm_retry_at = Instant::now() + delay;
                 tracing::warn!(error = %e, retry_in = ?delay, "reading Slurm's nodes failed");
@@ -163,6 +169,7 @@ impl Shell {
             .filter_map(|n| n.metadata.name.as_deref())
             .collect();
         self.holds.retain(|n| names.contains(n));
+        let breaker = self.breaker(kube_nodes, &by_slurm_name);
         let mut paired = BTreeSet::new();
         let mut unpaired_kube = 0u32;
         let mut disagreements = 0u32;
@@ -209,8 +216,16 @@ impl Shell {
                 }
                 continue;
             }
-            let wanted = self.holds.wanted(node, &self.policy, Instant::now());
-            let actions = decide::decide(node, slurm, &self.policy, wanted.as_deref(), &now);
+            // While the breaker holds this Node's new health drain back, the decision does not see its health.
+            let stripped;
+            let seen: &Node = if breaker.held.contains(name) {
+                stripped = super::health::without_health(node);
+                &stripped
+            } else {
+                node
+            };
+            let wanted = self.holds.wanted(seen, &self.policy, Instant::now());
+            let actions = decide::decide(seen, slurm, &self.policy, wanted.as_deref(), &now);
             if !actions.is_empty() {
                 disagreements += 1;
             }
@@ -233,6 +248,56 @@ impl Shell {
         } else {
             self.interval
         }
+    }
+
+    /// The health circuit breaker for this pass, with its metrics and a warning when it opens or closes.
+    fn breaker(
+        &mut self,
+        kube_nodes: &[Arc<Node>],
+        by_slurm_name: &BTreeMap<&str, &SlurmNode>,
+    ) -> super::health::Breaker {
+        use super::health::{self, BreakerInput};
+        let inputs: Vec<BreakerInput<'_>> = kube_nodes
+            .iter()
+            .filter_map(|n| {
+                let name = n.metadata.name.as_deref()?;
+                let slurm = decide::slurm_name(n)?;
+                by_slurm_name.contains_key(slurm).then(|| BreakerInput {
+                    node: name,
+                    failing: health::drain_reason(n, &self.policy).is_some(),
+                    drained: ownership::record_of(n)
+                        .is_some_and(|r| health::is_health_reason(&r.reason)),
+                })
+            })
+            .collect();
+        let b = health::breaker(&inputs, self.policy.health_breaker);
+        if b.open != self.breaker_open {
+            let failing = inputs.iter().filter(|i| i.failing).count();
+            if b.open {
+                tracing::warn!(
+                    failing,
+                    nodes = inputs.len(),
+                    share = self.policy.health_breaker,
+                    held = b.held.len(),
+                    "node sync: health circuit breaker open: too many Nodes report a failed device class at once; \
+                     no new health drain or taint until fewer do"
+                );
+            } else {
+                tracing::info!(
+                    failing,
+                    nodes = inputs.len(),
+                    "node sync: health circuit breaker closed"
+                );
+            }
+            self.breaker_open = b.open;
+        }
+        metrics::gauge!("isthmus_controller_nodesync_health_breaker_open").set(if b.open {
+            1.0
+        } else {
+            0.0
+        });
+        metrics::gauge!("isthmus_controller_nodesync_health_drains_held").set(b.held.len() as f64);
+        b
     }
 
     /// Whether a lift of `record` must wait: a job ended under the drain (the drain is kept, its record removed), or
@@ -304,16 +369,22 @@ impl Shell {
                 taints,
                 resource_version,
             } => {
-                let list = if taints.is_empty() {
-                    serde_json::Value::Null
-                } else {
-                    serde_json::to_value(&taints).unwrap_or(serde_json::Value::Null)
-                };
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": resource_version},
-                    "spec": {"taints": list},
-                });
-                self.merge_patch(&node, "the taint", &patch).await
+                // A list that cannot be written is an error, never an empty list (which would remove every taint).
+                match serde_json::to_value(&taints) {
+                    Err(e) => Err(format!("the taints cannot be serialised: {e}")),
+                    Ok(list) => {
+                        let list = if taints.is_empty() {
+                            serde_json::Value::Null
+                        } else {
+                            list
+                        };
+                        let patch = serde_json::json!({
+                            "metadata": {"resourceVersion": resource_version},
+                            "spec": {"taints": list},
+                        });
+                        self.merge_patch(&node, "the taint", &patch).await
+                    }
+                }
             }
             Action::Record { node, record } => {
                 match &record {
@@ -326,11 +397,15 @@ impl Shell {
                         self.alloc_at_record.remove(&t.slurm.name);
                     }
                 }
-                let value = record.map(|r| r.to_annotation());
-                let patch = serde_json::json!({
-                    "metadata": {"annotations": {ownership::RECORD_ANNOTATION: value}},
-                });
-                self.merge_patch(&node, "the drain record", &patch).await
+                match record.map(|r| r.to_annotation()).transpose() {
+                    Err(e) => Err(format!("the drain record cannot be serialised: {e}")),
+                    Ok(value) => {
+                        let patch = serde_json::json!({
+                            "metadata": {"annotations": {ownership::RECORD_ANNOTATION: value}},
+                        });
+                        self.merge_patch(&node, "the drain record", &patch).await
+                    }
+                }
             }
             Action::SetCondition { node, condition } => {
                 let patch = serde_json::json!({

@@ -103,8 +103,9 @@ pub(super) async fn passes(
             && stores.namespaces.wait_until_ready().await.is_ok()
     };
     tokio::select! {
+        biased;
         _ = shutdown.cancelled() => return,
-        ok = ready => if !ok { return },
+        ok = ready => if !ok || shutdown.is_cancelled() { return },
     }
     tokio::select! {
         _ = shutdown.cancelled() => return,

@@ -33,6 +33,41 @@ pub struct Inputs {
     pub dump: Option<Store<ConfigMap>>,
 }
 
+impl Inputs {
+    /// Wait for the first full list of every input. `true` only when each list has arrived and `cancel` has not
+    /// fired; `false` when `cancel` fires first (checked first, so a stop that coincides with the end of the lists
+    /// still wins) or a reflector ended before its list (its writer is gone: the store will never be complete).
+    /// A caller that gets `false` must write nothing: an empty store would read as "no Nodes, no reports" and
+    /// delete every output.
+    pub async fn first_lists(&self, cancel: &CancellationToken) -> bool {
+        let lists = async {
+            let ((), nodes, dump) = futures::join!(
+                async {
+                    self.reports.wait_until_ready().await;
+                    tracing::info!(nrts = self.reports.len(), "reports listed");
+                },
+                async {
+                    let r = self.nodes.wait_until_ready().await;
+                    tracing::info!(nodes = self.nodes.state().len(), "nodes listed");
+                    r
+                },
+                async {
+                    match &self.dump {
+                        Some(d) => d.wait_until_ready().await,
+                        None => Ok(()),
+                    }
+                },
+            );
+            nodes.is_ok() && dump.is_ok()
+        };
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => false,
+            complete = lists => complete && !cancel.is_cancelled() && self.reports.is_ready(),
+        }
+    }
+}
+
 /// The Nodes that changed since the last [`NodeChanges::take`], or all of them after a relist.
 #[derive(Debug, Clone, Default)]
 pub struct NodeChanges(Arc<Mutex<(HashSet<String>, bool)>>);
@@ -224,6 +259,47 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
     use serde_json::json;
+
+    fn inputs(nodes_listed: bool) -> Inputs {
+        let reports = ReportStore::new(isthmus_api::report::DecodeOptions::default());
+        reports.apply(Event::Init);
+        reports.apply(Event::InitDone);
+        let (nodes, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
+        if nodes_listed {
+            writer.apply_watcher_event(&Event::Init);
+            writer.apply_watcher_event(&Event::InitDone);
+        }
+        // The reflector has ended: its writer is gone.
+        drop(writer);
+        Inputs {
+            reports,
+            nodes,
+            node_changes: NodeChanges::default(),
+            dump: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reflector_that_ended_before_its_list_is_never_ready() {
+        let cancel = CancellationToken::new();
+        assert!(!inputs(false).first_lists(&cancel).await);
+    }
+
+    #[tokio::test]
+    async fn a_stop_wins_over_lists_that_arrived() {
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        for _ in 0..64 {
+            assert!(!inputs(true).first_lists(&cancel).await);
+            assert!(!inputs(false).first_lists(&cancel).await);
+        }
+    }
+
+    #[tokio::test]
+    async fn complete_lists_are_ready() {
+        let cancel = CancellationToken::new();
+        assert!(inputs(true).first_lists(&cancel).await);
+    }
 
     #[test]
     fn only_the_ownership_of_kept_labels_is_kept() {

@@ -18,7 +18,6 @@ pub mod rejections;
 pub mod reports;
 pub mod topology;
 
-use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -137,8 +136,11 @@ impl std::fmt::Debug for LeaderContext {
     }
 }
 
+/// A leader task's error, kept with its source chain.
+pub type TaskError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A leader task's future; its error is logged and counted, then the task is restarted with backoff.
-pub type TaskFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+pub type TaskFuture = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 
 /// One task the leader runs. It must return soon after its token is cancelled.
 #[derive(Clone, Copy)]
@@ -157,9 +159,11 @@ impl std::fmt::Debug for LeaderTask {
     }
 }
 
-/// Box a task's future, its error turned into text.
-pub fn boxed<E: Display>(f: impl Future<Output = Result<(), E>> + Send + 'static) -> TaskFuture {
-    Box::pin(async move { f.await.map_err(|e| e.to_string()) })
+/// Box a task's future and its error.
+pub fn boxed<E: std::error::Error + Send + Sync + 'static>(
+    f: impl Future<Output = Result<(), E>> + Send + 'static,
+) -> TaskFuture {
+    Box::pin(async move { f.await.map_err(|e| Box::new(e) as TaskError) })
 }
 
 /// The tasks started on acquiring the lease.

@@ -320,26 +320,13 @@ pub async fn run(
     let reflectors = cancel.child_token();
     let _stop_reflectors = reflectors.clone().drop_guard();
     let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
-    let ready = async {
-        futures::join!(
-            async {
-                inputs.reports.wait_until_ready().await;
-                tracing::info!(nrts = inputs.reports.len(), "reports listed");
-            },
-            async {
-                let _ = inputs.nodes.wait_until_ready().await;
-                tracing::info!(nodes = inputs.nodes.state().len(), "nodes listed");
-            },
-            async {
-                if let Some(d) = &inputs.dump {
-                    let _ = d.wait_until_ready().await;
-                }
-            },
-        );
-    };
-    tokio::select! {
-        () = cancel.cancelled() => return Ok(()),
-        () = ready => {}
+    // Nothing is written before every first list is complete: a stop (lease lost, SIGTERM) or a reflector that
+    // ended first leaves every output as it is.
+    if !inputs.first_lists(&cancel).await {
+        if !cancel.is_cancelled() {
+            tracing::warn!("a watch ended before its first list: the topology task writes nothing");
+        }
+        return Ok(());
     }
     tracing::info!(
         nrts = inputs.reports.len(),

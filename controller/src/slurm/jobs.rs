@@ -64,10 +64,14 @@ impl Job {
     }
 }
 
+/// The shape every release's `squeue --json` shares: a `jobs` list (required: an answer without one is not a job
+/// list, and reading it as "no jobs" would be wrong), and `errors` (22.05's client exits 0 with an error and an
+/// empty list when slurmctld refuses it).
 #[derive(Deserialize)]
 struct JobList {
-    #[serde(default)]
     jobs: Vec<Value>,
+    #[serde(default)]
+    errors: Vec<Value>,
 }
 
 /// A string field, or the first string of an array field.
@@ -94,9 +98,17 @@ fn number(v: &Value, key: &str) -> u64 {
     }
 }
 
-/// Parse `squeue --json` output; entries without a job id are skipped.
+/// Parse `squeue --json` output; entries without a job id are skipped. An answer without a `jobs` list, or with
+/// `errors`, is an error: never read as an empty list.
 pub fn parse_jobs(json: &str) -> Result<Vec<Job>, serde_json::Error> {
     let list: JobList = serde_json::from_str(json)?;
+    if !list.errors.is_empty() {
+        let errors = super::refusal::json_errors(&serde_json::json!({ "errors": list.errors }))
+            .unwrap_or_default();
+        return Err(<serde_json::Error as serde::de::Error>::custom(format!(
+            "squeue answered with errors: {errors}"
+        )));
+    }
     Ok(list
         .jobs
         .iter()
@@ -271,6 +283,13 @@ mod tests {
     fn garbage_is_an_error_not_a_panic() {
         assert!(parse_jobs("{").is_err());
         assert!(parse_jobs(r#"{"jobs":[1,"x",null]}"#).is_ok_and(|j| j.is_empty()));
+        // A shape without a job list, and the answer of a 22.05 client refused by 26.05 (recorded): errors.
+        assert!(parse_jobs(r#"{"meta":{},"nodes":[]}"#).is_err());
+        let refused = include_str!(
+            "../../../fixtures/slurm-protocol/client-22.05-server-26.05-squeue-json.stdout"
+        );
+        let e = parse_jobs(refused).expect_err("refused");
+        assert!(e.to_string().contains("Unspecified error"), "{e}");
     }
 
     #[test]

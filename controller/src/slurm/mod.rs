@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 
 pub mod jobs;
 pub mod nodes;
+pub mod refusal;
 
 /// Where the Slurm client tools are and how long one call may take.
 #[derive(Debug, Clone, clap::Args)]
@@ -91,6 +92,52 @@ pub enum SlurmError {
         /// Its standard error (trimmed).
         stderr: String,
     },
+    /// slurmctld does not speak this client's protocol: the client tools are of another Slurm release.
+    #[error(
+        "{program} {args}: slurmctld and this Slurm client are of different releases that share no protocol \
+         (run the client tools of the cluster's Slurm release): {stderr}"
+    )]
+    ProtocolMismatch {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// Its standard error (trimmed).
+        stderr: String,
+    },
+    /// slurmctld rejected the request's authentication.
+    #[error(
+        "{program} {args}: slurmctld rejected the client's authentication: a key other than slurmctld's, or a \
+         client of a newer Slurm release than slurmctld (slurmctld's log says which): {stderr}"
+    )]
+    AuthRejected {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// Its standard error (trimmed).
+        stderr: String,
+    },
+    /// The program exited 0 but its `--json` answer lists errors (and no usable data).
+    #[error("{program} {args} answered with errors: {errors}")]
+    Reported {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// The answer's errors, one line.
+        errors: String,
+    },
+    /// The program's text output has a shape this reader does not know (no line of it could be read).
+    #[error("{program} {args}: no line of its output has the shape this reader knows: {detail}")]
+    Unreadable {
+        /// The program.
+        program: String,
+        /// Its arguments, space-separated.
+        args: String,
+        /// What was read (the first line, cut).
+        detail: String,
+    },
     /// The program's `--json` output did not parse.
     #[error("{program} {args}: unreadable JSON: {source}")]
     Json {
@@ -117,7 +164,11 @@ impl SlurmError {
                     || s.contains("zero bytes were transmitted")
                     || s.contains("munge")
             }
-            SlurmError::Json { .. } => false,
+            SlurmError::Json { .. }
+            | SlurmError::ProtocolMismatch { .. }
+            | SlurmError::AuthRejected { .. }
+            | SlurmError::Reported { .. }
+            | SlurmError::Unreadable { .. } => false,
         }
     }
 }
@@ -177,6 +228,8 @@ impl SlurmClient {
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) if e.is_unreachable() => "unreachable",
+            Err(SlurmError::ProtocolMismatch { .. }) => "protocol_mismatch",
+            Err(SlurmError::AuthRejected { .. }) => "auth_rejected",
             Err(_) => "error",
         };
         metrics::counter!("isthmus_controller_slurm_commands_total",
@@ -234,28 +287,38 @@ impl SlurmClient {
                 Ok(Ok(out)) => out,
             };
         if !out.status.success() {
-            return Err(SlurmError::Failed {
-                program: program.to_owned(),
-                args: joined(),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            });
+            return Err(refusal::failed(
+                program,
+                joined(),
+                out.status.to_string(),
+                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Run `program args…` (which must include `--json`) and parse its output.
+    /// Run `program args…` (which must include `--json`) and parse its output; an answer that lists errors is
+    /// an error ([`SlurmError::Reported`]), whatever else it holds.
     pub async fn json<T: DeserializeOwned>(
         &self,
         program: &str,
         args: &[&str],
     ) -> Result<T, SlurmError> {
         let text = self.run(program, args).await?;
-        serde_json::from_str(&text).map_err(|source| SlurmError::Json {
+        let json_error = |source| SlurmError::Json {
             program: program.to_owned(),
             args: args.join(" "),
             source,
-        })
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(json_error)?;
+        if let Some(errors) = refusal::json_errors(&value) {
+            return Err(SlurmError::Reported {
+                program: program.to_owned(),
+                args: args.join(" "),
+                errors,
+            });
+        }
+        serde_json::from_value(value).map_err(json_error)
     }
 }
 
@@ -320,5 +383,15 @@ mod tests {
             .block_on(c.json("/bin/echo", &[r#"{"nodes":[]}"#]))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v["nodes"], serde_json::json!([]));
+        let e = rt()
+            .block_on(c.json::<serde_json::Value>(
+                "/bin/echo",
+                &[r#"{"errors":[{"error":"Unspecified error"}],"jobs":[]}"#],
+            ))
+            .expect_err("an answer with errors");
+        assert!(
+            matches!(e, SlurmError::Reported { .. }) && !e.is_unreachable(),
+            "{e}"
+        );
     }
 }

@@ -161,6 +161,34 @@ pub fn parse_sinfo(text: &str) -> Vec<SlurmNode> {
     nodes
 }
 
+/// [`parse_sinfo`], failing when the text has lines but none of them could be read (the first line, cut, says
+/// what came instead), and warning of every line skipped.
+pub fn checked_sinfo(text: &str) -> Result<Vec<SlurmNode>, String> {
+    let lines = text.lines().filter(|l| !l.trim().is_empty()).count();
+    let nodes = parse_sinfo(text);
+    if lines > 0 && nodes.is_empty() {
+        let first: String = text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(120)
+            .collect();
+        return Err(format!("{lines} lines, the first {first:?}"));
+    }
+    let skipped = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && parse_sinfo(l).is_empty())
+        .count();
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            "sinfo printed lines of a shape the node reader does not know; they were skipped"
+        );
+    }
+    Ok(nodes)
+}
+
 /// `LastBusyTime=` of `scontrol -o show node` output.
 pub fn parse_last_busy(text: &str) -> Option<String> {
     text.split_whitespace()
@@ -185,14 +213,18 @@ impl NodeReader {
         &self.client
     }
 
-    /// Every node in a partition (hidden ones included), sorted by name.
+    /// Every node in a partition (hidden ones included), sorted by name. An answer of which no line can be read
+    /// (a client printing another shape) is an error, never "no nodes"; a line that cannot be read is skipped with
+    /// a warning.
     pub async fn nodes(&self) -> Result<Vec<SlurmNode>, SlurmError> {
         let format = format!("--Format={SINFO_FORMAT}");
-        let text = self
-            .client
-            .run("sinfo", &["--all", "--Node", "--noheader", &format])
-            .await?;
-        Ok(parse_sinfo(&text))
+        let args = ["--all", "--Node", "--noheader", &format];
+        let text = self.client.run("sinfo", &args).await?;
+        checked_sinfo(&text).map_err(|detail| SlurmError::Unreadable {
+            program: "sinfo".to_owned(),
+            args: args.join(" "),
+            detail,
+        })
     }
 
     /// When `node` last became idle (`None` when Slurm does not say).
@@ -242,6 +274,11 @@ mod tests {
         assert_eq!(nodes[2].camel_state(), "IdleNotResponding");
         assert_eq!(nodes[3].camel_state(), "DownDrainNotResponding");
         assert!(parse_sinfo("").is_empty());
+        // A shape of which no line can be read is an error; an empty answer is no nodes; a broken line among
+        // readable ones is skipped.
+        assert!(checked_sinfo("NODELIST STATE\nn1 idle\n").is_err_and(|e| e.contains("NODELIST")));
+        assert_eq!(checked_sinfo("").map(|n| n.len()), Ok(0));
+        assert_eq!(checked_sinfo(SINFO).map(|n| n.len()), Ok(4));
     }
 
     #[test]

@@ -30,7 +30,13 @@ const CA_BUNDLE_WHY: &str = "keep the webhook configuration's caBundle equal to 
                              then a strategic merge patch of each webhook's clientConfig.caBundle)";
 
 /// Cluster-wide, with the base (ClusterRole `isthmus-controller-webhook`): nothing beyond its configuration.
-pub const BASE_ACCESS: &[ApiAccess] = &[];
+pub const BASE_ACCESS: &[ApiAccess] = &[ApiAccess {
+    group: "",
+    resource: "nodes",
+    verbs: &["get"],
+    why: "an agent's write of its Node's status (rule own-node-report): the Node as stored, to check that only the \
+          device health conditions change",
+}];
 
 /// The base's named objects.
 pub const BASE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {

@@ -11,7 +11,8 @@ use kube::api::GetParams;
 use kube::{Api, Client};
 
 use super::facts;
-use super::identity::{Policy, node_of_pod};
+use super::health_status;
+use super::identity::{Claim, Policy, node_of_pod};
 use super::review::{self, Request, ReviewOut};
 use super::rules::{self, NodeLookup, Step, Verdict};
 
@@ -35,6 +36,13 @@ impl std::fmt::Debug for Handler {
             .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
+}
+
+/// The review's old `resourceVersion`.
+fn old_version(req: &Request) -> Option<&str> {
+    req.old_object
+        .as_ref()
+        .and_then(|o| o.get("metadata")?.get("resourceVersion")?.as_str())
 }
 
 fn count(rule: &'static str, result: &'static str) {
@@ -96,12 +104,20 @@ impl Handler {
                 rules::with_target_node(req, &node, lookup)
             }
             Step::StoredNode(node) => {
-                let old_version = req
-                    .old_object
-                    .as_ref()
-                    .and_then(|o| o.get("metadata")?.get("resourceVersion")?.as_str());
-                let stored = self.stored_node(&node, old_version).await;
+                let stored = self.stored_node(&node, old_version(req)).await;
                 rules::with_stored_node(req, stored)
+            }
+            Step::AgentNodeStatus { claim, node } => {
+                let requester = match &claim {
+                    Claim::Node(n) => Ok(n.clone()),
+                    Claim::Pod { name, uid } => self.node_of_agent_pod(name, uid).await,
+                };
+                // Only the agent's own Node is worth reading.
+                let stored = match &requester {
+                    Ok(n) if *n == node => self.stored_node(&node, old_version(req)).await,
+                    _ => Err("not read".to_owned()),
+                };
+                health_status::verdict(req, requester, stored)
             }
         }
     }

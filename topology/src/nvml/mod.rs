@@ -20,6 +20,7 @@ pub use query_text::{
 pub use query_xml::parse_nvidia_smi_xml;
 pub use replay::RecordedNvml;
 pub use system::SystemNvml;
+pub use xid::{MAX_QUEUED, XidQueue, push_bounded, take_all};
 
 /// NVML could not be used (library absent, driver not loaded, init failure).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,6 +136,11 @@ pub trait NvmlSource {
     fn describe(&self) -> String;
     /// Query every GPU.
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable>;
+    /// Where XID events arrive as they happen (the live NVML's event watcher, started by the first snapshot), with
+    /// the recovery action NVML reported right after each; `None` for sources without events.
+    fn xid_queue(&self) -> Option<XidQueue> {
+        None
+    }
 }
 
 /// An NVML that is never available (used when the operator disables NVML).

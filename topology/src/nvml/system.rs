@@ -16,7 +16,7 @@ use crate::cpuset::CpuSet;
 use crate::model::{FabricState, NvLink, NvlinkFabric};
 use crate::pci_ids::normalize_pci_address;
 
-use super::xid::{XidCounts, watch_xids};
+use super::xid::{XidCounts, XidQueue, watch_xids};
 
 /// The real NVML, loaded at run time from `libnvidia-ml.so.1`. Initialised once, lazily; create one per process
 /// and keep it. The first successful snapshot also starts a watcher thread counting critical XID events per GPU; it
@@ -25,7 +25,9 @@ use super::xid::{XidCounts, watch_xids};
 pub struct SystemNvml {
     handle: OnceLock<Result<Nvml, NvmlUnavailable>>,
     xids: XidCounts,
-    watcher: OnceLock<()>,
+    queue: XidQueue,
+    /// Set once the watcher was started; holds why it could not start, if it could not.
+    watcher: OnceLock<Option<String>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -198,22 +200,34 @@ impl NvmlSource for SystemNvml {
         "libnvidia-ml.so.1".to_owned()
     }
 
+    fn xid_queue(&self) -> Option<XidQueue> {
+        Some(self.queue.clone())
+    }
+
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
         use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
         let nvml = self.nvml()?;
         let count = nvml
             .device_count()
             .map_err(|e| NvmlUnavailable(e.to_string()))?;
-        self.watcher.get_or_init(|| {
+        let watcher = self.watcher.get_or_init(|| {
             let counts = self.xids.clone();
+            let queue = self.queue.clone();
             let stop = self.stop.clone();
-            let _ = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("nvml-xid".into())
-                .spawn(move || watch_xids(counts, stop));
+                .spawn(move || watch_xids(counts, queue, stop))
+                .err()
+                .map(|e| e.to_string())
         });
         let xids = self.xids.lock().map(|c| c.clone()).unwrap_or_default();
         let mut gpus = Vec::new();
         let mut problems = Vec::new();
+        if let Some(e) = watcher {
+            problems.push(format!(
+                "the XID watcher thread could not start ({e}): XID events are not counted"
+            ));
+        }
         for index in 0..count {
             let dev = match nvml.device_by_index(index) {
                 Ok(d) => d,

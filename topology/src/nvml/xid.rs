@@ -1,14 +1,61 @@
-//! The XID watcher: a thread counting critical XID events per GPU through NVML's event API, paced so that it never
+//! The XID watcher: a thread counting critical XID events per GPU through NVML's event API and queueing each one,
+//! with the GPU recovery action NVML reports right after it, for the agent's health task; paced so that it never
 //! spins, and ended when its [`super::SystemNvml`] is dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use crate::health::kmsg::XidEvent;
+use crate::health::xid::{MAX_XID, RecoveryAction};
 use crate::pci_ids::normalize_pci_address;
 
 /// XID counts per GPU PCI address.
 pub(super) type XidCounts = Arc<Mutex<BTreeMap<String, u64>>>;
+
+/// XID events not yet taken by the health task, oldest first.
+pub type XidQueue = Arc<Mutex<VecDeque<XidEvent>>>;
+
+/// Most events kept while nobody takes them; the oldest go first.
+pub const MAX_QUEUED: usize = 4096;
+
+/// Queue one event, dropping the oldest past [`MAX_QUEUED`].
+pub fn push_bounded(queue: &XidQueue, event: XidEvent) {
+    if let Ok(mut q) = queue.lock() {
+        while q.len() >= MAX_QUEUED {
+            q.pop_front();
+        }
+        q.push_back(event);
+    }
+}
+
+/// Every queued event, oldest first.
+pub fn take_all(queue: &XidQueue) -> Vec<XidEvent> {
+    queue
+        .lock()
+        .map(|mut q| q.drain(..).collect())
+        .unwrap_or_default()
+}
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (nvml-wrapper 0.12 has no typed call for it).
+const FI_GPU_RECOVERY_ACTION: u32 = 230;
+
+/// The recovery action the driver reports for `dev` (drivers 550 and later; `None` where it cannot say).
+fn recovery_action(dev: &nvml_wrapper::Device<'_>) -> Option<RecoveryAction> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let samples = dev
+        .field_values_for(&[FieldId(FI_GPU_RECOVERY_ACTION)])
+        .ok()?;
+    let value = samples.into_iter().next()?.ok()?.value.ok()?;
+    let raw = match value {
+        SampleValue::U32(v) => v,
+        SampleValue::U64(v) => u32::try_from(v).ok()?,
+        SampleValue::I64(v) => u32::try_from(v).ok()?,
+        _ => return None,
+    };
+    RecoveryAction::from_raw(raw)
+}
 
 /// How long one event wait may block.
 const XID_WAIT_MS: u32 = 5_000;
@@ -45,7 +92,7 @@ impl XidPacer {
 
 /// Count critical XID events per GPU (PCI address) until NVML fails or `stop` is set. NVML reference-counts `init`,
 /// so the thread owns its own handle.
-pub(super) fn watch_xids(counts: XidCounts, stop: Arc<AtomicBool>) {
+pub(super) fn watch_xids(counts: XidCounts, queue: XidQueue, stop: Arc<AtomicBool>) {
     use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::error::NvmlError;
     let Ok(nvml) = nvml_wrapper::Nvml::init() else {
@@ -86,7 +133,23 @@ pub(super) fn watch_xids(counts: XidCounts, stop: Arc<AtomicBool>) {
                     .and_then(|p| normalize_pci_address(&p.bus_id))
                 {
                     if let Ok(mut c) = counts.lock() {
-                        *c.entry(addr).or_insert(0) += 1;
+                        *c.entry(addr.clone()).or_insert(0) += 1;
+                    }
+                    let xid = match ev.event_data {
+                        Some(nvml_wrapper::enums::event::XidError::Value(x)) => {
+                            u32::try_from(x).ok()
+                        }
+                        _ => None,
+                    };
+                    if let Some(xid) = xid.filter(|x| (1..=MAX_XID).contains(x)) {
+                        push_bounded(
+                            &queue,
+                            XidEvent {
+                                pci_address: addr,
+                                xid,
+                                recovery: recovery_action(&ev.device),
+                            },
+                        );
                     }
                 }
                 true
@@ -104,6 +167,25 @@ pub(super) fn watch_xids(counts: XidCounts, stop: Arc<AtomicBool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_keeps_the_newest_events() {
+        let q = XidQueue::default();
+        for i in 0..(MAX_QUEUED + 10) {
+            push_bounded(
+                &q,
+                XidEvent {
+                    pci_address: "0000:9b:00.0".into(),
+                    xid: u32::try_from(i % 1000).unwrap_or(1) + 1,
+                    recovery: None,
+                },
+            );
+        }
+        let all = take_all(&q);
+        assert_eq!(all.len(), MAX_QUEUED);
+        assert_eq!(all[0].xid, 11);
+        assert!(take_all(&q).is_empty());
+    }
 
     #[test]
     fn the_xid_watcher_never_spins_on_instant_answers() {

@@ -1,0 +1,255 @@
+//! The Node conditions of device health, in Node Problem Detector's style: one condition per class
+//! (`GpuHealthy`, `NvlinkHealthy`, `InfinibandHealthy`), status `True` while every device of the class is sound,
+//! `False` with a CamelCase reason and a message naming the failed devices otherwise. `lastTransitionTime` changes
+//! only when the status does; `lastHeartbeatTime` when the agent writes.
+//!
+//! The message of a failed class starts with `failed: <device>, <device>. ` — the controller reads the devices from
+//! there (with a strict grammar) to name them in the drain reason — then the findings' sentences.
+
+use std::collections::BTreeMap;
+
+use isthmus_topology::health::detect::{Finding, HealthClass};
+use k8s_openapi::api::core::v1::NodeCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// Longest condition message written.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// The reason of a sound class.
+pub const HEALTHY_REASON: &str = "DevicesHealthy";
+
+/// The reason when a class has findings of several reasons.
+pub const MULTIPLE_REASON: &str = "MultipleDeviceFailures";
+
+/// What a class's condition says, without times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassState {
+    /// Every device sound.
+    pub healthy: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// The message.
+    pub message: String,
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(3);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+/// The state of every class in `classes` (the classes the node has devices of) and of every class with a finding.
+pub fn class_states(
+    classes: &[HealthClass],
+    findings: &[Finding],
+) -> BTreeMap<HealthClass, ClassState> {
+    let mut by_class: BTreeMap<HealthClass, Vec<&Finding>> =
+        classes.iter().map(|c| (*c, Vec::new())).collect();
+    for f in findings {
+        by_class.entry(f.class).or_default().push(f);
+    }
+    by_class
+        .into_iter()
+        .map(|(class, mut fs)| {
+            fs.sort();
+            let state = if fs.is_empty() {
+                ClassState {
+                    healthy: true,
+                    reason: HEALTHY_REASON.to_owned(),
+                    message: format!("no failed {} device", class.as_str()),
+                }
+            } else {
+                let mut reasons: Vec<&str> = fs.iter().map(|f| f.reason.as_str()).collect();
+                reasons.sort_unstable();
+                reasons.dedup();
+                let mut devices: Vec<&str> = fs.iter().map(|f| f.device.as_str()).collect();
+                devices.sort_unstable();
+                devices.dedup();
+                let details: Vec<&str> = fs.iter().map(|f| f.message.as_str()).collect();
+                ClassState {
+                    healthy: false,
+                    reason: if reasons.len() == 1 {
+                        reasons[0].to_owned()
+                    } else {
+                        MULTIPLE_REASON.to_owned()
+                    },
+                    message: truncate(
+                        format!("failed: {}. {}", devices.join(", "), details.join("; ")),
+                        MAX_MESSAGE,
+                    ),
+                }
+            };
+            (class, state)
+        })
+        .collect()
+}
+
+/// The conditions to write: `previous` are the conditions of these types the Node has (their transition times are
+/// kept while the status does not change).
+pub fn conditions(
+    states: &BTreeMap<HealthClass, ClassState>,
+    previous: &[NodeCondition],
+    now: &Time,
+) -> Vec<NodeCondition> {
+    states
+        .iter()
+        .map(|(class, s)| {
+            let status = if s.healthy { "True" } else { "False" };
+            let prev = previous.iter().find(|c| c.type_ == class.condition_type());
+            let transition = match prev {
+                Some(p) if p.status == status => p.last_transition_time.clone(),
+                _ => None,
+            }
+            .unwrap_or_else(|| now.clone());
+            NodeCondition {
+                type_: class.condition_type().to_owned(),
+                status: status.to_owned(),
+                reason: Some(s.reason.clone()),
+                message: Some(s.message.clone()),
+                last_heartbeat_time: Some(now.clone()),
+                last_transition_time: Some(transition),
+            }
+        })
+        .collect()
+}
+
+/// Whether `have` already says what `want` says (times aside).
+pub fn same(have: &[NodeCondition], want: &[NodeCondition]) -> bool {
+    want.iter().all(|w| {
+        have.iter().any(|h| {
+            h.type_ == w.type_
+                && h.status == w.status
+                && h.reason == w.reason
+                && h.message == w.message
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn finding(class: HealthClass, device: &str, reason: &str, message: &str) -> Finding {
+        Finding {
+            class,
+            device: device.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+        }
+    }
+
+    #[test]
+    fn sound_classes_are_true_and_failed_ones_name_their_devices() {
+        let f = [
+            finding(
+                HealthClass::Gpu,
+                "0000:9b:00.0",
+                "Xid119",
+                "XID 119 on GPU 4",
+            ),
+            finding(
+                HealthClass::Gpu,
+                "0000:19:00.0",
+                "GpuMissing",
+                "GPU 0 is gone",
+            ),
+            finding(
+                HealthClass::Infiniband,
+                "mlx5_0/1",
+                "IbPortDown",
+                "port mlx5_0/1 is DOWN",
+            ),
+        ];
+        let s = class_states(
+            &[
+                HealthClass::Gpu,
+                HealthClass::Infiniband,
+                HealthClass::Nvlink,
+            ],
+            &f,
+        );
+        assert_eq!(
+            s[&HealthClass::Gpu],
+            ClassState {
+                healthy: false,
+                reason: MULTIPLE_REASON.into(),
+                message: "failed: 0000:19:00.0, 0000:9b:00.0. GPU 0 is gone; XID 119 on GPU 4"
+                    .into(),
+            }
+        );
+        assert_eq!(s[&HealthClass::Infiniband].reason, "IbPortDown");
+        assert_eq!(
+            s[&HealthClass::Infiniband].message,
+            "failed: mlx5_0/1. port mlx5_0/1 is DOWN"
+        );
+        assert_eq!(
+            s[&HealthClass::Nvlink],
+            ClassState {
+                healthy: true,
+                reason: HEALTHY_REASON.into(),
+                message: "no failed nvlink device".into(),
+            }
+        );
+        // A class the node has no device of gets no condition.
+        assert_eq!(class_states(&[], &[]).len(), 0);
+    }
+
+    #[test]
+    fn transitions_only_on_status_change() {
+        let failed = class_states(
+            &[HealthClass::Gpu],
+            &[finding(HealthClass::Gpu, "0000:9b:00.0", "Xid119", "m1")],
+        );
+        let first = conditions(&failed, &[], &at(100));
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].type_, "GpuHealthy");
+        assert_eq!(first[0].status, "False");
+        assert_eq!(first[0].reason.as_deref(), Some("Xid119"));
+        assert_eq!(first[0].last_transition_time, Some(at(100)));
+        // Another message, same status: the transition time stays, the heartbeat moves.
+        let failed2 = class_states(
+            &[HealthClass::Gpu],
+            &[finding(HealthClass::Gpu, "0000:9b:00.0", "Xid79", "m2")],
+        );
+        let second = conditions(&failed2, &first, &at(200));
+        assert_eq!(second[0].last_transition_time, Some(at(100)));
+        assert_eq!(second[0].last_heartbeat_time, Some(at(200)));
+        assert!(!same(&first, &second));
+        assert!(same(&second, &conditions(&failed2, &second, &at(300))));
+        // Recovery: a new transition.
+        let healthy = class_states(&[HealthClass::Gpu], &[]);
+        let third = conditions(&healthy, &second, &at(400));
+        assert_eq!(third[0].status, "True");
+        assert_eq!(third[0].last_transition_time, Some(at(400)));
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let many: Vec<Finding> = (0..200)
+            .map(|i| {
+                finding(
+                    HealthClass::Gpu,
+                    &format!("0000:{i:02x}:00.0"),
+                    "GpuMissing",
+                    "é gone",
+                )
+            })
+            .collect();
+        let s = class_states(&[HealthClass::Gpu], &many);
+        let m = &s[&HealthClass::Gpu].message;
+        assert!(m.len() <= MAX_MESSAGE);
+        assert!(m.ends_with("..."));
+        assert!(m.starts_with("failed: 0000:00:00.0, 0000:01:00.0, "));
+    }
+}

@@ -1,0 +1,278 @@
+//! Device health on the node: every discovery and every XID event goes through [`state::HealthState`]; the
+//! findings become the `isthmus_device_health` metric and, when the Kubernetes side is on, the Node's health
+//! conditions ([`conditions`]), applied with server-side apply on `nodes/status` under their own field manager.
+//!
+//! XID events come from the live NVML's event watcher (with the recovery action NVML reports after each) and, for
+//! tests and offline analysis, from a kernel-log recording replayed with `--xid-replay` (read as it grows).
+
+pub mod conditions;
+pub mod state;
+mod xid_stream;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use isthmus_topology::NodeTopology;
+use isthmus_topology::health::detect::HealthClass;
+use isthmus_topology::health::xid::XidTable;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use state::HealthState;
+
+/// The field manager of the health conditions (it owns only those condition entries).
+pub const FIELD_MANAGER: &str = "isthmus-health";
+
+/// How often a growing XID recording is read.
+const XID_POLL: Duration = Duration::from_millis(250);
+
+/// The first and the longest wait after a failed condition write.
+const WRITE_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const WRITE_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// How often the metric is refreshed when nothing changes (gauges idle for 10 minutes disappear).
+const METRIC_REFRESH: Duration = Duration::from_secs(60);
+
+/// Device health flags of `isthmus agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// An XID override file (`xid,action` lines; docs/health.md). A file that cannot be read or has a bad line is
+    /// a warning, and the built-in table stays in force.
+    #[arg(long, env = "ISTHMUS_XID_OVERRIDE", value_name = "FILE")]
+    pub xid_override: Option<PathBuf>,
+    /// Replay XID events from a kernel-log recording (`NVRM: Xid (PCI:...): N, ...` lines), read as it grows
+    /// (testing, offline analysis of a recorded host).
+    #[arg(long, value_name = "FILE")]
+    pub xid_replay: Option<PathBuf>,
+    /// Seconds between writes of unchanged health conditions (their `lastHeartbeatTime`); 0: only on change.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub health_heartbeat_seconds: u64,
+}
+
+/// What the health task needs.
+pub struct HealthOptions {
+    /// The XID table, with the operator's overrides.
+    pub table: Arc<XidTable>,
+    /// A kernel-log recording of XID events to replay.
+    pub xid_replay: Option<PathBuf>,
+    /// The live NVML's XID events (with the recovery action), when NVML is loaded.
+    pub live_xids: Option<isthmus_topology::nvml::XidQueue>,
+    /// Where the conditions go: the client and the Node's name; `None`: metric only.
+    pub publish: Option<(kube::Client, String)>,
+    /// Re-write unchanged conditions this often (their heartbeat); zero: only on change.
+    pub heartbeat: Duration,
+}
+
+impl std::fmt::Debug for HealthOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthOptions")
+            .field("xid_table_version", &self.table.version())
+            .field("xid_replay", &self.xid_replay)
+            .field("live_xids", &self.live_xids.is_some())
+            .field("node", &self.publish.as_ref().map(|(_, n)| n))
+            .field("heartbeat", &self.heartbeat)
+            .finish()
+    }
+}
+
+/// Load the XID table and apply the override file, if any. A bad override file is a warning: the built-in table
+/// stays in force.
+pub fn load_table(
+    overrides: Option<&std::path::Path>,
+) -> Result<XidTable, isthmus_topology::health::xid::XidTableError> {
+    let table = XidTable::builtin()?;
+    let Some(path) = overrides else {
+        return Ok(table);
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "the XID override file cannot be read; using the built-in table");
+            return Ok(table);
+        }
+    };
+    match table.clone().with_overrides(&text) {
+        Ok(t) => {
+            tracing::info!(file = %path.display(), overrides = t.override_count(), version = t.version(), "XID overrides in force");
+            Ok(t)
+        }
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "the XID override file is refused; using the built-in table");
+            Ok(table)
+        }
+    }
+}
+
+/// Run until `shutdown`.
+pub async fn run(
+    opts: HealthOptions,
+    mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let mut state = HealthState::new(opts.table.clone());
+    let mut stream = opts.xid_replay.map(xid_stream::XidTail::new);
+    let mut written: Option<Vec<NodeCondition>> = None;
+    let mut last_write = Instant::now();
+    let mut last_metric: Option<Instant> = None;
+    let mut poll = tokio::time::interval(XID_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut topo_changed = true;
+    let mut retry_write = false;
+    // After a failed write: not again before this, and the wait doubles (1 s to 60 s) while writes fail.
+    let mut retry_at = Instant::now();
+    let mut backoff = WRITE_BACKOFF_MIN;
+    loop {
+        let mut changed = false;
+        if topo_changed {
+            if let Some(t) = topo.borrow_and_update().clone() {
+                state.observe(t);
+                changed = true;
+            }
+            topo_changed = false;
+        }
+        let mut events = stream
+            .as_mut()
+            .map(xid_stream::XidTail::read)
+            .unwrap_or_default();
+        if let Some(q) = &opts.live_xids {
+            events.extend(isthmus_topology::nvml::take_all(q));
+        }
+        if !events.is_empty() {
+            for (e, v) in state.xid_events(&events) {
+                metrics.record_health_event(
+                    "isthmus_health_xid_events_total",
+                    "action",
+                    v.action.as_str(),
+                );
+                if state::noteworthy(&v) {
+                    tracing::warn!(gpu = %e.pci_address, xid = e.xid, action = %v.action, source = ?v.source, "XID");
+                }
+            }
+            changed = true;
+        }
+        let metric_due = last_metric.is_none_or(|t| t.elapsed() >= METRIC_REFRESH);
+        let heartbeat_due = !opts.heartbeat.is_zero() && last_write.elapsed() >= opts.heartbeat;
+        let write_due = retry_write && Instant::now() >= retry_at;
+        if changed || metric_due || heartbeat_due || write_due {
+            let findings = state.findings();
+            record_metric(&metrics, &state, &findings);
+            last_metric = Some(Instant::now());
+            if let Some((client, node)) =
+                opts.publish.as_ref().filter(|_| Instant::now() >= retry_at)
+            {
+                let states = conditions::class_states(&state.classes(), &findings);
+                let now = Time(k8s_openapi::jiff::Timestamp::now());
+                if written.is_none() {
+                    written = Some(read_conditions(client, node).await);
+                }
+                let previous = written.clone().unwrap_or_default();
+                let want = conditions::conditions(&states, &previous, &now);
+                retry_write = false;
+                if !want.is_empty() && (!conditions::same(&previous, &want) || heartbeat_due) {
+                    match apply(client, node, &want).await {
+                        Ok(()) => {
+                            for c in want.iter().filter(|c| c.status == "False") {
+                                tracing::warn!(condition = %c.type_, reason = ?c.reason, message = ?c.message, "device health");
+                            }
+                            metrics.record_health_event(
+                                "isthmus_health_condition_writes_total",
+                                "result",
+                                "ok",
+                            );
+                            written = Some(want);
+                            last_write = Instant::now();
+                            backoff = WRITE_BACKOFF_MIN;
+                        }
+                        Err(e) => {
+                            metrics.record_health_event(
+                                "isthmus_health_condition_writes_total",
+                                "result",
+                                "error",
+                            );
+                            tracing::warn!(error = %e, "the health conditions could not be written; retrying");
+                            retry_write = true;
+                            retry_at = Instant::now() + backoff;
+                            backoff = (backoff * 2).min(WRITE_BACKOFF_MAX);
+                        }
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = topo.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                topo_changed = true;
+            }
+            _ = poll.tick() => {}
+        }
+    }
+}
+
+fn record_metric(
+    metrics: &Metrics,
+    state: &HealthState,
+    findings: &[isthmus_topology::health::detect::Finding],
+) {
+    let failed: Vec<(HealthClass, &str)> = findings
+        .iter()
+        .map(|f| (f.class, f.device.as_str()))
+        .collect();
+    let devices: Vec<(&'static str, String, bool)> = state
+        .devices()
+        .into_iter()
+        .map(|(c, d)| {
+            let sound = !failed.contains(&(c, d.as_str()));
+            (c.as_str(), d, sound)
+        })
+        .collect();
+    metrics.record_health(&devices);
+}
+
+/// The health conditions the Node has now (their transition times are kept); none when it cannot be read.
+async fn read_conditions(client: &kube::Client, node: &str) -> Vec<NodeCondition> {
+    let api: Api<Node> = Api::all(client.clone());
+    match api.get(node).await {
+        Ok(n) => n
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| HealthClass::from_condition_type(&c.type_).is_some())
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the Node's health conditions could not be read");
+            Vec::new()
+        }
+    }
+}
+
+async fn apply(
+    client: &kube::Client,
+    node: &str,
+    conds: &[NodeCondition],
+) -> Result<(), kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node},
+        "status": {"conditions": conds},
+    });
+    api.patch_status(
+        node,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}

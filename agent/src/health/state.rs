@@ -1,0 +1,148 @@
+//! What the agent knows about its devices' health between discoveries: the first discovery (what is expected), the
+//! latest one, and the fatal XID findings, which last until the GPU is reset (it vanishes and comes back) or the
+//! agent restarts (the node rebooted).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use isthmus_topology::NodeTopology;
+use isthmus_topology::health::detect::{self, Finding, HealthClass};
+use isthmus_topology::health::kmsg::XidEvent;
+use isthmus_topology::health::xid::{XidAction, XidTable, XidVerdict};
+use isthmus_topology::model::DeviceKind;
+
+/// The health state of one node.
+#[derive(Debug)]
+pub struct HealthState {
+    table: Arc<XidTable>,
+    expected: Option<Arc<NodeTopology>>,
+    current: Option<Arc<NodeTopology>>,
+    /// Fatal XID findings by (class, GPU PCI address).
+    xid: BTreeMap<(HealthClass, String), Finding>,
+}
+
+/// What one batch of XID events was classified as (for logs, Events and counters).
+pub type Classified = Vec<(XidEvent, XidVerdict)>;
+
+impl HealthState {
+    /// A state with no discovery yet.
+    pub fn new(table: Arc<XidTable>) -> Self {
+        Self {
+            table,
+            expected: None,
+            current: None,
+            xid: BTreeMap::new(),
+        }
+    }
+
+    /// A new discovery. The first one is what later ones are compared with. A GPU that was missing and is back has
+    /// been reset: its XID findings are cleared.
+    pub fn observe(&mut self, topo: Arc<NodeTopology>) {
+        if self.expected.is_none() {
+            self.expected = Some(topo.clone());
+        }
+        let gpus = |t: &NodeTopology| -> Vec<String> {
+            t.devices
+                .iter()
+                .filter(|d| d.kind == DeviceKind::Gpu)
+                .map(|d| d.pci_address.clone())
+                .collect()
+        };
+        if let Some(prev) = &self.current {
+            let before = gpus(prev);
+            let back: Vec<String> = gpus(&topo)
+                .into_iter()
+                .filter(|g| !before.contains(g))
+                .collect();
+            self.xid.retain(|(_, pci), _| !back.contains(pci));
+        }
+        self.current = Some(topo);
+    }
+
+    /// XID events read since the last call; returns how each was classified.
+    pub fn xid_events(&mut self, events: &[XidEvent]) -> Classified {
+        let classified = detect::classify_events(&self.table, events);
+        // Before the first discovery the GPUs cannot be named, but the findings must not be lost.
+        let topo = self.current.as_deref().or(self.expected.as_deref());
+        let found = detect::xid_findings(&self.table, topo, &classified);
+        self.keep(found);
+        classified
+    }
+
+    fn keep(&mut self, found: Vec<Finding>) {
+        for f in found {
+            self.xid.insert((f.class, f.device.clone()), f);
+        }
+    }
+
+    /// The classes the node has devices of (from the first discovery).
+    pub fn classes(&self) -> Vec<HealthClass> {
+        let Some(t) = self.expected.as_deref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let gpus: Vec<_> = t
+            .devices
+            .iter()
+            .filter(|d| d.kind == DeviceKind::Gpu)
+            .collect();
+        if !gpus.is_empty() {
+            out.push(HealthClass::Gpu);
+        }
+        if gpus
+            .iter()
+            .any(|d| d.nvidia.as_ref().is_some_and(|n| !n.nvlinks.is_empty()))
+        {
+            out.push(HealthClass::Nvlink);
+        }
+        if !t.infiniband.is_empty() {
+            out.push(HealthClass::Infiniband);
+        }
+        out
+    }
+
+    /// Every finding now, sorted.
+    pub fn findings(&self) -> Vec<Finding> {
+        let mut out: Vec<Finding> = self.xid.values().cloned().collect();
+        if let (Some(e), Some(c)) = (self.expected.as_deref(), self.current.as_deref()) {
+            out.extend(detect::gpu_findings(e, c));
+            out.extend(detect::ib_findings(&e.infiniband, &c.infiniband));
+        }
+        out.sort();
+        out
+    }
+
+    /// Every device the metric shows, with its class: the GPUs and InfiniBand ports of the first discovery, and
+    /// any device with a finding.
+    pub fn devices(&self) -> Vec<(HealthClass, String)> {
+        let mut out = Vec::new();
+        if let Some(t) = self.expected.as_deref() {
+            for d in t.devices.iter().filter(|d| d.kind == DeviceKind::Gpu) {
+                out.push((HealthClass::Gpu, d.pci_address.clone()));
+                if d.nvidia.as_ref().is_some_and(|n| !n.nvlinks.is_empty()) {
+                    out.push((HealthClass::Nvlink, d.pci_address.clone()));
+                }
+            }
+            for hca in &t.infiniband {
+                for p in &hca.ports {
+                    out.push((HealthClass::Infiniband, format!("{}/{}", hca.name, p.port)));
+                }
+            }
+        }
+        for f in self.findings() {
+            out.push((f.class, f.device));
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// Whether an XID verdict is worth a warning in the log (anything but `ignore`).
+pub fn noteworthy(v: &XidVerdict) -> bool {
+    v.action != XidAction::Ignore
+}
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

@@ -1,0 +1,203 @@
+//! `isthmus agent` detecting failed devices on a recorded host and saying so on its Node, against the real
+//! kube-apiserver as the shipped ServiceAccount: the 8×H100 fixture through the NVML seam (`--nvml-replay`), XID
+//! events replayed from the kernel-log recordings of `fixtures/xid/kmsg` as they are appended (`--xid-replay`), an
+//! InfiniBand port leaving ACTIVE/LinkUp in the copied sysfs tree and a GPU vanishing from it. Each class sets its
+//! condition and metric; application errors change nothing. How long each took is printed (the measured figures are
+//! in docs/benchmarks.md); the waits are generous, not timing assertions.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use isthmus_tests::apiserver::ApiServer;
+use isthmus_tests::deploy::install_agent;
+use isthmus_tests::{copy_tree, fixtures, free_port, http_get, isthmus_bin};
+
+/// A generous bound on one detection (the target is 5 s; re-discovery runs every second here).
+const DETECT: Duration = Duration::from_secs(30);
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The sum of a metric's series whose labels contain `labels`.
+fn metric(listen: &str, name: &str, labels: &str) -> Option<f64> {
+    let (_, body) = http_get(listen, "/metrics").ok()?;
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The Node's condition `type_`: (status, reason, message).
+fn condition(api: &ApiServer, node: &str, type_: &str) -> Option<(String, String, String)> {
+    let out = api.kubectl(&["get", "node", node, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let c = v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .clone();
+    let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+#[track_caller]
+fn wait(what: &str, log: &Path, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !ok() {
+        assert!(
+            started.elapsed() < DETECT,
+            "{what}: not within {DETECT:?}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    eprintln!("{what}: {took:?}");
+    took
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{e}"));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The recorded single lines of `fixtures/xid/kmsg/recorded-lines.tsv` whose XID is one of `xids`.
+fn recorded(xids: &[u32]) -> String {
+    let tsv = std::fs::read_to_string(fixtures().join("xid/kmsg/recorded-lines.tsv"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    tsv.lines()
+        .filter_map(|l| l.splitn(4, '\t').nth(3))
+        .filter(|l| xids.iter().any(|x| l.contains(&format!("): {x},"))))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothing() {
+    let api = ApiServer::shared();
+    let kubeconfig = install_agent(api);
+    let node = "health-gpu001";
+    api.create_node(node);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = dir.path().join("root");
+    copy_tree(&fixtures().join("hosts/xe9680-8xh100/root"), &root);
+    let kmsg = dir.path().join("kmsg");
+    std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(isthmus_bin())
+        .args(["agent", "--slurm-mode", "off", "--node-name", node])
+        .args(["--rediscover-seconds", "1", "--listen", &listen])
+        .args(["--publish-nrt", "true", "--publish-numatopology", "false"])
+        .arg("--host-root")
+        .arg(&root)
+        .arg("--nvml-replay")
+        .arg(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"))
+        .arg("--xid-replay")
+        .arg(&kmsg)
+        .arg("--pod-resources-socket")
+        .arg(dir.path().join("no-kubelet.sock"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("ISTHMUS_PUBLISH_NUMATOPOLOGY")
+        .env_remove("ISTHMUS_PUBLISH_NRT")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting the agent: {e}"));
+    let _agent = Agent(child);
+
+    // Sound at start: both classes True, every GPU and port at 1.
+    wait("the first conditions", &log, || {
+        condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
+            && condition(api, node, "InfinibandHealthy").is_some_and(|c| c.0 == "True")
+    });
+    let gpu4 = "device=\"0000:9b:00.0\"";
+    assert_eq!(metric(&listen, "isthmus_device_health", gpu4), Some(1.0));
+    assert_eq!(
+        metric(&listen, "isthmus_device_health", "class=\"gpu\""),
+        Some(8.0)
+    );
+
+    // Application errors (the recorded XID 13, 31 and 45 lines): counted, nothing else.
+    append(&kmsg, &recorded(&[13, 31, 45]));
+    wait("three application errors counted", &log, || {
+        metric(&listen, "isthmus_health_xid_events_total", "action=\"app\"") == Some(3.0)
+    });
+    assert_eq!(
+        condition(api, node, "GpuHealthy").map(|c| (c.0, c.1)),
+        Some(("True".to_owned(), "DevicesHealthy".to_owned()))
+    );
+    assert_eq!(metric(&listen, "isthmus_device_health", gpu4), Some(1.0));
+
+    // The recorded XID 119 stream of an XE9680 (GPU at 0000:9b:00): GpuHealthy False naming the GPU.
+    let stream = std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    append(&kmsg, &stream);
+    wait("XID 119 → GpuHealthy False", &log, || {
+        condition(api, node, "GpuHealthy").is_some_and(|c| {
+            c.0 == "False"
+                && c.1 == "Xid119"
+                && c.2
+                    .starts_with("failed: 0000:9b:00.0. XID 119 (GSP_RPC_TIMEOUT)")
+        }) && metric(&listen, "isthmus_device_health", gpu4) == Some(0.0)
+    });
+
+    // An InfiniBand port leaves ACTIVE/LinkUp in sysfs.
+    let port = root.join("sys/class/infiniband/mlx5_0/ports/1");
+    std::fs::write(port.join("state"), "1: DOWN\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(port.join("phys_state"), "3: Disabled\n").unwrap_or_else(|e| panic!("{e}"));
+    wait("port down → InfinibandHealthy False", &log, || {
+        condition(api, node, "InfinibandHealthy").is_some_and(|c| {
+            c.0 == "False"
+                && c.1 == "IbPortDown"
+                && c.2
+                    .starts_with("failed: mlx5_0/1. port mlx5_0/1 node GUID ")
+        }) && metric(&listen, "isthmus_device_health", "device=\"mlx5_0/1\"") == Some(0.0)
+    });
+
+    // A GPU vanishes from the bus: both GPUs named.
+    std::fs::remove_file(root.join("sys/bus/pci/devices/0000:19:00.0"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait("a GPU gone → GpuHealthy names both", &log, || {
+        condition(api, node, "GpuHealthy").is_some_and(|c| {
+            c.0 == "False"
+                && c.1 == "MultipleDeviceFailures"
+                && c.2.starts_with("failed: 0000:19:00.0, 0000:9b:00.0. ")
+        })
+    });
+
+    // The port comes back: InfinibandHealthy True again; the GPUs stay failed.
+    std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap_or_else(|e| panic!("{e}"));
+    wait("port back → InfinibandHealthy True", &log, || {
+        condition(api, node, "InfinibandHealthy").is_some_and(|c| c.0 == "True")
+    });
+    assert!(condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "False"));
+    assert_eq!(
+        metric(
+            &listen,
+            "isthmus_health_condition_writes_total",
+            "result=\"error\""
+        ),
+        None
+    );
+}

@@ -1,0 +1,231 @@
+//! Device health through the node sync against a real API server (the controller's ServiceAccount and shipped RBAC)
+//! and a real two-node Slurm cluster: a failed class drains the Slurm node with `isthmus: health: <class>
+//! <devices>` and taints the Node; recovery lifts exactly the drain and taint the node sync set, and leaves an
+//! administrator's drain and taints alone; the circuit breaker holds new drains while too many Nodes fail at once.
+
+use std::time::Duration;
+
+use isthmus_controller::nodesync::NodeSyncArgs;
+use isthmus_tests::nodesync::SyncSite;
+
+/// The deadline for one change to cross over (generous: the node sync acts on Node changes at once).
+const CROSS: Duration = Duration::from_secs(10);
+
+/// How long a condition-driven drain outlasts its condition in this test.
+const HOLD: Duration = Duration::from_secs(2);
+
+const GPU_FAILED: &str = "failed: 0000:9b:00.0. XID 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) on GPU 4 (0000:9b:00.0): reboot \
+     (XID table v1)";
+
+fn reason(site: &SyncSite, node: &str) -> String {
+    site.slurm
+        .node(node)
+        .get("Reason")
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The Node's taints as `key:effect`, but for the node lifecycle controller's (`node.kubernetes.io/...`: these
+/// Nodes have no kubelet).
+fn taints(site: &SyncSite, node: &str) -> Vec<String> {
+    let mut t: Vec<String> = site.node(node)["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| {
+            !t["key"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("node.kubernetes.io/")
+        })
+        .map(|t| {
+            format!(
+                "{}:{}",
+                t["key"].as_str().unwrap_or(""),
+                t["effect"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    t.sort();
+    t
+}
+
+/// Set a health condition the way the agent writes it (server-side apply, field manager `isthmus-health`).
+fn set_health(site: &SyncSite, node: &str, type_: &str, status: &str, message: &str) {
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": type_, "status": status, "reason": if status == "True" { "DevicesHealthy" } else { "Xid79" },
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}});
+    let out = isthmus_tests::apiserver::kubectl_with(
+        site.api.admin_kubeconfig(),
+        &[
+            "patch",
+            "node",
+            node,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            &patch.to_string(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        isthmus_tests::apiserver::describe(&out)
+    );
+}
+
+#[test]
+fn a_failed_gpu_leaves_slurm_and_kubernetes_and_recovery_lifts_only_ours() {
+    let mut site = SyncSite::start(
+        &["hs1", "hs2"],
+        NodeSyncArgs {
+            node_sync: true,
+            condition_hold: HOLD,
+            ..NodeSyncArgs::default()
+        },
+    );
+    site.kubectl_ok(&["taint", "node", "hs1", "team=a:NoSchedule"]);
+    set_health(
+        &site,
+        "hs2",
+        "InfinibandHealthy",
+        "True",
+        "no failed infiniband device",
+    );
+
+    set_health(&site, "hs1", "GpuHealthy", "False", GPU_FAILED);
+    site.wait("hs1 drained for its GPU", CROSS, || {
+        reason(&site, "hs1").starts_with("isthmus: health: gpu 0000:9b:00.0")
+            && site.slurm.state("hs1").contains("DRAIN")
+    });
+    site.wait("hs1's health taint", CROSS, || {
+        taints(&site, "hs1") == ["isthmus.io/health-gpu:NoSchedule", "team:NoSchedule"]
+    });
+    assert!(
+        !site.slurm.state("hs2").contains("DRAIN"),
+        "a sound node stays"
+    );
+
+    // Recovery: after the hold, our drain and taint go; the administrator's taint stays.
+    set_health(&site, "hs1", "GpuHealthy", "True", "no failed gpu device");
+    site.wait("hs1 undrained", HOLD + CROSS, || {
+        !site.slurm.state("hs1").contains("DRAIN")
+    });
+    site.wait("hs1's health taint lifted", CROSS, || {
+        taints(&site, "hs1") == ["team:NoSchedule"]
+    });
+
+    // An administrator's drain: the failed class taints the Node, but recovery leaves the drain as it is.
+    site.slurm.run_ok(
+        "scontrol",
+        &[
+            "update",
+            "NodeName=hs2",
+            "State=DRAIN",
+            "Reason=maintenance",
+        ],
+    );
+    set_health(
+        &site,
+        "hs2",
+        "InfinibandHealthy",
+        "False",
+        "failed: mlx5_0/1. port mlx5_0/1 is DOWN/Polling, was ACTIVE/LinkUp",
+    );
+    site.wait(
+        "hs2 tainted for InfiniBand and the foreign drain",
+        CROSS,
+        || {
+            taints(&site, "hs2")
+                == [
+                    "isthmus.io/health-infiniband:NoSchedule",
+                    "isthmus.io/slurm-drain:NoSchedule",
+                ]
+        },
+    );
+    assert!(
+        reason(&site, "hs2").starts_with("maintenance"),
+        "{}",
+        reason(&site, "hs2")
+    );
+    set_health(
+        &site,
+        "hs2",
+        "InfinibandHealthy",
+        "True",
+        "no failed infiniband device",
+    );
+    site.wait("hs2's health taint lifted", HOLD + CROSS, || {
+        taints(&site, "hs2") == ["isthmus.io/slurm-drain:NoSchedule"]
+    });
+    assert!(
+        reason(&site, "hs2").starts_with("maintenance"),
+        "{}",
+        reason(&site, "hs2")
+    );
+    assert!(site.slurm.state("hs2").contains("DRAIN"));
+    let touched: Vec<String> = site
+        .slurm_updates()
+        .into_iter()
+        .filter(|c| c.contains("NodeName=hs2"))
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "the node sync changed a foreign drain: {touched:?}"
+    );
+    let updates: Vec<String> = site.slurm_updates();
+    assert_eq!(
+        updates.len(),
+        2,
+        "one drain and one undrain of hs1: {updates:?}"
+    );
+    site.stop().unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_circuit_breaker_holds_new_drains_while_too_many_nodes_fail_at_once() {
+    let mut site = SyncSite::start(
+        &["bs1", "bs2", "bs3"],
+        NodeSyncArgs {
+            node_sync: true,
+            condition_hold: HOLD,
+            health_breaker: 0.34,
+            ..NodeSyncArgs::default()
+        },
+    );
+    // One of three fails: within the share, drained.
+    set_health(&site, "bs1", "GpuHealthy", "False", GPU_FAILED);
+    site.wait("bs1 drained", CROSS, || {
+        reason(&site, "bs1").starts_with("isthmus: health: gpu 0000:9b:00.0")
+    });
+    // A second (two of three, more than 34 %): the breaker opens; bs2 is neither drained nor tainted, bs1 stays.
+    set_health(&site, "bs2", "GpuHealthy", "False", GPU_FAILED);
+    let polls = |site: &SyncSite| {
+        site.slurm_calls()
+            .iter()
+            .filter(|c| c.starts_with("sinfo"))
+            .count()
+    };
+    let before = polls(&site);
+    site.wait("three more passes", CROSS, || polls(&site) >= before + 3);
+    assert!(!site.slurm.state("bs2").contains("DRAIN"), "bs2 drained");
+    assert!(
+        taints(&site, "bs2").is_empty(),
+        "{:?}",
+        taints(&site, "bs2")
+    );
+    assert!(site.slurm.state("bs1").contains("DRAIN"));
+    // bs1 recovers: its drain is lifted after the hold, the breaker closes and bs2's drain goes ahead.
+    set_health(&site, "bs1", "GpuHealthy", "True", "no failed gpu device");
+    site.wait("bs2 drained once the breaker closed", HOLD + CROSS, || {
+        reason(&site, "bs2").starts_with("isthmus: health: gpu 0000:9b:00.0")
+    });
+    site.wait("bs2's health taint", CROSS, || {
+        taints(&site, "bs2") == ["isthmus.io/health-gpu:NoSchedule"]
+    });
+    site.wait("bs1 undrained", HOLD + CROSS, || {
+        !site.slurm.state("bs1").contains("DRAIN")
+    });
+    site.stop().unwrap_or_else(|e| panic!("{e}"));
+}
