@@ -169,7 +169,9 @@ fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_sur
         old.tools.calls_of("scancel").is_empty() && new.tools.calls_of("scancel").is_empty(),
         "no job was cancelled"
     );
-    // A clean stop gives the Lease up at once.
+    // A clean stop gives the Lease up at once. The old replica goes first: still running, it would take the
+    // released Lease over before it can be read.
+    old.stop(&p);
     new.stop(&p);
     let holder = api.kubectl(&[
         "get",
@@ -182,5 +184,4 @@ fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_sur
     ]);
     assert!(holder.status.success());
     assert_eq!(String::from_utf8_lossy(&holder.stdout), "", "released");
-    old.stop(&p);
 }
