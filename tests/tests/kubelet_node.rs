@@ -557,10 +557,15 @@ fn a_placed_pods_containers_run_on_the_node_its_job_runs_on() {
     let _ = prepare(node);
     // The Slurm node is the Kubernetes node: same name, slurmd on this machine.
     let cluster = Cluster::start(&[NodeSpec::new(NODE_NAME, 2, 0)], "");
+    // The node is shared with the other tests: whatever happens here, no node lock stays behind.
+    let _unlock = Unlock(node);
     let mut p = Placement::new(node, &cluster, "placed");
     p.start();
+    // `sleep` as the container's PID 1 ignores SIGTERM: a short grace keeps the stop (and the job's end, which
+    // waits for it) short.
     let uid = p.create(&PodOpts {
         image: Some("isthmus.local/busybox:1.35"),
+        grace: Some(3),
         ..PodOpts::new("worker")
     });
     wait_for("the pod bound where Slurm runs its job", || {
@@ -594,11 +599,44 @@ fn a_placed_pods_containers_run_on_the_node_its_job_runs_on() {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     assert_eq!(comm.trim(), "sleep");
 
+    // The job is kept until the kubelet has stopped the container, then cancelled.
     p.delete_pod("worker");
-    wait_for("the job ended with its pod", || {
-        jobs_of(&cluster, &uid).iter().all(|j| j.is_finished())
-    });
+    wait_until(
+        "the job ended with its pod",
+        Duration::from_secs(120),
+        || jobs_of(&cluster, &uid).iter().all(|j| j.is_finished()),
+    );
+    // The job held the node exclusively (the default): its lock goes with it.
+    wait_for("the node lock lifted with the job", || !locked(node));
     p.stop();
+}
+
+/// Whether the Node carries a placement lock taint (never panics: also used while a test unwinds).
+fn locked(node: &KubeNode) -> bool {
+    let out = node.kubectl(&[
+        "get",
+        "node",
+        NODE_NAME,
+        "-o",
+        "jsonpath={.spec.taints[*].key}",
+    ]);
+    String::from_utf8_lossy(&out.stdout).contains("slurm.isthmus.io/lock")
+}
+
+/// Removes a placement lock (taint and annotation) left on the shared Node when a test ends, passed or not.
+struct Unlock<'a>(&'a KubeNode);
+
+impl Drop for Unlock<'_> {
+    fn drop(&mut self) {
+        if locked(self.0) {
+            let _ = self
+                .0
+                .kubectl(&["taint", "node", NODE_NAME, "slurm.isthmus.io/lock-"]);
+        }
+        let _ = self
+            .0
+            .kubectl(&["annotate", "node", NODE_NAME, "slurm.isthmus.io/lock-"]);
+    }
 }
 
 /// The Slurm variant as its DaemonSet runs it: the `kubernetes-slurm` overlay's pod (an image of this build's agent
