@@ -142,32 +142,40 @@ impl NodeResourceTopology {
     }
 }
 
-impl kube::Resource for NodeResourceTopology {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
+/// `kube::Resource` for a cluster-scoped NodeResourceTopology view (`$t` has a `metadata: ObjectMeta` field): the
+/// full object and the attributes-only view are the same API resource.
+macro_rules! nrt_resource {
+    ($t:ty) => {
+        impl kube::Resource for $t {
+            type DynamicType = ();
+            type Scope = k8s_openapi::ClusterResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(API_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(KIND)
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(GROUP)
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(VERSION)
+            }
+            fn api_version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(API_VERSION)
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(PLURAL)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+
+nrt_resource!(NodeResourceTopology);
 
 /// A NodeResourceTopology as a reader of its attributes needs it: the name, the resourceVersion and the node-level
 /// attributes. Zones and the rest of the metadata (its `managedFields` above all) are skipped while parsing, so a
@@ -197,32 +205,7 @@ fn slim_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
     })
 }
 
-impl kube::Resource for NrtAttributes {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(API_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+nrt_resource!(NrtAttributes);
 
 #[cfg(test)]
 mod tests {
