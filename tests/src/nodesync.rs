@@ -29,6 +29,33 @@ pub struct SyncSite {
 }
 
 impl SyncSite {
+    /// Set condition `type_` on Node `node` as the administrator (a strategic patch of `nodes/status`).
+    pub fn set_condition(
+        &self,
+        node: &str,
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}});
+        let out = crate::apiserver::kubectl_with(
+            self.api.admin_kubeconfig(),
+            &[
+                "patch",
+                "node",
+                node,
+                "--subresource=status",
+                "--type=strategic",
+                "-p",
+                &patch.to_string(),
+            ],
+        );
+        assert!(out.status.success(), "{}", describe(&out));
+    }
+
     /// Start everything for Slurm 22.05 nodes `names` (2 CPUs, no GPU each) with these flags, and wait until every
     /// Node shows `SlurmNodeState` `True`.
     pub fn start(names: &[&str], args: NodeSyncArgs) -> Self {

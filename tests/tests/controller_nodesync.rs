@@ -34,26 +34,7 @@ fn reason(site: &SyncSite, node: &str) -> String {
 
 /// Set the Node condition `type_` (as a node problem detector would), as the administrator.
 fn set_condition(site: &SyncSite, node: &str, type_: &str, status: &str, message: &str) {
-    let patch = serde_json::json!({"status": {"conditions": [{
-        "type": type_, "status": status, "reason": "Test", "message": message,
-        "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}});
-    let out = isthmus_tests::apiserver::kubectl_with(
-        site.api.admin_kubeconfig(),
-        &[
-            "patch",
-            "node",
-            node,
-            "--subresource=status",
-            "--type=strategic",
-            "-p",
-            &patch.to_string(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        isthmus_tests::apiserver::describe(&out)
-    );
+    site.set_condition(node, type_, status, "Test", message);
 }
 
 each_release! {

@@ -50,29 +50,14 @@ fn taints(site: &SyncSite, node: &str) -> Vec<String> {
     t
 }
 
-/// Set a health condition the way the agent writes it (server-side apply, field manager `isthmus-health`).
+/// Set a health condition as the agent reports one (here written by the administrator).
 fn set_health(site: &SyncSite, node: &str, type_: &str, status: &str, message: &str) {
-    let patch = serde_json::json!({"status": {"conditions": [{
-        "type": type_, "status": status, "reason": if status == "True" { "DevicesHealthy" } else { "Xid79" },
-        "message": message,
-        "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}});
-    let out = isthmus_tests::apiserver::kubectl_with(
-        site.api.admin_kubeconfig(),
-        &[
-            "patch",
-            "node",
-            node,
-            "--subresource=status",
-            "--type=strategic",
-            "-p",
-            &patch.to_string(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        isthmus_tests::apiserver::describe(&out)
-    );
+    let reason = if status == "True" {
+        "DevicesHealthy"
+    } else {
+        "Xid79"
+    };
+    site.set_condition(node, type_, status, reason, message);
 }
 
 #[test]
