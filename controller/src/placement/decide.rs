@@ -136,14 +136,6 @@ pub fn describe(job: &Job) -> String {
     }
 }
 
-/// A job pending again after it ran (requeued by an administrator or after a node failure).
-fn is_requeued(job: &Job) -> bool {
-    matches!(
-        job.state.as_str(),
-        "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
-    )
-}
-
 /// One pod, or the pods of one gang.
 struct Unit<'a> {
     job: JobRef,
@@ -342,7 +334,7 @@ fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>
         out.delete(&all, &message);
         return;
     }
-    if let Some(j) = last {
+    if let Some(j) = last.filter(|j| !j.is_refused()) {
         out.delete(
             &unbound,
             &format!("{} before the pod was bound", describe(j)),
@@ -356,7 +348,10 @@ fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>
     {
         return;
     }
-    submit(i, unit, &unbound, out);
+    match last {
+        Some(refused) => lifetime::resubmit(i, unit, &unbound, refused, out),
+        None => submit(i, unit, &unbound, out),
+    }
 }
 
 fn decide_with_job(
@@ -368,7 +363,7 @@ fn decide_with_job(
     out: &mut Out<'_>,
 ) {
     if !job.is_running() {
-        if !bound.is_empty() && is_requeued(job) {
+        if !bound.is_empty() && job.is_requeued() {
             // The pods lost their allocation.
             out.cancel(job.id, format!("its pods are deleted: {}", describe(job)));
             out.delete(bound, &format!("{} after it was requeued", describe(job)));

@@ -58,6 +58,21 @@ impl Job {
         )
     }
 
+    /// Whether slurmctld refused the job when it was submitted: 23.02 and later keep such a submission (`sbatch`
+    /// exits 1: "Requested node configuration is not available") as a `FAILED` job that never had a node, with the
+    /// reason (`BadConstraints`); 22.05 keeps no record. A job that failed after it ran has its nodes.
+    pub fn is_refused(&self) -> bool {
+        self.state == "FAILED" && self.nodes.is_empty()
+    }
+
+    /// Whether the job is pending again after it ran (requeued by an administrator or after a node failure).
+    pub fn is_requeued(&self) -> bool {
+        matches!(
+            self.state.as_str(),
+            "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
+        )
+    }
+
     /// Whether the job holds its allocation now.
     pub fn is_running(&self) -> bool {
         self.state == "RUNNING"

@@ -1,6 +1,7 @@
-//! A unit's lifetime against its job's: pods being stopped by their kubelet, and whether a job holds its nodes alone.
+//! A unit's lifetime against its job's: pods being stopped by their kubelet, a job Slurm refused, and whether a job
+//! holds its nodes alone.
 
-use super::{Inputs, Job, Out, PodView, Unit, describe};
+use super::{Action, Inputs, Job, Out, PodView, Unit, describe, submit};
 
 /// A unit one of whose pods is being deleted on its Node.
 pub(super) fn stopping(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
@@ -20,6 +21,28 @@ pub(super) fn stopping(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut
             None => "no Slurm job holds it".to_owned(),
         };
         out.delete(&long, &message);
+    }
+}
+
+/// A unit whose last job slurmctld refused at submission ([`Job::is_refused`]): its pods wait, saying why, and
+/// are submitted again (after the submission backoff of `super::super::recent`, which holds the `Submit` back). Where
+/// the unit cannot be submitted at all (a gang member left, the policy changed), that reason is the message instead.
+pub(super) fn resubmit(
+    i: &Inputs<'_>,
+    unit: &Unit<'_>,
+    unbound: &[&&PodView],
+    refused: &Job,
+    out: &mut Out<'_>,
+) {
+    let before = out.actions.len();
+    submit(i, unit, unbound, out);
+    if matches!(out.actions.get(before..), Some([Action::Submit { .. }])) {
+        let all: Vec<&&PodView> = unit.members.iter().collect();
+        let message = format!(
+            "Slurm refused job {} ({}); submitted again after a backoff",
+            refused.id, refused.reason
+        );
+        out.wait(&all, &message, false);
     }
 }
 

@@ -271,6 +271,45 @@ fn ended_or_missing_jobs_delete_their_bound_pods_and_orphans_are_cancelled() {
 }
 
 #[test]
+fn a_job_slurm_refused_keeps_its_gang_waiting_and_is_submitted_again() {
+    let pods = [gang("m0", "pair", 2), gang("m1", "pair", 2)];
+    let first = decide(&pods, &[]);
+    let [Action::Submit { job: unit, .. }] = first.as_slice() else {
+        panic!("{:?}", kinds(&first))
+    };
+    let comment = unit.comment();
+    // 24.11 keeps the refused submission as a FAILED job that never had a node: every member says why, and the
+    // unit is submitted again (the submission backoff holds the Submit back in the pass).
+    let refused = [job(1, &comment, "FAILED", "BadConstraints", "")];
+    let message = "Slurm refused job 1 (BadConstraints); submitted again after a backoff";
+    assert_eq!(
+        kinds(&decide(&pods, &refused)),
+        [
+            format!("submit {comment} x2"),
+            format!("wait m0 {message}"),
+            format!("wait m1 {message}"),
+        ]
+    );
+    // Said once: a pod that already says it is not written again.
+    let mut said = pods.clone();
+    for p in &mut said {
+        p.waiting_message = Some(message.to_owned());
+    }
+    assert_eq!(
+        kinds(&decide(&said, &refused)),
+        [format!("submit {comment} x2")]
+    );
+    // A member left meanwhile: that is the message, and nothing is submitted.
+    assert_eq!(
+        kinds(&decide(&pods[..1], &refused)),
+        ["wait m0 waiting for the gang: 1 of 2 pods exist"]
+    );
+    // A job that failed after it had a node ended: its pods are deleted, as any ended job's.
+    let ended = [job(1, &comment, "FAILED", "NonZeroExitCode", "n1")];
+    assert_eq!(kinds(&decide(&pods, &ended)), ["delete m0", "delete m1"]);
+}
+
+#[test]
 fn a_second_job_for_a_pod_is_cancelled_at_once() {
     let pods = [on(pod("a"), "n2")];
     let jobs = [
