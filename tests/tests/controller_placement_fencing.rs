@@ -1,15 +1,16 @@
-//! Placement acts only on what it can prove (real Slurm 22.05, the real API server, the controller's
-//! ServiceAccount): one empty `squeue` answer deletes nothing; a `sbatch` whose answer is lost is reconciled by its
+//! Placement acts only on what it can prove (real Slurm, the real API server, the controller's ServiceAccount; each
+//! test on 22.05 and 24.11, `NAME::on_22_05` and `NAME::on_24_11`): one empty `squeue` answer deletes nothing; a `sbatch` whose answer is lost is reconciled by its
 //! comment, not repeated; a leader whose API server stops answering stops acting within its renew deadline, and
 //! the new leader's jobs survive it.
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use isthmus_tests::apiserver::ApiServer;
+use isthmus_tests::each_release;
 use isthmus_tests::placement::{Placement, job, jobs_of};
 use isthmus_tests::placement_replica::Timing;
 use isthmus_tests::proxy::Proxy;
+use isthmus_tests::release_api::api_for;
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
 
@@ -19,11 +20,13 @@ fn running(cluster: &Cluster, id: u64) -> bool {
     job(cluster, id).is_some_and(|j| j.is_running())
 }
 
-#[test]
-fn empty_squeue_answers_delete_nothing() {
-    let api = ApiServer::shared();
+each_release! {
+only [V22_05, V24_11]
+fn empty_squeue_answers_delete_nothing(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
     // Two pods, each job holding a node alone (exclusive, the default).
-    let cluster = Cluster::start(
+    let cluster = Cluster::start_on(release,
         &[NodeSpec::new("fe1", 4, 0), NodeSpec::new("fe2", 4, 0)],
         "",
     );
@@ -64,11 +67,14 @@ fn empty_squeue_answers_delete_nothing() {
     }
     p.stop();
 }
+}
 
-#[test]
-fn a_lost_sbatch_answer_is_adopted_not_repeated() {
-    let api = ApiServer::shared();
-    let cluster = Cluster::start(&[NodeSpec::new("fs1", 4, 0)], "");
+each_release! {
+only [V22_05, V24_11]
+fn a_lost_sbatch_answer_is_adopted_not_repeated(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release, &[NodeSpec::new("fs1", 4, 0)], "");
     let mut p = Placement::new(api, &cluster, "fencing-sbatch");
     p.set_slurm_timeout(Duration::from_secs(2));
     p.use_tools().hang_after_next("sbatch");
@@ -93,12 +99,15 @@ fn a_lost_sbatch_answer_is_adopted_not_repeated() {
     assert_eq!(jobs_of(&cluster, &uid).len(), 1);
     p.stop();
 }
+}
 
-#[test]
-fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_survive() {
-    let api = ApiServer::shared();
+each_release! {
+only [V22_05, V24_11]
+fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_survive(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
     // Two pods, each job holding a node alone (exclusive, the default).
-    let cluster = Cluster::start(
+    let cluster = Cluster::start_on(release,
         &[NodeSpec::new("fl1", 8, 0), NodeSpec::new("fl2", 8, 0)],
         "",
     );
@@ -184,4 +193,5 @@ fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_sur
     ]);
     assert!(holder.status.success());
     assert_eq!(String::from_utf8_lossy(&holder.stdout), "", "released");
+}
 }

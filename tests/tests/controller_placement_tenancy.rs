@@ -1,12 +1,13 @@
-//! Placement serves many tenants (real Slurm 22.05, the real API server, the placement loop as the controller's
-//! ServiceAccount with its shipped RBAC): the tenancy policy decides which namespaces may use Slurm and as whom;
+//! Placement serves many tenants (real Slurm, the real API server, the placement loop as the controller's
+//! ServiceAccount with its shipped RBAC; each test on 22.05 and 24.11, `NAME::on_22_05` and `NAME::on_24_11`): the tenancy policy decides which namespaces may use Slurm and as whom;
 //! a tenant in another namespace cannot cancel, adopt or delay a job by annotation or `nodeName`; bad annotation
 //! values are messages, never submissions; a gang of 64 pods is one job.
 
 use std::time::Duration;
 
-use isthmus_tests::apiserver::ApiServer;
+use isthmus_tests::each_release;
 use isthmus_tests::placement::{Placement, PodOpts, add_namespace, job, jobs, jobs_of};
+use isthmus_tests::release_api::api_for;
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
 
@@ -29,10 +30,12 @@ fn running(cluster: &Cluster, id: u64) -> bool {
     job(cluster, id).is_some_and(|j| j.is_running())
 }
 
-#[test]
-fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account() {
-    let api = ApiServer::shared();
-    let cluster = Cluster::start(
+each_release! {
+only [V22_05, V24_11]
+fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release,
         &[NodeSpec::new("ta1", 4, 1), NodeSpec::new("ta2", 4, 0)],
         "",
     );
@@ -214,10 +217,13 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account() {
         "{status_writes} policy status writes"
     );
 }
+}
 
-#[test]
-fn a_gang_of_64_one_cpu_pods_submits_one_job() {
-    let api = ApiServer::shared();
+each_release! {
+only [V22_05, V24_11]
+fn a_gang_of_64_one_cpu_pods_submits_one_job(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
     // 64 nodes in slurm.conf, two of them running: the job is valid and waits for nodes.
     let nodes: Vec<NodeSpec> = (0..64)
         .map(|i| {
@@ -225,7 +231,7 @@ fn a_gang_of_64_one_cpu_pods_submits_one_job() {
             if i < 2 { n } else { n.declared_only() }
         })
         .collect();
-    let cluster = Cluster::start(&nodes, "");
+    let cluster = Cluster::start_on(release, &nodes, "");
     let mut p = Placement::new(api, &cluster, "tenancy-gang");
     p.use_tools();
     p.start();
@@ -266,4 +272,5 @@ fn a_gang_of_64_one_cpu_pods_submits_one_job() {
             .is_some_and(|m| m.contains(&format!("Slurm job {}", all[0].id)))
     });
     p.stop();
+}
 }
