@@ -32,5 +32,5 @@ pub use discover::{DiscoverOptions, discover};
 pub use fabric_probe::{NeighbourQuery, SmpQuery, carry_neighbours, probe_neighbours};
 pub use hostroot::HostRoot;
 pub use model::*;
-pub use nvml::{NoNvml, NvmlSource, RecordedNvml, SystemNvml};
+pub use nvml::{NoNvml, NvmlSource, RecordedNvml, RecordingFile, SystemNvml};
 pub use warning::{Warning, WarningSource};

@@ -7,6 +7,7 @@ use std::fmt;
 use super::kmsg::XidEvent;
 use super::xid::{VerdictSource, XidAction, XidTable, XidVerdict};
 use crate::model::{DeviceKind, IbDevice, NodeTopology};
+use crate::nvml::NvmlSnapshot;
 
 /// A class of device health: one Node condition each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -210,6 +211,62 @@ pub fn gpu_findings(expected: &NodeTopology, found: &NodeTopology) -> Vec<Findin
                 describe_gpu(&pci, now.get(&pci)),
                 list.join(",")
             ),
+        });
+    }
+    out
+}
+
+/// The memory state NVML reports for each GPU of `snapshot`: a row remap that failed (`RowRemapFailure`: the GPU
+/// should be replaced), one that waits for a GPU reset (`RowRemapPending`), pages waiting to be retired at the next
+/// reset (`PageRetirementPending`, before Ampere), and uncorrected ECC errors since the driver loaded or the GPU was
+/// reset (`EccUncorrectable`). Every one is cleared by what repairs it: a reset applies the pending remap or
+/// retirement and zeroes the volatile counter. One finding per GPU, the gravest first.
+pub fn memory_findings(snapshot: &NvmlSnapshot, topology: Option<&NodeTopology>) -> Vec<Finding> {
+    let names = topology.map(gpus).unwrap_or_default();
+    let mut out = Vec::new();
+    for g in &snapshot.gpus {
+        let t = &g.telemetry;
+        let rows = t.remapped_rows.unwrap_or_default();
+        let (reason, what) = if rows.failure {
+            (
+                "RowRemapFailure",
+                format!(
+                    "a row remap failed ({} uncorrectable rows remapped): replace the GPU",
+                    rows.uncorrectable
+                ),
+            )
+        } else if rows.pending {
+            (
+                "RowRemapPending",
+                format!(
+                    "a row remap waits for a GPU reset ({} uncorrectable rows remapped)",
+                    rows.uncorrectable
+                ),
+            )
+        } else if t.retired_pages_pending == Some(true) {
+            (
+                "PageRetirementPending",
+                "pages wait to be retired at the next GPU reset".to_owned(),
+            )
+        } else if let Some(n) = t.ecc_uncorrected_volatile.filter(|n| *n > 0) {
+            (
+                "EccUncorrectable",
+                format!(
+                    "{n} uncorrectable ECC errors since the driver loaded or the GPU was reset"
+                ),
+            )
+        } else {
+            continue;
+        };
+        let name = names.get(&g.pci_address).cloned().unwrap_or(GpuName {
+            index: Some(g.index),
+            uuid: g.uuid.clone(),
+        });
+        out.push(Finding {
+            class: HealthClass::Gpu,
+            device: g.pci_address.clone(),
+            reason: reason.to_owned(),
+            message: format!("{}: {what}", describe_gpu(&g.pci_address, Some(&name))),
         });
     }
     out

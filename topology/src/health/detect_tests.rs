@@ -3,7 +3,7 @@ use crate::discover::{DiscoverOptions, discover};
 use crate::health::kmsg::parse_xid_log;
 use crate::hostroot::HostRoot;
 use crate::model::NvLink;
-use crate::nvml::RecordedNvml;
+use crate::nvml::{NvmlSource, RecordedNvml};
 
 const HOST: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -195,4 +195,111 @@ fn ib_ports_leaving_active_and_hcas_that_vanish() {
     );
     assert!(f[0].message.ends_with("is DOWN/Polling, was ACTIVE/LinkUp"));
     assert!(f.iter().all(|f| f.class == HealthClass::Infiniband));
+}
+
+fn recorded(path: &str) -> NvmlSnapshot {
+    let q = std::fs::read_to_string(format!("{}/../fixtures/{path}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    RecordedNvml::parse(path, &q, None)
+        .snapshot()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_recorded_a10_with_a_pending_row_remap_is_a_finding() {
+    let snap = recorded(
+        "gpud/historic/pkg/nvidia-query/testdata/nvidia-smi-query.535.129.03.out.0.valid.a10",
+    );
+    let t = &snap.gpus[0].telemetry;
+    assert_eq!(
+        t.remapped_rows,
+        Some(crate::nvml::RemappedRows {
+            correctable: 0,
+            uncorrectable: 4,
+            pending: true,
+            failure: false
+        })
+    );
+    assert_eq!(t.ecc_uncorrected_volatile, Some(0));
+    let f = memory_findings(&snap, None);
+    assert_eq!(
+        f,
+        [Finding {
+            class: HealthClass::Gpu,
+            device: "0000:07:00.0".to_owned(),
+            reason: "RowRemapPending".to_owned(),
+            message: "GPU 0 GPU-73d12ef7-f589-f867-4259-c7090ab44736 (0000:07:00.0): a row remap waits for a GPU \
+                      reset (4 uncorrectable rows remapped)"
+                .to_owned(),
+        }]
+    );
+}
+
+#[test]
+fn sound_recordings_have_no_memory_finding() {
+    for path in [
+        "hosts/xe9680-8xh100/nvidia-smi-q.txt",
+        "nvidia-h100-vm/nvidia-smi-q.xml",
+        "nvidia-h100-vm/nvidia-smi-q.txt",
+        "gpud/historic/pkg/nvidia-query/testdata/nvidia-smi-query.535.154.05.out.0.valid",
+    ] {
+        let snap = recorded(path);
+        assert!(!snap.gpus.is_empty(), "{path}");
+        for g in &snap.gpus {
+            // Every recording of an Ampere-or-later GPU says its row-remap state, so "no finding" is read, not assumed.
+            assert_eq!(
+                g.telemetry.remapped_rows.map(|r| (r.pending, r.failure)),
+                Some((false, false)),
+                "{path} GPU {}",
+                g.index
+            );
+        }
+        assert_eq!(memory_findings(&snap, None), [], "{path}");
+    }
+}
+
+#[test]
+fn the_gravest_memory_state_names_the_gpu_as_discovery_does() {
+    let topo = xe9680();
+    let base = recorded("hosts/xe9680-8xh100/nvidia-smi-q.txt");
+    let reason_of = |edit: &dyn Fn(&mut crate::nvml::GpuTelemetry)| {
+        let mut s = base.clone();
+        edit(&mut s.gpus[4].telemetry);
+        let f = memory_findings(&s, Some(&topo));
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].device, "0000:9b:00.0");
+        assert!(f[0].message.starts_with("GPU 4 GPU-"), "{}", f[0].message);
+        f[0].reason.clone()
+    };
+    let rows = |pending, failure| {
+        Some(crate::nvml::RemappedRows {
+            correctable: 0,
+            uncorrectable: 1,
+            pending,
+            failure,
+        })
+    };
+    assert_eq!(
+        reason_of(&|t| t.remapped_rows = rows(true, true)),
+        "RowRemapFailure"
+    );
+    assert_eq!(
+        reason_of(&|t| {
+            t.remapped_rows = rows(true, false);
+            t.ecc_uncorrected_volatile = Some(2);
+        }),
+        "RowRemapPending"
+    );
+    assert_eq!(
+        reason_of(&|t| {
+            t.remapped_rows = None;
+            t.retired_pages_pending = Some(true);
+            t.ecc_uncorrected_volatile = Some(2);
+        }),
+        "PageRetirementPending"
+    );
+    assert_eq!(
+        reason_of(&|t| t.ecc_uncorrected_volatile = Some(2)),
+        "EccUncorrectable"
+    );
 }

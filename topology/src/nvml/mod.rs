@@ -18,7 +18,7 @@ pub use query_text::{
     parse_nvlink_status,
 };
 pub use query_xml::parse_nvidia_smi_xml;
-pub use replay::RecordedNvml;
+pub use replay::{RecordedNvml, RecordingFile};
 pub use system::SystemNvml;
 pub use xid::{MAX_QUEUED, XidQueue, push_bounded, take_all};
 
@@ -44,6 +44,26 @@ pub struct GpuTelemetry {
     pub ecc_uncorrected_total: Option<u64>,
     /// Critical XID errors NVML reported since the watcher started (live NVML only).
     pub xid_errors_total: Option<u64>,
+    /// Uncorrected ECC errors since the driver loaded or the GPU was last reset (volatile).
+    pub ecc_uncorrected_volatile: Option<u64>,
+    /// Row remapping (Ampere and later; `nvmlDeviceGetRemappedRows`).
+    pub remapped_rows: Option<RemappedRows>,
+    /// Pages waiting to be retired at the next reset (before Ampere; `nvmlDeviceGetRetiredPagesPendingStatus`).
+    pub retired_pages_pending: Option<bool>,
+}
+
+/// The row-remapping state of a GPU's memory: rows remapped for correctable and uncorrectable errors, whether a
+/// remap waits for the next GPU reset, and whether a remap failed (the GPU should be replaced).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemappedRows {
+    /// Rows remapped for correctable errors.
+    pub correctable: u64,
+    /// Rows remapped for uncorrectable errors.
+    pub uncorrectable: u64,
+    /// A remap waits for the next GPU reset.
+    pub pending: bool,
+    /// A remap failed.
+    pub failure: bool,
 }
 
 /// What NVML reports about one MIG device (`nvmlDeviceGetMigDeviceHandleByIndex` and the calls on that handle).

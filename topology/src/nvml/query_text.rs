@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{GpuTelemetry, NvmlGpu, NvmlMigDevice, NvmlSnapshot, present};
+use super::{GpuTelemetry, NvmlGpu, NvmlMigDevice, NvmlSnapshot, RemappedRows, present};
 use crate::model::{FabricState, NvLink, NvlinkFabric};
 use crate::pci_ids::normalize_pci_address;
 
@@ -242,7 +242,50 @@ fn telemetry_of(m: &Fields) -> GpuTelemetry {
             ],
         ),
         xid_errors_total: None,
+        ecc_uncorrected_volatile: sum_of(
+            m,
+            &[
+                "ECC Errors/Volatile/DRAM Uncorrectable",
+                "ECC Errors/Volatile/SRAM Uncorrectable",
+                "ECC Errors/Volatile/SRAM Uncorrectable Parity",
+                "ECC Errors/Volatile/SRAM Uncorrectable SEC-DED",
+                "ECC Errors/Volatile/Double Bit/Total",
+            ],
+        ),
+        remapped_rows: remapped_rows(
+            present(m.get("Remapped Rows/Correctable Error")),
+            present(m.get("Remapped Rows/Uncorrectable Error")),
+            present(m.get("Remapped Rows/Pending")),
+            present(m.get("Remapped Rows/Remapping Failure Occurred")),
+        ),
+        retired_pages_pending: present(m.get("Retired Pages/Pending Page Blacklist"))
+            .or_else(|| present(m.get("Retired Pages/Pending")))
+            .and_then(|v| yes_no(&v)),
     }
+}
+
+/// `Yes`/`No` as `nvidia-smi` prints flags.
+pub(crate) fn yes_no(v: &str) -> Option<bool> {
+    match v.trim() {
+        "Yes" => Some(true),
+        "No" => Some(false),
+        _ => None,
+    }
+}
+
+/// The four values of a `Remapped Rows` section; `None` when any is unknown (`N/A` on GPUs without row remapping).
+pub(crate) fn remapped_rows(
+    correctable: Option<String>,
+    uncorrectable: Option<String>,
+    pending: Option<String>,
+    failure: Option<String>,
+) -> Option<RemappedRows> {
+    Some(RemappedRows {
+        correctable: correctable?.trim().parse().ok()?,
+        uncorrectable: uncorrectable?.trim().parse().ok()?,
+        pending: yes_no(&pending?)?,
+        failure: yes_no(&failure?)?,
+    })
 }
 
 /// `81559 MiB` → bytes.

@@ -3,7 +3,7 @@
 
 use roxmltree::{Document, Node, ParsingOptions};
 
-use super::query_text::{fabric_of, parse_mib};
+use super::query_text::{fabric_of, parse_mib, remapped_rows, yes_no};
 use super::{GpuTelemetry, NvmlGpu, NvmlMigDevice, NvmlSnapshot, present};
 use crate::pci_ids::normalize_pci_address;
 
@@ -131,6 +131,24 @@ fn gpu_of(g: Node<'_, '_>, problems: &mut Vec<String>) -> Option<NvmlGpu> {
                 ],
             ),
             xid_errors_total: None,
+            ecc_uncorrected_volatile: sum_of(
+                g,
+                &[
+                    "ecc_errors/volatile/dram_uncorrectable",
+                    "ecc_errors/volatile/sram_uncorrectable",
+                    "ecc_errors/volatile/sram_uncorrectable_parity",
+                    "ecc_errors/volatile/sram_uncorrectable_secded",
+                ],
+            ),
+            remapped_rows: remapped_rows(
+                text_at(g, "remapped_rows/remapped_row_corr"),
+                text_at(g, "remapped_rows/remapped_row_unc"),
+                text_at(g, "remapped_rows/remapped_row_pending"),
+                text_at(g, "remapped_rows/remapped_row_failure"),
+            ),
+            retired_pages_pending: text_at(g, "retired_pages/pending_retirement")
+                .or_else(|| text_at(g, "retired_pages/pending_blacklist"))
+                .and_then(|v| yes_no(&v)),
         },
     })
 }

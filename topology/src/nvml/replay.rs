@@ -90,6 +90,80 @@ impl NvmlSource for RecordedNvml {
     }
 }
 
+/// A recording on disk that is read again whenever it changes (another file, size or modification time), so that a
+/// replayed host can change its NVML answers while the agent runs (a row remap that becomes pending, then a reset).
+/// A recording that cannot be read keeps the previous answers; the failure is one of the snapshot's problems.
+#[derive(Debug)]
+pub struct RecordingFile {
+    path: std::path::PathBuf,
+    nvlink_status: Option<String>,
+    last: std::sync::Mutex<(Option<FileStamp>, RecordedNvml)>,
+}
+
+/// What tells one version of a file from another.
+type FileStamp = (u64, u64, Option<std::time::SystemTime>);
+
+fn stamp(path: &std::path::Path) -> std::io::Result<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.ino(), m.len(), m.modified().ok()))
+}
+
+impl RecordingFile {
+    /// Read `path` now (an error if it cannot be read), and again whenever it changes.
+    pub fn open(
+        path: impl Into<std::path::PathBuf>,
+        nvlink_status: Option<String>,
+    ) -> std::io::Result<Self> {
+        let path = path.into();
+        let at = stamp(&path)?;
+        let text = std::fs::read_to_string(&path)?;
+        let rec = RecordedNvml::parse(path.display().to_string(), &text, nvlink_status.as_deref());
+        Ok(Self {
+            path,
+            nvlink_status,
+            last: std::sync::Mutex::new((Some(at), rec)),
+        })
+    }
+}
+
+impl NvmlSource for RecordingFile {
+    fn describe(&self) -> String {
+        format!("recording {}", self.path.display())
+    }
+
+    fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
+        let mut last = self
+            .last
+            .lock()
+            .map_err(|_| NvmlUnavailable("the recording's lock is poisoned".to_owned()))?;
+        let problem = match stamp(&self.path) {
+            Ok(now) if Some(now) == last.0 => None,
+            Ok(now) => match std::fs::read_to_string(&self.path) {
+                Ok(text) => {
+                    let rec = RecordedNvml::parse(
+                        self.path.display().to_string(),
+                        &text,
+                        self.nvlink_status.as_deref(),
+                    );
+                    *last = (Some(now), rec);
+                    None
+                }
+                Err(e) => Some(e),
+            },
+            Err(e) => Some(e),
+        };
+        let mut snap = last.1.snapshot.clone();
+        if let Some(e) = problem {
+            snap.problems.push(format!(
+                "the recording {} cannot be read ({e}); its previous answers stand",
+                self.path.display()
+            ));
+        }
+        Ok(snap)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +180,29 @@ mod tests {
         );
         assert!(doc.contains("Minor Number"));
         assert!(table.contains("MIG 1g.10gb") && !doc.contains("MIG"));
+    }
+
+    #[test]
+    fn a_recording_file_is_read_again_when_it_changes() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("q.txt");
+        let one = "GPU 00000000:07:00.0\n    Minor Number : 0\n";
+        std::fs::write(&path, one)?;
+        let src = RecordingFile::open(&path, None)?;
+        assert_eq!(src.snapshot()?.gpus.len(), 1);
+        let two = format!("{one}GPU 00000000:08:00.0\n    Minor Number : 1\n");
+        std::fs::write(dir.path().join("new"), two)?;
+        std::fs::rename(dir.path().join("new"), &path)?;
+        assert_eq!(src.snapshot()?.gpus.len(), 2);
+        std::fs::remove_file(&path)?;
+        let s = src.snapshot()?;
+        assert_eq!(s.gpus.len(), 2, "the previous answers stand");
+        assert!(
+            s.problems.iter().any(|p| p.contains("cannot be read")),
+            "{:?}",
+            s.problems
+        );
+        Ok(())
     }
 
     proptest! {

@@ -11,7 +11,9 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper_sys::bindings::{nvmlGpuFabricInfo_t, nvmlGpuFabricInfo_v2_t};
 
-use super::{GpuTelemetry, NvmlGpu, NvmlMigDevice, NvmlSnapshot, NvmlSource, NvmlUnavailable};
+use super::{
+    GpuTelemetry, NvmlGpu, NvmlMigDevice, NvmlSnapshot, NvmlSource, NvmlUnavailable, RemappedRows,
+};
 use crate::cpuset::CpuSet;
 use crate::model::{FabricState, NvLink, NvlinkFabric};
 use crate::pci_ids::normalize_pci_address;
@@ -69,6 +71,32 @@ fn instance_id(nvml: &Nvml, dev: &Device<'_>, compute: bool) -> Result<u32, Nvml
     let rc = unsafe { sym(dev.handle(), &mut id) };
     nvml_try(rc)?;
     Ok(id)
+}
+
+/// `nvmlDeviceGetRemappedRows` (driver 450+, Ampere and later); `None` where the GPU or driver has no row remapping.
+fn remapped_rows(nvml: &Nvml, dev: &Device<'_>) -> Option<RemappedRows> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetRemappedRows.as_ref()).ok()?;
+    let (mut corr, mut unc, mut pending, mut failure): (c_uint, c_uint, c_uint, c_uint) =
+        (0, 0, 0, 0);
+    // SAFETY: `sym` is the library's `nvmlDeviceGetRemappedRows(nvmlDevice_t, unsigned int *, unsigned int *,
+    // unsigned int *, unsigned int *)`, loaded from the same library instance that produced `dev`'s handle (valid
+    // while `dev` borrows `nvml`); the four pointers are live, writable `unsigned int`s for the whole call.
+    let rc = unsafe {
+        sym(
+            dev.handle(),
+            &mut corr,
+            &mut unc,
+            &mut pending,
+            &mut failure,
+        )
+    };
+    nvml_try(rc).ok()?;
+    Some(RemappedRows {
+        correctable: u64::from(corr),
+        uncorrectable: u64::from(unc),
+        pending: pending != 0,
+        failure: failure != 0,
+    })
 }
 
 /// The 16-byte cluster UUID in the form `nvidia-smi` prints.
@@ -268,6 +296,11 @@ impl NvmlSource for SystemNvml {
                     .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)
                     .ok(),
                 xid_errors_total: xids.get(&pci_address).copied(),
+                ecc_uncorrected_volatile: dev
+                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .ok(),
+                remapped_rows: remapped_rows(nvml, &dev),
+                retired_pages_pending: dev.are_pages_pending_retired().ok(),
             };
             gpus.push(NvmlGpu {
                 telemetry,
