@@ -25,7 +25,7 @@ use crate::slurm::supervisor::state::{Supervisor, Timing};
 use crate::slurm::supervisor::{self, ChildStatus};
 
 /// How often GPU telemetry is read from NVML.
-const TELEMETRY_PERIOD: Duration = Duration::from_secs(10);
+const TELEMETRY_PERIOD: Duration = Duration::from_secs(4);
 
 /// Why the agent cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +169,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
     let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
     let live_xids = nvml.xid_queue();
+    let (memory_tx, memory_rx) = watch::channel(Vec::new());
     let triggers = crate::discovery::spawn_worker(
         args.host.clone(),
         nvml,
@@ -180,6 +181,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         metrics.clone(),
         health.clone(),
         topo_tx,
+        memory_tx,
     )?;
     let endpoint = Endpoint {
         metrics: metrics.clone(),
@@ -240,6 +242,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             table: xid_table,
             xid_replay: args.health.xid_replay.clone(),
             live_xids,
+            memory: memory_rx,
             publish: client.clone().zip(publish_as.clone()),
             heartbeat: Duration::from_secs(args.health.health_heartbeat_seconds),
         },

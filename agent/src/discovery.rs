@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
+use isthmus_topology::health::detect::{Finding, memory_findings};
 use isthmus_topology::{
-    DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, NvmlStatus, RecordedNvml,
+    DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, NvmlStatus, RecordingFile,
     SystemNvml,
 };
 use tokio::sync::watch;
@@ -64,16 +65,17 @@ pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource + Send>, Discov
         return Ok(Box::new(NoNvml("disabled by --no-nvml".into())));
     }
     if let Some(path) = &host.nvml.nvml_replay {
-        let q = read_recording("NVML recording", path)?;
         let nvlink = match &host.nvml.nvlink_replay {
             Some(p) => Some(read_recording("NVLink recording", p)?),
             None => None,
         };
-        return Ok(Box::new(RecordedNvml::parse(
-            path.display().to_string(),
-            &q,
-            nvlink.as_deref(),
-        )));
+        let file =
+            RecordingFile::open(path, nvlink).map_err(|source| DiscoveryError::Recording {
+                what: "NVML recording",
+                path: path.display().to_string(),
+                source,
+            })?;
+        return Ok(Box::new(file));
     }
     Ok(Box::new(SystemNvml::new()))
 }
@@ -183,7 +185,9 @@ fn without_counters(mut topo: NodeTopology) -> NodeTopology {
 }
 
 /// Start the discovery worker. It discovers at once, then on the schedule and on every trigger; it stops when
-/// every trigger sender is gone. Each discovery's result that differs from the previous one is sent on `out`.
+/// every trigger sender is gone. Each discovery's result that differs from the previous one is sent on `out`; the
+/// GPU memory findings of each NVML telemetry read (row remaps, page retirement, uncorrected ECC), when they
+/// change, on `memory`.
 pub fn spawn_worker(
     host: HostArgs,
     nvml: Box<dyn NvmlSource + Send>,
@@ -191,12 +195,33 @@ pub fn spawn_worker(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     out: watch::Sender<Option<Arc<NodeTopology>>>,
+    memory: watch::Sender<Vec<Finding>>,
 ) -> std::io::Result<Sender<Trigger>> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("discovery".into())
-        .spawn(move || worker(&host, nvml.as_ref(), schedule, &metrics, &health, &out, &rx))?;
+        .spawn(move || {
+            let outputs = Outputs {
+                topology: out,
+                memory,
+            };
+            worker(
+                &host,
+                nvml.as_ref(),
+                schedule,
+                &metrics,
+                &health,
+                &outputs,
+                &rx,
+            )
+        })?;
     Ok(tx)
+}
+
+/// Where the worker's results go.
+struct Outputs {
+    topology: watch::Sender<Option<Arc<NodeTopology>>>,
+    memory: watch::Sender<Vec<Finding>>,
 }
 
 fn worker(
@@ -205,9 +230,10 @@ fn worker(
     schedule: Schedule,
     metrics: &Metrics,
     health: &Health,
-    out: &watch::Sender<Option<Arc<NodeTopology>>>,
+    outputs: &Outputs,
     triggers: &Receiver<Trigger>,
 ) {
+    let out = &outputs.topology;
     let mut next_discovery = Instant::now();
     let mut next_telemetry = Instant::now() + schedule.telemetry;
     let mut nvml_available = false;
@@ -250,7 +276,15 @@ fn worker(
         if nvml_available && now >= next_telemetry {
             next_telemetry = now + schedule.telemetry;
             match nvml.snapshot() {
-                Ok(snap) => metrics.record_gpus(&snap, last.as_deref()),
+                Ok(snap) => {
+                    metrics.record_gpus(&snap, last.as_deref());
+                    let found = memory_findings(&snap, last.as_deref());
+                    outputs.memory.send_if_modified(|cur| {
+                        let changed = *cur != found;
+                        *cur = found;
+                        changed
+                    });
+                }
                 Err(e) => tracing::debug!(error = %e, "NVML telemetry"),
             }
         }
@@ -322,6 +356,7 @@ mod tests {
             metrics.clone(),
             Arc::new(Health::default()),
             out,
+            watch::channel(Vec::new()).0,
         )?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -1,8 +1,9 @@
 //! `isthmus agent` detecting failed devices on a recorded host and saying so on its Node, against the real
 //! kube-apiserver as the shipped ServiceAccount: the 8×H100 fixture through the NVML seam (`--nvml-replay`), XID
 //! events replayed from the kernel-log recordings of `fixtures/xid/kmsg` as they are appended (`--xid-replay`), an
-//! InfiniBand port leaving ACTIVE/LinkUp in the copied sysfs tree and a GPU vanishing from it. Each class sets its
-//! condition and metric; application errors change nothing. How long each took is printed (the measured figures are
+//! InfiniBand port leaving ACTIVE/LinkUp in the copied sysfs tree and a GPU vanishing from it, and a row remap that
+//! waits for a GPU reset in the NVML recording (read again when it changes). Each class sets its condition and
+//! metric; application errors change nothing; a reset that applied the remap clears it. How long each took is printed (the measured figures are
 //! in docs/benchmarks.md); the waits are generous, not timing assertions.
 
 use std::io::Write;
@@ -86,15 +87,29 @@ fn recorded(xids: &[u32]) -> String {
         .collect()
 }
 
-#[test]
-fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothing() {
-    let api = ApiServer::shared();
+/// The agent on a copy of the XE9680 host: its sysfs tree, its NVML recording (replaced while it runs), an empty
+/// kernel log to append to.
+struct Host {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    nvml: std::path::PathBuf,
+    kmsg: std::path::PathBuf,
+    log: std::path::PathBuf,
+    listen: String,
+}
+
+fn start(api: &ApiServer, node: &str) -> (Host, Agent) {
     let kubeconfig = install_agent(api);
-    let node = "health-gpu001";
     api.create_node(node);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let root = dir.path().join("root");
     copy_tree(&fixtures().join("hosts/xe9680-8xh100/root"), &root);
+    let nvml = dir.path().join("nvidia-smi-q.txt");
+    std::fs::copy(
+        fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"),
+        &nvml,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let kmsg = dir.path().join("kmsg");
     std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
     let listen = format!("127.0.0.1:{}", free_port());
@@ -108,7 +123,7 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
         .arg("--host-root")
         .arg(&root)
         .arg("--nvml-replay")
-        .arg(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"))
+        .arg(&nvml)
         .arg("--xid-replay")
         .arg(&kmsg)
         .arg("--pod-resources-socket")
@@ -123,61 +138,89 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
         .stderr(err)
         .spawn()
         .unwrap_or_else(|e| panic!("starting the agent: {e}"));
-    let _agent = Agent(child);
+    let host = Host {
+        _dir: dir,
+        root,
+        nvml,
+        kmsg,
+        log,
+        listen,
+    };
+    (host, Agent(child))
+}
+
+#[test]
+fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothing() {
+    let api = ApiServer::shared();
+    let node = "health-gpu001";
+    let (host, _agent) = start(api, node);
+    let Host {
+        root,
+        kmsg,
+        log,
+        listen,
+        ..
+    } = &host;
+    let (root, kmsg, log, listen) = (
+        root.as_path(),
+        kmsg.as_path(),
+        log.as_path(),
+        listen.as_str(),
+    );
 
     // Sound at start: both classes True, every GPU and port at 1.
-    wait("the first conditions", &log, || {
+    wait("the first conditions", log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
             && condition(api, node, "InfinibandHealthy").is_some_and(|c| c.0 == "True")
     });
     let gpu4 = "device=\"0000:9b:00.0\"";
-    assert_eq!(metric(&listen, "isthmus_device_health", gpu4), Some(1.0));
+    assert_eq!(metric(listen, "isthmus_device_health", gpu4), Some(1.0));
     assert_eq!(
-        metric(&listen, "isthmus_device_health", "class=\"gpu\""),
+        metric(listen, "isthmus_device_health", "class=\"gpu\""),
         Some(8.0)
     );
 
     // Application errors (the recorded XID 13, 31 and 45 lines): counted, nothing else.
-    append(&kmsg, &recorded(&[13, 31, 45]));
-    wait("three application errors counted", &log, || {
-        metric(&listen, "isthmus_health_xid_events_total", "action=\"app\"") == Some(3.0)
+    append(kmsg, &recorded(&[13, 31, 45]));
+    wait("three application errors counted", log, || {
+        metric(listen, "isthmus_health_xid_events_total", "action=\"app\"") == Some(3.0)
     });
     assert_eq!(
         condition(api, node, "GpuHealthy").map(|c| (c.0, c.1)),
         Some(("True".to_owned(), "DevicesHealthy".to_owned()))
     );
-    assert_eq!(metric(&listen, "isthmus_device_health", gpu4), Some(1.0));
+    assert_eq!(metric(listen, "isthmus_device_health", gpu4), Some(1.0));
 
     // The recorded XID 119 stream of an XE9680 (GPU at 0000:9b:00): GpuHealthy False naming the GPU.
     let stream = std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
         .unwrap_or_else(|e| panic!("{e}"));
-    append(&kmsg, &stream);
-    wait("XID 119 → GpuHealthy False", &log, || {
+    append(kmsg, &stream);
+    wait("XID 119 → GpuHealthy False", log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| {
             c.0 == "False"
                 && c.1 == "Xid119"
                 && c.2
                     .starts_with("failed: 0000:9b:00.0. XID 119 (GSP_RPC_TIMEOUT)")
-        }) && metric(&listen, "isthmus_device_health", gpu4) == Some(0.0)
+        }) && metric(listen, "isthmus_device_health", gpu4) == Some(0.0)
     });
 
     // An InfiniBand port leaves ACTIVE/LinkUp in sysfs.
     let port = root.join("sys/class/infiniband/mlx5_0/ports/1");
     std::fs::write(port.join("state"), "1: DOWN\n").unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(port.join("phys_state"), "3: Disabled\n").unwrap_or_else(|e| panic!("{e}"));
-    wait("port down → InfinibandHealthy False", &log, || {
+    wait("port down → InfinibandHealthy False", log, || {
         condition(api, node, "InfinibandHealthy").is_some_and(|c| {
             c.0 == "False"
                 && c.1 == "IbPortDown"
                 && c.2
                     .starts_with("failed: mlx5_0/1. port mlx5_0/1 node GUID ")
-        }) && metric(&listen, "isthmus_device_health", "device=\"mlx5_0/1\"") == Some(0.0)
+        }) && metric(listen, "isthmus_device_health", "device=\"mlx5_0/1\"") == Some(0.0)
     });
 
     // A GPU vanishes from the bus: both GPUs named.
     std::fs::remove_file(root.join("sys/bus/pci/devices/0000:19:00.0"))
         .unwrap_or_else(|e| panic!("{e}"));
-    wait("a GPU gone → GpuHealthy names both", &log, || {
+    wait("a GPU gone → GpuHealthy names both", log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| {
             c.0 == "False"
                 && c.1 == "MultipleDeviceFailures"
@@ -188,16 +231,108 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
     // The port comes back: InfinibandHealthy True again; the GPUs stay failed.
     std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap_or_else(|e| panic!("{e}"));
-    wait("port back → InfinibandHealthy True", &log, || {
+    wait("port back → InfinibandHealthy True", log, || {
         condition(api, node, "InfinibandHealthy").is_some_and(|c| c.0 == "True")
     });
     assert!(condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "False"));
     assert_eq!(
         metric(
-            &listen,
+            listen,
             "isthmus_health_condition_writes_total",
             "result=\"error\""
         ),
         None
     );
+}
+
+/// The XE9680 recording with GPU 4 (0000:9B:00.0) in the row-remap state recorded on a real A10 (gpud's
+/// `nvidia-smi-query.535.129.03.out.0.valid.a10`: 4 rows remapped for uncorrectable errors, the remap pending): the
+/// four value lines of its `Remapped Rows` section replace GPU 4's; everything else is the XE9680's own recording.
+fn xe9680_with_the_a10s_pending_remap() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(fixtures().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
+    };
+    let a10 =
+        read("gpud/historic/pkg/nvidia-query/testdata/nvidia-smi-query.535.129.03.out.0.valid.a10");
+    let xe = read("hosts/xe9680-8xh100/nvidia-smi-q.txt");
+    const KEYS: [&str; 4] = [
+        "Correctable Error",
+        "Uncorrectable Error",
+        "Pending",
+        "Remapping Failure Occurred",
+    ];
+    let section = |text: &str| -> Vec<String> {
+        let mut lines = text
+            .lines()
+            .skip_while(|l| l.trim() != "Remapped Rows")
+            .skip(1);
+        KEYS.iter()
+            .map(|k| {
+                let l = lines.next().unwrap_or_else(|| panic!("no {k}"));
+                assert!(l.trim_start().starts_with(k), "{l}");
+                l.to_owned()
+            })
+            .collect()
+    };
+    let recorded = section(&a10);
+    assert!(recorded[2].ends_with(": Yes"), "{}", recorded[2]);
+    let start = xe
+        .find("GPU 00000000:9B:00.0")
+        .unwrap_or_else(|| panic!("GPU 4"));
+    let end = start + xe[start..].find("\nGPU ").unwrap_or(xe.len() - start);
+    let mut gpu4 = xe[start..end].to_owned();
+    for (old, new) in section(&gpu4).iter().zip(&recorded) {
+        gpu4 = gpu4.replacen(old.as_str(), new, 1);
+    }
+    format!("{}{gpu4}{}", &xe[..start], &xe[end..])
+}
+
+/// Write `text` as the NVML recording, replacing it whole (as the agent may read it at any moment).
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_pending_row_remap_fails_its_gpu_until_a_reset_applies_it() {
+    let api = ApiServer::shared();
+    let node = "health-gpu002";
+    let (host, _agent) = start(api, node);
+    let gpu4 = "device=\"0000:9b:00.0\"";
+    wait("the first conditions", &host.log, || {
+        condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
+    });
+
+    replace(&host.nvml, &xe9680_with_the_a10s_pending_remap());
+    wait(
+        "a pending row remap → GpuHealthy False",
+        &host.log,
+        || {
+            condition(api, node, "GpuHealthy").is_some_and(|c| {
+                c.0 == "False"
+                    && c.1 == "RowRemapPending"
+                    && c.2.starts_with("failed: 0000:9b:00.0. GPU 4 GPU-")
+                    && c.2.contains(
+                        "a row remap waits for a GPU reset (4 uncorrectable rows remapped)",
+                    )
+            }) && metric(&host.listen, "isthmus_device_health", gpu4) == Some(0.0)
+        },
+    );
+    assert_eq!(
+        metric(&host.listen, "isthmus_device_health", "class=\"gpu\""),
+        Some(7.0),
+        "only GPU 4 failed"
+    );
+
+    // The GPU was reset: the remap applied, nothing pending (the recording as it was).
+    replace(
+        &host.nvml,
+        &std::fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"))
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    wait("the reset → GpuHealthy True", &host.log, || {
+        condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
+            && metric(&host.listen, "isthmus_device_health", gpu4) == Some(1.0)
+    });
 }

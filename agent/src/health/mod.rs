@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use isthmus_topology::NodeTopology;
-use isthmus_topology::health::detect::HealthClass;
+use isthmus_topology::health::detect::{Finding, HealthClass};
 use isthmus_topology::health::xid::XidTable;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -63,6 +63,8 @@ pub struct HealthOptions {
     pub xid_replay: Option<PathBuf>,
     /// The live NVML's XID events (with the recovery action), when NVML is loaded.
     pub live_xids: Option<isthmus_topology::nvml::XidQueue>,
+    /// The GPU memory findings of the latest NVML telemetry read (the discovery worker's).
+    pub memory: watch::Receiver<Vec<Finding>>,
     /// Where the conditions go: the client and the Node's name; `None`: metric only.
     pub publish: Option<(kube::Client, String)>,
     /// Re-write unchanged conditions this often (their heartbeat); zero: only on change.
@@ -111,7 +113,7 @@ pub fn load_table(
 
 /// Run until `shutdown`.
 pub async fn run(
-    opts: HealthOptions,
+    mut opts: HealthOptions,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -136,6 +138,10 @@ pub async fn run(
                 changed = true;
             }
             topo_changed = false;
+        }
+        if opts.memory.has_changed().unwrap_or(false) {
+            let found = opts.memory.borrow_and_update().clone();
+            changed |= state.memory(found);
         }
         let mut events = stream
             .as_mut()

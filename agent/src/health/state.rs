@@ -19,6 +19,8 @@ pub struct HealthState {
     current: Option<Arc<NodeTopology>>,
     /// Fatal XID findings by (class, GPU PCI address).
     xid: BTreeMap<(HealthClass, String), Finding>,
+    /// The GPU memory findings of the latest NVML read.
+    memory: Vec<Finding>,
 }
 
 /// What one batch of XID events was classified as (for logs, Events and counters).
@@ -32,6 +34,7 @@ impl HealthState {
             expected: None,
             current: None,
             xid: BTreeMap::new(),
+            memory: Vec::new(),
         }
     }
 
@@ -69,6 +72,14 @@ impl HealthState {
         classified
     }
 
+    /// The GPU memory findings of a new NVML read (they replace the previous read's: a reset that applied a pending
+    /// remap clears its finding). Returns whether they changed.
+    pub fn memory(&mut self, found: Vec<Finding>) -> bool {
+        let changed = self.memory != found;
+        self.memory = found;
+        changed
+    }
+
     fn keep(&mut self, found: Vec<Finding>) {
         for f in found {
             self.xid.insert((f.class, f.device.clone()), f);
@@ -104,6 +115,7 @@ impl HealthState {
     /// Every finding now, sorted.
     pub fn findings(&self) -> Vec<Finding> {
         let mut out: Vec<Finding> = self.xid.values().cloned().collect();
+        out.extend(self.memory.iter().cloned());
         if let (Some(e), Some(c)) = (self.expected.as_deref(), self.current.as_deref()) {
             out.extend(detect::gpu_findings(e, c));
             out.extend(detect::ib_findings(&e.infiniband, &c.infiniband));

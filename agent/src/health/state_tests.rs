@@ -97,3 +97,30 @@ fn application_errors_are_no_finding() {
     assert!(c.iter().all(|(_, v)| noteworthy(v) && !v.action.is_fatal()));
     assert!(s.findings().is_empty());
 }
+
+#[test]
+fn memory_findings_are_the_latest_reads_and_go_when_it_is_clear() {
+    let t = Arc::new(xe9680());
+    let mut s = state();
+    s.observe(t);
+    let finding = Finding {
+        class: HealthClass::Gpu,
+        device: "0000:9b:00.0".to_owned(),
+        reason: "RowRemapPending".to_owned(),
+        message: "GPU 4: a row remap waits for a GPU reset (1 uncorrectable rows remapped)"
+            .to_owned(),
+    };
+    assert!(s.memory(vec![finding.clone()]));
+    assert!(
+        !s.memory(vec![finding.clone()]),
+        "the same read again is no change"
+    );
+    assert_eq!(s.findings(), [finding]);
+    assert!(
+        s.devices()
+            .contains(&(HealthClass::Gpu, "0000:9b:00.0".to_owned()))
+    );
+    // The GPU was reset and the remap applied: the next read is clear.
+    assert!(s.memory(Vec::new()));
+    assert!(s.findings().is_empty());
+}
