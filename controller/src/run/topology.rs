@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use kube::core::{ApiResource, GroupVersionKind};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +26,9 @@ use crate::fabric::{Fabric, ibnetdiscover};
 use crate::model::ModelOptions;
 use crate::model::engine::Engine;
 use crate::offline;
-use crate::render::{RenderOptions, hypernodes, kueue};
+use crate::render::RenderOptions;
+use crate::render::hypernodes::{self, HyperNode};
+use crate::render::kueue::Topology;
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
 
 /// Label on every object the topology task owns whole (besides HyperNodes' own source label).
@@ -142,14 +145,15 @@ pub struct State {
     pub(super) slurm: SlurmClient,
     client: kube::Client,
     pub(super) labels: LabelSink,
-    pub(super) hypernodes: ObjectSink,
-    pub(super) kueue: ObjectSink,
-    pub(super) configmap: ObjectSink,
-    pub(super) status: ObjectSink,
+    pub(super) hypernodes: ObjectSink<HyperNode>,
+    pub(super) kueue: ObjectSink<Topology>,
+    pub(super) configmap: ObjectSink<ConfigMap>,
+    pub(super) status: ObjectSink<ConfigMap>,
     /// The dump in use and the ConfigMap resourceVersion it was read from.
     pub(super) fabric: Option<(Option<String>, Fabric)>,
-    /// Whether each optional CRD was found served (HyperNode, Kueue Topology); asked again while not.
-    served: BTreeMap<&'static str, bool>,
+    /// Whether each optional CRD was found served (HyperNode, Kueue Topology), by `group/version` and plural;
+    /// asked again while not.
+    served: BTreeMap<(String, String), bool>,
     /// A `scontrol reconfigure` is owed (the ConfigMap changed and the call failed).
     pub(super) reconfigure_due: bool,
     /// Reports left out in the last pass.
@@ -168,10 +172,6 @@ impl std::fmt::Debug for State {
     }
 }
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
 impl State {
     /// Fresh state.
     pub fn new(
@@ -181,33 +181,18 @@ impl State {
         namespace: String,
     ) -> Self {
         let engine = Engine::new(args.model_options());
-        let hn = resource(
-            hypernodes::GROUP,
-            hypernodes::VERSION,
-            hypernodes::KIND,
-            hypernodes::PLURAL,
-        );
-        let kq = resource(kueue::GROUP, kueue::VERSION, kueue::KIND, kueue::PLURAL);
-        let cm = resource("", "v1", "ConfigMap", "configmaps");
         let source = RenderOptions::default().hypernode_source;
+        let configmaps = || Api::<ConfigMap>::namespaced(client.clone(), &namespace);
         Self {
             labels: LabelSink::new(client.clone(), args.write_concurrency),
             hypernodes: ObjectSink::new(
-                client.clone(),
+                Api::all(client.clone()),
                 "hypernode",
-                &hn,
-                None,
                 Some(format!("{}={source}", hypernodes::SOURCE_LABEL)),
             ),
-            kueue: ObjectSink::new(client.clone(), "kueue-topology", &kq, None, None),
-            configmap: ObjectSink::new(client.clone(), "configmap", &cm, Some(&namespace), None),
-            status: ObjectSink::new(
-                client.clone(),
-                "status-configmap",
-                &cm,
-                Some(&namespace),
-                None,
-            ),
+            kueue: ObjectSink::new(Api::all(client.clone()), "kueue-topology", None),
+            configmap: ObjectSink::new(configmaps(), "configmap", None),
+            status: ObjectSink::new(configmaps(), "status-configmap", None),
             args,
             namespace,
             slurm,
@@ -222,28 +207,32 @@ impl State {
         }
     }
 
-    /// Whether `group/version` serves `plural` (asked until it does; a read, never a write).
-    pub(super) async fn served(
+    /// Whether the API server serves `K` (its group/version lists its plural); asked until it does, a read, never
+    /// a write.
+    pub(super) async fn served<K: kube::Resource<DynamicType = ()>>(
         &mut self,
-        group_version: &'static str,
-        plural: &str,
     ) -> Result<bool, TopologyError> {
-        if self.served.get(group_version).copied().unwrap_or(false) {
+        let key = (
+            K::api_version(&()).into_owned(),
+            K::plural(&()).into_owned(),
+        );
+        if self.served.get(&key).copied().unwrap_or(false) {
             return Ok(true);
         }
+        let (group_version, plural) = (&key.0, &key.1);
         let found = match self.client.list_api_group_resources(group_version).await {
-            Ok(list) => list.resources.iter().any(|r| r.name == plural),
+            Ok(list) => list.resources.iter().any(|r| &r.name == plural),
             Err(kube::Error::Api(s)) if s.code == 404 => false,
             Err(e) => return Err(TopologyError::api("API discovery")(e)),
         };
         if found {
             tracing::info!(
-                api = group_version,
-                resource = plural,
+                api = %group_version,
+                resource = %plural,
                 "CRD served: writing it"
             );
         }
-        self.served.insert(group_version, found);
+        self.served.insert(key, found);
         Ok(found)
     }
 
