@@ -10,6 +10,8 @@ pub mod fence;
 pub mod inputs;
 pub mod leader;
 pub mod lease;
+#[cfg(test)]
+mod mock_api;
 pub mod node_labels;
 pub mod objects;
 pub mod outputs;

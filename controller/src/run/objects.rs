@@ -274,6 +274,10 @@ where
 }
 
 #[cfg(test)]
+#[path = "objects_tests.rs"]
+mod sink_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
