@@ -70,6 +70,11 @@ fn verb(method: &str, one_object: bool) -> &'static str {
 
 /// Whether the controller's shipped roles (cluster-wide and in its namespace) allow this request.
 fn allowed(method: &str, path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if method == "GET" && matches!(parts.as_slice(), ["apis", _, _] | ["api", _]) {
+        // API discovery: granted to every authenticated user (ClusterRole `system:discovery`).
+        return true;
+    }
     let Some((group, resource, one)) = resource_of(path) else {
         return false;
     };
@@ -147,17 +152,26 @@ pub async fn expect(handle: &mut Handle, method: &str, uri: &str) -> Arrived {
     r
 }
 
-/// The next request must be a server-side apply of `want` at `uri` (field manager `isthmus-controller`, forced);
-/// the server answers with the object applied.
+/// The next request must be a server-side apply of `want` at `uri` (path and query: the field manager, `force`
+/// where the sink takes over fields); the server answers with the object applied.
 pub async fn expect_apply(handle: &mut Handle, uri: &str, want: &Value) {
-    let r = expect(handle, "PATCH", uri).await;
-    assert!(
-        uri.ends_with("?&force=true&fieldManager=isthmus-controller"),
-        "{uri}"
-    );
-    assert_eq!(&r.body, want, "{uri}");
-    let body = r.body.clone();
-    r.answer(reply(StatusCode::OK, &body));
+    expect_applies(handle, &[(uri, want.clone())]).await;
+}
+
+/// The next requests must be exactly these server-side applies, in any order (the sinks send them concurrently);
+/// each is answered with the object applied.
+pub async fn expect_applies(handle: &mut Handle, want: &[(&str, Value)]) {
+    let mut left: Vec<(&str, Value)> = want.to_vec();
+    while !left.is_empty() {
+        let r = next(handle).await;
+        assert_eq!(r.method, "PATCH", "{}", r.uri);
+        let Some(i) = left.iter().position(|(u, _)| *u == r.uri) else {
+            panic!("unexpected apply {}; still expected: {left:?}", r.uri);
+        };
+        let (uri, body) = left.swap_remove(i);
+        assert_eq!(r.body, body, "{uri}");
+        r.answer(reply(StatusCode::OK, &body));
+    }
 }
 
 /// Serve `script` (which gets the handle and gives it back when its expectations are met), then refuse every

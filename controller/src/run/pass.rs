@@ -220,3 +220,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+#[path = "pass_tests.rs"]
+mod tests;
