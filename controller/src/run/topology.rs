@@ -1,26 +1,19 @@
-//! The topology task: reflectors on NodeResourceTopologies, Nodes (metadata only) and, optionally, the ConfigMap
-//! holding an `ibnetdiscover` dump; on any change (debounced) the cluster model is rebuilt with
-//! [`crate::model::build`], rendered with the same renderers as `isthmus controller render`, and each enabled
-//! output is written only where it differs from what the server holds. Shaped like kube-rs's controller-rs: one
-//! [`reconcile`] and an [`error_policy`] that retries with capped exponential backoff; API errors never end the
-//! task.
+//! The topology task's configuration and state: its arguments (inputs, outputs, render options), its error, and
+//! the [`State`] its passes share: the sinks, the dump in use, which optional CRDs are served, the model kept up to
+//! date change by change ([`Engine`]) and the outputs rendered from it. The task's entry point, which waits for the
+//! first lists and runs one [`super::pass::reconcile`] per (debounced) change with capped exponential backoff after
+//! a failure, is [`super::tasks::topology`]; API errors never end the task.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
-use super::inputs::{Inputs, start_reflectors};
-use super::leader::{Backoff, sleep_or_cancel};
+use super::inputs::Inputs;
 use super::node_labels::LabelSink;
 use super::objects::ObjectSink;
 use super::outputs::Rendered;
-use super::pass::reconcile;
 use super::rejections::RejectionLog;
 use crate::fabric::{Fabric, ibnetdiscover};
 use crate::model::ModelOptions;
@@ -285,74 +278,6 @@ impl State {
                 false
             }
         }
-    }
-}
-
-/// How long to wait before retrying after `error` (capped exponential backoff), counted per kind of failure.
-pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
-    metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
-        .increment(1);
-    backoff.next_delay()
-}
-
-/// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
-/// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
-pub async fn run(
-    client: kube::Client,
-    slurm: SlurmClient,
-    args: TopologyArgs,
-    namespace: String,
-    cancel: CancellationToken,
-) -> Result<(), TopologyError> {
-    let notify = Arc::new(Notify::new());
-    // The reflectors stop with this task, whether it is cancelled or returns.
-    let reflectors = cancel.child_token();
-    let _stop_reflectors = reflectors.clone().drop_guard();
-    let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
-    // Nothing is written before every first list is complete: a stop (lease lost, SIGTERM) or a reflector that
-    // ended first leaves every output as it is.
-    if !inputs.first_lists(&cancel).await {
-        if !cancel.is_cancelled() {
-            tracing::warn!("a watch ended before its first list: the topology task writes nothing");
-        }
-        return Ok(());
-    }
-    tracing::info!(
-        nrts = inputs.reports.len(),
-        nodes = inputs.nodes.state().len(),
-        "topology inputs listed"
-    );
-    let debounce = args.debounce;
-    let mut state = State::new(client, slurm, args, namespace);
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-    loop {
-        let retry = match reconcile(&inputs, &mut state).await {
-            Ok(()) => {
-                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-                None
-            }
-            Err(e) => {
-                let d = error_policy(&e, &mut backoff);
-                tracing::warn!(error = %e, retry_in = ?d, "topology reconcile failed");
-                Some(d)
-            }
-        };
-        let retry_sleep = async {
-            match retry {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            () = notify.notified() => {}
-            () = retry_sleep => {}
-        }
-        if !sleep_or_cancel(debounce, &cancel).await {
-            return Ok(());
-        }
-        // Events during the debounce are part of this pass.
-        let _ = notify.notified().now_or_never();
     }
 }
 
