@@ -1,14 +1,19 @@
-//! Kubernetes resource types and conventions shared by the isthmus node agent (which writes them) and the cluster
-//! controller (which reads them): the NodeResourceTopology object, the names of the attributes isthmus puts in it,
-//! Volcano's Numatopology object, resource quantities, and the field managers each writer uses. Nothing here does
-//! I/O.
+//! Kubernetes resource types and conventions shared by the isthmus node agent and the cluster controller: the
+//! NodeResourceTopology object (the agent writes it, the controller reads it), the names of the attributes isthmus
+//! puts in it, Volcano's Numatopology object, the scheduler objects the controller writes (Volcano's HyperNode,
+//! Kueue's Topology), resource quantities, and the field managers each writer uses. Nothing here does I/O.
 
 pub mod access;
 pub mod fabric;
+pub mod hypernode;
+pub mod kueue;
 pub mod nrt;
 pub mod numatopo;
 pub mod quantity;
 pub mod report;
+
+#[cfg(test)]
+mod upstream;
 
 /// Field manager of every server-side apply the node agent sends.
 pub const AGENT_FIELD_MANAGER: &str = "isthmus";

@@ -3,9 +3,10 @@
 //! in [`identity`]), an optional `ibnetdiscover` dump ([`fabric`]) and existing node labels are merged into one [`model::ClusterModel`], which the
 //! renderers ([`render`]) turn into what Slurm (`topology.conf`, central `gres.conf`, `NodeName=` lines), Volcano
 //! (`HyperNode`s), Kueue (`Topology`) and Kubernetes node labels need; [`offline`] runs that from files. The pure
-//! part talks to no API server. The running controller ([`run`]) feeds it from watches and writes its outputs, and
-//! runs the leader's other tasks ([`nodesync`], [`placement`]) and, in every replica, the admission webhook
-//! ([`webhook`]).
+//! part talks to no API server. The running controller ([`run`]) campaigns for leadership and, while it leads, runs
+//! three tasks side by side ([`run::tasks`]): topology (feeds the model from watches and writes its outputs through
+//! typed sinks), node state sync ([`nodesync`]) and Slurm placement ([`placement`]); every replica serves the
+//! admission webhook ([`webhook`]).
 
 pub mod fabric;
 pub mod facts;

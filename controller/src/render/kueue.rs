@@ -1,81 +1,11 @@
-//! A Kueue `Topology` (`kueue.x-k8s.io/v1beta2`: the upstream CRD serves v1beta1, deprecated, and v1beta2, the
+//! A Kueue `Topology` (typed in [`isthmus_api::kueue`]; written as `kueue.x-k8s.io/v1beta2`, the upstream CRD's
 //! storage version). Its levels are the tier labels from the top of the tree down to the leaf, then
 //! `kubernetes.io/hostname`, as Kueue's topology-aware scheduling requires.
 
-use std::borrow::Cow;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Serialize};
+pub use isthmus_api::kueue::{HOSTNAME_LABEL, Topology, TopologyLevel, TopologySpec};
 
 use super::RenderOptions;
 use crate::model::ClusterModel;
-
-/// API group.
-pub const GROUP: &str = "kueue.x-k8s.io";
-/// Version written.
-pub const VERSION: &str = "v1beta2";
-/// Kind.
-pub const KIND: &str = "Topology";
-/// Plural.
-pub const PLURAL: &str = "topologies";
-/// The lowest level.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-
-/// One level.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TopologyLevel {
-    /// The node label of this level.
-    pub node_label: String,
-}
-
-/// Spec.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopologySpec {
-    /// Levels, top first.
-    pub levels: Vec<TopologyLevel>,
-}
-
-/// The object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Topology {
-    /// `kueue.x-k8s.io/v1beta2`.
-    pub api_version: String,
-    /// `Topology`.
-    pub kind: String,
-    /// Name.
-    pub metadata: ObjectMeta,
-    /// Spec.
-    pub spec: TopologySpec,
-}
-
-impl kube::Resource for Topology {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("kueue.x-k8s.io/v1beta2")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
 
 /// The Topology for the model's tree (Kueue allows at most 16 levels; the lowest tiers are kept). Only the
 /// hostname level when nothing is placed.
@@ -100,13 +30,5 @@ pub fn render(model: &ClusterModel, opts: &RenderOptions) -> Topology {
     levels.push(TopologyLevel {
         node_label: HOSTNAME_LABEL.into(),
     });
-    Topology {
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.into(),
-        metadata: ObjectMeta {
-            name: Some(opts.kueue_topology_name.clone()),
-            ..ObjectMeta::default()
-        },
-        spec: TopologySpec { levels },
-    }
+    Topology::new(&opts.kueue_topology_name, TopologySpec { levels })
 }

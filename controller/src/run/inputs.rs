@@ -82,7 +82,7 @@ pub enum Changed {
 }
 
 impl NodeChanges {
-    fn note(&self, event: &Event<PartialObjectMeta<Node>>) {
+    pub(crate) fn note(&self, event: &Event<PartialObjectMeta<Node>>) {
         let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match event {
             Event::Apply(o) | Event::Delete(o) => {

@@ -1,21 +1,27 @@
 //! `isthmus controller run`: the running controller. Every replica campaigns for the `coordination.k8s.io` Lease
-//! (see [`leader`]); only the leader runs the [`leader_tasks`], each under a child [`CancellationToken`] that is
-//! cancelled when the lease is lost, while the process keeps campaigning. A task that fails is restarted with
-//! backoff as long as the replica leads.
+//! (see [`leader`]); only the leader runs the [`leader_tasks`] (one entry point each in [`tasks`]), each under a
+//! child [`CancellationToken`] that is cancelled when the lease is lost, while the process keeps campaigning. A task
+//! that fails is restarted with backoff as long as the replica leads. The topology task's parts are here too: its
+//! watches ([`inputs`], [`reports`]), its state ([`topology`]), one pass ([`pass`]), what it renders ([`outputs`])
+//! and its sinks ([`objects`], [`node_labels`]).
 //!
-//! To add a task: one [`LeaderTask`] line in [`leader_tasks`], its `clap::Args` flattened into [`RunArgs`].
+//! To add a task: a file in [`tasks`] with its [`LeaderTask`], one line in [`leader_tasks`], its `clap::Args`
+//! flattened into [`RunArgs`].
 
 pub mod access;
 pub mod fence;
 pub mod inputs;
 pub mod leader;
 pub mod lease;
+#[cfg(test)]
+mod mock_api;
 pub mod node_labels;
 pub mod objects;
 pub mod outputs;
 pub mod pass;
 pub mod rejections;
 pub mod reports;
+pub mod tasks;
 pub mod topology;
 
 use std::future::Future;
@@ -26,6 +32,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use access::{API_ACCESS, NAMESPACE_ACCESS};
+pub use tasks::leader_tasks;
 
 use crate::slurm::{SlurmArgs, SlurmClient};
 
@@ -164,57 +171,6 @@ pub fn boxed<E: std::error::Error + Send + Sync + 'static>(
     f: impl Future<Output = Result<(), E>> + Send + 'static,
 ) -> TaskFuture {
     Box::pin(async move { f.await.map_err(|e| Box::new(e) as TaskError) })
-}
-
-/// The tasks started on acquiring the lease.
-pub fn leader_tasks() -> Vec<LeaderTask> {
-    vec![
-        LeaderTask {
-            name: "topology",
-            start: |c, t| {
-                boxed(topology::run(
-                    c.client,
-                    c.slurm,
-                    c.args.topology.clone(),
-                    c.args.namespace.clone(),
-                    t,
-                ))
-            },
-        },
-        LeaderTask {
-            name: "nodesync",
-            start: |c, t| {
-                boxed(crate::nodesync::run(
-                    c.client,
-                    c.slurm,
-                    c.args.node_sync.clone(),
-                    fence::Guard {
-                        fence: c.fence,
-                        api_timeout: c.args.api_timeout,
-                    },
-                    t,
-                ))
-            },
-        },
-        LeaderTask {
-            name: "placement",
-            start: |c, t| {
-                boxed(crate::placement::run(
-                    c.client,
-                    c.slurm,
-                    c.args.placement.clone(),
-                    crate::placement::Env {
-                        namespace: c.args.namespace.clone(),
-                        guard: fence::Guard {
-                            fence: c.fence,
-                            api_timeout: c.args.api_timeout,
-                        },
-                    },
-                    t,
-                ))
-            },
-        },
-    ]
 }
 
 /// Campaign for the lease and run the leader tasks while leading, until `shutdown`. Never returns early on an

@@ -5,11 +5,14 @@
 //! already has its value.
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::marker::PhantomData;
 
 use futures::StreamExt as _;
 use isthmus_api::CONTROLLER_FIELD_MANAGER;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::ApiResource;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// How many applies of whole objects (HyperNodes) run at once.
@@ -50,18 +53,45 @@ impl Writes {
     }
 }
 
-/// One object as it should be: its JSON text (what is applied) and a digest of it. A sink keeps, per object, only
-/// the digest of what it knows the server holds, never the server's answer: at 10,000 nodes the HyperNodes' member
-/// lists as JSON values were tens of MiB.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Desired {
+/// One object of kind `K` as it should be: its JSON text (what is applied) and a digest of it. A sink keeps, per
+/// object, only the digest of what it knows the server holds, never the server's answer: at 10,000 nodes the
+/// HyperNodes' member lists as JSON values were tens of MiB.
+pub struct Desired<K> {
     json: String,
     digest: u64,
+    kind: PhantomData<fn() -> K>,
 }
 
-impl Desired {
+impl<K> Debug for Desired<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Desired")
+            .field("bytes", &self.json.len())
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
+impl<K> Clone for Desired<K> {
+    fn clone(&self) -> Self {
+        Self {
+            json: self.json.clone(),
+            digest: self.digest,
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> PartialEq for Desired<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.json == other.json
+    }
+}
+
+impl<K> Eq for Desired<K> {}
+
+impl<K: Serialize> Desired<K> {
     /// The object `v`.
-    pub fn new<T: serde::Serialize>(v: &T) -> Result<Self, serde_json::Error> {
+    pub fn new(v: &K) -> Result<Self, serde_json::Error> {
         let json = serde_json::to_string(v)?;
         let digest = {
             use std::hash::{Hash, Hasher};
@@ -69,19 +99,25 @@ impl Desired {
             json.hash(&mut h);
             h.finish()
         };
-        Ok(Self { json, digest })
+        Ok(Self {
+            json,
+            digest,
+            kind: PhantomData,
+        })
     }
+}
 
+impl<K> Desired<K> {
     /// The object as a JSON value.
     pub fn value(&self) -> Value {
         serde_json::from_str(&self.json).unwrap_or(Value::Null)
     }
 }
 
-/// Objects of one kind that isthmus owns whole.
-pub struct ObjectSink {
+/// Objects of kind `K` that isthmus owns whole.
+pub struct ObjectSink<K: kube::Resource> {
     kind: &'static str,
-    api: Api<DynamicObject>,
+    api: Api<K>,
     /// Label selector of the objects isthmus owns: those the model no longer has are deleted. Without one, only
     /// the named objects are read and nothing is deleted.
     owned_selector: Option<String>,
@@ -90,7 +126,7 @@ pub struct ObjectSink {
     observed: Option<BTreeMap<String, Option<u64>>>,
 }
 
-impl std::fmt::Debug for ObjectSink {
+impl<K: kube::Resource> Debug for ObjectSink<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectSink")
             .field("kind", &self.kind)
@@ -98,19 +134,12 @@ impl std::fmt::Debug for ObjectSink {
     }
 }
 
-impl ObjectSink {
-    /// A sink for `resource` (cluster-scoped when `namespace` is `None`). `kind` labels its metrics.
-    pub fn new(
-        client: kube::Client,
-        kind: &'static str,
-        resource: &ApiResource,
-        namespace: Option<&str>,
-        owned_selector: Option<String>,
-    ) -> Self {
-        let api = match namespace {
-            Some(ns) => Api::namespaced_with(client, ns, resource),
-            None => Api::all_with(client, resource),
-        };
+impl<K> ObjectSink<K>
+where
+    K: kube::Resource + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// A sink writing through `api` (cluster-wide or one namespace's). `kind` labels its metrics.
+    pub fn new(api: Api<K>, kind: &'static str, owned_selector: Option<String>) -> Self {
         Self {
             kind,
             api,
@@ -127,10 +156,10 @@ impl ObjectSink {
     /// Read what the server holds and compare it with `desired` there and then.
     async fn read(
         &self,
-        desired: &BTreeMap<String, Desired>,
+        desired: &BTreeMap<String, Desired<K>>,
     ) -> Result<BTreeMap<String, Option<u64>>, kube::Error> {
         let mut out = BTreeMap::new();
-        let mut note = |name: String, o: &DynamicObject| {
+        let mut note = |name: String, o: &K| {
             let held = desired.get(&name).and_then(|want| {
                 let observed = serde_json::to_value(o).unwrap_or(Value::Null);
                 contains(&observed, &want.value()).then_some(want.digest)
@@ -140,7 +169,7 @@ impl ObjectSink {
         match &self.owned_selector {
             Some(sel) => {
                 for o in self.api.list(&ListParams::default().labels(sel)).await? {
-                    if let Some(n) = o.metadata.name.clone() {
+                    if let Some(n) = o.meta().name.clone() {
                         note(n, &o);
                     }
                 }
@@ -159,7 +188,7 @@ impl ObjectSink {
     /// Make the server hold `desired` (name → object): apply what differs, delete owned objects not in it.
     pub async fn sync(
         &mut self,
-        desired: &BTreeMap<String, Desired>,
+        desired: &BTreeMap<String, Desired<K>>,
     ) -> Result<Writes, kube::Error> {
         let result = self.sync_inner(desired).await;
         if result.is_err() {
@@ -170,7 +199,7 @@ impl ObjectSink {
 
     async fn sync_inner(
         &mut self,
-        desired: &BTreeMap<String, Desired>,
+        desired: &BTreeMap<String, Desired<K>>,
     ) -> Result<Writes, kube::Error> {
         let mut observed = match self.observed.take() {
             Some(o) => o,
@@ -243,6 +272,10 @@ impl ObjectSink {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "objects_tests.rs"]
+mod sink_tests;
 
 #[cfg(test)]
 mod tests {

@@ -4,15 +4,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::objects::Desired;
 use super::topology::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
 use crate::model::ClusterModel;
 use crate::offline::{self, OutputKind};
 use crate::render;
+use crate::render::hypernodes::HyperNode;
+use crate::render::kueue::Topology;
 
-fn desired<T: serde::Serialize>(v: &T) -> Result<Desired, TopologyError> {
+fn desired<K: serde::Serialize>(v: &K) -> Result<Desired<K>, TopologyError> {
     Desired::new(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
 }
 
@@ -69,17 +72,20 @@ pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
     ])
 }
 
-fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY.0.to_owned(),
+                MANAGED_BY.1.to_owned(),
+            )])),
+            ..ObjectMeta::default()
         },
-        "data": data,
-    })
+        data: Some(data.clone()),
+        ..ConfigMap::default()
+    }
 }
 
 /// Desired topology labels: node → its labels, nodes with equal labels sharing one map.
@@ -91,13 +97,13 @@ pub struct Rendered {
     /// Node → labels.
     pub labels: Option<Labels>,
     /// HyperNodes.
-    pub hypernodes: Option<BTreeMap<String, Desired>>,
+    pub hypernodes: Option<BTreeMap<String, Desired<HyperNode>>>,
     /// The Kueue Topology.
-    pub kueue: Option<BTreeMap<String, Desired>>,
+    pub kueue: Option<BTreeMap<String, Desired<Topology>>>,
     /// The Slurm ConfigMap.
-    pub slurm: Option<BTreeMap<String, Desired>>,
+    pub slurm: Option<BTreeMap<String, Desired<ConfigMap>>>,
     /// The status ConfigMap.
-    pub status: Option<BTreeMap<String, Desired>>,
+    pub status: Option<BTreeMap<String, Desired<ConfigMap>>>,
     /// The Slurm files, to refresh nodes.conf and gres.conf alone.
     files: BTreeMap<String, String>,
     /// The status data, to refresh the left-out reports alone.

@@ -16,7 +16,8 @@ use super::objects::Writes;
 use super::outputs::Rendered;
 use super::topology::{State, TopologyError};
 use crate::model::engine::Engine;
-use crate::render::{hypernodes, kueue};
+use crate::render::hypernodes::HyperNode;
+use crate::render::kueue::Topology;
 
 /// Feed the engine the Nodes that changed; returns the Nodes whose labels to check (`None`: all of them).
 fn feed_nodes(inputs: &Inputs, engine: &mut Engine) -> Option<BTreeSet<String>> {
@@ -149,10 +150,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
 
     if let Some(desired) = &out.hypernodes {
         let r = async {
-            if !state
-                .served("topology.volcano.sh/v1alpha1", hypernodes::PLURAL)
-                .await?
-            {
+            if !state.served::<HyperNode>().await? {
                 return Ok(Writes::default());
             }
             state
@@ -167,10 +165,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
 
     if let Some(desired) = &out.kueue {
         let r = async {
-            if !state
-                .served("kueue.x-k8s.io/v1beta2", kueue::PLURAL)
-                .await?
-            {
+            if !state.served::<Topology>().await? {
                 return Ok(Writes::default());
             }
             state
@@ -225,3 +220,7 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+#[path = "pass_tests.rs"]
+mod tests;

@@ -1,31 +1,27 @@
-//! The topology task: reflectors on NodeResourceTopologies, Nodes (metadata only) and, optionally, the ConfigMap
-//! holding an `ibnetdiscover` dump; on any change (debounced) the cluster model is rebuilt with
-//! [`crate::model::build`], rendered with the same renderers as `isthmus controller render`, and each enabled
-//! output is written only where it differs from what the server holds. Shaped like kube-rs's controller-rs: one
-//! [`reconcile`] and an [`error_policy`] that retries with capped exponential backoff; API errors never end the
-//! task.
+//! The topology task's configuration and state: its arguments (inputs, outputs, render options), its error, and
+//! the [`State`] its passes share: the sinks, the dump in use, which optional CRDs are served, the model kept up to
+//! date change by change ([`Engine`]) and the outputs rendered from it. The task's entry point, which waits for the
+//! first lists and runs one [`super::pass::reconcile`] per (debounced) change with capped exponential backoff after
+//! a failure, is [`super::tasks::topology`]; API errors never end the task.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt as _;
-use kube::core::{ApiResource, GroupVersionKind};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
 
-use super::inputs::{Inputs, start_reflectors};
-use super::leader::{Backoff, sleep_or_cancel};
+use super::inputs::Inputs;
 use super::node_labels::LabelSink;
 use super::objects::ObjectSink;
 use super::outputs::Rendered;
-use super::pass::reconcile;
 use super::rejections::RejectionLog;
 use crate::fabric::{Fabric, ibnetdiscover};
 use crate::model::ModelOptions;
 use crate::model::engine::Engine;
 use crate::offline;
-use crate::render::{RenderOptions, hypernodes, kueue};
+use crate::render::RenderOptions;
+use crate::render::hypernodes::{self, HyperNode};
+use crate::render::kueue::Topology;
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
 
 /// Label on every object the topology task owns whole (besides HyperNodes' own source label).
@@ -142,14 +138,15 @@ pub struct State {
     pub(super) slurm: SlurmClient,
     client: kube::Client,
     pub(super) labels: LabelSink,
-    pub(super) hypernodes: ObjectSink,
-    pub(super) kueue: ObjectSink,
-    pub(super) configmap: ObjectSink,
-    pub(super) status: ObjectSink,
+    pub(super) hypernodes: ObjectSink<HyperNode>,
+    pub(super) kueue: ObjectSink<Topology>,
+    pub(super) configmap: ObjectSink<ConfigMap>,
+    pub(super) status: ObjectSink<ConfigMap>,
     /// The dump in use and the ConfigMap resourceVersion it was read from.
     pub(super) fabric: Option<(Option<String>, Fabric)>,
-    /// Whether each optional CRD was found served (HyperNode, Kueue Topology); asked again while not.
-    served: BTreeMap<&'static str, bool>,
+    /// Whether each optional CRD was found served (HyperNode, Kueue Topology), by `group/version` and plural;
+    /// asked again while not.
+    served: BTreeMap<(String, String), bool>,
     /// A `scontrol reconfigure` is owed (the ConfigMap changed and the call failed).
     pub(super) reconfigure_due: bool,
     /// Reports left out in the last pass.
@@ -168,10 +165,6 @@ impl std::fmt::Debug for State {
     }
 }
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
 impl State {
     /// Fresh state.
     pub fn new(
@@ -181,33 +174,18 @@ impl State {
         namespace: String,
     ) -> Self {
         let engine = Engine::new(args.model_options());
-        let hn = resource(
-            hypernodes::GROUP,
-            hypernodes::VERSION,
-            hypernodes::KIND,
-            hypernodes::PLURAL,
-        );
-        let kq = resource(kueue::GROUP, kueue::VERSION, kueue::KIND, kueue::PLURAL);
-        let cm = resource("", "v1", "ConfigMap", "configmaps");
         let source = RenderOptions::default().hypernode_source;
+        let configmaps = || Api::<ConfigMap>::namespaced(client.clone(), &namespace);
         Self {
             labels: LabelSink::new(client.clone(), args.write_concurrency),
             hypernodes: ObjectSink::new(
-                client.clone(),
+                Api::all(client.clone()),
                 "hypernode",
-                &hn,
-                None,
                 Some(format!("{}={source}", hypernodes::SOURCE_LABEL)),
             ),
-            kueue: ObjectSink::new(client.clone(), "kueue-topology", &kq, None, None),
-            configmap: ObjectSink::new(client.clone(), "configmap", &cm, Some(&namespace), None),
-            status: ObjectSink::new(
-                client.clone(),
-                "status-configmap",
-                &cm,
-                Some(&namespace),
-                None,
-            ),
+            kueue: ObjectSink::new(Api::all(client.clone()), "kueue-topology", None),
+            configmap: ObjectSink::new(configmaps(), "configmap", None),
+            status: ObjectSink::new(configmaps(), "status-configmap", None),
             args,
             namespace,
             slurm,
@@ -222,28 +200,32 @@ impl State {
         }
     }
 
-    /// Whether `group/version` serves `plural` (asked until it does; a read, never a write).
-    pub(super) async fn served(
+    /// Whether the API server serves `K` (its group/version lists its plural); asked until it does, a read, never
+    /// a write.
+    pub(super) async fn served<K: kube::Resource<DynamicType = ()>>(
         &mut self,
-        group_version: &'static str,
-        plural: &str,
     ) -> Result<bool, TopologyError> {
-        if self.served.get(group_version).copied().unwrap_or(false) {
+        let key = (
+            K::api_version(&()).into_owned(),
+            K::plural(&()).into_owned(),
+        );
+        if self.served.get(&key).copied().unwrap_or(false) {
             return Ok(true);
         }
+        let (group_version, plural) = (&key.0, &key.1);
         let found = match self.client.list_api_group_resources(group_version).await {
-            Ok(list) => list.resources.iter().any(|r| r.name == plural),
+            Ok(list) => list.resources.iter().any(|r| &r.name == plural),
             Err(kube::Error::Api(s)) if s.code == 404 => false,
             Err(e) => return Err(TopologyError::api("API discovery")(e)),
         };
         if found {
             tracing::info!(
-                api = group_version,
-                resource = plural,
+                api = %group_version,
+                resource = %plural,
                 "CRD served: writing it"
             );
         }
-        self.served.insert(group_version, found);
+        self.served.insert(key, found);
         Ok(found)
     }
 
@@ -296,74 +278,6 @@ impl State {
                 false
             }
         }
-    }
-}
-
-/// How long to wait before retrying after `error` (capped exponential backoff), counted per kind of failure.
-pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
-    metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
-        .increment(1);
-    backoff.next_delay()
-}
-
-/// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
-/// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
-pub async fn run(
-    client: kube::Client,
-    slurm: SlurmClient,
-    args: TopologyArgs,
-    namespace: String,
-    cancel: CancellationToken,
-) -> Result<(), TopologyError> {
-    let notify = Arc::new(Notify::new());
-    // The reflectors stop with this task, whether it is cancelled or returns.
-    let reflectors = cancel.child_token();
-    let _stop_reflectors = reflectors.clone().drop_guard();
-    let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
-    // Nothing is written before every first list is complete: a stop (lease lost, SIGTERM) or a reflector that
-    // ended first leaves every output as it is.
-    if !inputs.first_lists(&cancel).await {
-        if !cancel.is_cancelled() {
-            tracing::warn!("a watch ended before its first list: the topology task writes nothing");
-        }
-        return Ok(());
-    }
-    tracing::info!(
-        nrts = inputs.reports.len(),
-        nodes = inputs.nodes.state().len(),
-        "topology inputs listed"
-    );
-    let debounce = args.debounce;
-    let mut state = State::new(client, slurm, args, namespace);
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-    loop {
-        let retry = match reconcile(&inputs, &mut state).await {
-            Ok(()) => {
-                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-                None
-            }
-            Err(e) => {
-                let d = error_policy(&e, &mut backoff);
-                tracing::warn!(error = %e, retry_in = ?d, "topology reconcile failed");
-                Some(d)
-            }
-        };
-        let retry_sleep = async {
-            match retry {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            () = notify.notified() => {}
-            () = retry_sleep => {}
-        }
-        if !sleep_or_cancel(debounce, &cancel).await {
-            return Ok(());
-        }
-        // Events during the debounce are part of this pass.
-        let _ = notify.notified().now_or_never();
     }
 }
 

@@ -1,7 +1,8 @@
 //! Publishing one of the node's objects (the NodeResourceTopology, Volcano's Numatopology): server-side apply with
 //! field manager `isthmus` and an owner reference to the Node, nothing sent when the object would not change,
 //! retries with backoff when the API server fails, and a watch on the object itself, so that a deleted object or one
-//! whose content someone else changed is put back at once.
+//! whose content someone else changed is put back at once. When to write (one write per interval, a failure's
+//! backoff, restores at once unless another writer keeps undoing them) is decided by the pure [`pacing::Pacer`].
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -21,6 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, Publication};
 use crate::slurm::supervisor::backoff::{Backoff, BackoffPolicy, Jitter};
+
+pub mod pacing;
+
+use pacing::{Decision, Pacer, Restore};
 
 /// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
 pub trait Published:
@@ -245,7 +250,7 @@ impl<K: Published> Publisher<K> {
 /// How the publisher task paces itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
-    /// At most one apply per this interval (bursts of changes coalesce to the latest object).
+    /// At most one apply per this interval (bursts of changes coalesce to the latest object; see [`Pacer`]).
     pub min_interval: Duration,
     /// Timeout of one API call.
     pub call_timeout: Duration,
@@ -260,9 +265,6 @@ impl Default for Pacing {
     }
 }
 
-/// A restore this soon after the previous one counts as a fight with another writer.
-const RESTORE_QUIET: Duration = Duration::from_secs(2);
-
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -271,7 +273,8 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Publish every desired object sent on `desired` (named `node`) until `shutdown`, and keep the live object equal
-/// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited.
+/// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited. When to
+/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides.
 pub async fn run<K: Published>(
     client: Client,
     node: String,
@@ -290,49 +293,83 @@ pub async fn run<K: Published>(
     let policy = BackoffPolicy::default();
     let mut jitter = Jitter::from_entropy();
     let mut backoff = Backoff::default();
-    let mut dirty = true;
-    let mut not_before: Option<Instant> = None;
-    let mut last_apply: Option<Instant> = None;
+    let mut pacer = Pacer::new(pacing.min_interval);
     let mut watch_failing = false;
     let mut kept_logged = false;
-    // A restore is applied at once; when restores follow each other (another writer keeps changing the object,
-    // e.g. a second NRT producer on the node), each waits twice as long as the one before, up to about a minute.
-    let mut urgent = false;
-    let mut last_restore: Option<Instant> = None;
-    let mut fights: u32 = 0;
-    let mut restore = |urgent: &mut bool, not_before: &mut Option<Instant>| {
-        fights = match last_restore {
-            Some(t) if t.elapsed() < RESTORE_QUIET => fights.saturating_add(1),
-            _ => 0,
-        };
-        last_restore = Some(Instant::now());
-        if fights == 0 {
-            *urgent = true;
-            *not_before = None;
-        } else {
-            if fights == 3 {
-                tracing::warn!(object = K::METRIC, name = %node, "another writer keeps changing the object; restoring it ever more slowly");
-            }
-            *not_before = Some(Instant::now() + pacing.min_interval * 2u32.pow(fights.min(7)));
+    let restore = |pacer: &mut Pacer| {
+        if let Restore::Slowed { fights: 3, .. } = pacer.restore(Instant::now()) {
+            tracing::warn!(object = K::METRIC, name = %node, "another writer keeps changing the object; restoring it ever more slowly");
         }
     };
     loop {
-        let wait = if dirty { not_before } else { None };
+        let wait = match pacer.decide(Instant::now()) {
+            Decision::Idle => None,
+            Decision::WaitUntil(t) => Some(t),
+            Decision::WriteNow => {
+                let Some(obj) = desired.borrow_and_update().clone() else {
+                    // Nothing to publish yet: the next desired object is a change.
+                    pacer.settled();
+                    continue;
+                };
+                let result =
+                    tokio::time::timeout(pacing.call_timeout, publisher.publish_desired(&obj))
+                        .await
+                        .unwrap_or(Err(PublishError::Timeout(pacing.call_timeout)));
+                match result {
+                    Ok(outcome) => {
+                        backoff = Backoff::default();
+                        match outcome {
+                            Outcome::Written => {
+                                pacer.written(Instant::now());
+                                metrics.record_publication(K::METRIC, Publication::Written);
+                                tracing::info!(object = K::METRIC, name = %node, "applied");
+                            }
+                            Outcome::Kept => {
+                                pacer.settled();
+                                metrics.record_publication(K::METRIC, Publication::Skipped);
+                                if !kept_logged {
+                                    tracing::info!(object = K::METRIC, name = %node, "kept the published object until the kubelet answers");
+                                    kept_logged = true;
+                                }
+                            }
+                            Outcome::Unchanged => {
+                                pacer.settled();
+                                metrics.record_publication(K::METRIC, Publication::Skipped);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        metrics.record_publication(K::METRIC, Publication::Failed);
+                        let delay = backoff.on_exit(Duration::ZERO, &policy, &mut jitter);
+                        let retry_in_ms = delay.as_millis() as u64;
+                        match &e {
+                            PublishError::NodeMissing(_) => {
+                                tracing::warn!(object = K::METRIC, error = %e, retry_in_ms, "waiting for the Node")
+                            }
+                            _ => {
+                                tracing::warn!(object = K::METRIC, error = %e, retry_in_ms, "apply failed")
+                            }
+                        }
+                        pacer.failed(Instant::now() + delay);
+                    }
+                }
+                continue;
+            }
+        };
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = desired.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                dirty = true;
+                pacer.changed();
             }
             event = own.next() => match event {
                 Some(Ok(watcher::Event::Delete(_))) => {
                     tracing::warn!(object = K::METRIC, name = %node, "the object was deleted; restoring it");
                     metrics.record_publication(K::METRIC, Publication::Restored);
                     publisher.forget(true);
-                    dirty = true;
-                    restore(&mut urgent, &mut not_before);
+                    restore(&mut pacer);
                 }
                 Some(Ok(watcher::Event::Apply(live) | watcher::Event::InitApply(live))) => {
                     watch_failing = false;
@@ -340,8 +377,7 @@ pub async fn run<K: Published>(
                         tracing::warn!(object = K::METRIC, name = %node, "the object was changed by someone else; restoring it");
                         metrics.record_publication(K::METRIC, Publication::Restored);
                         publisher.forget(false);
-                        dirty = true;
-                        restore(&mut urgent, &mut not_before);
+                        restore(&mut pacer);
                     }
                 }
                 Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
@@ -354,63 +390,6 @@ pub async fn run<K: Published>(
                 None => return,
             },
             () = sleep_until(wait) => {}
-        }
-        if !dirty || not_before.is_some_and(|t| Instant::now() < t) {
-            continue;
-        }
-        let paced = last_apply
-            .map(|t| t + pacing.min_interval)
-            .filter(|t| Instant::now() < *t);
-        if let Some(t) = paced {
-            if !urgent {
-                not_before = Some(t);
-                continue;
-            }
-        }
-        urgent = false;
-        let Some(obj) = desired.borrow_and_update().clone() else {
-            continue;
-        };
-        let result = tokio::time::timeout(pacing.call_timeout, publisher.publish_desired(&obj))
-            .await
-            .unwrap_or(Err(PublishError::Timeout(pacing.call_timeout)));
-        match result {
-            Ok(outcome) => {
-                dirty = false;
-                not_before = None;
-                backoff = Backoff::default();
-                match outcome {
-                    Outcome::Written => {
-                        last_apply = Some(Instant::now());
-                        metrics.record_publication(K::METRIC, Publication::Written);
-                        tracing::info!(object = K::METRIC, name = %node, "applied");
-                    }
-                    Outcome::Kept => {
-                        metrics.record_publication(K::METRIC, Publication::Skipped);
-                        if !kept_logged {
-                            tracing::info!(object = K::METRIC, name = %node, "kept the published object until the kubelet answers");
-                            kept_logged = true;
-                        }
-                    }
-                    Outcome::Unchanged => {
-                        metrics.record_publication(K::METRIC, Publication::Skipped);
-                    }
-                }
-            }
-            Err(e) => {
-                metrics.record_publication(K::METRIC, Publication::Failed);
-                let delay = backoff.on_exit(Duration::ZERO, &policy, &mut jitter);
-                let retry_in_ms = delay.as_millis() as u64;
-                match &e {
-                    PublishError::NodeMissing(_) => {
-                        tracing::warn!(object = K::METRIC, error = %e, retry_in_ms, "waiting for the Node")
-                    }
-                    _ => {
-                        tracing::warn!(object = K::METRIC, error = %e, retry_in_ms, "apply failed")
-                    }
-                }
-                not_before = Some(Instant::now() + delay);
-            }
         }
     }
 }

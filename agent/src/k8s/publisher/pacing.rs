@@ -1,0 +1,148 @@
+//! When the publisher writes: a pure state machine, fed what happened (the desired object changed, the live object
+//! was deleted or edited by someone else, a publication wrote, found nothing to write or failed) and asked, at a
+//! given instant, what to do now: nothing ([`Decision::Idle`]), publish the latest desired object
+//! ([`Decision::WriteNow`]), or wait until an instant ([`Decision::WaitUntil`]); changes that arrive while it waits
+//! coalesce into the one publication at the end of the wait. It reads no clock: every instant is given, so the
+//! async loop in [`super::run`] only executes its decisions.
+//!
+//! The rules:
+//! - at most one write per `min_interval` (a change within it waits for the interval's end);
+//! - after a failure, nothing before the retry instant the caller's backoff chose;
+//! - a restore (the object deleted or changed by someone else) is written at once, ignoring both; a restore within
+//!   [`RESTORE_QUIET`] of the previous one counts as a fight with another writer, and the `n`-th fight in a row waits
+//!   `min_interval × 2ⁿ` (n capped at 7) instead.
+
+use std::time::{Duration, Instant};
+
+/// A restore this soon after the previous one counts as a fight with another writer.
+pub const RESTORE_QUIET: Duration = Duration::from_secs(2);
+
+/// The largest exponent of a fight's wait (`min_interval × 2⁷`: about a minute at the default 500 ms).
+const MAX_FIGHT_EXPONENT: u32 = 7;
+
+/// What the publisher does now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing is pending: wait for the next event.
+    Idle,
+    /// Publish the latest desired object.
+    WriteNow,
+    /// A publication is pending: wait until this instant (or the next event), then ask again.
+    WaitUntil(Instant),
+}
+
+/// How a restore is paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restore {
+    /// The first restore in a while: written at once.
+    Now,
+    /// The `fights`-th restore in a row within [`RESTORE_QUIET`] of the previous one: written at `at`.
+    Slowed {
+        /// Restores in a row, each within [`RESTORE_QUIET`] of the one before (the first of them not counted).
+        fights: u32,
+        /// When it is written.
+        at: Instant,
+    },
+}
+
+/// The publisher's pacing state.
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    min_interval: Duration,
+    /// The desired object may differ from what the server holds.
+    pending: bool,
+    /// Nothing is written before this instant (a failure's retry, a slowed restore).
+    not_before: Option<Instant>,
+    /// The pending publication is a restore written at once, ignoring `min_interval`.
+    urgent: bool,
+    /// When the last apply was sent.
+    last_write: Option<Instant>,
+    last_restore: Option<Instant>,
+    fights: u32,
+}
+
+impl Pacer {
+    /// A pacer allowing one write per `min_interval`, with a publication pending (the first one).
+    pub fn new(min_interval: Duration) -> Self {
+        Self {
+            min_interval,
+            pending: true,
+            not_before: None,
+            urgent: false,
+            last_write: None,
+            last_restore: None,
+            fights: 0,
+        }
+    }
+
+    /// What to do at `now`.
+    pub fn decide(&self, now: Instant) -> Decision {
+        if !self.pending {
+            return Decision::Idle;
+        }
+        if let Some(t) = self.not_before.filter(|t| now < *t) {
+            return Decision::WaitUntil(t);
+        }
+        if !self.urgent {
+            if let Some(t) = self
+                .last_write
+                .map(|w| w + self.min_interval)
+                .filter(|t| now < *t)
+            {
+                return Decision::WaitUntil(t);
+            }
+        }
+        Decision::WriteNow
+    }
+
+    /// The desired object changed.
+    pub fn changed(&mut self) {
+        self.pending = true;
+    }
+
+    /// The live object was deleted or changed by someone else at `now`: it is to be written again.
+    pub fn restore(&mut self, now: Instant) -> Restore {
+        self.fights = match self.last_restore {
+            Some(t) if now.saturating_duration_since(t) < RESTORE_QUIET => {
+                self.fights.saturating_add(1)
+            }
+            _ => 0,
+        };
+        self.last_restore = Some(now);
+        self.pending = true;
+        if self.fights == 0 {
+            self.urgent = true;
+            self.not_before = None;
+            return Restore::Now;
+        }
+        let at = now + self.min_interval * 2u32.pow(self.fights.min(MAX_FIGHT_EXPONENT));
+        self.not_before = Some(at);
+        Restore::Slowed {
+            fights: self.fights,
+            at,
+        }
+    }
+
+    /// A publication sent an apply at `now`.
+    pub fn written(&mut self, now: Instant) {
+        self.settled();
+        self.last_write = Some(now);
+    }
+
+    /// A publication found nothing to send (the object is already right, or is kept, or there is none yet).
+    pub fn settled(&mut self) {
+        self.pending = false;
+        self.not_before = None;
+        self.urgent = false;
+    }
+
+    /// A publication failed; the caller's backoff retries it at `retry_at`.
+    pub fn failed(&mut self, retry_at: Instant) {
+        self.not_before = Some(retry_at);
+        self.urgent = false;
+    }
+}
+
+#[cfg(test)]
+#[path = "pacing_tests.rs"]
+mod tests;

@@ -1,0 +1,26 @@
+//! The node state sync's entry point: [`crate::nodesync::run`] with its arguments and the leader's fence, which
+//! every write asks first.
+
+use tokio_util::sync::CancellationToken;
+
+use crate::run::fence::Guard;
+use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
+
+/// The node state sync as the leader runs it (idle unless `--node-sync`).
+pub const TASK: LeaderTask = LeaderTask {
+    name: "nodesync",
+    start,
+};
+
+fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
+    boxed(crate::nodesync::run(
+        c.client,
+        c.slurm,
+        c.args.node_sync.clone(),
+        Guard {
+            fence: c.fence,
+            api_timeout: c.args.api_timeout,
+        },
+        t,
+    ))
+}

@@ -1,0 +1,102 @@
+//! The topology task's entry point: start the watches, wait for every first list (a stop or a watch that ended
+//! before its list writes nothing), then run one [`reconcile`] per change, debounced, until cancelled. A failed pass
+//! is retried after [`error_policy`]'s capped exponential backoff; API errors never end the task. The task itself
+//! (inputs, model, renderers, sinks) lives in [`crate::run`]'s other modules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::run::inputs::start_reflectors;
+use crate::run::leader::{Backoff, sleep_or_cancel};
+use crate::run::pass::reconcile;
+use crate::run::topology::{State, TopologyArgs, TopologyError};
+use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
+use crate::slurm::SlurmClient;
+
+/// The topology task as the leader runs it.
+pub const TASK: LeaderTask = LeaderTask {
+    name: "topology",
+    start,
+};
+
+fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
+    boxed(run(
+        c.client,
+        c.slurm,
+        c.args.topology.clone(),
+        c.args.namespace.clone(),
+        t,
+    ))
+}
+
+/// How long to wait before retrying after `error` (capped exponential backoff), counted per kind of failure.
+pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
+    metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
+        .increment(1);
+    backoff.next_delay()
+}
+
+/// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
+/// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
+pub async fn run(
+    client: kube::Client,
+    slurm: SlurmClient,
+    args: TopologyArgs,
+    namespace: String,
+    cancel: CancellationToken,
+) -> Result<(), TopologyError> {
+    let notify = Arc::new(Notify::new());
+    // The reflectors stop with this task, whether it is cancelled or returns.
+    let reflectors = cancel.child_token();
+    let _stop_reflectors = reflectors.clone().drop_guard();
+    let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
+    // Nothing is written before every first list is complete: a stop (lease lost, SIGTERM) or a reflector that
+    // ended first leaves every output as it is.
+    if !inputs.first_lists(&cancel).await {
+        if !cancel.is_cancelled() {
+            tracing::warn!("a watch ended before its first list: the topology task writes nothing");
+        }
+        return Ok(());
+    }
+    tracing::info!(
+        nrts = inputs.reports.len(),
+        nodes = inputs.nodes.state().len(),
+        "topology inputs listed"
+    );
+    let debounce = args.debounce;
+    let mut state = State::new(client, slurm, args, namespace);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        let retry = match reconcile(&inputs, &mut state).await {
+            Ok(()) => {
+                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+                None
+            }
+            Err(e) => {
+                let d = error_policy(&e, &mut backoff);
+                tracing::warn!(error = %e, retry_in = ?d, "topology reconcile failed");
+                Some(d)
+            }
+        };
+        let retry_sleep = async {
+            match retry {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            () = notify.notified() => {}
+            () = retry_sleep => {}
+        }
+        if !sleep_or_cancel(debounce, &cancel).await {
+            return Ok(());
+        }
+        // Events during the debounce are part of this pass.
+        let _ = notify.notified().now_or_never();
+    }
+}
