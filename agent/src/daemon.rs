@@ -243,6 +243,12 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             xid_replay: args.health.xid_replay.clone(),
             live_xids,
             memory: memory_rx,
+            host_root: Some(args.host.host_root.clone()),
+            flap: isthmus_topology::health::ports::FlapPolicy {
+                threshold: args.health.ib_flap_threshold,
+                window: Duration::from_secs(args.health.ib_flap_window_seconds),
+                quiet: Duration::from_secs(args.health.ib_flap_quiet_seconds),
+            },
             publish: client.clone().zip(publish_as.clone()),
             heartbeat: Duration::from_secs(args.health.health_heartbeat_seconds),
         },

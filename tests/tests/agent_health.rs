@@ -98,7 +98,8 @@ struct Host {
     listen: String,
 }
 
-fn start(api: &ApiServer, node: &str) -> (Host, Agent) {
+/// Start the agent re-discovering every `rediscover` seconds, with `extra` arguments.
+fn start(api: &ApiServer, node: &str, rediscover: &str, extra: &[&str]) -> (Host, Agent) {
     let kubeconfig = install_agent(api);
     api.create_node(node);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -118,7 +119,8 @@ fn start(api: &ApiServer, node: &str) -> (Host, Agent) {
     let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
     let child = Command::new(isthmus_bin())
         .args(["agent", "--slurm-mode", "off", "--node-name", node])
-        .args(["--rediscover-seconds", "1", "--listen", &listen])
+        .args(["--rediscover-seconds", rediscover, "--listen", &listen])
+        .args(extra)
         .args(["--publish-nrt", "true", "--publish-numatopology", "false"])
         .arg("--host-root")
         .arg(&root)
@@ -153,7 +155,7 @@ fn start(api: &ApiServer, node: &str) -> (Host, Agent) {
 fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothing() {
     let api = ApiServer::shared();
     let node = "health-gpu001";
-    let (host, _agent) = start(api, node);
+    let (host, _agent) = start(api, node, "1", &[]);
     let Host {
         root,
         kmsg,
@@ -298,7 +300,7 @@ fn replace(path: &Path, text: &str) {
 fn a_pending_row_remap_fails_its_gpu_until_a_reset_applies_it() {
     let api = ApiServer::shared();
     let node = "health-gpu002";
-    let (host, _agent) = start(api, node);
+    let (host, _agent) = start(api, node, "1", &[]);
     let gpu4 = "device=\"0000:9b:00.0\"";
     wait("the first conditions", &host.log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
@@ -334,5 +336,56 @@ fn a_pending_row_remap_fails_its_gpu_until_a_reset_applies_it() {
     wait("the reset → GpuHealthy True", &host.log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
             && metric(&host.listen, "isthmus_device_health", gpu4) == Some(1.0)
+    });
+}
+
+#[test]
+fn infiniband_ports_are_read_between_discoveries_and_a_flapping_port_holds_until_quiet() {
+    let api = ApiServer::shared();
+    let node = "health-ib001";
+    // Re-discovery as deployed (60 s): the port files are read every second regardless.
+    let (host, _agent) = start(api, node, "60", &["--ib-flap-quiet-seconds", "3"]);
+    let ib = |status: &str, reason: &str| {
+        condition(api, node, "InfinibandHealthy").is_some_and(|c| c.0 == status && c.1 == reason)
+    };
+    wait("the first conditions", &host.log, || {
+        ib("True", "DevicesHealthy")
+    });
+    let port = host.root.join("sys/class/infiniband/mlx5_0/ports/1");
+    let write = |file: &str, text: &str| {
+        std::fs::write(port.join(file), text).unwrap_or_else(|e| panic!("{e}"))
+    };
+
+    write("state", "1: DOWN\n");
+    write("phys_state", "2: Polling\n");
+    wait(
+        "port down between discoveries → IbPortDown",
+        &host.log,
+        || ib("False", "IbPortDown"),
+    );
+    write("state", "4: ACTIVE\n");
+    write("phys_state", "5: LinkUp\n");
+    wait("port back → True", &host.log, || {
+        ib("True", "DevicesHealthy")
+    });
+
+    // Two more downs between reads, which only the port's link_downed counter shows (it was 0): three within the
+    // window.
+    write("counters/link_downed", "2\n");
+    wait(
+        "three downs in a minute → IbPortFlapping",
+        &host.log,
+        || {
+            condition(api, node, "InfinibandHealthy").is_some_and(|c| {
+                c.0 == "False"
+                    && c.1 == "IbPortFlapping"
+                    && c.2
+                        .starts_with("failed: mlx5_0/1. port mlx5_0/1 node GUID ")
+                    && c.2.contains("went down 3 or more times within 60 s")
+            }) && metric(&host.listen, "isthmus_device_health", "device=\"mlx5_0/1\"") == Some(0.0)
+        },
+    );
+    wait("3 s without a down → True", &host.log, || {
+        ib("True", "DevicesHealthy")
     });
 }

@@ -13,8 +13,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use isthmus_topology::HostRoot;
 use isthmus_topology::NodeTopology;
 use isthmus_topology::health::detect::{Finding, HealthClass};
+use isthmus_topology::health::ports::{FlapPolicy, read_ports};
 use isthmus_topology::health::xid::XidTable;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -28,6 +30,9 @@ use state::HealthState;
 
 /// The field manager of the health conditions (it owns only those condition entries).
 pub const FIELD_MANAGER: &str = "isthmus-health";
+
+/// How often the InfiniBand ports' state files are read between discoveries.
+const PORT_POLL: Duration = Duration::from_secs(1);
 
 /// How often a growing XID recording is read.
 const XID_POLL: Duration = Duration::from_millis(250);
@@ -50,6 +55,16 @@ pub struct HealthArgs {
     /// (testing, offline analysis of a recorded host).
     #[arg(long, value_name = "FILE")]
     pub xid_replay: Option<PathBuf>,
+    /// An InfiniBand port that goes down this many times within --ib-flap-window-seconds is flapping
+    /// (`IbPortFlapping`).
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ib_flap_threshold: u32,
+    /// The window of --ib-flap-threshold.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub ib_flap_window_seconds: u64,
+    /// A flapping port is sound again after this long without going down.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub ib_flap_quiet_seconds: u64,
     /// Seconds between writes of unchanged health conditions (their `lastHeartbeatTime`); 0: only on change.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub health_heartbeat_seconds: u64,
@@ -65,6 +80,11 @@ pub struct HealthOptions {
     pub live_xids: Option<isthmus_topology::nvml::XidQueue>,
     /// The GPU memory findings of the latest NVML telemetry read (the discovery worker's).
     pub memory: watch::Receiver<Vec<Finding>>,
+    /// The host root whose InfiniBand port files are read every [`PORT_POLL`]; `None`: ports are seen at
+    /// discoveries only.
+    pub host_root: Option<PathBuf>,
+    /// When a port flaps.
+    pub flap: FlapPolicy,
     /// Where the conditions go: the client and the Node's name; `None`: metric only.
     pub publish: Option<(kube::Client, String)>,
     /// Re-write unchanged conditions this often (their heartbeat); zero: only on change.
@@ -77,6 +97,8 @@ impl std::fmt::Debug for HealthOptions {
             .field("xid_table_version", &self.table.version())
             .field("xid_replay", &self.xid_replay)
             .field("live_xids", &self.live_xids.is_some())
+            .field("host_root", &self.host_root)
+            .field("flap", &self.flap)
             .field("node", &self.publish.as_ref().map(|(_, n)| n))
             .field("heartbeat", &self.heartbeat)
             .finish()
@@ -118,7 +140,9 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let mut state = HealthState::new(opts.table.clone());
+    let mut state = HealthState::new(opts.table.clone()).with_flap_policy(opts.flap);
+    let host_root = opts.host_root.clone().map(HostRoot::new);
+    let mut next_port_read = Instant::now();
     let mut stream = opts.xid_replay.map(xid_stream::XidTail::new);
     let mut written: Option<Vec<NodeCondition>> = None;
     let mut last_write = Instant::now();
@@ -138,6 +162,14 @@ pub async fn run(
                 changed = true;
             }
             topo_changed = false;
+        }
+        if let Some(root) = host_root
+            .as_ref()
+            .filter(|_| Instant::now() >= next_port_read)
+        {
+            next_port_read = Instant::now() + PORT_POLL;
+            let reads = read_ports(root, state.known_ports());
+            changed |= state.ports(Instant::now(), reads);
         }
         if opts.memory.has_changed().unwrap_or(false) {
             let found = opts.memory.borrow_and_update().clone();

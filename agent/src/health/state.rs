@@ -1,15 +1,18 @@
 //! What the agent knows about its devices' health between discoveries: the first discovery (what is expected), the
-//! latest one, and the fatal XID findings, which last until the GPU is reset (it vanishes and comes back) or the
-//! agent restarts (the node rebooted).
+//! latest one, the fatal XID findings, which last until the GPU is reset (it vanishes and comes back) or the
+//! agent restarts (the node rebooted), the GPU memory findings of the latest NVML read, and the InfiniBand ports'
+//! live state and flaps, read every second between discoveries.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use isthmus_topology::NodeTopology;
 use isthmus_topology::health::detect::{self, Finding, HealthClass};
 use isthmus_topology::health::kmsg::XidEvent;
+use isthmus_topology::health::ports::{self, FlapPolicy, PortRead, PortWatch};
 use isthmus_topology::health::xid::{XidAction, XidTable, XidVerdict};
-use isthmus_topology::model::DeviceKind;
+use isthmus_topology::model::{DeviceKind, IbDevice};
 
 /// The health state of one node.
 #[derive(Debug)]
@@ -21,6 +24,8 @@ pub struct HealthState {
     xid: BTreeMap<(HealthClass, String), Finding>,
     /// The GPU memory findings of the latest NVML read.
     memory: Vec<Finding>,
+    /// The InfiniBand ports read between discoveries.
+    ports: PortWatch,
 }
 
 /// What one batch of XID events was classified as (for logs, Events and counters).
@@ -35,6 +40,7 @@ impl HealthState {
             current: None,
             xid: BTreeMap::new(),
             memory: Vec::new(),
+            ports: PortWatch::default(),
         }
     }
 
@@ -70,6 +76,28 @@ impl HealthState {
         let found = detect::xid_findings(&self.table, topo, &classified);
         self.keep(found);
         classified
+    }
+
+    /// Watch ports for flaps with `policy`.
+    pub fn with_flap_policy(mut self, policy: FlapPolicy) -> Self {
+        self.ports = PortWatch::new(policy);
+        self
+    }
+
+    /// The InfiniBand ports the latest discovery found, to read between discoveries.
+    pub fn known_ports(&self) -> &[IbDevice] {
+        self.current
+            .as_deref()
+            .map_or(&[], |t| t.infiniband.as_slice())
+    }
+
+    /// A read of the ports' live files at `now`. Returns whether the findings changed.
+    pub fn ports(&mut self, now: Instant, reads: Vec<PortRead>) -> bool {
+        let before = self.findings();
+        let known = self.current.clone();
+        self.ports
+            .observe(now, reads, known.as_deref().map_or(&[], |t| &t.infiniband));
+        self.findings() != before
     }
 
     /// The GPU memory findings of a new NVML read (they replace the previous read's: a reset that applied a pending
@@ -118,7 +146,9 @@ impl HealthState {
         out.extend(self.memory.iter().cloned());
         if let (Some(e), Some(c)) = (self.expected.as_deref(), self.current.as_deref()) {
             out.extend(detect::gpu_findings(e, c));
-            out.extend(detect::ib_findings(&e.infiniband, &c.infiniband));
+            let live = ports::with_live_state(&c.infiniband, self.ports.latest());
+            out.extend(detect::ib_findings(&e.infiniband, &live));
+            out.extend(self.ports.findings(&c.infiniband));
         }
         out.sort();
         out

@@ -3,4 +3,5 @@
 
 pub mod detect;
 pub mod kmsg;
+pub mod ports;
 pub mod xid;
