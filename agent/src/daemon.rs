@@ -170,6 +170,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
     let live_xids = nvml.xid_queue();
     let (memory_tx, memory_rx) = watch::channel(Vec::new());
+    let (findings_tx, findings_rx) = watch::channel(Vec::new());
     let triggers = crate::discovery::spawn_worker(
         args.host.clone(),
         nvml,
@@ -243,6 +244,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             xid_replay: args.health.xid_replay.clone(),
             live_xids,
             memory: memory_rx,
+            findings: findings_tx,
             host_root: Some(args.host.host_root.clone()),
             flap: isthmus_topology::health::ports::FlapPolicy {
                 threshold: args.health.ib_flap_threshold,
@@ -279,6 +281,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                         args.kubelet_wait_seconds.clamp(0.0, 3600.0),
                     ),
                 },
+                health: findings_rx,
             },
             topo_rx.clone(),
             metrics.clone(),

@@ -51,6 +51,34 @@ fn condition(api: &ApiServer, node: &str, type_: &str) -> Option<(String, String
     Some((s("status"), s("reason"), s("message")))
 }
 
+/// The NodeResourceTopology's zone holding device `pci`: (allocatable `nvidia.com/gpu`, the device's attribute).
+fn nrt_gpu(api: &ApiServer, node: &str, pci: &str) -> Option<(String, String)> {
+    let out = api.kubectl(&[
+        "get",
+        "noderesourcetopologies.topology.node.k8s.io",
+        node,
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let name = format!("isthmus.io/device.{pci}");
+    v["zones"].as_array()?.iter().find_map(|z| {
+        let attr = z["attributes"]
+            .as_array()?
+            .iter()
+            .find(|a| a["name"] == name.as_str())?["value"]
+            .as_str()?
+            .to_owned();
+        let alloc = z["resources"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == "nvidia.com/gpu")?["allocatable"]
+            .as_str()?
+            .to_owned();
+        Some((alloc, attr))
+    })
+}
+
 #[track_caller]
 fn wait(what: &str, log: &Path, mut ok: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
@@ -177,6 +205,14 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
     });
     let gpu4 = "device=\"0000:9b:00.0\"";
     assert_eq!(metric(listen, "isthmus_device_health", gpu4), Some(1.0));
+    wait(
+        "the first NRT: 4 GPUs allocatable in GPU 4's zone",
+        log,
+        || {
+            nrt_gpu(api, node, "0000:9b:00.0")
+                .is_some_and(|(alloc, attr)| alloc == "4" && !attr.contains("health="))
+        },
+    );
     assert_eq!(
         metric(listen, "isthmus_device_health", "class=\"gpu\""),
         Some(8.0)
@@ -205,6 +241,14 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
                     .starts_with("failed: 0000:9b:00.0. XID 119 (GSP_RPC_TIMEOUT)")
         }) && metric(listen, "isthmus_device_health", gpu4) == Some(0.0)
     });
+    wait(
+        "XID 119 → the NRT zone's GPUs 3 of 4, the device says why",
+        log,
+        || {
+            nrt_gpu(api, node, "0000:9b:00.0")
+                .is_some_and(|(alloc, attr)| alloc == "3" && attr.ends_with(";health=Xid119"))
+        },
+    );
 
     // An InfiniBand port leaves ACTIVE/LinkUp in sysfs.
     let port = root.join("sys/class/infiniband/mlx5_0/ports/1");

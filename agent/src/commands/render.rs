@@ -54,7 +54,8 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
                 mig_strategy: args.mig_strategy,
                 slurm: args.slurm_report.then(|| (name.clone(), slurm.clone())),
             };
-            let mut obj = crate::k8s::nrt_for(&name, topo, &view, &options);
+            // One discovery, no history: no health findings (they compare discoveries over time).
+            let mut obj = crate::k8s::nrt_for(&name, topo, &view, &[], &options);
             obj.metadata.owner_references = owner(&name, args.node_uid.as_ref());
             Ok((object_text(&obj, args.output)?, warnings))
         }

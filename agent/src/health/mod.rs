@@ -80,6 +80,8 @@ pub struct HealthOptions {
     pub live_xids: Option<isthmus_topology::nvml::XidQueue>,
     /// The GPU memory findings of the latest NVML telemetry read (the discovery worker's).
     pub memory: watch::Receiver<Vec<Finding>>,
+    /// Where every change of the findings goes (the NRT shows them).
+    pub findings: watch::Sender<Vec<Finding>>,
     /// The host root whose InfiniBand port files are read every [`PORT_POLL`]; `None`: ports are seen at
     /// discoveries only.
     pub host_root: Option<PathBuf>,
@@ -201,6 +203,13 @@ pub async fn run(
         if changed || metric_due || heartbeat_due || write_due {
             let findings = state.findings();
             record_metric(&metrics, &state, &findings);
+            opts.findings.send_if_modified(|cur| {
+                let changed = *cur != findings;
+                if changed {
+                    cur.clone_from(&findings);
+                }
+                changed
+            });
             last_metric = Some(Instant::now());
             if let Some((client, node)) =
                 opts.publish.as_ref().filter(|_| Instant::now() >= retry_at)

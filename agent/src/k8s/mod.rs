@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_topology::NodeTopology;
+use isthmus_topology::health::detect::Finding;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +77,7 @@ pub fn nrt_for(
     node: &str,
     topo: &NodeTopology,
     view: &KubeletView,
+    unhealthy: &[Finding],
     options: &NrtOptions,
 ) -> NodeResourceTopology {
     let allocation = Some(podresources::allocation(
@@ -92,17 +94,19 @@ pub fn nrt_for(
             allocation,
             mig_strategy: options.mig_strategy,
             report: node_report(topo, options.slurm.as_ref().map(|(n, a)| (n.as_str(), a))),
+            unhealthy: unhealthy.to_vec(),
         },
     )
 }
 
-/// Render an object from the latest discovery and kubelet view each time either changes, and send it on `out`
-/// when it differs from the last one. `render` returns `None` when the discovery cannot be described (no CPU or
-/// NUMA facts): the last object stays.
+/// Render an object from the latest discovery, kubelet view and device health each time one changes, and send it
+/// on `out` when it differs from the last one. `render` returns `None` when the discovery cannot be described (no
+/// CPU or NUMA facts): the last object stays.
 pub async fn render_task<K: PartialEq>(
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut kubelet: watch::Receiver<KubeletView>,
-    render: impl Fn(&NodeTopology, &KubeletView) -> Option<K>,
+    mut health: watch::Receiver<Vec<Finding>>,
+    render: impl Fn(&NodeTopology, &KubeletView, &[Finding]) -> Option<K>,
     out: watch::Sender<Option<K>>,
     shutdown: CancellationToken,
 ) {
@@ -111,13 +115,15 @@ pub async fn render_task<K: PartialEq>(
         if let Some(t) = latest {
             let obj = {
                 let view = kubelet.borrow_and_update();
-                render(&t, &view)
+                let findings = health.borrow_and_update();
+                render(&t, &view, &findings)
             };
             let Some(obj) = obj else {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     r = topo.changed() => if r.is_err() { return },
                     r = kubelet.changed() => if r.is_err() { return },
+                    r = health.changed() => if r.is_err() { return },
                 }
                 continue;
             };
@@ -133,6 +139,7 @@ pub async fn render_task<K: PartialEq>(
             () = shutdown.cancelled() => return,
             r = topo.changed() => if r.is_err() { return },
             r = kubelet.changed() => if r.is_err() { return },
+            r = health.changed() => if r.is_err() { return },
         }
     }
 }

@@ -1,11 +1,13 @@
 //! NodeResourceTopology (`topology.node.k8s.io/v1alpha2`) objects rendered from the model: one zone per NUMA node,
-//! costs from the NUMA distances, cpu/memory/hugepages resources, and device facts as zone attributes.
+//! costs from the NUMA distances, cpu/memory/hugepages resources, and device facts (with their health) as zone
+//! attributes.
 
 use std::collections::BTreeMap;
 
 use isthmus_api::nrt::{
     Attribute, Cost, FINGERPRINT_METHOD_ALL, NodeResourceTopology, ResourceInfo, Zone,
 };
+use isthmus_topology::health::detect::{Finding, HealthClass};
 use isthmus_topology::{DeviceKind, DeviceResource, MigStrategy, NodeTopology, NumaNode};
 
 use super::kubelet::TopologyManager;
@@ -42,6 +44,9 @@ pub struct NrtInputs {
     pub mig_strategy: MigStrategy,
     /// More node-level attributes (the node's fabric and Slurm report for the controller).
     pub report: Vec<Attribute>,
+    /// The device health findings now: a failed device says so in its zone attribute (`health=<reason>`), and a
+    /// failed GPU leaves its zone's allocatable.
+    pub unhealthy: Vec<Finding>,
 }
 
 /// Kubernetes' hugepages resource name for a page size (`hugepages-2Mi`, `hugepages-1Gi`).
@@ -55,9 +60,30 @@ pub fn hugepages_resource(page_size_bytes: u64) -> String {
     format!("hugepages-{page_size_bytes}")
 }
 
+/// The device-plugin resources of the GPUs that failed (by PCI address), per NUMA node: what leaves the allocatable.
+fn failed_resources(
+    topo: &NodeTopology,
+    unhealthy: &[Finding],
+    strategy: MigStrategy,
+) -> Vec<DeviceResource> {
+    let failed: Vec<&str> = unhealthy
+        .iter()
+        .filter(|f| f.class == HealthClass::Gpu)
+        .map(|f| f.device.as_str())
+        .collect();
+    if failed.is_empty() {
+        return Vec::new();
+    }
+    let mut only = topo.clone();
+    only.devices
+        .retain(|d| d.kind == DeviceKind::Gpu && failed.contains(&d.pci_address.as_str()));
+    isthmus_topology::device_plugin_resources(&only, strategy).0
+}
+
 fn zone_resources(
     n: &NumaNode,
     discovered: &[DeviceResource],
+    failed: &[DeviceResource],
     alloc: Option<&BTreeMap<String, (u64, u64)>>,
     devices_from_kubelet: bool,
 ) -> Vec<ResourceInfo> {
@@ -93,10 +119,19 @@ fn zone_resources(
         // allocatable); one that cannot say is taken to offer every device discovered.
         // (A plugin that shares devices, e.g. time-slicing replicas, may list more than there are: capacity then
         // follows the kubelet.)
+        // A failed GPU is not allocatable, whether or not its plugin has noticed (the kubelet's count then already
+        // lacks it: the smaller of the two).
+        let sound = count.saturating_sub(
+            failed
+                .iter()
+                .filter(|f| f.numa_node == Some(n.id) && f.name == *name)
+                .map(|f| f.count)
+                .sum(),
+        );
         let (capacity_here, allocatable) = if devices_from_kubelet {
-            ((*count).max(kubelet_alloc), kubelet_alloc)
+            ((*count).max(kubelet_alloc), kubelet_alloc.min(sound))
         } else {
-            (*count, *count)
+            (*count, sound)
         };
         capacity.push(((*name).to_owned(), capacity_here));
         amounts.insert((*name).to_owned(), (allocatable, used));
@@ -127,7 +162,25 @@ fn zone_resources(
         .collect()
 }
 
-fn device_attributes(topo: &NodeTopology, numa: u32) -> Vec<Attribute> {
+/// The reasons of the findings on device `d` (a GPU by PCI address; an HCA by its InfiniBand names, ports
+/// included), joined with `+`.
+fn health_of(d: &isthmus_topology::Device, unhealthy: &[Finding]) -> Option<String> {
+    let mut reasons: Vec<&str> = unhealthy
+        .iter()
+        .filter(|f| {
+            f.device == d.pci_address
+                || d.ib_devices
+                    .iter()
+                    .any(|ib| f.device.split('/').next() == Some(ib.as_str()))
+        })
+        .map(|f| f.reason.as_str())
+        .collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    (!reasons.is_empty()).then(|| reasons.join("+"))
+}
+
+fn device_attributes(topo: &NodeTopology, numa: u32, unhealthy: &[Finding]) -> Vec<Attribute> {
     topo.devices
         .iter()
         .filter(|d| d.numa_node == Some(numa) && d.kind != DeviceKind::Nvswitch)
@@ -159,6 +212,9 @@ fn device_attributes(topo: &NodeTopology, numa: u32) -> Vec<Attribute> {
             if !hcas.is_empty() {
                 v.push(format!("nearest-hca={}", hcas.join("+")));
             }
+            if let Some(h) = health_of(d, unhealthy) {
+                v.push(format!("health={h}"));
+            }
             attr(format!("isthmus.io/device.{}", d.pci_address), v.join(";"))
         })
         .collect()
@@ -168,6 +224,7 @@ fn device_attributes(topo: &NodeTopology, numa: u32) -> Vec<Attribute> {
 /// node's OS id differs from its zone number, the zone carries it in `isthmus.io/numa-node`.
 pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
     let (discovered, _) = isthmus_topology::device_plugin_resources(topo, input.mig_strategy);
+    let failed = failed_resources(topo, &input.unhealthy, input.mig_strategy);
     let zone_name = |i: usize| format!("node-{i}");
     let index_of: BTreeMap<u32, usize> = topo
         .numa_nodes
@@ -213,7 +270,7 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
                 attributes.push(attr("isthmus.io/numa-node", n.id.to_string()));
             }
             attributes.push(attr("isthmus.io/cpus", n.cpuset.to_string()));
-            attributes.extend(device_attributes(topo, n.id));
+            attributes.extend(device_attributes(topo, n.id, &input.unhealthy));
             Zone {
                 name: zone_name(i),
                 zone_type: "Node".into(),
@@ -221,6 +278,7 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
                 resources: zone_resources(
                     n,
                     &discovered,
+                    &failed,
                     alloc,
                     input
                         .allocation
@@ -273,6 +331,129 @@ pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn xe9680() -> NodeTopology {
+        let host = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/hosts/xe9680-8xh100"
+        );
+        let q = std::fs::read_to_string(format!("{host}/nvidia-smi-q.txt"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        isthmus_topology::discover(
+            &isthmus_topology::HostRoot::new(format!("{host}/root")),
+            &isthmus_topology::RecordedNvml::parse("xe9680", &q, None),
+            isthmus_topology::DiscoverOptions {
+                use_hwloc: false,
+                ib_counters: false,
+            },
+        )
+    }
+
+    fn finding(class: HealthClass, device: &str, reason: &str) -> Finding {
+        Finding {
+            class,
+            device: device.to_owned(),
+            reason: reason.to_owned(),
+            message: String::new(),
+        }
+    }
+
+    /// (allocatable, available, capacity) of `resource` in the zone of `numa`, and the attribute of `device`.
+    fn zone_of(
+        obj: &NodeResourceTopology,
+        numa: usize,
+        resource: &str,
+        device: &str,
+    ) -> ((String, String, String), String) {
+        let z = &obj.zones[numa];
+        let r = z
+            .resources
+            .iter()
+            .find(|r| r.name == resource)
+            .unwrap_or_else(|| panic!("{resource}"));
+        let a = z
+            .attributes
+            .iter()
+            .find(|a| a.name == format!("isthmus.io/device.{device}"))
+            .unwrap_or_else(|| panic!("{device}"));
+        (
+            (
+                r.allocatable.clone(),
+                r.available.clone(),
+                r.capacity.clone(),
+            ),
+            a.value.clone(),
+        )
+    }
+
+    #[test]
+    fn a_failed_gpu_leaves_its_zones_allocatable_and_says_why() {
+        let topo = xe9680();
+        let gpu = topo
+            .devices
+            .iter()
+            .find(|d| d.pci_address == "0000:9b:00.0")
+            .unwrap_or_else(|| panic!("GPU 4"));
+        let numa = gpu.numa_node.unwrap_or_else(|| panic!("numa")) as usize;
+        let hca = topo
+            .devices
+            .iter()
+            .find(|d| d.ib_devices.contains(&"mlx5_0".to_owned()))
+            .unwrap_or_else(|| panic!("mlx5_0"));
+        let hca_numa = hca.numa_node.unwrap_or_else(|| panic!("numa")) as usize;
+        let input = |unhealthy: Vec<Finding>, allocation: Option<Allocation>| NrtInputs {
+            node_name: "n".to_owned(),
+            node_uid: None,
+            topology_manager: TopologyManager::default(),
+            allocation,
+            mig_strategy: MigStrategy::None,
+            report: Vec::new(),
+            unhealthy,
+        };
+        let sound = render(&topo, &input(Vec::new(), None));
+        let ((alloc, avail, cap), attr) = zone_of(&sound, numa, "nvidia.com/gpu", "0000:9b:00.0");
+        assert_eq!(
+            (alloc.as_str(), avail.as_str(), cap.as_str()),
+            ("4", "4", "4")
+        );
+        assert!(!attr.contains("health="), "{attr}");
+
+        let failed = vec![
+            finding(HealthClass::Gpu, "0000:9b:00.0", "Xid119"),
+            finding(HealthClass::Gpu, "0000:9b:00.0", "RowRemapPending"),
+            finding(HealthClass::Infiniband, "mlx5_0/1", "IbPortDown"),
+        ];
+        let obj = render(&topo, &input(failed.clone(), None));
+        let ((alloc, avail, cap), attr) = zone_of(&obj, numa, "nvidia.com/gpu", "0000:9b:00.0");
+        assert_eq!(
+            (alloc.as_str(), avail.as_str(), cap.as_str()),
+            ("3", "3", "4")
+        );
+        assert!(attr.ends_with(";health=RowRemapPending+Xid119"), "{attr}");
+        let (_, hca_attr) = zone_of(&obj, hca_numa, "nvidia.com/gpu", &hca.pci_address);
+        assert!(hca_attr.ends_with(";health=IbPortDown"), "{hca_attr}");
+        // The other zone's resources are untouched.
+        assert_eq!(
+            obj.zones[1 - numa].resources,
+            sound.zones[1 - numa].resources
+        );
+
+        // A kubelet whose plugin already dropped the GPU (3 allocatable, 1 in use): not subtracted twice.
+        let allocation = Allocation {
+            per_numa: BTreeMap::from([(
+                numa as u32,
+                BTreeMap::from([("nvidia.com/gpu".to_owned(), (3, 1))]),
+            )]),
+            pods_fingerprint: None,
+            devices_from_kubelet: true,
+        };
+        let obj = render(&topo, &input(failed, Some(allocation)));
+        let ((alloc, avail, cap), _) = zone_of(&obj, numa, "nvidia.com/gpu", "0000:9b:00.0");
+        assert_eq!(
+            (alloc.as_str(), avail.as_str(), cap.as_str()),
+            ("3", "2", "4")
+        );
+    }
 
     #[test]
     fn hugepage_names_follow_kubernetes() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use isthmus_api::numatopo::Numatopology;
 use isthmus_topology::NodeTopology;
+use isthmus_topology::health::detect::Finding;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -30,6 +31,8 @@ pub struct Publishing {
     pub numatopology_recheck: Duration,
     /// Where and how often the kubelet is asked.
     pub kubelet: kubelet_view::Source,
+    /// The device health findings (the health task's), which the NRT shows.
+    pub health: watch::Receiver<Vec<Finding>>,
 }
 
 impl std::fmt::Debug for Publishing {
@@ -60,11 +63,12 @@ pub fn spawn(
         tokio::spawn(super::render_task(
             topo.clone(),
             view_rx.clone(),
-            move |topo, view| match topo.require_cpus() {
+            p.health.clone(),
+            move |topo, view, health| match topo.require_cpus() {
                 Ok(()) => {
                     let keep_existing = kubelet_says(view)?;
                     Some(publisher::Desired {
-                        object: super::nrt_for(&name, topo, view, &options),
+                        object: super::nrt_for(&name, topo, view, health, &options),
                         keep_existing,
                     })
                 }
@@ -93,6 +97,7 @@ pub fn spawn(
     tokio::spawn(super::render_task(
         topo,
         view_rx,
+        p.health,
         numatopology_renderer(p.node.clone()),
         numa_tx,
         shutdown.clone(),
@@ -136,9 +141,10 @@ fn kubelet_says(view: &KubeletView) -> Option<bool> {
 /// The Numatopology renderer of the node `name`; warnings are logged when they change.
 fn numatopology_renderer(
     name: String,
-) -> impl Fn(&NodeTopology, &KubeletView) -> Option<publisher::Desired<Numatopology>> {
+) -> impl Fn(&NodeTopology, &KubeletView, &[Finding]) -> Option<publisher::Desired<Numatopology>> {
     let last_warnings = Mutex::new(Vec::<String>::new());
-    move |topo, view| {
+    // Volcano's Numatopology describes CPUs only: device health does not change it.
+    move |topo, view, _health| {
         if let Err(e) = topo.require_cpus() {
             tracing::error!(error = %e, "the Numatopology is not published");
             return None;
