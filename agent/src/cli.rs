@@ -253,6 +253,16 @@ pub struct AgentArgs {
     /// slurmd program.
     #[arg(long, default_value = "slurmd", value_name = "PATH")]
     pub slurmd: PathBuf,
+    /// A dynamic node's place in the Slurm topology (Slurm >= 25.05): `Topology=` in its `slurmd -Z --conf`, as
+    /// `TOPOLOGY:UNIT[,TOPOLOGY:UNIT]` with the names the controller writes into topology.yaml (`isthmus-tree:<leaf>`,
+    /// the leaf being the node's `topology.isthmus.io/tier-0` label; `isthmus-block:<block>`). The node then
+    /// registers in that place, with no `scontrol reconfigure`. Only with `--slurm-mode dynamic`.
+    #[arg(
+        long,
+        env = "ISTHMUS_SLURM_TOPOLOGY",
+        value_name = "TOPOLOGY:UNIT[,...]"
+    )]
+    pub slurm_topology: Option<String>,
     /// Extra slurmd argument (repeatable).
     #[arg(long = "slurmd-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub slurmd_args: Vec<String>,

@@ -5,6 +5,7 @@
 pub mod munge;
 pub mod node;
 pub mod supervisor;
+pub mod topology_unit;
 
 use std::sync::Arc;
 use std::time::Duration;
