@@ -263,6 +263,11 @@ pub struct AgentArgs {
         value_name = "TOPOLOGY:UNIT[,...]"
     )]
     pub slurm_topology: Option<String>,
+    /// slurmd's HTTP listener (its `SlurmdPort`, e.g. `127.0.0.1:6818`; Slurm 26.05): the agent's /readyz then
+    /// also needs slurmd's own `/readyz` to succeed (asked every 2 s). Leave unset for older slurmd, which serve no
+    /// HTTP, and where `CommunicationParameters=disable_http` is set.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub slurmd_readyz: Option<std::net::SocketAddr>,
     /// Extra slurmd argument (repeatable).
     #[arg(long = "slurmd-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub slurmd_args: Vec<String>,
