@@ -95,13 +95,16 @@ bench: build
 # buildah that answers (scripts/container-engine.sh says which). IMAGE_BINARY=prebuilt puts the host's
 # target/release/isthmus in instead of compiling in the image (run `make build` first; the host must be Debian
 # bookworm). BASE_IMAGE and BUILDER_IMAGE replace the Containerfile's FROM images (`make image-bases` makes local
-# ones where no registry can be reached), IMAGE_BUILD_FLAGS adds engine flags.
+# ones where no registry can be reached), IMAGE_BUILD_FLAGS adds engine flags. SLURM_BASE_IMAGE is the Debian image
+# of the Slurm image (default BASE_IMAGE: bookworm, Slurm 22.05; trixie 24.11, sid 26.05) and SLURM_IMAGE_TAG its tag.
 WORKSPACE_VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
 IMAGE_REPO ?= isthmus
 IMAGE_TAG ?= $(WORKSPACE_VERSION)
 IMAGE_BINARY ?= build
 BASE_IMAGE ?=
 BUILDER_IMAGE ?=
+SLURM_BASE_IMAGE ?=
+SLURM_IMAGE_TAG ?= $(IMAGE_TAG)
 IMAGE_BUILD_FLAGS ?=
 
 # docker: BuildKit (the default since docker 23, with buildx), which skips the stages a target does not need.
@@ -118,12 +121,13 @@ image:
 	case "$$engine" in *buildah) build="$$engine bud" ;; *) build="$$engine build" ;; esac; \
 	args="$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))"; \
 	args="$$args $(if $(BUILDER_IMAGE),--build-arg BUILDER_IMAGE=$(BUILDER_IMAGE))"; \
-	for t in runtime:$(IMAGE_REPO) runtime-slurm:$(IMAGE_REPO)-slurm; do \
-	  target=$${t%%:*}$$suffix; name=$${t#*:}:$(IMAGE_TAG); \
+	args="$$args $(if $(SLURM_BASE_IMAGE),--build-arg SLURM_BASE_IMAGE=$(SLURM_BASE_IMAGE))"; \
+	for t in runtime:$(IMAGE_REPO):$(IMAGE_TAG) runtime-slurm:$(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG); do \
+	  target=$${t%%:*}$$suffix; name=$${t#*:}; \
 	  echo "$$build --target $$target -t $$name"; \
 	  $$build -f Containerfile --target $$target $$args $(IMAGE_BUILD_FLAGS) -t $$name . || exit 1; \
 	done; \
-	echo "built $(IMAGE_REPO):$(IMAGE_TAG) and $(IMAGE_REPO)-slurm:$(IMAGE_TAG) with $$engine"
+	echo "built $(IMAGE_REPO):$(IMAGE_TAG) and $(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG) with $$engine"
 
 # Base and builder images made on this machine (debootstrap and the machine's Rust toolchain), for machines that
 # cannot reach a container registry; prints the make image arguments that use them.

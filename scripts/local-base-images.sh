@@ -2,19 +2,27 @@
 # The two images the Containerfile starts from, made on this machine for when no container registry can be reached:
 #   localhost/debian:bookworm        Debian bookworm (debootstrap --variant=minbase from the machine's Debian mirror),
 #                                    trimmed like Debian's own -slim images; stands for debian:bookworm-slim.
+#                                    `base trixie` and `base sid` make localhost/debian:trixie and :sid the same way,
+#                                    for the Slurm image of another Slurm line (SLURM_BASE_IMAGE; docs/deploy.md).
 #   localhost/rust:<ver>-bookworm    that base with gcc and this machine's Rust toolchain (`rustc --print sysroot`);
 #                                    stands for rust:<ver>-bookworm.
 # Each is made only when the engine does not have it yet. Then:
 #   make image BASE_IMAGE=localhost/debian:bookworm BUILDER_IMAGE=localhost/rust:<ver>-bookworm
-# Usage: scripts/local-base-images.sh [base|builder|all]   (engine: $CONTAINER_ENGINE, else docker, podman, buildah)
+# Usage: scripts/local-base-images.sh [base [SUITE]|builder|all]   (SUITE: bookworm (default), trixie or sid;
+#        engine: $CONTAINER_ENGINE, else docker, podman, buildah)
 # Needs root (debootstrap), debootstrap, and the Debian mirror. Prints the image names it made or found.
 set -euo pipefail
 
 what=${1:-all}
+suite=${2:-bookworm}
+case "$suite" in
+  bookworm|trixie|sid) ;;
+  *) echo "$0: suite $suite: bookworm, trixie or sid" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 
 engine=${CONTAINER_ENGINE:-$(scripts/container-engine.sh)}
-base=localhost/debian:bookworm
+base=localhost/debian:$suite
 
 have() { "$engine" image inspect "$1" >/dev/null 2>&1; }
 
@@ -30,7 +38,7 @@ make_base() {
   local root
   root=$(mktemp -d /var/tmp/isthmus-debootstrap.XXXXXX)
   trap 'rm -rf "$root"' RETURN
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >&2
+  debootstrap --variant=minbase "$suite" "$root" "$mirror" >&2
   # What Debian's bookworm-slim leaves out, and its apt settings (no package cache kept in a layer).
   cat >"$root/etc/dpkg/dpkg.cfg.d/slim" <<'EOF'
 path-exclude /usr/share/doc/*
@@ -48,11 +56,18 @@ APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/a
 Dir::Cache::pkgcache "";
 Dir::Cache::srcpkgcache "";
 EOF
-  cat >"$root/etc/apt/sources.list" <<EOF
-deb $mirror bookworm main
-deb $mirror bookworm-updates main
-deb $security bookworm-security main
+  if [ "$suite" = sid ]; then
+    echo "deb $mirror sid main" >"$root/etc/apt/sources.list"
+  else
+    cat >"$root/etc/apt/sources.list" <<EOF
+deb $mirror $suite main
+deb $mirror $suite-updates main
+deb $security $suite-security main
 EOF
+  fi
+  # A mirror that serves a fixed snapshot keeps a suite's Release file past its Valid-Until (sid's lasts a week):
+  # its signature is still checked, its age is not (as tests/slurm/root.sh).
+  echo 'Acquire::Check-Valid-Until "false";' >"$root/etc/apt/apt.conf.d/99isthmus-snapshot"
   find "$root/usr/share/doc" -mindepth 2 ! -name copyright ! -type d -delete
   rm -rf "$root"/usr/share/{groff,info,linda,locale,man}/* "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin \
     "$root"/var/cache/apt/archives/*.deb "$root"/var/log/* "$root"/etc/machine-id "$root"/var/lib/dbus/machine-id
@@ -95,7 +110,9 @@ EOF
 
 case "$what" in
   base) make_base ;;
-  builder) make_builder ;;
-  all) make_base; make_builder ;;
+  builder|all)
+    [ "$suite" = bookworm ] || { echo "$0: the builder image is bookworm's" >&2; exit 2; }
+    [ "$what" = all ] && make_base
+    make_builder ;;
   *) echo "usage: $0 [base|builder|all]" >&2; exit 2 ;;
 esac

@@ -253,6 +253,21 @@ pub struct AgentArgs {
     /// slurmd program.
     #[arg(long, default_value = "slurmd", value_name = "PATH")]
     pub slurmd: PathBuf,
+    /// A dynamic node's place in the Slurm topology (Slurm >= 25.05): `Topology=` in its `slurmd -Z --conf`, as
+    /// `TOPOLOGY:UNIT[,TOPOLOGY:UNIT]` with the names the controller writes into topology.yaml (`isthmus-tree:<leaf>`,
+    /// the leaf being the node's `topology.isthmus.io/tier-0` label; `isthmus-block:<block>`). The node then
+    /// registers in that place, with no `scontrol reconfigure`. Only with `--slurm-mode dynamic`.
+    #[arg(
+        long,
+        env = "ISTHMUS_SLURM_TOPOLOGY",
+        value_name = "TOPOLOGY:UNIT[,...]"
+    )]
+    pub slurm_topology: Option<String>,
+    /// slurmd's HTTP listener (its `SlurmdPort`, e.g. `127.0.0.1:6818`; Slurm 26.05): the agent's /readyz then
+    /// also needs slurmd's own `/readyz` to succeed (asked every 2 s). Leave unset for older slurmd, which serve no
+    /// HTTP, and where `CommunicationParameters=disable_http` is set.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub slurmd_readyz: Option<std::net::SocketAddr>,
     /// Extra slurmd argument (repeatable).
     #[arg(long = "slurmd-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub slurmd_args: Vec<String>,

@@ -230,9 +230,18 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         ));
         child_status = Some(status_rx);
     }
+    let slurmd_ready = match (&child_status, args.slurmd_readyz) {
+        (Some(_), Some(addr)) => {
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(crate::slurm::readyz::run(addr, tx, shutdown.clone()));
+            Some(rx)
+        }
+        _ => None,
+    };
     tokio::spawn(readiness(
         topo_rx.clone(),
         child_status,
+        slurmd_ready,
         health,
         metrics.clone(),
         shutdown.clone(),
@@ -313,10 +322,12 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     Ok(0)
 }
 
-/// Readiness and child metrics: ready once the first discovery is done and, with Slurm, while slurmd runs.
+/// Readiness and child metrics: ready once the first discovery is done and, with Slurm, while slurmd runs (and,
+/// with `--slurmd-readyz`, while slurmd's own /readyz succeeds).
 async fn readiness(
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut children: Option<watch::Receiver<Vec<ChildStatus>>>,
+    mut slurmd_ready: Option<watch::Receiver<bool>>,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -332,9 +343,19 @@ async fn readiness(
                 discovered && status.iter().any(|c| c.name == "slurmd" && c.up)
             }
         };
+        let ready = ready
+            && slurmd_ready
+                .as_mut()
+                .is_none_or(|rx| *rx.borrow_and_update());
         health.set_ready(ready);
         let child_changed = async {
             match &mut children {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let probe_changed = async {
+            match &mut slurmd_ready {
                 Some(rx) => rx.changed().await.is_ok(),
                 None => std::future::pending().await,
             }
@@ -343,6 +364,7 @@ async fn readiness(
             () = shutdown.cancelled() => return,
             r = topo.changed() => if r.is_err() { return },
             ok = child_changed => if !ok { return },
+            ok = probe_changed => if !ok { return },
         }
     }
 }

@@ -331,6 +331,27 @@ pub fn base_image(engine: &str) -> String {
     local_image(engine, "ISTHMUS_IMAGE_BASE", "base")
 }
 
+/// A base image of Debian `suite` (`trixie`, `sid`): `localhost/debian:<suite>` made by
+/// scripts/local-base-images.sh (debootstrap) when the engine does not have it yet.
+pub fn suite_base_image(engine: &str, suite: &str) -> String {
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/local-base-images.sh"))
+        .args(["base", suite])
+        .env("CONTAINER_ENGINE", engine)
+        .output()
+        .unwrap_or_else(|e| panic!("bash: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/local-base-images.sh base {suite} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// The builder image the source-build test uses: `ISTHMUS_IMAGE_BUILDER`, else `localhost/rust:<ver>-bookworm`
 /// made by scripts/local-base-images.sh from this machine's toolchain.
 pub fn builder_image(engine: &str) -> String {

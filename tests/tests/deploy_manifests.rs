@@ -314,7 +314,14 @@ fn the_manifests_name_the_images_make_image_builds() {
         makefile.contains("\nIMAGE_TAG ?= $(WORKSPACE_VERSION)\n"),
         "Makefile: IMAGE_TAG"
     );
-    assert!(makefile.contains("runtime:$(IMAGE_REPO) runtime-slurm:$(IMAGE_REPO)-slurm"));
+    // The Slurm image's tag is the same unless a build for another Slurm line names its own.
+    assert!(
+        makefile.contains("\nSLURM_IMAGE_TAG ?= $(IMAGE_TAG)\n"),
+        "Makefile: SLURM_IMAGE_TAG"
+    );
+    assert!(makefile.contains(
+        "runtime:$(IMAGE_REPO):$(IMAGE_TAG) runtime-slurm:$(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG)"
+    ));
     // The agent and the controller: the same image, the Slurm variant wherever Slurm runs.
     let deploy = repo_root().join("deploy");
     for (root, sub, want) in [

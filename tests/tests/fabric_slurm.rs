@@ -2,16 +2,21 @@
 //! with `TopologyPlugin=topology/tree` and `scontrol show topology` lists exactly the model's switches, levels and
 //! nodes, with no topology complaint in its log; the central gres.conf and the grouped `NodeName=` lines, built from
 //! NRTs that real discovery and the agent-side encoder produced, are accepted by slurmctld and parsed by `slurmd
-//! -G` exactly as each node computed them.
+//! -G` exactly as each node computed them. On 26.05, the same for the topology.yaml of the controller's Slurm
+//! ConfigMap (tree and block) on a site with `auth/slurm`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use clap::Parser as _;
 use isthmus_api::fabric::node_report_attributes;
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_controller::hostlist;
 use isthmus_controller::model::ClusterModel;
 use isthmus_controller::offline::{self, ModelFlags, OutputKind, RenderArgs};
+use isthmus_controller::render::check;
+use isthmus_controller::run::outputs;
+use isthmus_controller::run::topology::TopologyArgs;
 use isthmus_tests::slurm::{SlurmDir, problems, slurmd_g};
 use isthmus_tests::slurm_release::SlurmRelease;
 use isthmus_tests::slurmctld::{Auth, Controller};
@@ -36,16 +41,7 @@ fn render(model: &ClusterModel, a: &RenderArgs, kind: OutputKind) -> String {
 
 /// `scontrol show topology` as switch → key/value map.
 fn show_topology(c: &Controller) -> BTreeMap<String, BTreeMap<String, String>> {
-    c.scontrol(&["show", "topology"])
-        .lines()
-        .filter_map(|l| {
-            let kv: BTreeMap<String, String> = l
-                .split_whitespace()
-                .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-                .collect();
-            Some((kv.get("SwitchName")?.clone(), kv))
-        })
-        .collect()
+    show_units(c, None, "SwitchName")
 }
 
 fn expand(list: &str) -> BTreeSet<String> {
@@ -152,6 +148,86 @@ fn slurmctld_loads_the_director_topology(release) {
         "{log}"
     );
     assert!(!complaints(&log).is_empty());
+}
+}
+
+/// The controller's options as the command line gives them (`isthmus controller run ... ARGS`).
+#[derive(clap::Parser)]
+struct ControllerFlags {
+    #[command(flatten)]
+    topology: TopologyArgs,
+}
+
+/// `scontrol show topology [NAME]` as unit name (`SwitchName=`/`BlockName=`) → key/value map.
+fn show_units(
+    c: &Controller,
+    name: Option<&str>,
+    key: &str,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut args = vec!["show", "topology"];
+    args.extend(name);
+    c.scontrol(&args)
+        .lines()
+        .filter_map(|l| {
+            let kv: BTreeMap<String, String> = l
+                .split_whitespace()
+                .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+                .collect();
+            Some((kv.get(key)?.clone(), kv))
+        })
+        .collect()
+}
+
+each_release! {
+only [V26_05]
+/// The Slurm ConfigMap of a controller run with `--slurm-topology-yaml true`, every key beside slurm.conf of a
+/// site on `auth/slurm` (no munged): slurmctld reads topology.yaml (and so ignores topology.conf beside it), and
+/// `scontrol show topology` lists exactly the switches of its tree, with their levels, children and nodes, and
+/// `scontrol show topology isthmus-block` exactly its blocks with their nodes, with no complaint in the log.
+fn slurmctld_loads_the_topology_yaml_of_the_slurm_configmap(release) {
+    let dump = fixtures().join("fabric/dumps/ufm_sdk-ibnetdiscover_director.txt");
+    let a = args(Some(&dump), None);
+    let (model, _) = offline::build_model(&a).unwrap_or_else(|e| panic!("{e}"));
+    let flags = ControllerFlags::parse_from(["isthmus", "--slurm-topology-yaml", "true"]);
+    let files = outputs::slurm_files(&model, &flags.topology).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        files.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["gres.conf", "nodes.conf", "topology.conf", "topology.yaml"]
+    );
+    let yaml = &files["topology.yaml"];
+    let named = check::read_back_yaml(yaml).unwrap_or_else(|e| panic!("{e}"));
+    // The blocks the file names, with their nodes.
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
+    let blocks: BTreeMap<String, BTreeSet<String>> = doc
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("block")?.get("blocks")?.as_sequence())
+        .flatten()
+        .filter_map(|b| Some((b.get("block")?.as_str()?.to_owned(), expand(b.get("nodes")?.as_str()?))))
+        .collect();
+    assert!(blocks.len() > 1, "{yaml}");
+    assert_eq!(
+        blocks.values().flatten().cloned().collect::<BTreeSet<_>>(),
+        named["isthmus-block"].keys().cloned().collect::<BTreeSet<_>>()
+    );
+
+    let names = hostlist::compress(model.nodes.values().filter_map(|n| n.slurm_name.as_deref()));
+    let nodes = format!("NodeName={names} CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1");
+    let files: Vec<(&str, &str)> = files.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let c = Controller::start_on(release, Auth::Slurm, "", &nodes, &files);
+    assert_slurm_sees_the_model(&c, &model);
+    let shown = show_units(&c, Some("isthmus-block"), "BlockName");
+    assert_eq!(
+        shown.keys().collect::<BTreeSet<_>>(),
+        blocks.keys().collect::<BTreeSet<_>>(),
+        "block names"
+    );
+    for (b, members) in &blocks {
+        assert_eq!(&expand(&shown[b]["Nodes"]), members, "{b}: nodes");
+    }
+    let log = c.log();
+    assert!(complaints(&log).is_empty(), "{:?}", complaints(&log));
 }
 }
 

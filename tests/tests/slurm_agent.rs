@@ -7,7 +7,7 @@
 //! node run on 22.05, 24.11 and 26.05. The configless node, the hardware change and the command-line errors test
 //! the agent's own logic, which does not depend on the release: they run on 22.05 only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -147,7 +147,12 @@ impl Site {
     /// A configured node of `release` (23.11 or later) whose daemons and clients authenticate with `auth/slurm`: the
     /// key `slurm.key` beside slurm.conf, where slurmctld, slurmd and the clients read it; no munged.
     fn with_auth_slurm(release: SlurmRelease, node: &str, root: &Path) -> Self {
-        let mut site = Self::on(release, node, root, Mode::Configured);
+        Self::with_auth_slurm_as(release, node, root, Mode::Configured)
+    }
+
+    /// [`Self::with_auth_slurm`] for a node defined as `mode` says.
+    fn with_auth_slurm_as(release: SlurmRelease, node: &str, root: &Path, mode: Mode) -> Self {
+        let mut site = Self::on(release, node, root, mode);
         let p = site.path().display().to_string();
         let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
         let munge = format!(
@@ -600,6 +605,80 @@ fn dynamic_node_registers_with_its_gres(release) {
 }
 }
 
+each_release! {
+only [V26_05]
+/// A dynamic node started with `--slurm-topology isthmus-tree:<leaf>` on a site on `auth/slurm` whose slurmctld read
+/// a topology.yaml of two leaves under a spine: the node registers under that leaf (and the spine) and under no
+/// other switch, with no `scontrol reconfigure` and no slurmctld restart.
+fn dynamic_node_registers_under_its_leaf(release) {
+    let root = h100();
+    let mut site = Site::with_auth_slurm_as(release, "dyn2", &root, Mode::Dynamic);
+    let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
+    // Two placed nodes that never run, one per leaf: the leaves exist before the dynamic node comes.
+    let conf = conf.replace(
+        "PartitionName=",
+        "NodeName=st1,st2 CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1\nPartitionName=",
+    );
+    std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
+    let yaml = "- topology: isthmus-tree\n  cluster_default: true\n  tree:\n    switches:\n    - switch: leaf-1\n      \
+                nodes: st1\n    - switch: leaf-2\n      nodes: st2\n    - switch: spine\n      children: leaf-[1-2]\n";
+    std::fs::write(site.path().join("topology.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    site.start_slurmctld();
+    site.start_agent(
+        &root,
+        &[
+            "--slurm-mode",
+            "dynamic",
+            "--real-memory-mib",
+            "1000",
+            "--node-addr",
+            "127.0.0.1",
+            "--slurm-topology",
+            "isthmus-tree:leaf-2",
+        ],
+    );
+    site.wait_idle();
+    let n = site.scontrol_node();
+    assert!(n.get("State").is_some_and(|s| s.contains("DYNAMIC")), "{n:?}");
+    assert_eq!(
+        n.get("Topology").map(String::as_str),
+        Some("isthmus-tree:leaf-2")
+    );
+    let out = release
+        .command("scontrol")
+        .args(["show", "topology"])
+        .env("SLURM_CONF", site.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("scontrol: {e}"));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let nodes: BTreeMap<String, BTreeSet<String>> = shown
+        .lines()
+        .filter_map(|l| {
+            let kv: BTreeMap<&str, &str> = l.split_whitespace().filter_map(|t| t.split_once('=')).collect();
+            let list = isthmus_controller::hostlist::expand(kv.get("Nodes")?)
+                .unwrap_or_else(|e| panic!("{l}: {e}"));
+            Some(((*kv.get("SwitchName")?).to_owned(), list.into_iter().collect()))
+        })
+        .collect();
+    let want: BTreeMap<String, BTreeSet<String>> = [
+        ("leaf-1", &["st1"][..]),
+        ("leaf-2", &["dyn2", "st2"]),
+        ("spine", &["dyn2", "st1", "st2"]),
+    ]
+    .into_iter()
+    .map(|(s, n)| (s.to_owned(), n.iter().map(|n| (*n).to_owned()).collect()))
+    .collect();
+    assert_eq!(nodes, want, "{shown}");
+    // slurmctld placed the node when it registered: it was neither reconfigured nor restarted.
+    let log = std::fs::read_to_string(site.path().join("slurmctld.log")).unwrap_or_default();
+    // (what `scontrol reconfigure` and SIGHUP log; its select plugin logs "reconfigure" at every start)
+    for reconfigured in ["Processing Reconfiguration Request", "Reconfigure signal"] {
+        assert!(!log.contains(reconfigured), "{log}");
+    }
+    assert_eq!(log.matches("slurmctld version").count(), 1, "{log}");
+}
+}
+
 #[test]
 fn configless_dynamic_node_takes_its_gres_from_the_controller() {
     // The GRES comes from the controller's central gres.conf (Site::new writes it for configless mode).
@@ -701,6 +780,24 @@ fn bad_configuration_gives_one_error_line() {
         "--munge-key".into(),
         locked.join("munge.key").display().to_string(),
     ]);
+    // A Topology= value that would add a key to slurmd's --conf, and a place for a node that is not dynamic.
+    for (mode, topology) in [
+        ("dynamic", "isthmus-tree:leaf Gres=gpu:9"),
+        ("configured", "isthmus-tree:leaf"),
+    ] {
+        cases.push(
+            [
+                "--slurm-conf",
+                &site.conf().display().to_string(),
+                "--slurm-mode",
+                mode,
+                "--slurm-topology",
+                topology,
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        );
+    }
     for extra in cases {
         let out = Command::new(isthmus_bin())
             .args([
@@ -725,6 +822,9 @@ fn bad_configuration_gives_one_error_line() {
         assert_eq!(errors.len(), 1, "{extra:?}: {err}");
         if extra.iter().any(|a| a.contains("locked")) {
             assert!(errors[0].contains("owned by root"), "{}", errors[0]);
+        }
+        if extra.iter().any(|a| a == "--slurm-topology") {
+            assert!(errors[0].contains("--slurm-topology"), "{}", errors[0]);
         }
     }
 }

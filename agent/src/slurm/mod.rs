@@ -1,10 +1,12 @@
 //! The Slurm side of the agent: gres.conf and slurmd's arguments rendered from each discovery ([`node`]), munged
-//! ([`munge`]), and the supervisor that runs them ([`supervisor`]). The [`run`] task turns topology changes into
-//! gres.conf writes and slurmd (re)starts.
+//! ([`munge`]), the supervisor that runs them ([`supervisor`]) and slurmd's own readiness ([`readyz`]). The [`run`]
+//! task turns topology changes into gres.conf writes and slurmd (re)starts.
 
 pub mod munge;
 pub mod node;
+pub mod readyz;
 pub mod supervisor;
+pub mod topology_unit;
 
 use std::sync::Arc;
 use std::time::Duration;

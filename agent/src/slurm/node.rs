@@ -8,6 +8,7 @@ use isthmus_gres::{gres_conf, node_def};
 use isthmus_topology::NodeTopology;
 
 use super::supervisor::process::{ChildSpec, Readiness, Reaper};
+use super::topology_unit::{TopologyUnitError, TopologyUnits};
 use crate::cli::{AgentArgs, SlurmArgs, SlurmMode};
 use crate::config_file::{WriteError, WriteOutcome, write_if_changed};
 
@@ -50,6 +51,15 @@ pub enum SlurmConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The `Topology=` value is refused.
+    #[error("--slurm-topology: {0}")]
+    Topology(#[from] TopologyUnitError),
+    /// `--slurm-topology` without a dynamic node.
+    #[error(
+        "--slurm-topology places a dynamic node (--slurm-mode dynamic); a configured node's place is in topology.conf \
+         or topology.yaml"
+    )]
+    TopologyNotDynamic,
     /// The node definition cannot be rendered.
     #[error("{0}")]
     Render(#[from] isthmus_gres::NodeDefError),
@@ -134,6 +144,7 @@ pub struct SlurmNode {
     node: String,
     slurmd: PathBuf,
     gres_out: Option<PathBuf>,
+    topology: Option<TopologyUnits>,
 }
 
 impl SlurmNode {
@@ -153,7 +164,16 @@ impl SlurmNode {
             (None, Some(conf)) => Some(conf.with_file_name("gres.conf")),
             (None, None) => None,
         };
+        let topology = args
+            .slurm_topology
+            .as_deref()
+            .map(TopologyUnits::parse)
+            .transpose()?;
+        if topology.is_some() && args.slurm_mode != SlurmMode::Dynamic {
+            return Err(SlurmConfigError::TopologyNotDynamic);
+        }
         Ok(Self {
+            topology,
             mode: args.slurm_mode,
             slurm_conf: args.slurm_conf.clone(),
             conf_server: args.conf_server.clone(),
@@ -189,7 +209,11 @@ impl SlurmNode {
             args.extend(["--conf-server".to_owned(), server.clone()]);
         }
         if self.mode == SlurmMode::Dynamic {
-            let (conf, _) = node_def::dynamic_conf(topo, &self.slurm.node_options())?;
+            let (mut conf, _) = node_def::dynamic_conf(topo, &self.slurm.node_options())?;
+            if let Some(t) = &self.topology {
+                conf.push_str(" Topology=");
+                conf.push_str(t.as_str());
+            }
             args.extend(["-Z".to_owned(), "--conf".to_owned(), conf]);
         }
         args.extend(self.slurmd_args.iter().cloned());

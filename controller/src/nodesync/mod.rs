@@ -5,9 +5,10 @@
 //! - Slurm → Kubernetes: the Node condition `SlurmNodeState` (server-side apply on `nodes/status`) and, for drains
 //!   that did not come from us, the `NoSchedule` taint `isthmus.io/slurm-drain`.
 //!
-//! Nodes come from a watch (reflector); Slurm is read every poll interval with one `scontrol show node --json`
-//! (`sinfo --json` on Slurm 22.05) and also right after a Node changed in what the decision reads. [`decide::decide`] compares both sides and
-//! returns the writes; this shell only reads, calls it and sends what it returned.
+//! Nodes come from a watch (reflector); Slurm is read every poll interval with one `sinfo` of fixed fields (text,
+//! the same on every release: [`crate::slurm::nodes`]) and also right after a Node changed in what the decision
+//! reads. [`decide::decide`] compares both sides and returns the writes; this shell only reads, calls it and sends
+//! what it returned.
 
 pub mod decide;
 pub mod health;

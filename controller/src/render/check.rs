@@ -1,5 +1,5 @@
 //! A strict reader of the Slurm files the controller writes, the other half of "render from typed fields": every
-//! line of `nodes.conf`, `gres.conf` and `topology.conf` is read back against the grammar it was rendered from and
+//! line of `nodes.conf`, `gres.conf`, `topology.conf` and `topology.yaml` is read back against the grammar it was rendered from and
 //! the host names it holds are returned. The property and end-to-end tests use it to show that no report, however
 //! crafted, gets a line of another shape into a file, or names a host twice.
 
@@ -109,9 +109,128 @@ pub fn read_back(
     Ok(named)
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlSwitch {
+    switch: String,
+    children: Option<String>,
+    nodes: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlTree {
+    switches: Vec<YamlSwitch>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlBlock {
+    block: String,
+    nodes: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlBlocks {
+    block_sizes: Vec<u32>,
+    blocks: Vec<YamlBlock>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlTopology {
+    topology: String,
+    cluster_default: bool,
+    tree: Option<YamlTree>,
+    block: Option<YamlBlocks>,
+}
+
+/// Read `topology.yaml` as the controller writes it: topologies with a switch-id name, each exactly one of a tree
+/// (switch ids, child switch lists, host lists) or a block topology (block ids, host lists, sizes), no other key,
+/// exactly one cluster default. Returns, per topology, how many leaves or blocks name each host.
+pub fn read_back_yaml(text: &str) -> Result<BTreeMap<String, BTreeMap<String, usize>>, String> {
+    let topologies: Vec<YamlTopology> =
+        serde_yaml_ng::from_str(text).map_err(|e| format!("topology.yaml: {e}"))?;
+    if topologies.iter().filter(|t| t.cluster_default).count() != 1 {
+        return Err("topology.yaml: not exactly one cluster default".into());
+    }
+    let mut out: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for t in topologies {
+        if !switch_id(&t.topology) || out.contains_key(&t.topology) {
+            return Err(format!("topology {:?}: bad or repeated name", t.topology));
+        }
+        let mut named: BTreeMap<String, usize> = BTreeMap::new();
+        let mut count = |list: &str, what: &str| -> Result<(), String> {
+            for h in hosts(list, what)? {
+                *named.entry(h).or_default() += 1;
+            }
+            Ok(())
+        };
+        match (&t.tree, &t.block) {
+            (Some(tree), None) => {
+                for s in &tree.switches {
+                    if !switch_id(&s.switch) {
+                        return Err(format!("switch {:?}: not a switch id", s.switch));
+                    }
+                    if let Some(c) = &s.children {
+                        let ids = hostlist::expand(c).map_err(|e| format!("{c:?}: {e}"))?;
+                        if ids.is_empty() || !ids.iter().all(|i| switch_id(i)) {
+                            return Err(format!("switch {:?}: bad children {c:?}", s.switch));
+                        }
+                    }
+                    if let Some(n) = &s.nodes {
+                        count(n, &s.switch)?;
+                    }
+                }
+            }
+            (None, Some(block)) => {
+                if block.block_sizes.is_empty() || block.block_sizes.contains(&0) {
+                    return Err(format!("topology {:?}: bad block sizes", t.topology));
+                }
+                for b in &block.blocks {
+                    if !switch_id(&b.block) {
+                        return Err(format!("block {:?}: not a block id", b.block));
+                    }
+                    count(&b.nodes, &b.block)?;
+                }
+            }
+            _ => return Err(format!("topology {:?}: not one tree or block", t.topology)),
+        }
+        out.insert(t.topology, named);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_yaml_the_renderer_writes_and_nothing_else() -> Result<(), String> {
+        let good = "- topology: isthmus-tree\n  cluster_default: true\n  tree:\n    switches:\n    - switch: leaf1\n      \
+                    nodes: gpu[001-002]\n    - switch: spine\n      children: leaf[1-2]\n- topology: isthmus-block\n  \
+                    cluster_default: false\n  block:\n    block_sizes:\n    - 2\n    blocks:\n    - block: b1\n      \
+                    nodes: gpu[001-002]\n";
+        let named = read_back_yaml(good)?;
+        assert_eq!(named.len(), 2);
+        assert_eq!(named["isthmus-tree"].get("gpu002"), Some(&1));
+        assert_eq!(named["isthmus-block"].len(), 2);
+        for bad in [
+            good.replace("leaf1", "Leaf_1"),
+            good.replace("gpu[001-002]\n    - switch", "gpu001 x\n    - switch"),
+            good.replace(
+                "children: leaf[1-2]",
+                "children: leaf[1-2]\n      linkspeed: 1",
+            ),
+            good.replace("cluster_default: false", "cluster_default: true"),
+            good.replace("block_sizes:\n    - 2", "block_sizes: []"),
+            "- topology: t\n  cluster_default: true\n".to_owned(),
+        ] {
+            assert!(read_back_yaml(&bad).is_err(), "{bad}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn reads_what_the_renderers_write_and_nothing_else() -> Result<(), String> {

@@ -1,8 +1,9 @@
 //! Property test of the whole path from a report's attributes to Slurm's files: whatever the attribute values (the
 //! agent's own, crafted directives and hostlists, arbitrary text) and whatever the Nodes (missing, relabelled to
 //! another's Slurm name, with a label that is not a host name), every line of `nodes.conf`, `gres.conf` and both
-//! `topology.conf` forms reads back under the strict grammar ([`super::check::read_back`]), names only Nodes'
-//! Slurm names, and names each host at most once.
+//! `topology.conf` forms reads back under the strict grammar ([`super::check::read_back`]), so does topology.yaml
+//! ([`super::check::read_back_yaml`], its tree naming the same hosts as topology.conf), names only Nodes' Slurm
+//! names, and names each host at most once (per topology).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,7 +12,7 @@ use isthmus_api::nrt::{Attribute, NodeResourceTopology};
 use isthmus_api::report::DecodeOptions;
 use proptest::prelude::*;
 
-use super::check::{SlurmFile, read_back};
+use super::check::{SlurmFile, read_back, read_back_yaml};
 use super::{RenderOptions, gres_conf, topology_conf};
 use crate::identity::{self, SLURM_NODE_NAME_LABEL};
 use crate::model::{self, ModelOptions};
@@ -117,6 +118,17 @@ proptest! {
             for (host, times) in &named {
                 prop_assert!(allowed.contains(host), "{host} in {file:?}:\n{text}");
                 prop_assert_eq!(*times, 1, "{} twice in {:?}:\n{}", host, file, text);
+            }
+        }
+        let yaml = topology_conf::yaml(&m, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let topologies = read_back_yaml(&yaml).map_err(TestCaseError::fail)?;
+        let tree = read_back(SlurmFile::TopologyTree, &topology_conf::tree(&m, &opts), "/dev")
+            .map_err(TestCaseError::fail)?;
+        prop_assert_eq!(topologies.get("isthmus-tree"), Some(&tree), "{}", yaml);
+        for (topology, named) in &topologies {
+            for (host, times) in named {
+                prop_assert!(allowed.contains(host), "{host} in {topology}:\n{yaml}");
+                prop_assert_eq!(*times, 1, "{} twice in {}:\n{}", host, topology, yaml);
             }
         }
     }

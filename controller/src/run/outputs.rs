@@ -19,7 +19,7 @@ fn desired<K: serde::Serialize>(v: &K) -> Result<Desired<K>, TopologyError> {
     Desired::new(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
 }
 
-/// The Slurm ConfigMap's data.
+/// The Slurm ConfigMap's data: topology.conf, gres.conf, nodes.conf and, when asked, topology.yaml.
 pub fn slurm_files(
     model: &ClusterModel,
     args: &TopologyArgs,
@@ -29,7 +29,7 @@ pub fn slurm_files(
         SlurmTopology::Tree => OutputKind::TopologyConf,
         SlurmTopology::Block => OutputKind::TopologyBlock,
     };
-    Ok(BTreeMap::from([
+    let mut files = BTreeMap::from([
         (
             "topology.conf".to_owned(),
             offline::render_output(model, topo, &opts)?,
@@ -42,7 +42,14 @@ pub fn slurm_files(
             "nodes.conf".to_owned(),
             offline::render_output(model, OutputKind::NodeConf, &opts)?,
         ),
-    ]))
+    ]);
+    if args.slurm_topology_yaml {
+        files.insert(
+            "topology.yaml".to_owned(),
+            offline::render_output(model, OutputKind::TopologyYaml, &opts)?,
+        );
+    }
+    Ok(files)
 }
 
 /// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed), `rejected` (one

@@ -48,7 +48,7 @@ pub struct TopologyArgs {
     /// Write the Kueue Topology (only where the `topologies.kueue.x-k8s.io` CRD is installed).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kueue_topology: bool,
-    /// Write the Slurm ConfigMap (`topology.conf`, `gres.conf`, `nodes.conf`).
+    /// Write the Slurm ConfigMap (`topology.conf`, `gres.conf`, `nodes.conf`, and `topology.yaml` when asked).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub slurm_configmap: bool,
     /// Name of the Slurm ConfigMap (in the controller's namespace).
@@ -57,6 +57,11 @@ pub struct TopologyArgs {
     /// The form of `topology.conf` in the Slurm ConfigMap.
     #[arg(long, value_enum, default_value_t = SlurmTopology::Tree)]
     pub slurm_topology: SlurmTopology,
+    /// Also write `topology.yaml` into the Slurm ConfigMap, beside topology.conf: Slurm 25.05 and later read it
+    /// and then ignore topology.conf (topology `isthmus-tree`, the cluster default, and `isthmus-block` for
+    /// partitions that name it). Sites on 22.05 and 24.11 leave it off: they read topology.conf only.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub slurm_topology_yaml: bool,
     /// Write the status ConfigMap: the nodes no source placed, each with the reason (a status entry per node).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub status_configmap: bool,
