@@ -32,7 +32,7 @@ use state::HealthState;
 pub const FIELD_MANAGER: &str = "isthmus-health";
 
 /// How often the InfiniBand ports' state files are read between discoveries.
-const PORT_POLL: Duration = Duration::from_secs(1);
+const PORT_POLL: Duration = Duration::from_secs(2);
 
 /// How often a growing XID recording is read.
 const XID_POLL: Duration = Duration::from_millis(250);

@@ -1,4 +1,4 @@
-//! InfiniBand ports watched between discoveries: their state files are read every second, so that a port that leaves
+//! InfiniBand ports watched between discoveries: their state files are read every 2 s, so that a port that leaves
 //! ACTIVE/LinkUp is a finding within seconds whatever the re-discovery period, and a port that goes down again and
 //! again (flaps) is a finding of its own that holds until the port has been quiet for a while.
 //!
