@@ -15,6 +15,7 @@ use kube::api::{Patch, PatchParams};
 use isthmus_api::CONTROLLER_FIELD_MANAGER;
 
 use super::NodeSyncArgs;
+use super::backoff::Backoff;
 use super::decide::{self, Action, Policy};
 use super::hold::Holds;
 use super::mapping::NodeMap;
@@ -24,37 +25,6 @@ use crate::slurm::nodes::{NodeReader, SlurmNode};
 
 /// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
 const FOLLOW_UP: Duration = Duration::from_millis(200);
-
-/// Doubling delay from `base` up to `max`.
-#[derive(Debug, Clone)]
-struct Backoff {
-    base: Duration,
-    max: Duration,
-    failures: u32,
-}
-
-impl Backoff {
-    fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max: max.max(base),
-            failures: 0,
-        }
-    }
-
-    /// Record a failure; the delay until the next try.
-    fn fail(&mut self) -> Duration {
-        let d = self
-            .base
-            .saturating_mul(2u32.saturating_pow(self.failures.min(16)));
-        self.failures = self.failures.saturating_add(1);
-        d.min(self.max)
-    }
-
-    fn succeed(&mut self) {
-        self.failures = 0;
-    }
-}
 
 /// What the sync remembers between passes.
 pub(super) struct Shell {
@@ -493,19 +463,5 @@ impl Shell {
             .await
             .map(|_| None)
             .map_err(|e| e.to_string())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(10));
-        let got: Vec<u64> = (0..5).map(|_| b.fail().as_secs()).collect();
-        assert_eq!(got, [2, 4, 8, 10, 10]);
-        b.succeed();
-        assert_eq!(b.fail(), Duration::from_secs(2));
     }
 }
