@@ -290,6 +290,15 @@ fn configless_dynamic_node_takes_its_gres_from_the_controller() {
     check_dynamic_node(SlurmRelease::V22_05, "cl1", Mode::Configless);
 }
 
+/// The value of the first sample on the agent's `/metrics` whose line starts with `name` and holds every `label`.
+fn metric(site: &Site, name: &str, labels: &[&str]) -> Option<f64> {
+    let (_, body) = isthmus_tests::http_get(&site.listen, "/metrics").ok()?;
+    body.lines()
+        .find(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 #[test]
 fn hardware_change_restarts_slurmd_only_when_gres_changes() {
     // A copy of the fixture that the test can change; no slurmctld needed (slurmd keeps retrying to register).
@@ -310,13 +319,33 @@ fn hardware_change_restarts_slurmd_only_when_gres_changes() {
     );
     let pid = site.slurmd_pid().unwrap_or_else(|| panic!("no slurmd"));
 
-    // A change Slurm cannot see (an InfiniBand counter): no rewrite, no restart.
+    // A change Slurm cannot see (an InfiniBand counter): no rewrite, no restart. The counter grows (a Prometheus
+    // counter never goes back), so the metrics show when a discovery has read it; two discoveries after that one,
+    // the Slurm side has had that discovery's model.
     std::fs::write(
         root.join("sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data"),
-        "1\n",
+        "300000000000000\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    std::thread::sleep(Duration::from_secs(3));
+    let mut seen_at = None;
+    wait_until(
+        "a discovery that read the new counter",
+        Duration::from_secs(15),
+        || {
+            seen_at = metric(
+                &site,
+                "isthmus_infiniband_data_received_bytes_total{",
+                &["device=\"mlx5_0\"", "port=\"1\""],
+            )
+            .filter(|v| *v == 1.2e15)
+            .and(metric(&site, "isthmus_discoveries_total", &[]));
+            seen_at.is_some()
+        },
+    );
+    let seen_at = seen_at.unwrap_or_default();
+    wait_until("two more discoveries", Duration::from_secs(15), || {
+        metric(&site, "isthmus_discoveries_total", &[]).is_some_and(|n| n >= seen_at + 2.0)
+    });
     assert_eq!(
         site.slurmd_pid(),
         Some(pid),
