@@ -19,7 +19,6 @@ use crate::http::{Endpoint, Health};
 use crate::k8s::kubelet_view;
 use crate::metrics::Metrics;
 use crate::slurm::node::{SlurmConfigError, SlurmNode};
-use crate::slurm::supervisor::backoff::Jitter;
 use crate::slurm::supervisor::process::{ChildSpec, OsProcess, Reaper, become_subreaper};
 use crate::slurm::supervisor::state::{Supervisor, Timing};
 use crate::slurm::supervisor::{self, ChildStatus};
@@ -203,7 +202,6 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         let reaper = Reaper::new();
         let mut sup = Supervisor::new(
             Timing::with_grace(Duration::from_secs(args.grace_seconds)),
-            Jitter::from_entropy(),
             OsProcess,
         );
         let depends_on = munged.as_ref().map(|m| m.name.clone());

@@ -1,7 +1,7 @@
 //! Kubernetes resource types and conventions shared by the isthmus node agent (which writes them) and the cluster
 //! controller (which reads them): the NodeResourceTopology object, the names of the attributes isthmus puts in it,
-//! Volcano's Numatopology object, resource quantities, and the field managers each writer uses. Nothing here does
-//! I/O.
+//! Volcano's Numatopology object, resource quantities, the field managers each writer uses, and the retry policy
+//! of both. Nothing here does I/O.
 
 pub mod access;
 pub mod fabric;
@@ -9,6 +9,7 @@ pub mod nrt;
 pub mod numatopo;
 pub mod quantity;
 pub mod report;
+pub mod retry;
 
 /// Field manager of every server-side apply the node agent sends.
 pub const AGENT_FIELD_MANAGER: &str = "isthmus";

@@ -9,7 +9,6 @@
 //! (`sinfo --json` on Slurm 22.05) and also right after a Node changed in what the decision reads. [`decide::decide`] compares both sides and
 //! returns the writes; this shell only reads, calls it and sends what it returned.
 
-mod backoff;
 pub mod decide;
 pub mod health;
 pub mod hold;

@@ -15,13 +15,13 @@ use kube::api::{Patch, PatchParams};
 use isthmus_api::CONTROLLER_FIELD_MANAGER;
 
 use super::NodeSyncArgs;
-use super::backoff::Backoff;
 use super::decide::{self, Action, Policy};
 use super::hold::Holds;
 use super::mapping::NodeMap;
 use super::ownership::{self, DrainRecord};
 use crate::run::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
+use isthmus_api::retry::{Backoff, RetryPolicy};
 
 /// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
 const FOLLOW_UP: Duration = Duration::from_millis(200);
@@ -69,7 +69,7 @@ impl Shell {
             policy: args.policy(),
             interval: args.interval,
             guard,
-            slurm_backoff: Backoff::new(args.interval, args.max_backoff),
+            slurm_backoff: RetryPolicy::node_sync(args.interval, args.max_backoff).backoff(),
             slurm_retry_at: Instant::now(),
             write_backoff: HashMap::new(),
             stale: HashMap::new(),
@@ -112,7 +112,7 @@ impl Shell {
         let slurm_nodes = match self.reader.nodes().await {
             Ok(n) => {
                 metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(1.0);
-                self.slurm_backoff.succeed();
+                self.slurm_backoff.reset();
                 n
             }
             Err(e) => {
@@ -120,7 +120,7 @@ impl Shell {
                 // is wrong, and the warning says which.
                 let up = if e.is_unreachable() { 0.0 } else { 1.0 };
                 metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(up);
-                let delay = self.slurm_backoff.fail();
+                let delay = self.slurm_backoff.next_delay();
                 self.slurm_retry_at = Instant::now() + delay;
                 tracing::warn!(error = %e, retry_in = ?delay, "reading Slurm's nodes failed");
                 return delay;
@@ -413,13 +413,11 @@ impl Shell {
                 }
             }
             Err(e) => {
-                let entry = self.write_backoff.entry(target.clone()).or_insert_with(|| {
-                    (
-                        Backoff::new(self.interval, self.slurm_backoff.max),
-                        Instant::now(),
-                    )
-                });
-                let delay = entry.0.fail();
+                let entry = self
+                    .write_backoff
+                    .entry(target.clone())
+                    .or_insert_with(|| (self.slurm_backoff.policy().backoff(), Instant::now()));
+                let delay = entry.0.next_delay();
                 entry.1 = Instant::now() + delay;
                 tracing::warn!(target, action = kind, error = %e, retry_in = ?delay, "node sync write failed");
             }

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::inputs::{Inputs, start_reflectors};
-use super::leader::{Backoff, sleep_or_cancel};
+use super::leader::sleep_or_cancel;
 use super::node_labels::LabelSink;
 use super::objects::ObjectSink;
 use super::outputs::Rendered;
@@ -27,6 +27,7 @@ use crate::model::engine::Engine;
 use crate::offline;
 use crate::render::{RenderOptions, hypernodes, kueue};
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
+use isthmus_api::retry::{Backoff, RetryPolicy};
 
 /// Label on every object the topology task owns whole (besides HyperNodes' own source label).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "isthmus-controller");
@@ -335,11 +336,11 @@ pub async fn run(
     );
     let debounce = args.debounce;
     let mut state = State::new(client, slurm, args, namespace);
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let mut backoff = RetryPolicy::task_restart().backoff();
     loop {
         let retry = match reconcile(&inputs, &mut state).await {
             Ok(()) => {
-                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+                backoff.reset();
                 None
             }
             Err(e) => {

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, Publication};
-use crate::slurm::supervisor::backoff::{Backoff, BackoffPolicy, Jitter};
+use isthmus_api::retry::RetryPolicy;
 
 /// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
 pub trait Published:
@@ -287,9 +287,7 @@ pub async fn run<K: Published>(
     )
     .default_backoff();
     let mut own = std::pin::pin!(own);
-    let policy = BackoffPolicy::default();
-    let mut jitter = Jitter::from_entropy();
-    let mut backoff = Backoff::default();
+    let mut backoff = RetryPolicy::api_write().backoff();
     let mut dirty = true;
     let mut not_before: Option<Instant> = None;
     let mut last_apply: Option<Instant> = None;
@@ -378,7 +376,7 @@ pub async fn run<K: Published>(
             Ok(outcome) => {
                 dirty = false;
                 not_before = None;
-                backoff = Backoff::default();
+                backoff.reset();
                 match outcome {
                     Outcome::Written => {
                         last_apply = Some(Instant::now());
@@ -399,7 +397,7 @@ pub async fn run<K: Published>(
             }
             Err(e) => {
                 metrics.record_publication(K::METRIC, Publication::Failed);
-                let delay = backoff.on_exit(Duration::ZERO, &policy, &mut jitter);
+                let delay = backoff.next_delay();
                 let retry_in_ms = delay.as_millis() as u64;
                 match &e {
                     PublishError::NodeMissing(_) => {
