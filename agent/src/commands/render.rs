@@ -52,7 +52,10 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             let (view, warnings) = kubelet_view(args);
             let options = crate::k8s::NrtOptions {
                 mig_strategy: args.mig_strategy,
-                slurm: args.slurm_report.then(|| (name.clone(), slurm.clone())),
+                slurm: args.slurm_report.then(|| crate::k8s::SlurmFacts {
+                    name: name.clone(),
+                    options: slurm.node_options(),
+                }),
             };
             let mut obj = crate::k8s::nrt_for(&name, topo, &view, &options);
             obj.metadata.owner_references = owner(&name, args.node_uid.as_ref());

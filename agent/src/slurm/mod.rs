@@ -19,6 +19,18 @@ use node::{SlurmNode, SlurmView};
 use supervisor::Configure;
 use supervisor::process::Reaper;
 
+/// How slurmd is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlurmMode {
+    /// No Slurm children (Kubernetes only).
+    Off,
+    /// The node is defined in slurm.conf (`isthmus render node` gives the line); the agent writes gres.conf beside
+    /// slurm.conf and runs `slurmd -D -N <node>`.
+    Configured,
+    /// A dynamic node: `slurmd -D -Z --conf "<node definition>"` (needs MaxNodeCount in slurm.conf).
+    Dynamic,
+}
+
 /// Follow the discovered topology: write gres.conf when it changes and (re)start slurmd when its gres.conf or its
 /// arguments change (a dynamic node is deleted from slurmctld first, so that it registers with its new definition).
 /// slurmd is first started once the first gres.conf is in place.
