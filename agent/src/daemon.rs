@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::AgentArgs;
-use crate::discovery::{DiscoveryError, Schedule, Trigger};
+use crate::discovery::{DiscoveryError, HostConfig, Schedule, Trigger};
 use crate::http::{Endpoint, Health};
 use crate::k8s::Switch;
 use crate::k8s::kubelet_view;
@@ -99,7 +99,7 @@ impl Plan {
             (Some(_), false) => Some(crate::slurm::munge::munged_spec(&munge_config(args))?),
             _ => None,
         };
-        crate::discovery::check_host_root(&args.host)?;
+        crate::discovery::check_host_root(&HostConfig::from(&args.host))?;
         let nrt = args
             .publish_nrt
             .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
@@ -110,7 +110,7 @@ impl Plan {
         } else {
             None
         };
-        let nvml = crate::discovery::nvml_source(&args.host)?;
+        let nvml = crate::discovery::nvml_source(&HostConfig::from(&args.host))?;
         let listener = crate::http::bind(&args.listen).map_err(|source| DaemonError::Listen {
             addr: args.listen.clone(),
             source,
@@ -198,7 +198,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
     let live_xids = nvml.xid_queue();
     let triggers = crate::discovery::spawn_worker(
-        args.host.clone(),
+        HostConfig::from(&args.host),
         nvml,
         Schedule {
             rediscover,

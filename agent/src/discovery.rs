@@ -3,6 +3,7 @@
 //! timer or when asked (SIGHUP), publishes each topology that differs from the last on a `watch` channel, and reads
 //! GPU telemetry through the same NVML handle.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -13,9 +14,24 @@ use isthmus_topology::{
 };
 use tokio::sync::watch;
 
-use crate::cli::HostArgs;
 use crate::http::Health;
 use crate::metrics::Metrics;
+
+/// Where and how the node is discovered (the commands build it from `--host-root`, `--no-hwloc` and the NVML
+/// flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Directory that stands for the host's `/`.
+    pub host_root: PathBuf,
+    /// Read CPUs and NUMA nodes from sysfs only, without libhwloc.
+    pub no_hwloc: bool,
+    /// Do not load NVML.
+    pub no_nvml: bool,
+    /// Replay NVML answers from a recorded `nvidia-smi -q` file.
+    pub nvml_replay: Option<PathBuf>,
+    /// With `nvml_replay`: a recorded `nvidia-smi nvlink -s` output.
+    pub nvlink_replay: Option<PathBuf>,
+}
 
 /// Why discovery could not start.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +53,7 @@ pub enum DiscoveryError {
 }
 
 /// Point libhwloc at the host root. Must run before any thread exists: it changes the process environment.
-pub fn prepare_environment(host: &HostArgs) {
+pub fn prepare_environment(host: &HostConfig) {
     let root = HostRoot::new(&host.host_root);
     for (key, value) in isthmus_topology::hwloc::hwloc_env(&root) {
         // An operator's own HWLOC_COMPONENTS wins.
@@ -59,13 +75,13 @@ fn read_recording(what: &'static str, path: &std::path::Path) -> Result<String, 
 }
 
 /// The NVML source the flags ask for. A process creates one and keeps it: NVML is initialised once.
-pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource + Send>, DiscoveryError> {
-    if host.nvml.no_nvml {
+pub fn nvml_source(host: &HostConfig) -> Result<Box<dyn NvmlSource + Send>, DiscoveryError> {
+    if host.no_nvml {
         return Ok(Box::new(NoNvml("disabled by --no-nvml".into())));
     }
-    if let Some(path) = &host.nvml.nvml_replay {
+    if let Some(path) = &host.nvml_replay {
         let q = read_recording("NVML recording", path)?;
-        let nvlink = match &host.nvml.nvlink_replay {
+        let nvlink = match &host.nvlink_replay {
             Some(p) => Some(read_recording("NVLink recording", p)?),
             None => None,
         };
@@ -79,7 +95,7 @@ pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource + Send>, Discov
 }
 
 /// Check that the host root exists.
-pub fn check_host_root(host: &HostArgs) -> Result<HostRoot, DiscoveryError> {
+pub fn check_host_root(host: &HostConfig) -> Result<HostRoot, DiscoveryError> {
     if !host.host_root.is_dir() {
         return Err(DiscoveryError::NoHostRoot(
             host.host_root.display().to_string(),
@@ -90,7 +106,7 @@ pub fn check_host_root(host: &HostArgs) -> Result<HostRoot, DiscoveryError> {
 
 /// Discover the node described by `host` with an NVML source the caller keeps.
 pub fn discover_with(
-    host: &HostArgs,
+    host: &HostConfig,
     nvml: &dyn NvmlSource,
     ib_counters: bool,
 ) -> Result<NodeTopology, DiscoveryError> {
@@ -106,7 +122,7 @@ pub fn discover_with(
 }
 
 /// Discover once (the `discover` and `render` commands).
-pub fn discover(host: &HostArgs, ib_counters: bool) -> Result<NodeTopology, DiscoveryError> {
+pub fn discover(host: &HostConfig, ib_counters: bool) -> Result<NodeTopology, DiscoveryError> {
     let nvml = nvml_source(host)?;
     discover_with(host, nvml.as_ref(), ib_counters)
 }
@@ -185,7 +201,7 @@ fn without_counters(mut topo: NodeTopology) -> NodeTopology {
 /// Start the discovery worker. It discovers at once, then on the schedule and on every trigger; it stops when
 /// every trigger sender is gone. Each discovery's result that differs from the previous one is sent on `out`.
 pub fn spawn_worker(
-    host: HostArgs,
+    host: HostConfig,
     nvml: Box<dyn NvmlSource + Send>,
     schedule: Schedule,
     metrics: Arc<Metrics>,
@@ -200,7 +216,7 @@ pub fn spawn_worker(
 }
 
 fn worker(
-    host: &HostArgs,
+    host: &HostConfig,
     nvml: &dyn NvmlSource,
     schedule: Schedule,
     metrics: &Metrics,
@@ -294,15 +310,13 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../fixtures/hosts/xe9680-8xh100/root"
         );
-        let host = HostArgs {
+        let host = HostConfig {
             host_root: fixture.into(),
             // Without hwloc: the test must not depend on the process environment (HWLOC_FSROOT).
             no_hwloc: true,
-            nvml: crate::cli::NvmlArgs {
-                no_nvml: false,
-                nvml_replay: None,
-                nvlink_replay: None,
-            },
+            no_nvml: false,
+            nvml_replay: None,
+            nvlink_replay: None,
         };
         let snapshots = Arc::new(AtomicUsize::new(0));
         let nvml = Box::new(Counting {

@@ -145,7 +145,7 @@ fn object_text(obj: &impl serde::Serialize, format: crate::cli::ObjectFormat) ->
 
 /// Run `render`.
 pub fn run(args: &RenderArgs) -> Result<()> {
-    let mut topo = crate::discovery::discover(&args.host, false)?;
+    let mut topo = crate::discovery::discover(&(&args.host).into(), false)?;
     if args.neighbours {
         crate::discovery::probe_neighbours(&mut topo);
     }
