@@ -4,6 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::k8s::Switch;
+use crate::slurm::SlurmMode;
+use crate::slurm::node::NodeNameError;
+
 /// isthmus: one node agent for Kubernetes and Slurm.
 #[derive(Debug, Parser)]
 #[command(name = "isthmus", version, about)]
@@ -73,19 +77,6 @@ pub enum RenderTarget {
     Numatopology,
 }
 
-/// Whether the agent publishes an optional object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum Switch {
-    /// When the agent publishes to Kubernetes and the API server serves the object's CRD (asked at start and
-    /// periodically until it does).
-    #[default]
-    Auto,
-    /// Always (with the Kubernetes side on).
-    True,
-    /// Never.
-    False,
-}
-
 /// Serialisation of `render nrt` and `render numatopology`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ObjectFormat {
@@ -123,11 +114,6 @@ pub struct SlurmArgs {
     #[arg(long, env = "ISTHMUS_SLURM_SWITCH", value_name = "NAME")]
     pub switch: Option<String>,
 }
-
-/// The node name could not be found.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot tell the node name ({0}); pass --node-name or set NODE_NAME")]
-pub struct NodeNameError(String);
 
 impl SlurmArgs {
     /// The node name: `--node-name`/`NODE_NAME`, else the host's short hostname.
@@ -202,18 +188,6 @@ pub enum ControllerCommand {
     /// Run the controller: campaign for the Lease, and while leading keep the topology outputs (node labels,
     /// HyperNodes, Kueue Topology, the Slurm ConfigMap) equal to the model of every node's report.
     Run(Box<crate::commands::controller::ControllerRunArgs>),
-}
-
-/// How slurmd is run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SlurmMode {
-    /// No Slurm children (Kubernetes only).
-    Off,
-    /// The node is defined in slurm.conf (`isthmus render node` gives the line); the agent writes gres.conf beside
-    /// slurm.conf and runs `slurmd -D -N <node>`.
-    Configured,
-    /// A dynamic node: `slurmd -D -Z --conf "<node definition>"` (needs MaxNodeCount in slurm.conf).
-    Dynamic,
 }
 
 /// Log formats.

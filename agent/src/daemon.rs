@@ -13,13 +13,15 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{AgentArgs, NodeNameError, SlurmMode, Switch};
-use crate::discovery::{DiscoveryError, Schedule, Trigger};
+use crate::cli::AgentArgs;
+use crate::discovery::{DiscoveryError, HostConfig, Schedule, Trigger};
 use crate::http::{Endpoint, Health};
+use crate::k8s::Switch;
 use crate::k8s::kubelet_view;
 use crate::metrics::Metrics;
-use crate::slurm::node::{SlurmConfigError, SlurmNode};
-use crate::slurm::supervisor::backoff::Jitter;
+use crate::slurm::SlurmMode;
+use crate::slurm::munge::MungeConfig;
+use crate::slurm::node::{NodeNameError, SlurmConfig, SlurmConfigError, SlurmNode};
 use crate::slurm::supervisor::process::{ChildSpec, OsProcess, Reaper, become_subreaper};
 use crate::slurm::supervisor::state::{Supervisor, Timing};
 use crate::slurm::supervisor::{self, ChildStatus};
@@ -89,13 +91,15 @@ impl Plan {
     pub fn new(args: &AgentArgs) -> Result<Self, DaemonError> {
         let slurm = match args.slurm_mode {
             SlurmMode::Off => None,
-            _ => Some(SlurmNode::new(args)?),
+            _ => Some(SlurmNode::new(
+                &slurm_config(args).map_err(SlurmConfigError::from)?,
+            )?),
         };
         let munged = match (&slurm, args.no_munged) {
-            (Some(_), false) => Some(crate::slurm::munge::munged_spec(args)?),
+            (Some(_), false) => Some(crate::slurm::munge::munged_spec(&munge_config(args))?),
             _ => None,
         };
-        crate::discovery::check_host_root(&args.host)?;
+        crate::discovery::check_host_root(&HostConfig::from(&args.host))?;
         let nrt = args
             .publish_nrt
             .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
@@ -106,7 +110,7 @@ impl Plan {
         } else {
             None
         };
-        let nvml = crate::discovery::nvml_source(&args.host)?;
+        let nvml = crate::discovery::nvml_source(&HostConfig::from(&args.host))?;
         let listener = crate::http::bind(&args.listen).map_err(|source| DaemonError::Listen {
             addr: args.listen.clone(),
             source,
@@ -124,6 +128,31 @@ impl Plan {
             listener,
             xid_table,
         })
+    }
+}
+
+/// The Slurm role's settings, from the agent's arguments.
+fn slurm_config(args: &AgentArgs) -> Result<SlurmConfig, NodeNameError> {
+    Ok(SlurmConfig {
+        mode: args.slurm_mode,
+        node: args.slurm.node_name()?,
+        slurmd: args.slurmd.clone(),
+        slurm_conf: args.slurm_conf.clone(),
+        conf_server: args.conf_server.clone(),
+        slurmd_args: args.slurmd_args.clone(),
+        gres_out: args.gres_out.clone(),
+        options: args.slurm.node_options(),
+        topology: args.slurm_topology.clone(),
+    })
+}
+
+/// The Slurm role's munged settings, from the agent's arguments.
+fn munge_config(args: &AgentArgs) -> MungeConfig {
+    MungeConfig {
+        munged: args.munged.clone(),
+        socket: args.munge_socket.clone(),
+        key: args.munge_key.clone(),
+        state_dir: args.munge_state_dir.clone(),
     }
 }
 
@@ -172,7 +201,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let (memory_tx, memory_rx) = watch::channel(Vec::new());
     let (findings_tx, findings_rx) = watch::channel(Vec::new());
     let triggers = crate::discovery::spawn_worker(
-        args.host.clone(),
+        HostConfig::from(&args.host),
         nvml,
         Schedule {
             rediscover,
@@ -206,7 +235,6 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         let reaper = Reaper::new();
         let mut sup = Supervisor::new(
             Timing::with_grace(Duration::from_secs(args.grace_seconds)),
-            Jitter::from_entropy(),
             OsProcess,
         );
         let depends_on = munged.as_ref().map(|m| m.name.clone());
@@ -275,7 +303,10 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 node,
                 nrt: publish_nrt.then(|| crate::k8s::NrtOptions {
                     mig_strategy: args.mig_strategy,
-                    slurm: slurm_report.map(|n| (n, args.slurm.clone())),
+                    slurm: slurm_report.map(|name| crate::k8s::SlurmFacts {
+                        name,
+                        options: args.slurm.node_options(),
+                    }),
                 }),
                 numatopology: args.publish_numatopology,
                 numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),

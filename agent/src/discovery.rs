@@ -3,6 +3,7 @@
 //! timer or when asked (SIGHUP), publishes each topology that differs from the last on a `watch` channel, and reads
 //! GPU telemetry through the same NVML handle.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -14,9 +15,24 @@ use isthmus_topology::{
 };
 use tokio::sync::watch;
 
-use crate::cli::HostArgs;
 use crate::http::Health;
 use crate::metrics::Metrics;
+
+/// Where and how the node is discovered (the commands build it from `--host-root`, `--no-hwloc` and the NVML
+/// flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Directory that stands for the host's `/`.
+    pub host_root: PathBuf,
+    /// Read CPUs and NUMA nodes from sysfs only, without libhwloc.
+    pub no_hwloc: bool,
+    /// Do not load NVML.
+    pub no_nvml: bool,
+    /// Replay NVML answers from a recorded `nvidia-smi -q` file.
+    pub nvml_replay: Option<PathBuf>,
+    /// With `nvml_replay`: a recorded `nvidia-smi nvlink -s` output.
+    pub nvlink_replay: Option<PathBuf>,
+}
 
 /// Why discovery could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +54,7 @@ pub enum DiscoveryError {
 }
 
 /// Point libhwloc at the host root. Must run before any thread exists: it changes the process environment.
-pub fn prepare_environment(host: &HostArgs) {
+pub fn prepare_environment(host: &HostConfig) {
     let root = HostRoot::new(&host.host_root);
     for (key, value) in isthmus_topology::hwloc::hwloc_env(&root) {
         // An operator's own HWLOC_COMPONENTS wins.
@@ -60,12 +76,12 @@ fn read_recording(what: &'static str, path: &std::path::Path) -> Result<String, 
 }
 
 /// The NVML source the flags ask for. A process creates one and keeps it: NVML is initialised once.
-pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource + Send>, DiscoveryError> {
-    if host.nvml.no_nvml {
+pub fn nvml_source(host: &HostConfig) -> Result<Box<dyn NvmlSource + Send>, DiscoveryError> {
+    if host.no_nvml {
         return Ok(Box::new(NoNvml("disabled by --no-nvml".into())));
     }
-    if let Some(path) = &host.nvml.nvml_replay {
-        let nvlink = match &host.nvml.nvlink_replay {
+    if let Some(path) = &host.nvml_replay {
+        let nvlink = match &host.nvlink_replay {
             Some(p) => Some(read_recording("NVLink recording", p)?),
             None => None,
         };
@@ -81,7 +97,7 @@ pub fn nvml_source(host: &HostArgs) -> Result<Box<dyn NvmlSource + Send>, Discov
 }
 
 /// Check that the host root exists.
-pub fn check_host_root(host: &HostArgs) -> Result<HostRoot, DiscoveryError> {
+pub fn check_host_root(host: &HostConfig) -> Result<HostRoot, DiscoveryError> {
     if !host.host_root.is_dir() {
         return Err(DiscoveryError::NoHostRoot(
             host.host_root.display().to_string(),
@@ -92,7 +108,7 @@ pub fn check_host_root(host: &HostArgs) -> Result<HostRoot, DiscoveryError> {
 
 /// Discover the node described by `host` with an NVML source the caller keeps.
 pub fn discover_with(
-    host: &HostArgs,
+    host: &HostConfig,
     nvml: &dyn NvmlSource,
     ib_counters: bool,
 ) -> Result<NodeTopology, DiscoveryError> {
@@ -108,7 +124,7 @@ pub fn discover_with(
 }
 
 /// Discover once (the `discover` and `render` commands).
-pub fn discover(host: &HostArgs, ib_counters: bool) -> Result<NodeTopology, DiscoveryError> {
+pub fn discover(host: &HostConfig, ib_counters: bool) -> Result<NodeTopology, DiscoveryError> {
     let nvml = nvml_source(host)?;
     discover_with(host, nvml.as_ref(), ib_counters)
 }
@@ -189,7 +205,7 @@ fn without_counters(mut topo: NodeTopology) -> NodeTopology {
 /// GPU memory findings of each NVML telemetry read (row remaps, page retirement, uncorrected ECC), when they
 /// change, on `memory`.
 pub fn spawn_worker(
-    host: HostArgs,
+    host: HostConfig,
     nvml: Box<dyn NvmlSource + Send>,
     schedule: Schedule,
     metrics: Arc<Metrics>,
@@ -225,7 +241,7 @@ struct Outputs {
 }
 
 fn worker(
-    host: &HostArgs,
+    host: &HostConfig,
     nvml: &dyn NvmlSource,
     schedule: Schedule,
     metrics: &Metrics,
@@ -328,15 +344,13 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../fixtures/hosts/xe9680-8xh100/root"
         );
-        let host = HostArgs {
+        let host = HostConfig {
             host_root: fixture.into(),
             // Without hwloc: the test must not depend on the process environment (HWLOC_FSROOT).
             no_hwloc: true,
-            nvml: crate::cli::NvmlArgs {
-                no_nvml: false,
-                nvml_replay: None,
-                nvlink_replay: None,
-            },
+            no_nvml: false,
+            nvml_replay: None,
+            nvlink_replay: None,
         };
         let snapshots = Arc::new(AtomicUsize::new(0));
         let nvml = Box::new(Counting {

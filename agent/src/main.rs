@@ -5,7 +5,7 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let cli = isthmus_agent::cli::Cli::parse();
     if let Some(host) = cli.command.host() {
-        isthmus_agent::discovery::prepare_environment(host);
+        isthmus_agent::discovery::prepare_environment(&host.into());
     }
     match isthmus_agent::commands::run(cli.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,

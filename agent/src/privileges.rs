@@ -9,7 +9,7 @@
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-use crate::cli::SlurmMode;
+use crate::slurm::SlurmMode;
 
 /// A capability a supervised daemon needs, and why.
 #[derive(Debug, Clone, Copy)]

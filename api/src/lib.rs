@@ -1,7 +1,8 @@
 //! Kubernetes resource types and conventions shared by the isthmus node agent and the cluster controller: the
 //! NodeResourceTopology object (the agent writes it, the controller reads it), the names of the attributes isthmus
 //! puts in it, Volcano's Numatopology object, the scheduler objects the controller writes (Volcano's HyperNode,
-//! Kueue's Topology), resource quantities, and the field managers each writer uses. Nothing here does I/O.
+//! Kueue's Topology), resource quantities, the field managers each writer uses, and the retry policy of both.
+//! Nothing here does I/O.
 
 pub mod access;
 pub mod fabric;
@@ -11,6 +12,7 @@ pub mod nrt;
 pub mod numatopo;
 pub mod quantity;
 pub mod report;
+pub mod retry;
 
 #[cfg(test)]
 mod upstream;

@@ -214,6 +214,28 @@ impl SyncSite {
             .collect()
     }
 
+    /// How many times the node sync has read Slurm's nodes so far: each pass starts with one `sinfo`.
+    pub fn slurm_reads(&self) -> usize {
+        self.slurm_calls()
+            .iter()
+            .filter(|c| c.starts_with("sinfo "))
+            .count()
+    }
+
+    /// Wait until a whole pass of the node sync has run after this call and ended. Passes run one after another and
+    /// each starts with one `sinfo`: the first read after this call may come before a Node event sent just before it
+    /// reached the node sync's cache, the pass of the second read starts after the first pass ended (the event is in
+    /// by then), and the third read starts after that second pass ended. What a test asserts afterwards includes
+    /// everything the second pass decided.
+    pub fn await_a_whole_pass(&self) {
+        let start = self.slurm_reads();
+        self.wait(
+            "a whole pass after this point",
+            Duration::from_secs(15),
+            || self.slurm_reads() >= start + 3,
+        );
+    }
+
     /// The ServiceAccount's writes since `since` (after a short pause: the audit log lags the answers a little).
     pub fn writes_since(&self, since: SystemTime) -> Vec<AuditEvent> {
         std::thread::sleep(Duration::from_millis(500));

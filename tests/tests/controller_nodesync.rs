@@ -86,11 +86,12 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
             .is_some_and(|c| c.0 == "False" && c.1 == "IdleDrain" && c.2 == "maintenance")
             && site.tainted("ns2")
     });
-    // A drain reason without our prefix survives a cordon and an uncordon.
+    // A drain reason without our prefix survives a cordon and an uncordon: after each, a whole pass of the node
+    // sync has seen it (passes counted by their Slurm reads) and left the drain alone.
     site.kubectl_ok(&["cordon", "ns2"]);
-    std::thread::sleep(Duration::from_secs(3));
+    site.await_a_whole_pass();
     site.kubectl_ok(&["uncordon", "ns2"]);
-    std::thread::sleep(Duration::from_secs(5));
+    site.await_a_whole_pass();
     assert!(
         site.slurm.state("ns2").contains("DRAIN"),
         "{}",

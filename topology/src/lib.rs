@@ -12,6 +12,7 @@ pub mod fabric_probe;
 pub mod health;
 pub mod hostroot;
 pub mod hwloc;
+pub mod ib_model;
 pub mod infiniband;
 pub mod kfd;
 pub mod links;

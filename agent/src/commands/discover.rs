@@ -22,7 +22,7 @@ pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String>
 
 /// Run `discover`.
 pub fn run(host: &HostArgs, output: OutputFormat, counters: bool, neighbours: bool) -> Result<()> {
-    let mut topo = crate::discovery::discover(host, counters)?;
+    let mut topo = crate::discovery::discover(&host.into(), counters)?;
     if neighbours {
         crate::discovery::probe_neighbours(&mut topo);
     }

@@ -8,7 +8,20 @@ pub mod table;
 
 use anyhow::Result;
 
-use crate::cli::Command;
+use crate::cli::{Command, HostArgs};
+use crate::discovery::HostConfig;
+
+impl From<&HostArgs> for HostConfig {
+    fn from(a: &HostArgs) -> Self {
+        Self {
+            host_root: a.host_root.clone(),
+            no_hwloc: a.no_hwloc,
+            no_nvml: a.nvml.no_nvml,
+            nvml_replay: a.nvml.nvml_replay.clone(),
+            nvlink_replay: a.nvml.nvlink_replay.clone(),
+        }
+    }
+}
 
 /// Run a parsed command.
 pub fn run(command: Command) -> Result<()> {

@@ -52,7 +52,10 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             let (view, warnings) = kubelet_view(args);
             let options = crate::k8s::NrtOptions {
                 mig_strategy: args.mig_strategy,
-                slurm: args.slurm_report.then(|| (name.clone(), slurm.clone())),
+                slurm: args.slurm_report.then(|| crate::k8s::SlurmFacts {
+                    name: name.clone(),
+                    options: slurm.node_options(),
+                }),
             };
             // One discovery, no history: no health findings (they compare discoveries over time).
             let mut obj = crate::k8s::nrt_for(&name, topo, &view, &[], &options);
@@ -143,7 +146,7 @@ fn object_text(obj: &impl serde::Serialize, format: crate::cli::ObjectFormat) ->
 
 /// Run `render`.
 pub fn run(args: &RenderArgs) -> Result<()> {
-    let mut topo = crate::discovery::discover(&args.host, false)?;
+    let mut topo = crate::discovery::discover(&(&args.host).into(), false)?;
     if args.neighbours {
         crate::discovery::probe_neighbours(&mut topo);
     }

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use isthmus_api::retry::RetryPolicy;
 use isthmus_topology::HostRoot;
 use isthmus_topology::NodeTopology;
 use isthmus_topology::health::detect::{Finding, HealthClass};
@@ -36,10 +37,6 @@ const PORT_POLL: Duration = Duration::from_secs(2);
 
 /// How often a growing XID recording is read.
 const XID_POLL: Duration = Duration::from_millis(250);
-
-/// The first and the longest wait after a failed condition write.
-const WRITE_BACKOFF_MIN: Duration = Duration::from_secs(1);
-const WRITE_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// How often the metric is refreshed when nothing changes (gauges idle for 10 minutes disappear).
 const METRIC_REFRESH: Duration = Duration::from_secs(60);
@@ -153,9 +150,9 @@ pub async fn run(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut topo_changed = true;
     let mut retry_write = false;
-    // After a failed write: not again before this, and the wait doubles (1 s to 60 s) while writes fail.
+    // After a failed write: not again before this, and the wait doubles (1 s to 60 s, jittered) while writes fail.
     let mut retry_at = Instant::now();
-    let mut backoff = WRITE_BACKOFF_MIN;
+    let mut backoff = RetryPolicy::api_write().backoff();
     loop {
         let mut changed = false;
         if topo_changed {
@@ -235,7 +232,7 @@ pub async fn run(
                             );
                             written = Some(want);
                             last_write = Instant::now();
-                            backoff = WRITE_BACKOFF_MIN;
+                            backoff.reset();
                         }
                         Err(e) => {
                             metrics.record_health_event(
@@ -245,8 +242,7 @@ pub async fn run(
                             );
                             tracing::warn!(error = %e, "the health conditions could not be written; retrying");
                             retry_write = true;
-                            retry_at = Instant::now() + backoff;
-                            backoff = (backoff * 2).min(WRITE_BACKOFF_MAX);
+                            retry_at = Instant::now() + backoff.next_delay();
                         }
                     }
                 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use isthmus_api::retry::RetryPolicy;
 use kube::{Client, Resource};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -51,7 +52,7 @@ pub async fn publish_when_served<K: Published>(
 ) {
     let (group, version, plural) = (K::group(&()), K::version(&()), K::plural(&()));
     let mut told_absent = false;
-    let mut error_delay = Duration::from_secs(10);
+    let mut errors = RetryPolicy::api_discovery(recheck).backoff();
     loop {
         let delay = match served(&client, &group, &version, &plural).await {
             Ok(true) => {
@@ -69,13 +70,12 @@ pub async fn publish_when_served<K: Published>(
                     );
                     told_absent = true;
                 }
-                error_delay = Duration::from_secs(10);
+                errors.reset();
                 recheck
             }
             Err(e) => {
-                tracing::warn!(object = K::METRIC, error = %e, retry_s = error_delay.as_secs(), "API discovery failed");
-                let d = error_delay.min(recheck);
-                error_delay = (error_delay * 2).min(recheck);
+                let d = errors.next_delay().min(recheck);
+                tracing::warn!(object = K::METRIC, error = %e, retry_in = ?d, "API discovery failed");
                 d
             }
         };

@@ -28,24 +28,38 @@ use tokio_util::sync::CancellationToken;
 
 use kubelet_view::KubeletView;
 
+/// Whether the agent publishes an optional object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Switch {
+    /// When the agent publishes to Kubernetes and the API server serves the object's CRD (asked at start and
+    /// periodically until it does).
+    #[default]
+    Auto,
+    /// Always (with the Kubernetes side on).
+    True,
+    /// Never.
+    False,
+}
+
 /// What the node reports to the cluster controller in its NRT: its InfiniBand ports (and their neighbour switches
 /// when learned), its accelerator domain and, when it is a Slurm node, its node definition and gres.conf lines.
 pub fn node_report(
     topo: &NodeTopology,
-    slurm: Option<(&str, &crate::cli::SlurmArgs)>,
+    slurm: Option<&SlurmFacts>,
 ) -> Vec<isthmus_api::nrt::Attribute> {
     let (line, gres) = match slurm {
-        Some((name, args)) => {
+        Some(SlurmFacts { name, options }) => {
+            let name = name.as_str();
             // A node line that cannot be rendered is left out of the report, loudly: the controller then keeps
             // the node out of Slurm's files (its report has no node definition).
-            let line = match isthmus_gres::node_def::node_line(topo, name, &args.node_options()) {
+            let line = match isthmus_gres::node_def::node_line(topo, name, options) {
                 Ok((l, _)) => Some(l),
                 Err(e) => {
                     tracing::warn!(node = name, error = %e, "the Slurm node line cannot be rendered; the report carries none");
                     None
                 }
             };
-            let gres = isthmus_gres::gres_conf::records(topo, &args.gres_options())
+            let gres = isthmus_gres::gres_conf::records(topo, &options.gres)
                 .0
                 .iter()
                 .map(isthmus_gres::GresRecord::line)
@@ -62,13 +76,23 @@ pub fn node_report(
     )
 }
 
+/// What a Slurm node reports of its Slurm side: its Slurm name and the options its node line and gres.conf lines
+/// are rendered with.
+#[derive(Debug, Clone)]
+pub struct SlurmFacts {
+    /// The Slurm node name.
+    pub name: String,
+    /// Node-definition options (gres.conf's among them).
+    pub options: isthmus_gres::NodeOptions,
+}
+
 /// What the NRT says besides discovery and the kubelet.
 #[derive(Debug, Clone, Default)]
 pub struct NrtOptions {
     /// MIG naming of the NVIDIA device plugin.
     pub mig_strategy: isthmus_topology::MigStrategy,
-    /// The Slurm node name and options, when the node reports its Slurm facts.
-    pub slurm: Option<(String, crate::cli::SlurmArgs)>,
+    /// The node's Slurm facts, when it reports them.
+    pub slurm: Option<SlurmFacts>,
 }
 
 /// The node's NodeResourceTopology for this discovery and this view of the kubelet (no owner reference: the
@@ -93,7 +117,7 @@ pub fn nrt_for(
             topology_manager: view.topology_manager.clone(),
             allocation,
             mig_strategy: options.mig_strategy,
-            report: node_report(topo, options.slurm.as_ref().map(|(n, a)| (n.as_str(), a))),
+            report: node_report(topo, options.slurm.as_ref()),
             unhealthy: unhealthy.to_vec(),
         },
     )

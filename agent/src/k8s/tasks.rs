@@ -13,8 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::kubelet_view::{self, KubeletAnswer, KubeletView};
 use super::publisher::{self, Pacing};
-use super::{NrtOptions, api_discovery, numatopo};
-use crate::cli::Switch;
+use super::{NrtOptions, Switch, api_discovery, numatopo};
 use crate::metrics::Metrics;
 
 /// What the Kubernetes side publishes, and where it asks the kubelet.

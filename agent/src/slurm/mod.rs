@@ -11,6 +11,7 @@ pub mod topology_unit;
 use std::sync::Arc;
 use std::time::Duration;
 
+use isthmus_api::retry::RetryPolicy;
 use isthmus_topology::NodeTopology;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -20,8 +21,17 @@ use node::{SlurmNode, SlurmView};
 use supervisor::Configure;
 use supervisor::process::Reaper;
 
-/// How long to wait before trying again to write a gres.conf that could not be written.
-const RETRY_WRITE: Duration = Duration::from_secs(10);
+/// How slurmd is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlurmMode {
+    /// No Slurm children (Kubernetes only).
+    Off,
+    /// The node is defined in slurm.conf (`isthmus render node` gives the line); the agent writes gres.conf beside
+    /// slurm.conf and runs `slurmd -D -N <node>`.
+    Configured,
+    /// A dynamic node: `slurmd -D -Z --conf "<node definition>"` (needs MaxNodeCount in slurm.conf).
+    Dynamic,
+}
 
 /// Follow the discovered topology: write gres.conf when it changes and (re)start slurmd when its gres.conf or its
 /// arguments change (a dynamic node is deleted from slurmctld first, so that it registers with its new definition).
@@ -35,15 +45,18 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut current: Option<SlurmView> = None;
-    let mut retry = false;
+    // After a failed write of gres.conf: the delay before the next try ([`RetryPolicy::file_write`]).
+    let mut retry: Option<Duration> = None;
+    let mut write_backoff = RetryPolicy::file_write().backoff();
     loop {
         let latest = topo.borrow_and_update().clone();
         if let Some(t) = latest {
-            retry = false;
+            retry = None;
             match node.view(&t) {
                 Ok(view) if current.as_ref() == Some(&view) => {}
                 Ok(view) => match node.write_gres(&view) {
                     Ok(outcome) => {
+                        write_backoff.reset();
                         if outcome == WriteOutcome::Written {
                             tracing::info!(path = ?node.gres_out(), "wrote gres.conf");
                         }
@@ -66,7 +79,7 @@ pub async fn run(
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "writing gres.conf failed; slurmd keeps what it has, retrying");
-                        retry = true;
+                        retry = Some(write_backoff.next_delay());
                     }
                 },
                 Err(e) => tracing::warn!(error = %e, "rendering the Slurm node failed"),
@@ -75,7 +88,7 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return,
             r = topo.changed() => if r.is_err() { return },
-            () = tokio::time::sleep(RETRY_WRITE), if retry => {}
+            () = tokio::time::sleep(retry.unwrap_or_default()), if retry.is_some() => {}
         }
     }
 }

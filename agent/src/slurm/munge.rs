@@ -1,20 +1,34 @@
 //! munged as the supervisor runs it: its arguments, and the checks that turn an unusable key or directory into one
 //! clear error at start.
 
+use std::path::PathBuf;
+
 use super::node::{MungeKeyProblem, SlurmConfigError, resolve_program};
 use super::supervisor::process::{ChildSpec, Readiness};
-use crate::cli::AgentArgs;
+
+/// How munged is run (the daemon builds it from the agent's arguments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MungeConfig {
+    /// munged's program (a path, or a name looked up in PATH).
+    pub munged: PathBuf,
+    /// The socket munged listens on (its readiness).
+    pub socket: PathBuf,
+    /// The key file.
+    pub key: PathBuf,
+    /// Directory for munged's pid, seed and log files.
+    pub state_dir: PathBuf,
+}
 
 /// munged's spec, after checking its key and preparing its directories.
-pub fn munged_spec(args: &AgentArgs) -> Result<ChildSpec, SlurmConfigError> {
+pub fn munged_spec(args: &MungeConfig) -> Result<ChildSpec, SlurmConfigError> {
     let program = resolve_program(&args.munged)?;
     let key_error = |problem| SlurmConfigError::MungeKey {
-        key: args.munge_key.clone(),
+        key: args.key.clone(),
         problem,
     };
     // The agent and munged hold no DAC capability: the key and every directory above it must be reachable by root
     // as owner (Debian's /etc/munge is munge-owned, mode 0700; the image hands it to root).
-    match std::fs::File::open(&args.munge_key).and_then(|f| f.metadata()) {
+    match std::fs::File::open(&args.key).and_then(|f| f.metadata()) {
         Ok(m) if m.is_file() => {}
         Ok(_) => {
             return Err(key_error(MungeKeyProblem::NotAFile));
@@ -26,7 +40,7 @@ pub fn munged_spec(args: &AgentArgs) -> Result<ChildSpec, SlurmConfigError> {
             return Err(key_error(MungeKeyProblem::Unreadable(e)));
         }
     }
-    let state = &args.munge_state_dir;
+    let state = &args.state_dir;
     let prepare = |dir: &std::path::Path, mode: Option<u32>| -> Result<(), SlurmConfigError> {
         std::fs::create_dir_all(dir).map_err(|source| SlurmConfigError::MungeDir {
             what: "creating".into(),
@@ -46,7 +60,7 @@ pub fn munged_spec(args: &AgentArgs) -> Result<ChildSpec, SlurmConfigError> {
         Ok(())
     };
     prepare(state, None)?;
-    if let Some(dir) = args.munge_socket.parent() {
+    if let Some(dir) = args.socket.parent() {
         // munged refuses a socket directory that others may write to.
         prepare(dir, Some(0o755))?;
     }
@@ -56,40 +70,28 @@ pub fn munged_spec(args: &AgentArgs) -> Result<ChildSpec, SlurmConfigError> {
         args: vec![
             "-F".into(),
             "-f".into(),
-            format!("--socket={}", args.munge_socket.display()),
-            format!("--key-file={}", args.munge_key.display()),
+            format!("--socket={}", args.socket.display()),
+            format!("--key-file={}", args.key.display()),
             format!("--pid-file={}", state.join("munged.pid").display()),
             format!("--seed-file={}", state.join("munged.seed").display()),
             format!("--log-file={}", state.join("munged.log").display()),
         ],
         env: Vec::new(),
-        ready: Readiness::PathExists(args.munge_socket.clone()),
+        ready: Readiness::PathExists(args.socket.clone()),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{Cli, Command};
-    use clap::Parser as _;
     use std::error::Error as _;
 
-    fn args(dir: &std::path::Path, key: &std::path::Path) -> Option<AgentArgs> {
-        let cli = Cli::try_parse_from([
-            "isthmus".into(),
-            "agent".into(),
-            "--munged=/bin/true".into(),
-            format!("--munge-key={}", key.display()),
-            format!("--munge-state-dir={}", dir.join("state").display()),
-            format!(
-                "--munge-socket={}",
-                dir.join("run/munge.socket.2").display()
-            ),
-        ])
-        .ok()?;
-        match cli.command {
-            Command::Agent(a) => Some(*a),
-            _ => None,
+    fn args(dir: &std::path::Path, key: &std::path::Path) -> MungeConfig {
+        MungeConfig {
+            munged: "/bin/true".into(),
+            key: key.to_path_buf(),
+            state_dir: dir.join("state"),
+            socket: dir.join("run/munge.socket.2"),
         }
     }
 
@@ -97,7 +99,7 @@ mod tests {
     fn an_unusable_key_or_directory_is_a_typed_error_with_its_cause() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let missing = dir.path().join("no-key");
-        let a = args(dir.path(), &missing).expect("the arguments parse");
+        let a = args(dir.path(), &missing);
         match munged_spec(&a) {
             Err(SlurmConfigError::MungeKey {
                 key,
@@ -105,7 +107,7 @@ mod tests {
             }) => assert_eq!(key, missing),
             other => panic!("{other:?}"),
         }
-        let a = args(dir.path(), dir.path()).expect("the arguments parse");
+        let a = args(dir.path(), dir.path());
         assert!(matches!(
             munged_spec(&a),
             Err(SlurmConfigError::MungeKey {
@@ -116,8 +118,8 @@ mod tests {
         // A state directory under a regular file cannot be created: the system's error is kept as the source.
         let key = dir.path().join("munge.key");
         std::fs::write(&key, [0u8; 32]).expect("a key");
-        let mut a = args(dir.path(), &key).expect("the arguments parse");
-        a.munge_state_dir = key.join("state");
+        let mut a = args(dir.path(), &key);
+        a.state_dir = key.join("state");
         let e = munged_spec(&a).expect_err("a directory under a file");
         assert!(matches!(e, SlurmConfigError::MungeDir { .. }), "{e:?}");
         let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());

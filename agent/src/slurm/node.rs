@@ -7,9 +7,9 @@ use std::time::Duration;
 use isthmus_gres::{gres_conf, node_def};
 use isthmus_topology::NodeTopology;
 
+use super::SlurmMode;
 use super::supervisor::process::{ChildSpec, Readiness, Reaper};
 use super::topology_unit::{TopologyUnitError, TopologyUnits};
-use crate::cli::{AgentArgs, SlurmArgs, SlurmMode};
 use crate::config_file::{WriteError, WriteOutcome, write_if_changed};
 
 /// Why the Slurm side cannot start.
@@ -31,7 +31,7 @@ pub enum SlurmConfigError {
     NoSource,
     /// The node name is unknown.
     #[error("{0}")]
-    NodeName(#[from] crate::cli::NodeNameError),
+    NodeName(#[from] NodeNameError),
     /// The munge key is unusable.
     #[error("munge key {}: {problem}", .key.display())]
     MungeKey {
@@ -133,6 +133,34 @@ pub fn resolve_program(p: &Path) -> Result<PathBuf, SlurmConfigError> {
         })
 }
 
+/// The node name could not be found.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot tell the node name ({0}); pass --node-name or set NODE_NAME")]
+pub struct NodeNameError(pub String);
+
+/// The Slurm role's settings (the daemon builds them from the agent's arguments).
+#[derive(Debug, Clone)]
+pub struct SlurmConfig {
+    /// How slurmd runs (not `Off`: with `Off` there is no Slurm role).
+    pub mode: SlurmMode,
+    /// The Slurm node name.
+    pub node: String,
+    /// slurmd's program (a path, or a name looked up in PATH).
+    pub slurmd: PathBuf,
+    /// slurm.conf, when the node reads one.
+    pub slurm_conf: Option<PathBuf>,
+    /// The configless server, when slurmd fetches its configuration.
+    pub conf_server: Option<String>,
+    /// More arguments for slurmd.
+    pub slurmd_args: Vec<String>,
+    /// Where gres.conf is written (default: beside slurm.conf).
+    pub gres_out: Option<PathBuf>,
+    /// How the node line and gres.conf are rendered.
+    pub options: isthmus_gres::NodeOptions,
+    /// A dynamic node's `Topology=` value (checked against its grammar before it reaches slurmd's command line).
+    pub topology: Option<String>,
+}
+
 /// The Slurm node's fixed inputs, validated once at start.
 #[derive(Debug, Clone)]
 pub struct SlurmNode {
@@ -140,7 +168,7 @@ pub struct SlurmNode {
     slurm_conf: Option<PathBuf>,
     conf_server: Option<String>,
     slurmd_args: Vec<String>,
-    slurm: SlurmArgs,
+    options: isthmus_gres::NodeOptions,
     node: String,
     slurmd: PathBuf,
     gres_out: Option<PathBuf>,
@@ -149,8 +177,8 @@ pub struct SlurmNode {
 
 impl SlurmNode {
     /// Validate the configuration: programs exist, slurm.conf exists (unless configless).
-    pub fn new(args: &AgentArgs) -> Result<Self, SlurmConfigError> {
-        let node = args.slurm.node_name()?;
+    pub fn new(args: &SlurmConfig) -> Result<Self, SlurmConfigError> {
+        let node = args.node.clone();
         let slurmd = resolve_program(&args.slurmd)?;
         if let Some(conf) = &args.slurm_conf {
             if !conf.is_file() {
@@ -165,20 +193,20 @@ impl SlurmNode {
             (None, None) => None,
         };
         let topology = args
-            .slurm_topology
+            .topology
             .as_deref()
             .map(TopologyUnits::parse)
             .transpose()?;
-        if topology.is_some() && args.slurm_mode != SlurmMode::Dynamic {
+        if topology.is_some() && args.mode != SlurmMode::Dynamic {
             return Err(SlurmConfigError::TopologyNotDynamic);
         }
         Ok(Self {
             topology,
-            mode: args.slurm_mode,
+            mode: args.mode,
             slurm_conf: args.slurm_conf.clone(),
             conf_server: args.conf_server.clone(),
             slurmd_args: args.slurmd_args.clone(),
-            slurm: args.slurm.clone(),
+            options: args.options.clone(),
             node,
             slurmd,
             gres_out,
@@ -200,7 +228,7 @@ impl SlurmNode {
         let gres = self
             .gres_out
             .as_ref()
-            .map(|_| owned_gres_conf(&gres_conf::render(topo, &self.slurm.gres_options(), None).0));
+            .map(|_| owned_gres_conf(&gres_conf::render(topo, &self.options.gres, None).0));
         let mut args = vec!["-D".to_owned(), "-N".to_owned(), self.node.clone()];
         if let Some(conf) = &self.slurm_conf {
             args.extend(["-f".to_owned(), conf.display().to_string()]);
@@ -209,7 +237,7 @@ impl SlurmNode {
             args.extend(["--conf-server".to_owned(), server.clone()]);
         }
         if self.mode == SlurmMode::Dynamic {
-            let (mut conf, _) = node_def::dynamic_conf(topo, &self.slurm.node_options())?;
+            let (mut conf, _) = node_def::dynamic_conf(topo, &self.options)?;
             if let Some(t) = &self.topology {
                 conf.push_str(" Topology=");
                 conf.push_str(t.as_str());

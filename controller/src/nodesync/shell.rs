@@ -21,40 +21,10 @@ use super::mapping::NodeMap;
 use super::ownership::{self, DrainRecord};
 use crate::run::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
+use isthmus_api::retry::{Backoff, RetryPolicy};
 
 /// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
 const FOLLOW_UP: Duration = Duration::from_millis(200);
-
-/// Doubling delay from `base` up to `max`.
-#[derive(Debug, Clone)]
-struct Backoff {
-    base: Duration,
-    max: Duration,
-    failures: u32,
-}
-
-impl Backoff {
-    fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max: max.max(base),
-            failures: 0,
-        }
-    }
-
-    /// Record a failure; the delay until the next try.
-    fn fail(&mut self) -> Duration {
-        let d = self
-            .base
-            .saturating_mul(2u32.saturating_pow(self.failures.min(16)));
-        self.failures = self.failures.saturating_add(1);
-        d.min(self.max)
-    }
-
-    fn succeed(&mut self) {
-        self.failures = 0;
-    }
-}
 
 /// What the sync remembers between passes.
 pub(super) struct Shell {
@@ -99,7 +69,7 @@ impl Shell {
             policy: args.policy(),
             interval: args.interval,
             guard,
-            slurm_backoff: Backoff::new(args.interval, args.max_backoff),
+            slurm_backoff: RetryPolicy::node_sync(args.interval, args.max_backoff).backoff(),
             slurm_retry_at: Instant::now(),
             write_backoff: HashMap::new(),
             stale: HashMap::new(),
@@ -142,7 +112,7 @@ impl Shell {
         let slurm_nodes = match self.reader.nodes().await {
             Ok(n) => {
                 metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(1.0);
-                self.slurm_backoff.succeed();
+                self.slurm_backoff.reset();
                 n
             }
             Err(e) => {
@@ -150,7 +120,7 @@ impl Shell {
                 // is wrong, and the warning says which.
                 let up = if e.is_unreachable() { 0.0 } else { 1.0 };
                 metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(up);
-                let delay = self.slurm_backoff.fail();
+                let delay = self.slurm_backoff.next_delay();
                 self.slurm_retry_at = Instant::now() + delay;
                 tracing::warn!(error = %e, retry_in = ?delay, "reading Slurm's nodes failed");
                 return delay;
@@ -443,13 +413,11 @@ impl Shell {
                 }
             }
             Err(e) => {
-                let entry = self.write_backoff.entry(target.clone()).or_insert_with(|| {
-                    (
-                        Backoff::new(self.interval, self.slurm_backoff.max),
-                        Instant::now(),
-                    )
-                });
-                let delay = entry.0.fail();
+                let entry = self
+                    .write_backoff
+                    .entry(target.clone())
+                    .or_insert_with(|| (self.slurm_backoff.policy().backoff(), Instant::now()));
+                let delay = entry.0.next_delay();
                 entry.1 = Instant::now() + delay;
                 tracing::warn!(target, action = kind, error = %e, retry_in = ?delay, "node sync write failed");
             }
@@ -493,19 +461,5 @@ impl Shell {
             .await
             .map(|_| None)
             .map_err(|e| e.to_string())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(10));
-        let got: Vec<u64> = (0..5).map(|_| b.fail().as_secs()).collect();
-        assert_eq!(got, [2, 4, 8, 10, 10]);
-        b.succeed();
-        assert_eq!(b.fail(), Duration::from_secs(2));
     }
 }

@@ -7,29 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use isthmus_api::retry::RetryPolicy;
+
 use super::lease::{Elector, LeaseConfig};
 use super::{LEASE_FIELD_MANAGER_PREFIX, LeaderContext, LeaderTask};
-
-/// Capped exponential backoff: 1 s, 2 s, 4 s … up to `max`.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    /// Starting at `first`, never more than `max`.
-    pub fn new(first: Duration, max: Duration) -> Self {
-        Self { next: first, max }
-    }
-
-    /// The next delay.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-}
 
 /// Sleep `d` unless `token` is cancelled first; false when cancelled.
 pub async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
@@ -41,7 +22,7 @@ pub async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
 
 /// Run one task until `token` is cancelled, restarting it with backoff when it fails or ends early.
 async fn supervise(task: LeaderTask, ctx: LeaderContext, token: CancellationToken) {
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let mut backoff = RetryPolicy::task_restart().backoff();
     loop {
         let result = (task.start)(ctx.clone(), token.clone()).await;
         if token.is_cancelled() {
@@ -197,13 +178,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
-        let got: Vec<u64> = (0..5).map(|_| b.next_delay().as_secs()).collect();
-        assert_eq!(got, vec![1, 2, 4, 5, 5]);
-    }
 
     #[tokio::test]
     async fn sleep_returns_false_when_cancelled() {

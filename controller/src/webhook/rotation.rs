@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use isthmus_api::retry::RetryPolicy;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -23,9 +24,6 @@ use super::server::CertSlot;
 
 /// Field manager of the `caBundle` patches.
 pub const FIELD_MANAGER: &str = "isthmus-controller";
-/// Longest wait after a failed round.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
-
 /// Why a round failed (it is retried).
 #[derive(Debug, thiserror::Error)]
 pub enum RotationError {
@@ -116,21 +114,21 @@ fn data(m: &Material) -> BTreeMap<String, ByteString> {
 }
 
 impl Rotation {
-    /// Run rounds until `shutdown`: every `interval`, and after a failure sooner (1 s doubling to a minute).
+    /// Run rounds until `shutdown`: every `interval`, and after a failure sooner
+    /// ([`RetryPolicy::api_write`]: 1 s doubling to a minute, jittered).
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = RetryPolicy::api_write().backoff();
         loop {
             let wait = match self.round().await {
                 Ok(()) => {
-                    backoff = Duration::from_secs(1);
+                    backoff.reset();
                     self.interval
                 }
                 Err(e) => {
                     metrics::counter!("isthmus_controller_webhook_certificate_errors_total")
                         .increment(1);
-                    tracing::warn!(error = %e, retry_in = ?backoff, "webhook certificate");
-                    let wait = backoff;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?wait, "webhook certificate");
                     wait
                 }
             };

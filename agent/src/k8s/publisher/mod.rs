@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, Publication};
-use crate::slurm::supervisor::backoff::{Backoff, BackoffPolicy, Jitter};
+use isthmus_api::retry::RetryPolicy;
 
 pub mod pacing;
 
@@ -290,9 +290,7 @@ pub async fn run<K: Published>(
     )
     .default_backoff();
     let mut own = std::pin::pin!(own);
-    let policy = BackoffPolicy::default();
-    let mut jitter = Jitter::from_entropy();
-    let mut backoff = Backoff::default();
+    let mut backoff = RetryPolicy::api_write().backoff();
     let mut pacer = Pacer::new(pacing.min_interval);
     let mut watch_failing = false;
     let mut kept_logged = false;
@@ -317,7 +315,7 @@ pub async fn run<K: Published>(
                         .unwrap_or(Err(PublishError::Timeout(pacing.call_timeout)));
                 match result {
                     Ok(outcome) => {
-                        backoff = Backoff::default();
+                        backoff.reset();
                         match outcome {
                             Outcome::Written => {
                                 pacer.written(Instant::now());
@@ -340,7 +338,7 @@ pub async fn run<K: Published>(
                     }
                     Err(e) => {
                         metrics.record_publication(K::METRIC, Publication::Failed);
-                        let delay = backoff.on_exit(Duration::ZERO, &policy, &mut jitter);
+                        let delay = backoff.next_delay();
                         let retry_in_ms = delay.as_millis() as u64;
                         match &e {
                             PublishError::NodeMissing(_) => {

@@ -1,17 +1,16 @@
-//! Capped exponential restart backoff with jitter, kept as plain data.
+//! A child's restart bookkeeping, kept as plain data: failures in a row, restarts, crash-loop detection. The delays
+//! follow the one retry policy ([`RetryPolicy::child_restart`]: 0.5 s doubling to 60 s, jittered).
 
 use std::time::Duration;
+
+use isthmus_api::retry::RetryPolicy;
 
 /// Backoff policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BackoffPolicy {
-    /// First delay.
-    pub base: Duration,
-    /// Largest delay.
-    pub max: Duration,
-    /// Jitter as a fraction of the delay (0.2 = ±20 %).
-    pub jitter: f64,
-    /// A child that ran at least this long counts as healthy: its next failure starts again at `base`.
+    /// Delays between restarts.
+    pub retry: RetryPolicy,
+    /// A child that ran at least this long counts as healthy: its next failure starts again at the first delay.
     pub stable_after: Duration,
     /// Consecutive failures from which the child is reported as crash-looping.
     pub crash_loop_after: u32,
@@ -20,43 +19,10 @@ pub struct BackoffPolicy {
 impl Default for BackoffPolicy {
     fn default() -> Self {
         Self {
-            base: Duration::from_millis(500),
-            max: Duration::from_secs(60),
-            jitter: 0.2,
+            retry: RetryPolicy::child_restart(),
             stable_after: Duration::from_secs(60),
             crash_loop_after: 5,
         }
-    }
-}
-
-/// A small deterministic PRNG (xorshift64*) for jitter; seeded from pid and time in production, fixed in tests.
-#[derive(Debug, Clone)]
-pub struct Jitter(u64);
-
-impl Jitter {
-    /// Seeded generator (a zero seed is replaced).
-    pub fn new(seed: u64) -> Self {
-        Self(if seed == 0 {
-            0x9e37_79b9_7f4a_7c15
-        } else {
-            seed
-        })
-    }
-
-    /// Seed from the process id and the clock.
-    pub fn from_entropy() -> Self {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Self::new(t ^ (u64::from(std::process::id()) << 32))
-    }
-
-    /// A value in [0, 1).
-    pub fn next_unit(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -71,24 +37,13 @@ pub struct Backoff {
 
 impl Backoff {
     /// Record an exit after `ran` and return how long to wait before the next start.
-    pub fn on_exit(
-        &mut self,
-        ran: Duration,
-        policy: &BackoffPolicy,
-        jitter: &mut Jitter,
-    ) -> Duration {
+    pub fn on_exit(&mut self, ran: Duration, policy: &BackoffPolicy) -> Duration {
         if ran >= policy.stable_after {
             self.consecutive_failures = 0;
         }
         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         self.restarts += 1;
-        let exp = self.consecutive_failures.saturating_sub(1).min(30);
-        let raw = policy.base.as_secs_f64() * 2f64.powi(exp as i32);
-        let capped = raw.min(policy.max.as_secs_f64());
-        let factor = 1.0 + policy.jitter * (2.0 * jitter.next_unit() - 1.0);
-        Duration::from_secs_f64(
-            (capped * factor).clamp(0.0, policy.max.as_secs_f64() * (1.0 + policy.jitter)),
-        )
+        policy.retry.delay_after(self.consecutive_failures)
     }
 
     /// Whether the child is crash-looping.
@@ -101,46 +56,30 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    #[test]
-    fn grows_caps_and_resets() {
-        let p = BackoffPolicy {
-            jitter: 0.0,
-            ..BackoffPolicy::default()
-        };
-        let mut j = Jitter::new(1);
-        let mut b = Backoff::default();
-        let quick = Duration::from_millis(10);
-        let delays: Vec<f64> = (0..10)
-            .map(|_| b.on_exit(quick, &p, &mut j).as_secs_f64())
-            .collect();
-        assert_eq!(&delays[..4], &[0.5, 1.0, 2.0, 4.0]);
-        assert!(delays.iter().all(|d| *d <= 60.0));
-        assert_eq!(delays[9], 60.0);
-        assert!(b.crash_looping(&p));
-        assert_eq!(b.restarts, 10);
-        assert_eq!(
-            b.on_exit(Duration::from_secs(61), &p, &mut j).as_secs_f64(),
-            0.5,
-            "a stable run resets the backoff"
-        );
-        assert!(!b.crash_looping(&p));
+    /// Whether `d` lies in the upper half of `nominal` (the retry policy's jitter).
+    fn near(d: Duration, nominal: f64) -> bool {
+        let d = d.as_secs_f64();
+        d >= nominal / 2.0 - 1e-9 && d <= nominal + 1e-9
     }
 
     #[test]
-    fn jitter_stays_in_bounds() {
+    fn grows_caps_and_resets() {
         let p = BackoffPolicy::default();
-        let mut j = Jitter::new(42);
-        for n in 1..200u32 {
-            let mut b = Backoff {
-                consecutive_failures: n % 12,
-                restarts: 0,
-            };
-            let d = b.on_exit(Duration::ZERO, &p, &mut j).as_secs_f64();
-            let nominal = (0.5 * 2f64.powi((n % 12) as i32)).min(60.0);
-            assert!(
-                d >= nominal * 0.8 - 1e-9 && d <= nominal * 1.2 + 1e-9,
-                "{d} vs {nominal}"
-            );
+        let mut b = Backoff::default();
+        let quick = Duration::from_millis(10);
+        let delays: Vec<Duration> = (0..10).map(|_| b.on_exit(quick, &p)).collect();
+        for (d, nominal) in delays
+            .iter()
+            .zip([0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0])
+        {
+            assert!(near(*d, nominal), "{d:?} vs {nominal}");
         }
+        assert!(b.crash_looping(&p));
+        assert_eq!(b.restarts, 10);
+        assert!(
+            near(b.on_exit(Duration::from_secs(61), &p), 0.5),
+            "a stable run resets the backoff"
+        );
+        assert!(!b.crash_looping(&p));
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::backoff::{Backoff, BackoffPolicy, Jitter};
+use super::backoff::{Backoff, BackoffPolicy};
 use super::process::{ChildSpec, Exit, Process};
 
 /// How long to wait for SIGKILLed processes before giving up on them.
@@ -127,18 +127,16 @@ struct Stopping {
 pub struct Supervisor<P> {
     children: Vec<Managed>,
     timing: Timing,
-    jitter: Jitter,
     process: P,
     stopping: Option<Stopping>,
 }
 
 impl<P: Process> Supervisor<P> {
     /// A supervisor with no children.
-    pub fn new(timing: Timing, jitter: Jitter, process: P) -> Self {
+    pub fn new(timing: Timing, process: P) -> Self {
         Self {
             children: Vec::new(),
             timing,
-            jitter,
             process,
             stopping: None,
         }
@@ -227,11 +225,9 @@ impl<P: Process> Supervisor<P> {
             c.state = State::Pending;
             return;
         }
-        let delay = c.backoff.on_exit(
-            now.saturating_duration_since(since),
-            &self.timing.policy,
-            &mut self.jitter,
-        );
+        let delay = c
+            .backoff
+            .on_exit(now.saturating_duration_since(since), &self.timing.policy);
         let delay_ms = delay.as_millis() as u64;
         if c.backoff.crash_looping(&self.timing.policy) {
             tracing::error!(child = %c.spec.name, pid, %exit, failures = c.backoff.consecutive_failures, restart_in_ms = delay_ms, "crash loop");
@@ -259,7 +255,6 @@ impl<P: Process> Supervisor<P> {
             let Self {
                 children,
                 timing,
-                jitter,
                 process,
                 ..
             } = self;
@@ -274,9 +269,9 @@ impl<P: Process> Supervisor<P> {
                 }
             }
             match c.state.clone() {
-                State::Pending if dep_ready => start(c, timing, jitter, process, now, &mut at),
+                State::Pending if dep_ready => start(c, timing, process, now, &mut at),
                 State::Backoff { until } if until <= now && dep_ready => {
-                    start(c, timing, jitter, process, now, &mut at)
+                    start(c, timing, process, now, &mut at)
                 }
                 State::Backoff { until } => at(until.max(now)),
                 State::Starting { pid, since } => {
@@ -379,7 +374,6 @@ impl<P: Process> Supervisor<P> {
 fn start<P: Process>(
     c: &mut Managed,
     timing: &Timing,
-    jitter: &mut Jitter,
     process: &mut P,
     now: Instant,
     at: &mut impl FnMut(Instant),
@@ -392,7 +386,7 @@ fn start<P: Process>(
             at(now);
         }
         Err(e) => {
-            let delay = c.backoff.on_exit(Duration::ZERO, &timing.policy, jitter);
+            let delay = c.backoff.on_exit(Duration::ZERO, &timing.policy);
             tracing::error!(child = %c.spec.name, program = %c.spec.program.display(), error = %e, restart_in_ms = delay.as_millis() as u64, "cannot start");
             c.state = State::Backoff { until: now + delay };
             at(now + delay);

@@ -5,7 +5,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::backoff::{BackoffPolicy, Jitter};
+use super::backoff::BackoffPolicy;
 use super::process::{ChildSpec, Exit, Process, Readiness};
 use super::state::{GIVE_UP_AFTER_KILL, State, StopProgress, Supervisor, Timing};
 
@@ -62,17 +62,14 @@ fn spec(name: &str, ready: Readiness) -> ChildSpec {
 
 fn timing() -> Timing {
     Timing {
-        policy: BackoffPolicy {
-            jitter: 0.0,
-            ..BackoffPolicy::default()
-        },
+        policy: BackoffPolicy::default(),
         grace: Duration::from_secs(10),
         ready_timeout: Duration::from_secs(30),
     }
 }
 
 fn sup() -> Supervisor<Fake> {
-    Supervisor::new(timing(), Jitter::new(1), Fake::default())
+    Supervisor::new(timing(), Fake::default())
 }
 
 fn pid_of(s: &Supervisor<Fake>, name: &str) -> Option<u32> {
@@ -149,8 +146,11 @@ fn crashes_restart_with_growing_backoff_and_a_crash_loop_is_flagged() {
         s.tick(now);
         assert!(pid_of(&s, "slurmd").is_some());
     }
-    let secs: Vec<f64> = delays.iter().map(Duration::as_secs_f64).collect();
-    assert_eq!(secs, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]);
+    // Each delay lies in the upper half of its nominal value (the retry policy's jitter).
+    for (d, nominal) in delays.iter().zip([0.5, 1.0, 2.0, 4.0, 8.0, 16.0]) {
+        let d = d.as_secs_f64();
+        assert!(d >= nominal / 2.0 && d <= nominal, "{d} vs {nominal}");
+    }
     let c = &s.children()[0];
     assert!(c.backoff.crash_looping(&timing().policy));
     assert_eq!(c.backoff.restarts, 6);
@@ -159,11 +159,13 @@ fn crashes_restart_with_growing_backoff_and_a_crash_loop_is_flagged() {
     let pid = pid_of(&s, "slurmd").unwrap_or_default();
     now += Duration::from_secs(120);
     s.on_exit(pid, Exit::Signal(9), now);
-    assert_eq!(
-        state_of(&s, "slurmd"),
-        State::Backoff {
-            until: now + Duration::from_millis(500)
-        }
+    let State::Backoff { until } = state_of(&s, "slurmd") else {
+        panic!("not in backoff: {:?}", state_of(&s, "slurmd"));
+    };
+    assert!(
+        until - now >= Duration::from_millis(250) && until - now <= Duration::from_millis(500),
+        "{:?}",
+        until - now
     );
 }
 
@@ -174,8 +176,16 @@ fn a_child_that_cannot_start_backs_off_instead_of_spinning() {
     let now = Instant::now();
     s.configure(spec("slurmd", Readiness::Started), None, false, now);
     let wake = s.tick(now);
-    assert_eq!(wake, Some(now + Duration::from_millis(500)));
-    assert!(matches!(state_of(&s, "slurmd"), State::Backoff { .. }));
+    let State::Backoff { until } = state_of(&s, "slurmd") else {
+        panic!("not in backoff: {:?}", state_of(&s, "slurmd"));
+    };
+    // Woken when the first delay (0.5 s nominal, in its upper half) is over.
+    assert_eq!(wake, Some(until));
+    assert!(
+        until - now >= Duration::from_millis(250) && until - now <= Duration::from_millis(500),
+        "{:?}",
+        until - now
+    );
 }
 
 #[test]

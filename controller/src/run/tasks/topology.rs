@@ -11,11 +11,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::run::inputs::start_reflectors;
-use crate::run::leader::{Backoff, sleep_or_cancel};
+use crate::run::leader::sleep_or_cancel;
 use crate::run::pass::reconcile;
 use crate::run::topology::{State, TopologyArgs, TopologyError};
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 use crate::slurm::SlurmClient;
+use isthmus_api::retry::{Backoff, RetryPolicy};
 
 /// The topology task as the leader runs it.
 pub const TASK: LeaderTask = LeaderTask {
@@ -69,11 +70,11 @@ pub async fn run(
     );
     let debounce = args.debounce;
     let mut state = State::new(client, slurm, args, namespace);
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let mut backoff = RetryPolicy::task_restart().backoff();
     loop {
         let retry = match reconcile(&inputs, &mut state).await {
             Ok(()) => {
-                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+                backoff.reset();
                 None
             }
             Err(e) => {

@@ -9,164 +9,18 @@
 //!
 //! Every test here takes the node's one exclusive CPU, so they take turns.
 
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_tests::apiserver::{describe, service_account_user};
-use isthmus_tests::deploy::{
-    Reaped, added_capabilities, agent_container, render, start_as_in_the_pod,
-};
+use isthmus_tests::deploy::Reaped;
 use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
-use isthmus_tests::{fixtures, free_port, slurm::wait_until};
+use isthmus_tests::slurm::wait_until;
 
-static TURN: Mutex<()> = Mutex::new(());
+mod daemonset;
+mod node;
 
-const NS: &str = "kubelet-test";
-
-fn turn() -> std::sync::MutexGuard<'static, ()> {
-    TURN.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The shipped RBAC, CRDs and namespace of `deploy/daemonset` (not its DaemonSet: tests start the agent
-/// themselves), Volcano's Numatopology CRD, the test namespace; a kubeconfig of the agent's ServiceAccount.
-fn prepare(node: &KubeNode) -> PathBuf {
-    static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if !*done {
-        let docs: Vec<serde_yaml_ng::Value> = render(".")
-            .into_iter()
-            .filter(|d| d["kind"] != "DaemonSet")
-            .collect();
-        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
-        node.apply(&list.to_string());
-        let volcano = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-        node.apply(&std::fs::read_to_string(volcano).unwrap_or_else(|e| panic!("{e}")));
-        node.apply(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
-        ));
-        for crd in [
-            "noderesourcetopologies.topology.node.k8s.io",
-            "numatopologies.nodeinfo.volcano.sh",
-        ] {
-            node.kubectl_ok(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd",
-                crd,
-            ]);
-        }
-        *done = true;
-    }
-    node.kubeconfig_for_token(&node.token_for("isthmus-system", "isthmus"))
-}
-
-/// The NRT's `cpu` summed over its zones as (allocatable, available), when there is an object.
-fn nrt_cpu(node: &KubeNode) -> Option<(String, String)> {
-    let out = node.kubectl(&[
-        "get",
-        "noderesourcetopologies.topology.node.k8s.io",
-        NODE_NAME,
-        "-o",
-        "json",
-    ]);
-    if !out.status.success() {
-        return None;
-    }
-    let obj: NodeResourceTopology = serde_json::from_slice(&out.stdout).ok()?;
-    cpu_of(&obj)
-}
-
-fn cpu_of(obj: &NodeResourceTopology) -> Option<(String, String)> {
-    let mut sum = (0u64, 0u64);
-    for zone in &obj.zones {
-        let r = zone.resources.iter().find(|r| r.name == "cpu")?;
-        sum.0 += r.allocatable.parse::<u64>().ok()?;
-        sum.1 += r.available.parse::<u64>().ok()?;
-    }
-    Some((sum.0.to_string(), sum.1.to_string()))
-}
-
-/// This machine's online CPUs.
-fn online_cpus() -> usize {
-    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
-    isthmus_topology::CpuSet::parse_list(list.trim()).map_or(0, |s| s.len())
-}
-
-/// The Numatopology's allocatable CPU list.
-fn numatopo_allocatable(node: &KubeNode) -> Option<String> {
-    let out = node.kubectl(&[
-        "get",
-        "numatopologies.nodeinfo.volcano.sh",
-        NODE_NAME,
-        "-o",
-        "jsonpath={.spec.numares.cpu.allocatable}",
-    ]);
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A Guaranteed pod asking one whole CPU (the static policy gives it one exclusively).
-fn guaranteed_pod(node: &KubeNode, name: &str) {
-    node.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  \
-         terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: isthmus.local/busybox:1.35\n    \
-         imagePullPolicy: Never\n    command: [sleep, \"3600\"]\n    resources:\n      limits: {{cpu: \"1\", memory: 32Mi}}\n"
-    ));
-    node.kubectl_ok(&[
-        "wait",
-        "-n",
-        NS,
-        "--for=condition=Ready",
-        "--timeout=120s",
-        &format!("pod/{name}"),
-    ]);
-}
-
-fn delete_pod(node: &KubeNode, name: &str) {
-    node.kubectl_ok(&[
-        "delete",
-        "-n",
-        NS,
-        "pod",
-        name,
-        "--wait=true",
-        "--timeout=120s",
-    ]);
-}
-
-/// The agent on the host as the Kubernetes-only DaemonSet runs it (its args, environment and capabilities), with
-/// the host's own root and the kubelet's real PodResources socket.
-fn start_agent(node: &KubeNode, kubeconfig: &Path, log: &Path) -> Reaped {
-    let docs = render("overlays/kubernetes-only");
-    let container = agent_container(&docs);
-    let listen = format!("127.0.0.1:{}", free_port());
-    Reaped(start_as_in_the_pod(
-        container,
-        &added_capabilities(container),
-        &[],
-        &[
-            ("ISTHMUS_HOST_ROOT", "/".to_owned()),
-            (
-                "ISTHMUS_POD_RESOURCES_SOCKET",
-                node.pod_resources_socket().display().to_string(),
-            ),
-            ("ISTHMUS_LISTEN", listen),
-        ],
-        &[("NODE_NAME", NODE_NAME)],
-        kubeconfig,
-        log,
-    ))
-}
-
-fn wait_for(what: &str, f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    wait_until(what, Duration::from_secs(60), f);
-    start.elapsed()
-}
+use daemonset::*;
+use node::*;
 
 #[test]
 fn an_exclusive_cpu_leaves_the_nrt_and_the_numatopology_and_comes_back() {
@@ -264,83 +118,6 @@ fn a_restarted_agent_never_publishes_a_held_cpu_as_free() {
     // Nothing changed on the node: the restarted agent found its object as it would write it.
     assert!(writes.is_empty(), "{writes:#?}");
     delete_pod(node, "held");
-}
-
-/// A test overlay of the shipped DaemonSet in `dir`: the image `image`, never pulled, and the host network with the
-/// API server's loopback address (the test node has no kube-proxy to route the kubernetes Service; the probes reach
-/// the metrics port on the host's address then). Applied with `kubectl apply -k`.
-fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
-    let overlay = dir.join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
-    let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
-    let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-only");
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
-             images:\n  - name: isthmus\n    newName: {name}\n    newTag: \"{tag}\"\npatches:\n  - path: test.yaml\n",
-            relative(&overlay, &base)
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        overlay.join("test.yaml"),
-        format!(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: isthmus\n  namespace: isthmus-system\nspec:\n  \
-             template:\n    spec:\n      hostNetwork: true\n      containers:\n      - name: isthmus\n        \
-             imagePullPolicy: Never\n        env:\n        - name: KUBERNETES_SERVICE_HOST\n          value: 127.0.0.1\n        \
-             - name: KUBERNETES_SERVICE_PORT\n          value: \"{}\"\n",
-            node.api_port(),
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
-    assert!(out.status.success(), "{}", describe(&out));
-}
-
-/// The agent's pod, once it is Ready with `image` (panics with its logs if its container restarts).
-fn ready_agent_pod(node: &KubeNode, image: &str) -> serde_json::Value {
-    let pod = || {
-        let out = node.kubectl(&[
-            "get",
-            "pods",
-            "-n",
-            "isthmus-system",
-            "-l",
-            "app.kubernetes.io/name=isthmus",
-            "-o",
-            "json",
-        ]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v["items"].as_array().cloned().unwrap_or_default()
-    };
-    wait_until_ok("the agent's pod Ready", Duration::from_secs(180), || {
-        let pods = pod();
-        for p in &pods {
-            if p["status"]["containerStatuses"][0]["restartCount"].as_u64() > Some(0) {
-                let logs = node.kubectl(&[
-                    "logs",
-                    "-n",
-                    "isthmus-system",
-                    "-l",
-                    "app.kubernetes.io/name=isthmus",
-                    "--previous",
-                ]);
-                panic!(
-                    "the agent's container restarted: {p:#}\n{}",
-                    describe(&logs)
-                );
-            }
-        }
-        // One pod (an old one still terminating is not done yet), of this image, Ready.
-        let [p] = pods.as_slice() else { return None };
-        let ready = p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        (ready && p["spec"]["containers"][0]["image"] == image).then(|| p.clone())
-    })
 }
 
 #[test]
@@ -480,72 +257,6 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it_and_rolls_out_without_
     });
 }
 
-/// Every version of the node's NRT from now on, as a watch (`kubectl get --watch`) sees it.
-struct NrtWatch {
-    child: std::process::Child,
-    seen: std::thread::JoinHandle<Vec<NodeResourceTopology>>,
-}
-
-impl NrtWatch {
-    fn start(node: &KubeNode) -> Self {
-        let mut child = std::process::Command::new(isthmus_tests::deploy::kubectl())
-            .arg("--kubeconfig")
-            .arg(node.kubeconfig())
-            .args([
-                "get",
-                "noderesourcetopologies.topology.node.k8s.io",
-                NODE_NAME,
-                "--watch",
-                "--output-watch-events",
-                "-o",
-                "json",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-        let seen = std::thread::spawn(move || {
-            let stream =
-                serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>();
-            stream
-                .flatten()
-                .filter_map(|event| serde_json::from_value(event["object"].clone()).ok())
-                .collect()
-        });
-        Self { child, seen }
-    }
-
-    fn stop(mut self) -> Vec<NodeResourceTopology> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.seen.join().unwrap_or_default()
-    }
-}
-
-/// Wait until `f` gives a value; panics with the node's logs after `timeout`.
-fn wait_until_ok<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            isthmus_tests::kubenode::logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// `to` as a path relative to the directory `from` (kustomize refuses absolute resource directories).
-fn relative(from: &Path, to: &Path) -> String {
-    let up = from.components().count().saturating_sub(1);
-    let down = to.strip_prefix("/").unwrap_or(to);
-    format!("{}{}", "../".repeat(up), down.display())
-}
-
 /// Placement on the real node: a pod for Slurm's scheduler gets a job, is bound to the node the job runs on, and
 /// the kubelet really starts its container there; deleting the pod ends the job.
 #[test]
@@ -609,34 +320,6 @@ fn a_placed_pods_containers_run_on_the_node_its_job_runs_on() {
     // The job held the node exclusively (the default): its lock goes with it.
     wait_for("the node lock lifted with the job", || !locked(node));
     p.stop();
-}
-
-/// Whether the Node carries a placement lock taint (never panics: also used while a test unwinds).
-fn locked(node: &KubeNode) -> bool {
-    let out = node.kubectl(&[
-        "get",
-        "node",
-        NODE_NAME,
-        "-o",
-        "jsonpath={.spec.taints[*].key}",
-    ]);
-    String::from_utf8_lossy(&out.stdout).contains("slurm.isthmus.io/lock")
-}
-
-/// Removes a placement lock (taint and annotation) left on the shared Node when a test ends, passed or not.
-struct Unlock<'a>(&'a KubeNode);
-
-impl Drop for Unlock<'_> {
-    fn drop(&mut self) {
-        if locked(self.0) {
-            let _ = self
-                .0
-                .kubectl(&["taint", "node", NODE_NAME, "slurm.isthmus.io/lock-"]);
-        }
-        let _ = self
-            .0
-            .kubectl(&["annotate", "node", NODE_NAME, "slurm.isthmus.io/lock-"]);
-    }
 }
 
 /// The Slurm variant as its DaemonSet runs it: the `kubernetes-slurm` overlay's pod (an image of this build's agent

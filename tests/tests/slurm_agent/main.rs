@@ -7,338 +7,18 @@
 //! node run on 22.05, 24.11 and 26.05. The configless node, the hardware change and the command-line errors test
 //! the agent's own logic, which does not depend on the release: they run on 22.05 only.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use isthmus_tests::slurm::{children_of, wait_until};
 use isthmus_tests::slurm_release::SlurmRelease;
-use isthmus_tests::{each_release, fixtures, free_port, isthmus_bin};
+use isthmus_tests::{each_release, fixtures, isthmus_bin};
 
-/// Alive and not a zombie.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
-        .unwrap_or(false)
-}
+mod site;
+mod topology;
 
-fn read_pid(path: &Path) -> Option<u32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// How the node is defined.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// A NodeName= line in slurm.conf.
-    Configured,
-    /// A dynamic node (`slurmd -Z`).
-    Dynamic,
-    /// Configless and dynamic: slurmd fetches slurm.conf and the central gres.conf from slurmctld. slurmd then
-    /// has no AuthInfo, so munged must listen on the default socket.
-    Configless,
-}
-
-/// munged's default socket, which a configless slurmd uses.
-const DEFAULT_MUNGE_SOCKET: &str = "/run/munge/munge.socket.2";
-
-/// A throw-away Slurm cluster directory: key, slurm.conf, fake GPU device nodes.
-struct Site {
-    release: SlurmRelease,
-    /// `auth/slurm` (a `slurm.key` beside slurm.conf) instead of munge: the agent runs no munged.
-    auth_slurm: bool,
-    dir: tempfile::TempDir,
-    node: String,
-    mode: Mode,
-    ctld_port: u16,
-    listen: String,
-    agent: Option<Child>,
-    ctld: Option<Child>,
-}
-
-impl Site {
-    fn new(node: &str, root: &Path, mode: Mode) -> Self {
-        Self::on(SlurmRelease::V22_05, node, root, mode)
-    }
-
-    /// A site whose daemons and clients are `release`'s.
-    fn on(release: SlurmRelease, node: &str, root: &Path, mode: Mode) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let d = dir.path();
-        isthmus_tests::slurm::prepare_site(d, &["state", "spool"]);
-        if let Some(cgroup) = release.cgroup_conf() {
-            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap_or_else(|e| panic!("{e}"));
-        }
-        let node_line = if mode != Mode::Configured {
-            "MaxNodeCount=16\nTreeWidth=65533\n".to_owned()
-        } else {
-            let out = Command::new(isthmus_bin())
-                .args([
-                    "render",
-                    "node",
-                    "--no-nvml",
-                    "--real-memory-mib",
-                    "1000",
-                    "--node-name",
-                    node,
-                    "--host-root",
-                ])
-                .arg(root)
-                .arg("--dev-dir")
-                .arg(d.join("dev"))
-                .output()
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(out.status.success());
-            format!(
-                "{} NodeAddr=127.0.0.1\n",
-                String::from_utf8_lossy(&out.stdout).trim()
-            )
-        };
-        let p = d.display();
-        let auth = match mode {
-            Mode::Configless => {
-                // The controller ships this central gres.conf to the node.
-                let gres = Command::new(isthmus_bin())
-                    .args([
-                        "render",
-                        "gres",
-                        "--cluster",
-                        "--no-nvml",
-                        "--node-name",
-                        node,
-                        "--host-root",
-                    ])
-                    .arg(root)
-                    .arg("--dev-dir")
-                    .arg(d.join("dev"))
-                    .output()
-                    .unwrap_or_else(|e| panic!("{e}"));
-                assert!(gres.status.success());
-                std::fs::write(d.join("gres.conf"), &gres.stdout).unwrap_or_else(|e| panic!("{e}"));
-                "SlurmctldParameters=enable_configless\n".to_owned()
-            }
-            _ => format!("AuthInfo=socket={p}/munge/munge.sock\n"),
-        };
-        let ctld_port = free_port();
-        let conf = format!(
-            "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={ctld_port}\nSlurmdPort={}\nAuthType=auth/munge\n\
-             {auth}CredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
-             StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool\nSlurmctldPidFile={p}/slurmctld.pid\n\
-             SlurmdPidFile={p}/slurmd.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd.log\n\
-             ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\n\
-             ReturnToService=2\nSlurmdTimeout=30\nGresTypes=gpu\n{node_line}PartitionName=debug Nodes=ALL Default=YES\n",
-            free_port()
-        );
-        std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
-        Self {
-            release,
-            auth_slurm: false,
-            dir,
-            node: node.to_owned(),
-            mode,
-            ctld_port,
-            listen: format!("127.0.0.1:{}", free_port()),
-            agent: None,
-            ctld: None,
-        }
-    }
-
-    /// A configured node of `release` (23.11 or later) whose daemons and clients authenticate with `auth/slurm`: the
-    /// key `slurm.key` beside slurm.conf, where slurmctld, slurmd and the clients read it; no munged.
-    fn with_auth_slurm(release: SlurmRelease, node: &str, root: &Path) -> Self {
-        Self::with_auth_slurm_as(release, node, root, Mode::Configured)
-    }
-
-    /// [`Self::with_auth_slurm`] for a node defined as `mode` says.
-    fn with_auth_slurm_as(release: SlurmRelease, node: &str, root: &Path, mode: Mode) -> Self {
-        let mut site = Self::on(release, node, root, mode);
-        let p = site.path().display().to_string();
-        let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
-        let munge = format!(
-            "AuthType=auth/munge\nAuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\n"
-        );
-        assert!(conf.contains(&munge), "{conf}");
-        let conf = conf.replace(&munge, "AuthType=auth/slurm\nCredType=cred/slurm\n");
-        std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
-        isthmus_tests::slurmctld::write_slurm_key(site.path());
-        site.auth_slurm = true;
-        site
-    }
-
-    fn munge_socket(&self) -> PathBuf {
-        match self.mode {
-            Mode::Configless => PathBuf::from(DEFAULT_MUNGE_SOCKET),
-            _ => self.path().join("munge/munge.sock"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn conf(&self) -> PathBuf {
-        self.path().join("slurm.conf")
-    }
-
-    fn start_agent(&mut self, root: &Path, extra: &[&str]) {
-        self.start_agent_under(&[], root, extra);
-    }
-
-    /// Start the agent through `wrapper` (e.g. `unshare -pf --mount-proc`, as a pod's PID namespace).
-    fn start_agent_under(&mut self, wrapper: &[&str], root: &Path, extra: &[&str]) {
-        let d = self.path().to_path_buf();
-        let log = std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}"));
-        let sock = self.munge_socket();
-        let mut slurm_source = vec!["--slurm-conf".to_owned(), self.conf().display().to_string()];
-        if self.mode == Mode::Configless {
-            slurm_source = vec![
-                "--conf-server".to_owned(),
-                format!("localhost:{}", self.ctld_port),
-            ];
-        }
-        // A release in a root runs each program through `enter` (a mount namespace and chroot: CAP_SYS_ADMIN and
-        // CAP_SYS_CHROOT), which the agent's children lose when it narrows its bounding set to slurmd's list. Without
-        // CAP_SETPCAP the agent cannot narrow it (it warns and goes on), so its children keep what `enter` needs.
-        // The list itself is proven on 22.05, the machine's packages (and by deploy_runtime.rs).
-        let mut full: Vec<std::ffi::OsString> = wrapper.iter().map(Into::into).collect();
-        if self.release.root_dir().is_some() {
-            full.extend(["setpriv".into(), "--bounding-set=-setpcap".into()]);
-        }
-        full.push(isthmus_bin().into());
-        let (program, args) = full.split_first().unwrap_or_else(|| panic!("no program"));
-        let mut cmd = Command::new(program);
-        cmd.args(args);
-        let munge: Vec<std::ffi::OsString> = if self.auth_slurm {
-            vec!["--no-munged".into()]
-        } else {
-            vec![
-                "--munged".into(),
-                self.release.program("munged").into(),
-                "--munge-socket".into(),
-                sock.clone().into(),
-                "--munge-key".into(),
-                d.join("munge.key").into(),
-                "--munge-state-dir".into(),
-                d.join("munge").into(),
-            ]
-        };
-        let child = cmd
-            .arg("agent")
-            .arg("--host-root")
-            .arg(root)
-            .args([
-                "--node-name",
-                &self.node,
-                "--no-nvml",
-                "--grace-seconds",
-                "5",
-                "--rediscover-seconds",
-                "1",
-            ])
-            .args(["--listen", &self.listen])
-            .args(&slurm_source)
-            .arg("--slurmd")
-            .arg(self.release.program("slurmd"))
-            .args(munge)
-            .arg("--dev-dir")
-            .arg(d.join("dev"))
-            .args(extra)
-            .env_remove("HWLOC_FSROOT")
-            .env_remove("HWLOC_COMPONENTS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        self.agent = Some(child);
-        if !self.auth_slurm {
-            wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
-        }
-    }
-
-    fn start_slurmctld(&mut self) {
-        let out = std::fs::File::create(self.path().join("slurmctld.out"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let child = self
-            .release
-            .command("slurmctld")
-            .arg("-D")
-            .arg("-f")
-            .arg(self.conf())
-            .env("SLURM_CONF", self.conf())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} slurmctld: {e}", self.release));
-        self.ctld = Some(child);
-    }
-
-    fn scontrol_node(&self) -> BTreeMap<String, String> {
-        let out = self
-            .release
-            .command("scontrol")
-            .args(["show", "node", &self.node])
-            .env("SLURM_CONF", self.conf())
-            .output()
-            .unwrap_or_else(|e| panic!("scontrol: {e}"));
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|kv| {
-                kv.split_once('=')
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            })
-            .collect()
-    }
-
-    fn wait_idle(&self) {
-        wait_until(
-            &format!("node {} to be IDLE", self.node),
-            Duration::from_secs(90),
-            || {
-                self.scontrol_node()
-                    .get("State")
-                    .is_some_and(|s| s.starts_with("IDLE") && !s.contains("DRAIN"))
-            },
-        );
-    }
-
-    fn slurmd_pid(&self) -> Option<u32> {
-        read_pid(&self.path().join("slurmd.pid")).filter(|p| alive(*p))
-    }
-
-    fn munged_pid(&self) -> Option<u32> {
-        read_pid(&self.path().join("munge/munged.pid")).filter(|p| alive(*p))
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path().join("agent.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        // The agent first, by SIGTERM: it stops slurmd and munged, escalating to SIGKILL after its grace period. A
-        // SIGKILLed agent only leaves its children PDEATHSIG's SIGTERM, which a slurmd still looking for its
-        // controller ignores (in a pod the runtime would remove it with the container).
-        if let Some(agent) = self.agent.as_mut() {
-            let _ = isthmus_tests::slurm::term(agent.id());
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(15) && matches!(agent.try_wait(), Ok(None))
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        for c in [self.agent.as_mut(), self.ctld.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+use site::*;
 
 fn h100() -> PathBuf {
     fixtures().join("hosts/xe9680-8xh100/root")
@@ -605,84 +285,19 @@ fn dynamic_node_registers_with_its_gres(release) {
 }
 }
 
-each_release! {
-only [V26_05]
-/// A dynamic node started with `--slurm-topology isthmus-tree:<leaf>` on a site on `auth/slurm` whose slurmctld read
-/// a topology.yaml of two leaves under a spine: the node registers under that leaf (and the spine) and under no
-/// other switch, with no `scontrol reconfigure` and no slurmctld restart.
-fn dynamic_node_registers_under_its_leaf(release) {
-    let root = h100();
-    let mut site = Site::with_auth_slurm_as(release, "dyn2", &root, Mode::Dynamic);
-    let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
-    // Two placed nodes that never run, one per leaf: the leaves exist before the dynamic node comes.
-    let conf = conf.replace(
-        "PartitionName=",
-        "NodeName=st1,st2 CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1\nPartitionName=",
-    );
-    std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
-    let yaml = "- topology: isthmus-tree\n  cluster_default: true\n  tree:\n    switches:\n    - switch: leaf-1\n      \
-                nodes: st1\n    - switch: leaf-2\n      nodes: st2\n    - switch: spine\n      children: leaf-[1-2]\n";
-    std::fs::write(site.path().join("topology.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    site.start_slurmctld();
-    site.start_agent(
-        &root,
-        &[
-            "--slurm-mode",
-            "dynamic",
-            "--real-memory-mib",
-            "1000",
-            "--node-addr",
-            "127.0.0.1",
-            "--slurm-topology",
-            "isthmus-tree:leaf-2",
-        ],
-    );
-    site.wait_idle();
-    let n = site.scontrol_node();
-    assert!(n.get("State").is_some_and(|s| s.contains("DYNAMIC")), "{n:?}");
-    assert_eq!(
-        n.get("Topology").map(String::as_str),
-        Some("isthmus-tree:leaf-2")
-    );
-    let out = release
-        .command("scontrol")
-        .args(["show", "topology"])
-        .env("SLURM_CONF", site.conf())
-        .output()
-        .unwrap_or_else(|e| panic!("scontrol: {e}"));
-    let shown = String::from_utf8_lossy(&out.stdout);
-    let nodes: BTreeMap<String, BTreeSet<String>> = shown
-        .lines()
-        .filter_map(|l| {
-            let kv: BTreeMap<&str, &str> = l.split_whitespace().filter_map(|t| t.split_once('=')).collect();
-            let list = isthmus_controller::hostlist::expand(kv.get("Nodes")?)
-                .unwrap_or_else(|e| panic!("{l}: {e}"));
-            Some(((*kv.get("SwitchName")?).to_owned(), list.into_iter().collect()))
-        })
-        .collect();
-    let want: BTreeMap<String, BTreeSet<String>> = [
-        ("leaf-1", &["st1"][..]),
-        ("leaf-2", &["dyn2", "st2"]),
-        ("spine", &["dyn2", "st1", "st2"]),
-    ]
-    .into_iter()
-    .map(|(s, n)| (s.to_owned(), n.iter().map(|n| (*n).to_owned()).collect()))
-    .collect();
-    assert_eq!(nodes, want, "{shown}");
-    // slurmctld placed the node when it registered: it was neither reconfigured nor restarted.
-    let log = std::fs::read_to_string(site.path().join("slurmctld.log")).unwrap_or_default();
-    // (what `scontrol reconfigure` and SIGHUP log; its select plugin logs "reconfigure" at every start)
-    for reconfigured in ["Processing Reconfiguration Request", "Reconfigure signal"] {
-        assert!(!log.contains(reconfigured), "{log}");
-    }
-    assert_eq!(log.matches("slurmctld version").count(), 1, "{log}");
-}
-}
-
 #[test]
 fn configless_dynamic_node_takes_its_gres_from_the_controller() {
     // The GRES comes from the controller's central gres.conf (Site::new writes it for configless mode).
     check_dynamic_node(SlurmRelease::V22_05, "cl1", Mode::Configless);
+}
+
+/// The value of the first sample on the agent's `/metrics` whose line starts with `name` and holds every `label`.
+fn metric(site: &Site, name: &str, labels: &[&str]) -> Option<f64> {
+    let (_, body) = isthmus_tests::http_get(&site.listen, "/metrics").ok()?;
+    body.lines()
+        .find(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 #[test]
@@ -705,13 +320,33 @@ fn hardware_change_restarts_slurmd_only_when_gres_changes() {
     );
     let pid = site.slurmd_pid().unwrap_or_else(|| panic!("no slurmd"));
 
-    // A change Slurm cannot see (an InfiniBand counter): no rewrite, no restart.
+    // A change Slurm cannot see (an InfiniBand counter): no rewrite, no restart. The counter grows (a Prometheus
+    // counter never goes back), so the metrics show when a discovery has read it; two discoveries after that one,
+    // the Slurm side has had that discovery's model.
     std::fs::write(
         root.join("sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data"),
-        "1\n",
+        "300000000000000\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    std::thread::sleep(Duration::from_secs(3));
+    let mut seen_at = None;
+    wait_until(
+        "a discovery that read the new counter",
+        Duration::from_secs(15),
+        || {
+            seen_at = metric(
+                &site,
+                "isthmus_infiniband_data_received_bytes_total{",
+                &["device=\"mlx5_0\"", "port=\"1\""],
+            )
+            .filter(|v| *v == 1.2e15)
+            .and(metric(&site, "isthmus_discoveries_total", &[]));
+            seen_at.is_some()
+        },
+    );
+    let seen_at = seen_at.unwrap_or_default();
+    wait_until("two more discoveries", Duration::from_secs(15), || {
+        metric(&site, "isthmus_discoveries_total", &[]).is_some_and(|n| n >= seen_at + 2.0)
+    });
     assert_eq!(
         site.slurmd_pid(),
         Some(pid),
