@@ -2,7 +2,7 @@
 //! and the `slurm-key` Secret first, then `kubectl apply -k` of an overlay naming both, against the real
 //! kube-apiserver (v1.20.2). The DaemonSet the server stores runs no munged (`--no-munged`, no munge key, no munged
 //! socket volume) and mounts the Secret's `slurm.key` beside slurm.conf, read-only with mode 0400. (That slurmd runs
-//! and takes jobs with the key beside slurm.conf and no munged: `slurm_agent.rs`, on 26.05.)
+//! and takes jobs with the key beside slurm.conf and no munged: `slurm_agent/`, on 26.05.)
 
 use std::path::Path;
 

@@ -42,7 +42,7 @@ fn start_agent(ctl: &Controller, node: &str, listen: &str, extra: &[&str]) -> Ag
     let log = d.join("agent.log");
     let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
     // A release in a root runs each program through `enter`, which needs capabilities the agent would take from
-    // its children when it narrows their bounding set; without CAP_SETPCAP it cannot narrow it (slurm_agent.rs).
+    // its children when it narrows their bounding set; without CAP_SETPCAP it cannot narrow it (slurm_agent/).
     let mut cmd = if release.root_dir().is_some() {
         let mut c = Command::new("setpriv");
         c.arg("--bounding-set=-setpcap").arg(isthmus_bin());
