@@ -57,6 +57,16 @@ impl RetryPolicy {
         Self::new(interval, max)
     }
 
+    /// Placement's job-list reads while Slurm cannot be read: 0.5 s up to 30 s.
+    pub fn placement_read() -> Self {
+        Self::new(Duration::from_millis(500), Duration::from_secs(30))
+    }
+
+    /// One pod's `sbatch` that failed or timed out, before it is submitted again: 1 s up to 60 s.
+    pub fn submission() -> Self {
+        Self::new(Duration::from_secs(1), Duration::from_secs(60))
+    }
+
     /// The first nominal delay.
     pub fn first(&self) -> Duration {
         self.first

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use isthmus_api::retry::RetryPolicy;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -117,7 +118,7 @@ pub(super) async fn passes(
         let wait = if failures == 0 {
             args.poll_interval
         } else {
-            Duration::from_millis(500u64 << failures.min(6)).min(Duration::from_secs(30))
+            RetryPolicy::placement_read().delay_after(failures)
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use isthmus_api::retry::RetryPolicy;
+
 use super::decide::Action;
 
 /// How long a done action is not repeated.
@@ -55,10 +57,11 @@ impl Recent {
         }
     }
 
-    /// Submission `comment` failed at `now`: wait 1 s, 2 s, 4 s … (at most 60 s) before the next try.
+    /// Submission `comment` failed at `now`: wait about 1 s, 2 s, 4 s … (at most 60 s; [`RetryPolicy::submission`])
+    /// before the next try.
     pub fn submit_failed(&mut self, comment: &str, now: Instant) {
         let n = self.failed_submits.get(comment).map_or(0, |(n, _)| *n);
-        let wait = Duration::from_secs(1u64 << n.min(6)).min(Duration::from_secs(60));
+        let wait = RetryPolicy::submission().delay_after(n + 1);
         self.failed_submits
             .insert(comment.to_owned(), (n + 1, now + wait));
     }
@@ -139,7 +142,9 @@ mod tests {
             "a job list read before the backoff ended may not show the job the failed sbatch made"
         );
         r.submit_failed(&comment, t0);
-        assert!(!r.should_run(&submit, s(1), s(1)));
+        // The second wait is drawn from 1–2 s.
+        let almost = t0 + Duration::from_millis(999);
+        assert!(!r.should_run(&submit, almost, almost));
         assert!(r.should_run(&submit, s(2), s(2)));
         r.done(&submit, s(2));
         assert!(!r.should_run(&submit, s(3), s(3)), "held after success");
