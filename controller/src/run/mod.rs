@@ -135,6 +135,16 @@ pub struct LeaderContext {
     pub fence: fence::Fence,
 }
 
+impl LeaderContext {
+    /// The fence with the API timeout: what every write of a leader task asks first.
+    pub fn guard(&self) -> fence::Guard {
+        fence::Guard {
+            fence: self.fence.clone(),
+            api_timeout: self.args.api_timeout,
+        }
+    }
+}
+
 impl std::fmt::Debug for LeaderContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaderContext")

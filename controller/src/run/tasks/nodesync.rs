@@ -3,7 +3,6 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::run::fence::Guard;
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 
 /// The node state sync as the leader runs it (idle unless `--node-sync`).
@@ -13,14 +12,12 @@ pub const TASK: LeaderTask = LeaderTask {
 };
 
 fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
+    let guard = c.guard();
     boxed(crate::nodesync::run(
         c.client,
         c.slurm,
         c.args.node_sync.clone(),
-        Guard {
-            fence: c.fence,
-            api_timeout: c.args.api_timeout,
-        },
+        guard,
         t,
     ))
 }

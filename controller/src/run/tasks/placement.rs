@@ -3,7 +3,6 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::run::fence::Guard;
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 
 /// Slurm placement as the leader runs it (idle unless `--placement`).
@@ -13,17 +12,15 @@ pub const TASK: LeaderTask = LeaderTask {
 };
 
 fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
+    let env = crate::placement::Env {
+        namespace: c.args.namespace.clone(),
+        guard: c.guard(),
+    };
     boxed(crate::placement::run(
         c.client,
         c.slurm,
         c.args.placement.clone(),
-        crate::placement::Env {
-            namespace: c.args.namespace.clone(),
-            guard: Guard {
-                fence: c.fence,
-                api_timeout: c.args.api_timeout,
-            },
-        },
+        env,
         t,
     ))
 }
