@@ -13,13 +13,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::AgentArgs;
 use crate::discovery::{DiscoveryError, HostConfig, Schedule, Trigger};
 use crate::http::{Endpoint, Health};
 use crate::k8s::Switch;
 use crate::k8s::kubelet_view;
 use crate::metrics::Metrics;
-use crate::slurm::SlurmMode;
 use crate::slurm::munge::MungeConfig;
 use crate::slurm::node::{NodeNameError, SlurmConfig, SlurmConfigError, SlurmNode};
 use crate::slurm::supervisor::process::{ChildSpec, OsProcess, Reaper, become_subreaper};
@@ -65,9 +63,72 @@ pub enum DaemonError {
     Io(#[from] std::io::Error),
 }
 
+/// The daemon's settings, one part per role, built from the command line in one place (`commands::agent`): the
+/// daemon wires the roles and reads no argument itself.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Where the host's files are and how NVML is read.
+    pub host: HostConfig,
+    /// The HTTP endpoint's address.
+    pub listen: String,
+    /// Time between discoveries.
+    pub rediscover: Duration,
+    /// Ask the InfiniBand neighbour switches.
+    pub neighbours: bool,
+    /// The node's name, or why it cannot be told (needed only when the node publishes).
+    pub node_name: Result<String, NodeNameError>,
+    /// The Slurm side; `None`: no slurmd.
+    pub slurm: Option<SlurmRole>,
+    /// The Kubernetes side.
+    pub kube: KubeRole,
+    /// Device health.
+    pub health: HealthRole,
+}
+
+/// The Slurm side's settings.
+#[derive(Debug, Clone)]
+pub struct SlurmRole {
+    /// slurmd and its node.
+    pub node: SlurmConfig,
+    /// munged; `None`: the site authenticates otherwise (`auth/slurm`).
+    pub munge: Option<MungeConfig>,
+    /// How long children get to stop after SIGTERM.
+    pub grace: Duration,
+    /// slurmd's own `/readyz` (`SlurmdPort`), when it serves one.
+    pub slurmd_readyz: Option<std::net::SocketAddr>,
+}
+
+/// The Kubernetes side's settings.
+#[derive(Debug, Clone)]
+pub struct KubeRole {
+    /// Publish the NRT (`None`: when running in a cluster).
+    pub publish_nrt: Option<bool>,
+    /// Publish Volcano's Numatopology.
+    pub numatopology: Switch,
+    /// With `Auto`: how often the API server is asked again whether it serves the CRD.
+    pub numatopology_recheck: Duration,
+    /// MIG naming of the NVIDIA device plugin.
+    pub mig_strategy: isthmus_topology::MigStrategy,
+    /// Where and how often the kubelet is asked.
+    pub kubelet: kubelet_view::Source,
+}
+
+/// The health side's settings.
+#[derive(Debug, Clone)]
+pub struct HealthRole {
+    /// The operator's XID override file.
+    pub xid_override: Option<std::path::PathBuf>,
+    /// A kernel-log recording of XID events to replay.
+    pub xid_replay: Option<std::path::PathBuf>,
+    /// Re-write unchanged conditions this often (zero: only on change).
+    pub heartbeat: Duration,
+    /// When an InfiniBand port flaps.
+    pub flap: isthmus_topology::health::ports::FlapPolicy,
+}
+
 /// Everything the daemon needs, validated before anything starts.
 pub struct Plan {
-    args: AgentArgs,
+    config: DaemonConfig,
     slurm: Option<SlurmNode>,
     munged: Option<ChildSpec>,
     publish_as: Option<String>,
@@ -88,38 +149,37 @@ impl std::fmt::Debug for Plan {
 
 impl Plan {
     /// Check the configuration: one clear error for the first thing that cannot work.
-    pub fn new(args: &AgentArgs) -> Result<Self, DaemonError> {
-        let slurm = match args.slurm_mode {
-            SlurmMode::Off => None,
-            _ => Some(SlurmNode::new(
-                &slurm_config(args).map_err(SlurmConfigError::from)?,
-            )?),
+    pub fn new(config: DaemonConfig) -> Result<Self, DaemonError> {
+        let slurm = match &config.slurm {
+            None => None,
+            Some(role) => Some(SlurmNode::new(&role.node)?),
         };
-        let munged = match (&slurm, args.no_munged) {
-            (Some(_), false) => Some(crate::slurm::munge::munged_spec(&munge_config(args))?),
-            _ => None,
+        let munged = match config.slurm.as_ref().and_then(|r| r.munge.as_ref()) {
+            Some(m) => Some(crate::slurm::munge::munged_spec(m)?),
+            None => None,
         };
-        crate::discovery::check_host_root(&HostConfig::from(&args.host))?;
-        let nrt = args
+        crate::discovery::check_host_root(&config.host)?;
+        let nrt = config
+            .kube
             .publish_nrt
             .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
         // `--publish-numatopology auto` follows the Kubernetes side; `true` turns it on by itself.
-        let publish = nrt || args.publish_numatopology == Switch::True;
+        let publish = nrt || config.kube.numatopology == Switch::True;
         let publish_as = if publish {
-            Some(args.slurm.node_name().map_err(DaemonError::NodeName)?)
+            Some(config.node_name.clone().map_err(DaemonError::NodeName)?)
         } else {
             None
         };
-        let nvml = crate::discovery::nvml_source(&HostConfig::from(&args.host))?;
-        let listener = crate::http::bind(&args.listen).map_err(|source| DaemonError::Listen {
-            addr: args.listen.clone(),
+        let nvml = crate::discovery::nvml_source(&config.host)?;
+        let listener = crate::http::bind(&config.listen).map_err(|source| DaemonError::Listen {
+            addr: config.listen.clone(),
             source,
         })?;
         let xid_table = Arc::new(crate::health::load_table(
-            args.health.xid_override.as_deref(),
+            config.health.xid_override.as_deref(),
         )?);
         Ok(Self {
-            args: args.clone(),
+            config,
             slurm,
             munged,
             publish_as,
@@ -128,31 +188,6 @@ impl Plan {
             listener,
             xid_table,
         })
-    }
-}
-
-/// The Slurm role's settings, from the agent's arguments.
-fn slurm_config(args: &AgentArgs) -> Result<SlurmConfig, NodeNameError> {
-    Ok(SlurmConfig {
-        mode: args.slurm_mode,
-        node: args.slurm.node_name()?,
-        slurmd: args.slurmd.clone(),
-        slurm_conf: args.slurm_conf.clone(),
-        conf_server: args.conf_server.clone(),
-        slurmd_args: args.slurmd_args.clone(),
-        gres_out: args.gres_out.clone(),
-        options: args.slurm.node_options(),
-        topology: args.slurm_topology.clone(),
-    })
-}
-
-/// The Slurm role's munged settings, from the agent's arguments.
-fn munge_config(args: &AgentArgs) -> MungeConfig {
-    MungeConfig {
-        munged: args.munged.clone(),
-        socket: args.munge_socket.clone(),
-        key: args.munge_key.clone(),
-        state_dir: args.munge_state_dir.clone(),
     }
 }
 
@@ -172,7 +207,7 @@ pub fn run(plan: Plan) -> Result<i32, DaemonError> {
 
 async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let Plan {
-        args,
+        config,
         slurm,
         munged,
         publish_as,
@@ -195,18 +230,18 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     };
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
-    let rediscover = Duration::from_secs(args.rediscover_seconds.max(1));
+    let rediscover = config.rediscover;
     let (topo_tx, topo_rx) = watch::channel::<Option<Arc<NodeTopology>>>(None);
     let live_xids = nvml.xid_queue();
     let (memory_tx, memory_rx) = watch::channel(Vec::new());
     let (findings_tx, findings_rx) = watch::channel(Vec::new());
     let triggers = crate::discovery::spawn_worker(
-        HostConfig::from(&args.host),
+        config.host.clone(),
         nvml,
         Schedule {
             rediscover,
             telemetry: TELEMETRY_PERIOD,
-            neighbours: args.neighbours,
+            neighbours: config.neighbours,
         },
         metrics.clone(),
         health.clone(),
@@ -234,7 +269,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         let (status_tx, status_rx) = watch::channel(Vec::new());
         let reaper = Reaper::new();
         let mut sup = Supervisor::new(
-            Timing::with_grace(Duration::from_secs(args.grace_seconds)),
+            Timing::with_grace(config.slurm.as_ref().map_or(Duration::ZERO, |r| r.grace)),
             OsProcess,
         );
         let depends_on = munged.as_ref().map(|m| m.name.clone());
@@ -258,7 +293,8 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         ));
         child_status = Some(status_rx);
     }
-    let slurmd_ready = match (&child_status, args.slurmd_readyz) {
+    let readyz = config.slurm.as_ref().and_then(|r| r.slurmd_readyz);
+    let slurmd_ready = match (&child_status, readyz) {
         (Some(_), Some(addr)) => {
             let (tx, rx) = watch::channel(false);
             tokio::spawn(crate::slurm::readyz::run(addr, tx, shutdown.clone()));
@@ -278,18 +314,14 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     tokio::spawn(crate::health::run(
         crate::health::HealthOptions {
             table: xid_table,
-            xid_replay: args.health.xid_replay.clone(),
+            xid_replay: config.health.xid_replay.clone(),
             live_xids,
             memory: memory_rx,
             findings: findings_tx,
-            host_root: Some(args.host.host_root.clone()),
-            flap: isthmus_topology::health::ports::FlapPolicy {
-                threshold: args.health.ib_flap_threshold,
-                window: Duration::from_secs(args.health.ib_flap_window_seconds),
-                quiet: Duration::from_secs(args.health.ib_flap_quiet_seconds),
-            },
+            host_root: Some(config.host.host_root.clone()),
+            flap: config.health.flap,
             publish: client.clone().zip(publish_as.clone()),
-            heartbeat: Duration::from_secs(args.health.health_heartbeat_seconds),
+            heartbeat: config.health.heartbeat,
         },
         topo_rx.clone(),
         metrics.clone(),
@@ -302,25 +334,17 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 client,
                 node,
                 nrt: publish_nrt.then(|| crate::k8s::NrtOptions {
-                    mig_strategy: args.mig_strategy,
-                    slurm: slurm_report.map(|name| crate::k8s::SlurmFacts {
-                        name,
-                        options: args.slurm.node_options(),
+                    mig_strategy: config.kube.mig_strategy,
+                    slurm: slurm_report.zip(config.slurm.as_ref()).map(|(name, role)| {
+                        crate::k8s::SlurmFacts {
+                            name,
+                            options: role.node.options.clone(),
+                        }
                     }),
                 }),
-                numatopology: args.publish_numatopology,
-                numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),
-                kubelet: kubelet_view::Source {
-                    root: isthmus_topology::HostRoot::new(&args.host.host_root),
-                    config: args.kubelet_config.clone(),
-                    socket: args.pod_resources_socket.clone(),
-                    interval: Duration::from_secs_f64(
-                        args.pod_resources_interval.clamp(0.1, 3600.0),
-                    ),
-                    first_answer_wait: Duration::from_secs_f64(
-                        args.kubelet_wait_seconds.clamp(0.0, 3600.0),
-                    ),
-                },
+                numatopology: config.kube.numatopology,
+                numatopology_recheck: config.kube.numatopology_recheck,
+                kubelet: config.kube.kubelet.clone(),
                 health: findings_rx,
             },
             topo_rx.clone(),

@@ -1,8 +1,15 @@
 //! `isthmus agent`: logging, capabilities, then the daemon.
 
+use std::time::Duration;
+
 use anyhow::{Result, bail};
 
 use crate::cli::{AgentArgs, LogFormat};
+use crate::daemon::{DaemonConfig, DaemonError, HealthRole, KubeRole, SlurmRole};
+use crate::discovery::HostConfig;
+use crate::slurm::SlurmMode;
+use crate::slurm::munge::MungeConfig;
+use crate::slurm::node::{SlurmConfig, SlurmConfigError};
 
 /// Structured logs to stderr (`RUST_LOG` filters; default `info`).
 pub fn init_logging(format: LogFormat) {
@@ -24,10 +31,72 @@ pub fn run(args: &AgentArgs) -> Result<()> {
     init_logging(args.log_format);
     // Still the only thread: capabilities are per thread, and every later thread and child inherits these.
     crate::privileges::apply(args.slurm_mode);
-    let plan = crate::daemon::Plan::new(args)?;
+    let plan = crate::daemon::Plan::new(daemon_config(args)?)?;
     let code = crate::daemon::run(plan)?;
     if code != 0 {
         bail!("agent stopped with code {code}");
     }
     Ok(())
+}
+
+/// The daemon's settings from the command line: the one place that reads the agent's arguments.
+pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
+    let node_name = args.slurm.node_name();
+    let slurm = match args.slurm_mode {
+        SlurmMode::Off => None,
+        mode => Some(SlurmRole {
+            node: SlurmConfig {
+                mode,
+                node: node_name.clone().map_err(SlurmConfigError::from)?,
+                slurmd: args.slurmd.clone(),
+                slurm_conf: args.slurm_conf.clone(),
+                conf_server: args.conf_server.clone(),
+                slurmd_args: args.slurmd_args.clone(),
+                gres_out: args.gres_out.clone(),
+                options: args.slurm.node_options(),
+                topology: args.slurm_topology.clone(),
+            },
+            munge: (!args.no_munged).then(|| MungeConfig {
+                munged: args.munged.clone(),
+                socket: args.munge_socket.clone(),
+                key: args.munge_key.clone(),
+                state_dir: args.munge_state_dir.clone(),
+            }),
+            grace: Duration::from_secs(args.grace_seconds),
+            slurmd_readyz: args.slurmd_readyz,
+        }),
+    };
+    Ok(DaemonConfig {
+        host: HostConfig::from(&args.host),
+        listen: args.listen.clone(),
+        rediscover: Duration::from_secs(args.rediscover_seconds.max(1)),
+        neighbours: args.neighbours,
+        node_name,
+        slurm,
+        kube: KubeRole {
+            publish_nrt: args.publish_nrt,
+            numatopology: args.publish_numatopology,
+            numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),
+            mig_strategy: args.mig_strategy,
+            kubelet: crate::k8s::kubelet_view::Source {
+                root: isthmus_topology::HostRoot::new(&args.host.host_root),
+                config: args.kubelet_config.clone(),
+                socket: args.pod_resources_socket.clone(),
+                interval: Duration::from_secs_f64(args.pod_resources_interval.clamp(0.1, 3600.0)),
+                first_answer_wait: Duration::from_secs_f64(
+                    args.kubelet_wait_seconds.clamp(0.0, 3600.0),
+                ),
+            },
+        },
+        health: HealthRole {
+            xid_override: args.health.xid_override.clone(),
+            xid_replay: args.health.xid_replay.clone(),
+            heartbeat: Duration::from_secs(args.health.health_heartbeat_seconds),
+            flap: isthmus_topology::health::ports::FlapPolicy {
+                threshold: args.health.ib_flap_threshold,
+                window: Duration::from_secs(args.health.ib_flap_window_seconds),
+                quiet: Duration::from_secs(args.health.ib_flap_quiet_seconds),
+            },
+        },
+    })
 }

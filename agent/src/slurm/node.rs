@@ -134,7 +134,7 @@ pub fn resolve_program(p: &Path) -> Result<PathBuf, SlurmConfigError> {
 }
 
 /// The node name could not be found.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("cannot tell the node name ({0}); pass --node-name or set NODE_NAME")]
 pub struct NodeNameError(pub String);
 
