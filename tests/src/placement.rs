@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use isthmus_controller::placement::submit::SubmitAs;
 use isthmus_controller::placement::{self, CancellationToken, Env, Guard, PlacementArgs};
 use isthmus_controller::slurm::jobs::{Job, parse_jobs};
 use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
@@ -90,6 +91,16 @@ impl<'a> PodOpts<'a> {
     }
 }
 
+/// How the controller makes a job its tenant's on `release`: `sbatch --uid/--gid` where sbatch has them, else
+/// `setpriv` (the release's wrapper, found in the Slurm bin dir, switches user inside the release's root).
+pub fn submit_as(release: SlurmRelease) -> SubmitAs {
+    if release.sbatch_has_uid() {
+        SubmitAs::UidOption
+    } else {
+        SubmitAs::Setpriv
+    }
+}
+
 /// A test namespace, the controller's ServiceAccount with the placement RBAC, an admin client, and the placement
 /// loop (started and stopped at will) in a runtime of its own.
 pub struct Placement {
@@ -151,6 +162,7 @@ impl Placement {
                 enabled: true,
                 scheduler_name: format!("isthmus-slurm-{ns}"),
                 policy,
+                submit_as: submit_as(cluster.release()),
                 ..PlacementArgs::default()
             },
             tools: None,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use isthmus_controller::placement::CancellationToken;
+use isthmus_controller::placement::submit::SubmitAs;
 use isthmus_controller::run::fence::Fence;
 use isthmus_controller::run::{self, LeaderContext, RunArgs, leader};
 use isthmus_controller::slurm::SlurmClient;
@@ -117,6 +118,11 @@ impl Placement {
             &a.scheduler_name,
             "--placement-policy",
             &a.policy,
+            "--placement-submit-as",
+            match crate::placement::submit_as(self.release()) {
+                SubmitAs::UidOption => "uid-option",
+                SubmitAs::Setpriv => "setpriv",
+            },
         ];
         let args = Cli::try_parse_from(argv)
             .unwrap_or_else(|e| panic!("{e}"))

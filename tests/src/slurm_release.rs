@@ -160,6 +160,20 @@ impl SlurmRelease {
         self >= Self::V24_11
     }
 
+    /// `sbatch --uid/--gid` (a root submitter's job run as another user): gone in 26.05, where the controller runs
+    /// `sbatch` itself as the user (`--placement-submit-as=setpriv`, through [`Self::bin_dir`]'s `setpriv`).
+    pub fn sbatch_has_uid(self) -> bool {
+        self < Self::V26_05
+    }
+
+    /// A job asking more nodes than its partition has: 24.11 refuses it at submission (`sbatch` exits 1,
+    /// `Requested node configuration is not available`, and keeps a `FAILED` job with reason `BadConstraints`),
+    /// whoever submits it (root or the user); 22.05 and 26.05 keep it pending (`PartitionConfig`, then
+    /// `PartitionNodeLimit`).
+    pub fn refuses_more_nodes_than_the_partition_has(self) -> bool {
+        self == Self::V24_11
+    }
+
     /// `topology.yaml` and dynamic nodes with `Topology=`: Slurm 25.05 and later.
     pub fn has_topology_yaml(self) -> bool {
         self >= Self::V26_05

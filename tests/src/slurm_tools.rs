@@ -38,15 +38,15 @@ impl Tools {
         Self::for_release(SlurmRelease::V22_05, programs)
     }
 
-    /// Wrappers for `programs` of `release` (and its `setpriv`, for a controller that switches user with it).
+    /// Wrappers for `programs` of `release` (and, for a release in a root, its `setpriv`, for a controller that
+    /// switches user with it: a call `setpriv … <dir>/sbatch ARGS` is logged and faulted as sbatch's).
     pub fn for_release(release: SlurmRelease, programs: &[&str]) -> Tools {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path().display().to_string();
-        let mut programs = programs.to_vec();
         if release.bin_dir().is_some() {
-            programs.push("setpriv");
+            write_setpriv(dir.path(), &release.program("setpriv"));
         }
-        for program in programs {
+        for &program in programs {
             let real = release.program(program);
             let script = format!(
                 "#!/bin/sh\n\
@@ -63,11 +63,7 @@ impl Tools {
                  exec '{real}' \"$@\"\n",
                 real = real.display()
             );
-            let path = dir.path().join(program);
-            std::fs::write(&path, script).unwrap_or_else(|e| panic!("{e}"));
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
+            write_executable(&dir.path().join(program), &script);
         }
         Tools { dir }
     }
@@ -115,4 +111,39 @@ impl Tools {
         std::fs::write(self.dir.path().join(format!("{program}.hang")), "")
             .unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `setpriv OPTIONS PROGRAM ARGS` in `d`: logged as a call of PROGRAM (its name, its arguments) and subject to
+/// PROGRAM's armed faults, as if the controller had run PROGRAM's wrapper, then run through the release's `setpriv`
+/// (`real`), which runs PROGRAM of the release as the user.
+fn write_setpriv(d: &Path, real: &Path) {
+    let script = format!(
+        "#!/bin/sh\n\
+         d='{d}'\n\
+         log() {{ printf '%s %s %s\\n' \"$(date +%s.%N)\" \"$p\" \"$1\" >> \"$d/calls.log\"; }}\n\
+         p=; rest=\n\
+         for a in \"$@\"; do\n\
+           if [ -z \"$p\" ]; then case \"$a\" in -*) ;; *) p=${{a##*/}} ;; esac\n\
+           else rest=\"$rest${{rest:+ }}$a\"; fi\n\
+         done\n\
+         log \"$rest\"\n\
+         if [ -s \"$d/$p.empty\" ]; then\n\
+           n=$(cat \"$d/$p.empty\")\n\
+           if [ \"$n\" -gt 0 ]; then echo $((n - 1)) > \"$d/$p.empty\"; log EMPTY; exit 0; fi\n\
+         fi\n\
+         if [ -e \"$d/$p.hang\" ]; then\n\
+           rm -f \"$d/$p.hang\"; '{real}' \"$@\"; log HUNG; exec sleep 60\n\
+         fi\n\
+         exec '{real}' \"$@\"\n",
+        d = d.display(),
+        real = real.display()
+    );
+    write_executable(&d.join("setpriv"), &script);
 }

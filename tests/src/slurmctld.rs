@@ -63,6 +63,13 @@ impl Controller {
         );
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
+        // Open to every user, as a site's slurm.conf and munged's socket are: a client run as a tenant's user
+        // (`setpriv`, where sbatch has no `--uid`) reads slurm.conf and asks munged for its credential.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
         prepare_site(d, &["state", "spool"]);
         let p = d.display();
         // Callers that define their own partitions put them in `settings`.

@@ -4,8 +4,9 @@
 //! is no kubelet: a bound pod is one with `spec.nodeName`, and a deleted bound pod stays, being deleted, until the
 //! test plays the kubelet whose containers stopped (`Placement::kubelet_stopped`: the pod object deleted for good).
 //!
-//! Every test runs on Slurm 22.05 and 24.11 (`NAME::on_22_05`, `on_24_11`). 26.05 has no `sbatch
-//! --uid/--gid`: its placement needs `--placement-submit-as=setpriv`, which these tests do not set.
+//! Every test runs on Slurm 22.05, 24.11 and 26.05 (`NAME::on_22_05`, `on_24_11`, `on_26_05`). 26.05 has no
+//! `sbatch --uid/--gid`: there the controller submits with `--placement-submit-as=setpriv`, sbatch run as the
+//! tenant's user in the release's root.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -18,7 +19,6 @@ use isthmus_tests::placement::{
 use isthmus_tests::release_api::api_for;
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
-use isthmus_tests::slurm_release::SlurmRelease;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -27,7 +27,6 @@ fn active(c: &Cluster, id: u64) -> bool {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -186,7 +185,6 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn preemption_by_partition_priority_works_both_ways(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -247,7 +245,6 @@ fn preemption_by_partition_priority_works_both_ways(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn a_gang_of_two_on_one_node_stays_pending_as_a_whole(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -271,13 +268,15 @@ fn a_gang_of_two_on_one_node_stays_pending_as_a_whole(release) {
         "no job for half a gang"
     );
     p.create_pod("m1", 1, &gang);
-    // 22.05 keeps a job for two nodes in a one-node partition pending; 24.11 refuses it at submission and keeps
-    // the refusal as a FAILED job without a node. Either way both members wait, saying the same thing.
-    let said = |message: &str| match release {
-        SlurmRelease::V22_05 => message.ends_with("is PENDING (PartitionNodeLimit)"),
-        _ => {
+    // 22.05 and 26.05 keep a job for two nodes in a one-node partition pending; 24.11 refuses it at submission and
+    // keeps the refusal as a FAILED job without a node. Either way both members wait, saying the same thing.
+    let refused = release.refuses_more_nodes_than_the_partition_has();
+    let said = |message: &str| {
+        if refused {
             message.starts_with("Slurm refused job ")
                 && message.ends_with("(BadConstraints); submitted again after a backoff")
+        } else {
+            message.ends_with("is PENDING (PartitionNodeLimit)")
         }
     };
     wait_until("both to say why they wait", WAIT, || {
@@ -297,7 +296,7 @@ fn a_gang_of_two_on_one_node_stays_pending_as_a_whole(release) {
         .into_iter()
         .filter(|j| j.comment.starts_with("k8s:placement-gang/pair/") && !j.is_finished())
         .collect();
-    let expected_active = if release == SlurmRelease::V22_05 { 1 } else { 0 };
+    let expected_active = if refused { 0 } else { 1 };
     assert_eq!(ours.len(), expected_active, "{ours:?}");
     assert!(ours.iter().all(|j| !j.is_running()), "{ours:?}");
     p.stop();
@@ -305,7 +304,6 @@ fn a_gang_of_two_on_one_node_stays_pending_as_a_whole(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -354,7 +352,6 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn slurmctld_down_is_waited_out(release) {
     let api_server = api_for(release);
     let api = &*api_server;

@@ -1,5 +1,5 @@
 //! Placement acts only on what it can prove (real Slurm, the real API server, the controller's ServiceAccount; each
-//! test on 22.05 and 24.11, `NAME::on_22_05` and `NAME::on_24_11`): one empty `squeue` answer deletes nothing; a `sbatch` whose answer is lost is reconciled by its
+//! test on 22.05, 24.11 and 26.05, `NAME::on_22_05`, `on_24_11`, `on_26_05`): one empty `squeue` answer deletes nothing; a `sbatch` whose answer is lost is reconciled by its
 //! comment, not repeated; a leader whose API server stops answering stops acting within its renew deadline, and
 //! the new leader's jobs survive it.
 
@@ -21,7 +21,6 @@ fn running(cluster: &Cluster, id: u64) -> bool {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn empty_squeue_answers_delete_nothing(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -70,7 +69,6 @@ fn empty_squeue_answers_delete_nothing(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn a_lost_sbatch_answer_is_adopted_not_repeated(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -102,7 +100,6 @@ fn a_lost_sbatch_answer_is_adopted_not_repeated(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_survive(release) {
     let api_server = api_for(release);
     let api = &*api_server;

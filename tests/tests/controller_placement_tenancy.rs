@@ -1,5 +1,5 @@
 //! Placement serves many tenants (real Slurm, the real API server, the placement loop as the controller's
-//! ServiceAccount with its shipped RBAC; each test on 22.05 and 24.11, `NAME::on_22_05` and `NAME::on_24_11`): the tenancy policy decides which namespaces may use Slurm and as whom;
+//! ServiceAccount with its shipped RBAC; each test on 22.05, 24.11 and 26.05, `NAME::on_22_05`, `on_24_11`, `on_26_05`): the tenancy policy decides which namespaces may use Slurm and as whom;
 //! a tenant in another namespace cannot cancel, adopt or delay a job by annotation or `nodeName`; bad annotation
 //! values are messages, never submissions; a gang of 64 pods is one job.
 
@@ -31,7 +31,6 @@ fn running(cluster: &Cluster, id: u64) -> bool {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account(release) {
     let api_server = api_for(release);
     let api = &*api_server;
@@ -220,7 +219,6 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account(release) {
 }
 
 each_release! {
-only [V22_05, V24_11]
 fn a_gang_of_64_one_cpu_pods_submits_one_job(release) {
     let api_server = api_for(release);
     let api = &*api_server;

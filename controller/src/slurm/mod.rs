@@ -202,6 +202,15 @@ impl SlurmClient {
         }
     }
 
+    /// A wrapper program (`setpriv`): the one in the Slurm bin dir where that has one (a site whose Slurm clients
+    /// are wrappers themselves, e.g. into a container or chroot, wraps it the same way), else found on `PATH`.
+    fn wrapper_path(&self, wrapper: &str) -> PathBuf {
+        match &self.args.slurm_bin_dir {
+            Some(dir) if !wrapper.contains('/') && dir.join(wrapper).is_file() => dir.join(wrapper),
+            _ => PathBuf::from(wrapper),
+        }
+    }
+
     /// Run `program args…`, return its standard output. Counted in
     /// `isthmus_controller_slurm_commands_total{program,verb,result}` (`verb`: the first argument, e.g.
     /// `update`, `show`) and timed in `isthmus_controller_slurm_command_seconds`.
@@ -209,8 +218,8 @@ impl SlurmClient {
         self.run_with(&[], program, args).await
     }
 
-    /// [`Self::run`] through `wrapper` (a program found on `PATH` and its arguments, e.g. `setpriv --reuid=…`),
-    /// which runs the Slurm program.
+    /// [`Self::run`] through `wrapper` (a program and its arguments, e.g. `setpriv --reuid=…`; the program is the
+    /// Slurm bin dir's where it has one, else found on `PATH`), which runs the Slurm program.
     pub async fn run_with(
         &self,
         wrapper: &[String],
@@ -249,7 +258,7 @@ impl SlurmClient {
         let mut cmd = match wrapper.split_first() {
             None => tokio::process::Command::new(self.program_path(program)),
             Some((first, rest)) => {
-                let mut c = tokio::process::Command::new(first);
+                let mut c = tokio::process::Command::new(self.wrapper_path(first));
                 c.args(rest).arg(self.program_path(program));
                 c
             }
@@ -354,6 +363,39 @@ mod tests {
             .expect_err("no such program");
         assert!(e.is_unreachable(), "{e}");
         assert!(e.to_string().contains("/nonexistent") || e.to_string().contains("scontrol"));
+    }
+
+    #[test]
+    fn a_wrapper_in_the_bin_dir_comes_before_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let script = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("{e}"));
+        };
+        script("sbatch", "#!/bin/sh\necho \"sbatch $*\"\n");
+        script("setpriv", "#!/bin/sh\necho \"wrapped $*\"\n");
+        let c = SlurmClient::new(SlurmArgs {
+            slurm_bin_dir: Some(dir.path().to_path_buf()),
+            ..SlurmArgs::default()
+        });
+        let wrapper = ["setpriv".to_owned(), "--reuid=nobody".to_owned()];
+        let out = rt()
+            .block_on(c.run_with(&wrapper, "sbatch", &["--parsable"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sbatch = dir.path().join("sbatch");
+        assert_eq!(
+            out,
+            format!("wrapped --reuid=nobody {} --parsable\n", sbatch.display())
+        );
+        // Not in the bin dir: found on PATH (`env` runs the program it is given).
+        let wrapper = ["env".to_owned()];
+        let out = rt()
+            .block_on(c.run_with(&wrapper, "sbatch", &["--parsable"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out, "sbatch --parsable\n");
     }
 
     #[test]
