@@ -97,6 +97,19 @@ impl Tools {
             .collect()
     }
 
+    /// Wait (up to `within`) until `program` has been called `n` more times than now: for a loop that calls it once
+    /// per pass, every pass begun before the wait has then ended. Panics, naming `what`, if it is not called so often.
+    pub fn await_more_calls(
+        &self,
+        program: &str,
+        n: usize,
+        within: std::time::Duration,
+        what: &str,
+    ) {
+        let before = self.calls_of(program).len();
+        crate::slurm::wait_until(what, within, || self.calls_of(program).len() >= before + n);
+    }
+
     /// The next `n` calls of `program` answer nothing (exit 0, no output).
     pub fn answer_empty(&self, program: &str, n: u32) {
         std::fs::write(

@@ -22,6 +22,13 @@ use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// Wait until the loop has read Slurm's job list `n` more times (the test uses the logging tools).
+fn passes(p: &Placement, n: usize) {
+    p.tools()
+        .unwrap_or_else(|| panic!("the test runs the logging tools"))
+        .await_more_calls("squeue", n, WAIT, &format!("{n} more placement passes"));
+}
+
 fn active(c: &Cluster, id: u64) -> bool {
     job(c, id).is_some_and(|j| !j.is_finished())
 }
@@ -59,10 +66,8 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
 
     // Pod deleted: while the kubelet stops its containers (the pod being deleted, its phase not terminal), the job
     // is kept; once the pod object is gone, the job is cancelled within 2 s.
-    let squeues = || p.tools().map_or(0, |t| t.calls_of("squeue").len());
     p.delete_pod("gpu");
-    let before = squeues();
-    wait_until("three more passes", WAIT, || squeues() >= before + 3);
+    passes(&p, 3);
     assert!(p.deleted("gpu") && p.pod("gpu").is_some(), "still stopping");
     assert!(
         job(&cluster, id).is_some_and(|j| j.is_running()),
@@ -120,7 +125,7 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
         "job cancelled {:?} after the pod succeeded",
         finished.elapsed()
     );
-    std::thread::sleep(Duration::from_secs(1));
+    passes(&p, 3);
     assert!(!p.deleted("done"), "a finished pod is the user's to delete");
 
     // The job requeued in Slurm (`scontrol requeue`, as after a node failure): the pod lost its allocation, so it is
@@ -283,11 +288,7 @@ fn a_gang_of_two_on_one_node_stays_pending_as_a_whole(release) {
         let m0 = p.waiting_message("m0");
         m0.as_deref().is_some_and(said) && m0 == p.waiting_message("m1")
     });
-    let tools = p.tools().unwrap_or_else(|| panic!("tools"));
-    let squeue_count = tools.calls_of("squeue").len();
-    wait_until("three more passes", WAIT, || {
-        tools.calls_of("squeue").len() >= squeue_count + 3
-    });
+    passes(&p, 3);
     for m in ["m0", "m1"] {
         assert!(!p.deleted(m), "{m} was deleted");
         assert_eq!(p.node_of(m), None, "{m} was bound");
@@ -309,6 +310,7 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans(release) {
     let api = &*api_server;
     let cluster = Cluster::start_on(release, &[NodeSpec::new("pd1", 4, 1)], "");
     let mut p = Placement::new(api, &cluster, "placement-restart");
+    p.use_tools();
     p.start();
     let running = p.create_pod("running", 1, &[]);
     wait_until("the first pod to be bound", WAIT, || {
@@ -324,7 +326,14 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans(release) {
     let burst: Vec<String> = (0..5)
         .map(|i| p.create_pod(&format!("burst{i}"), 1, &[]))
         .collect();
-    std::thread::sleep(Duration::from_millis(30));
+    // Stopped as soon as the loop submits for the burst, while the rest of it is still to do.
+    let tools = p.tools().unwrap_or_else(|| panic!("tools"));
+    wait_until("a submission for the burst", WAIT, || {
+        tools
+            .calls_of("sbatch")
+            .iter()
+            .any(|c| burst.iter().any(|u| c.args.contains(u.as_str())))
+    });
     p.stop();
     // While it is down: a waiting pod goes away (its job becomes an orphan), and another comes.
     p.delete_pod("waiting");
@@ -340,7 +349,8 @@ fn a_restarted_controller_adopts_its_jobs_and_cancels_orphans(release) {
             .chain([&late])
             .all(|u| !jobs_of(&cluster, u).is_empty())
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // Passes after that submit no second job for any of them.
+    passes(&p, 3);
     for uid in burst.iter().chain([&late, &running]) {
         let js = jobs_of(&cluster, uid);
         assert_eq!(js.len(), 1, "exactly one job for pod {uid}: {js:?}");
@@ -357,12 +367,26 @@ fn slurmctld_down_is_waited_out(release) {
     let api = &*api_server;
     let mut cluster = Cluster::start_on(release, &[NodeSpec::new("pe1", 4, 1)], "");
     let mut p = Placement::new(api, &cluster, "placement-outage");
+    p.use_tools();
     p.start();
+    let tools = p.tools().unwrap_or_else(|| panic!("tools"));
+    tools.await_more_calls("squeue", 1, WAIT, "the first pass");
     cluster.controller().stop_slurmctld();
     p.create_pod("patient", 1, &[]);
-    // squeue fails for a while: the loop warns, backs off and keeps going.
-    std::thread::sleep(Duration::from_secs(3));
+    // squeue fails for a while (each try waits for slurmctld's timeout): the loop warns, backs off and keeps going;
+    // two more reads, both failed.
+    tools.await_more_calls(
+        "squeue",
+        2,
+        Duration::from_secs(90),
+        "two reads while slurmctld is down",
+    );
     assert_eq!(p.node_of("patient"), None);
+    assert!(
+        p.tools()
+            .is_some_and(|t| t.calls_of("sbatch").is_empty()),
+        "nothing is submitted while Slurm's jobs cannot be read"
+    );
     cluster.controller().start_slurmctld(false);
     wait_until(
         "the pod to be bound once Slurm answers",
