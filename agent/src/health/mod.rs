@@ -146,7 +146,12 @@ pub async fn run(
     let mut written: Option<Vec<NodeCondition>> = None;
     let mut last_write = Instant::now();
     let mut last_metric: Option<Instant> = None;
-    let mut poll = tokio::time::interval(XID_POLL);
+    // XID events are read every 250 ms where they can arrive; otherwise the loop wakes for the port files (and on
+    // every discovery, memory read and heartbeat), so an idle node without XID source costs next to nothing.
+    let xid_source = stream.is_some() || opts.live_xids.is_some();
+    let mut poll = tokio::time::interval(if xid_source { XID_POLL } else { PORT_POLL });
+    let mut memory_open = true;
+    let mut memory_pending = false;
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut topo_changed = true;
     let mut retry_write = false;
@@ -170,7 +175,7 @@ pub async fn run(
             let reads = read_ports(root, state.known_ports());
             changed |= state.ports(Instant::now(), reads);
         }
-        if opts.memory.has_changed().unwrap_or(false) {
+        if std::mem::take(&mut memory_pending) || opts.memory.has_changed().unwrap_or(false) {
             let found = opts.memory.borrow_and_update().clone();
             changed |= state.memory(found);
         }
@@ -255,6 +260,11 @@ pub async fn run(
                     return;
                 }
                 topo_changed = true;
+            }
+            r = opts.memory.changed(), if memory_open => {
+                // A closed channel (the discovery worker is gone) is never waited on again.
+                memory_open = r.is_ok();
+                memory_pending = memory_open;
             }
             _ = poll.tick() => {}
         }
