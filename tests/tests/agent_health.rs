@@ -349,6 +349,11 @@ fn a_pending_row_remap_fails_its_gpu_until_a_reset_applies_it() {
     wait("the first conditions", &host.log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
     });
+    // The first NRT (published once the kubelet's first answer is given up on, 10 s), so that what follows
+    // measures the health path alone.
+    wait("the first NRT", &host.log, || {
+        nrt_gpu(api, node, "0000:9b:00.0").is_some_and(|(alloc, _)| alloc == "4")
+    });
 
     replace(&host.nvml, &xe9680_with_the_a10s_pending_remap());
     wait(
@@ -369,6 +374,15 @@ fn a_pending_row_remap_fails_its_gpu_until_a_reset_applies_it() {
         metric(&host.listen, "isthmus_device_health", "class=\"gpu\""),
         Some(7.0),
         "only GPU 4 failed"
+    );
+    wait(
+        "a pending row remap → GPU 4 out of its NRT zone",
+        &host.log,
+        || {
+            nrt_gpu(api, node, "0000:9b:00.0").is_some_and(|(alloc, attr)| {
+                alloc == "3" && attr.ends_with(";health=RowRemapPending")
+            })
+        },
     );
 
     // The GPU was reset: the remap applied, nothing pending (the recording as it was).
@@ -395,6 +409,11 @@ fn infiniband_ports_are_read_between_discoveries_and_a_flapping_port_holds_until
     wait("the first conditions", &host.log, || {
         ib("True", "DevicesHealthy")
     });
+    // The first NRT (published once the kubelet's first answer is given up on, 10 s), so that what follows
+    // measures the health path alone.
+    wait("the first NRT", &host.log, || {
+        nrt_gpu(api, node, "0000:9b:00.0").is_some_and(|(alloc, _)| alloc == "4")
+    });
     let port = host.root.join("sys/class/infiniband/mlx5_0/ports/1");
     let write = |file: &str, text: &str| {
         std::fs::write(port.join(file), text).unwrap_or_else(|e| panic!("{e}"))
@@ -407,6 +426,11 @@ fn infiniband_ports_are_read_between_discoveries_and_a_flapping_port_holds_until
         &host.log,
         || ib("False", "IbPortDown"),
     );
+    // The HCA of mlx5_0 (0000:1a:00.0) says so in its NRT zone attribute.
+    wait("port down → the HCA's NRT attribute", &host.log, || {
+        nrt_gpu(api, node, "0000:1a:00.0")
+            .is_some_and(|(_, attr)| attr.ends_with(";health=IbPortDown"))
+    });
     write("state", "4: ACTIVE\n");
     write("phys_state", "5: LinkUp\n");
     wait("port back → True", &host.log, || {
