@@ -25,7 +25,10 @@ use crate::slurm::supervisor::state::{Supervisor, Timing};
 use crate::slurm::supervisor::{self, ChildStatus};
 
 /// How often GPU telemetry is read from NVML.
-const TELEMETRY_PERIOD: Duration = Duration::from_secs(4);
+const TELEMETRY_PERIOD: Duration = Duration::from_secs(10);
+
+/// How often the GPUs' memory health alone is read between telemetry reads (a finding reaches the Node within 5 s).
+const MEMORY_HEALTH_PERIOD: Duration = Duration::from_secs(4);
 
 /// Why the agent cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -241,6 +244,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         Schedule {
             rediscover,
             telemetry: TELEMETRY_PERIOD,
+            memory_health: MEMORY_HEALTH_PERIOD,
             neighbours: config.neighbours,
         },
         metrics.clone(),

@@ -9,6 +9,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use isthmus_topology::health::detect::{Finding, memory_findings};
+use isthmus_topology::nvml::NvmlSnapshot;
 use isthmus_topology::{
     DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, NvmlStatus, RecordingFile,
     SystemNvml,
@@ -148,6 +149,9 @@ pub struct Schedule {
     pub rediscover: Duration,
     /// Time between NVML telemetry reads (when NVML is available).
     pub telemetry: Duration,
+    /// Time between reads of the GPUs' memory health alone (row remaps, page retirement, uncorrected ECC), between
+    /// telemetry reads.
+    pub memory_health: Duration,
     /// Ask the InfiniBand neighbour switches (at start, when a port's state changes, and every
     /// [`NEIGHBOUR_PERIOD`]); in between, the last answers are carried over.
     pub neighbours: bool,
@@ -234,6 +238,20 @@ pub fn spawn_worker(
     Ok(tx)
 }
 
+/// Send the memory findings of `snap` when they differ from the last ones.
+fn send_memory(
+    out: &watch::Sender<Vec<Finding>>,
+    snap: &NvmlSnapshot,
+    topo: Option<&NodeTopology>,
+) {
+    let found = memory_findings(snap, topo);
+    out.send_if_modified(|cur| {
+        let changed = *cur != found;
+        *cur = found;
+        changed
+    });
+}
+
 /// Where the worker's results go.
 struct Outputs {
     topology: watch::Sender<Option<Arc<NodeTopology>>>,
@@ -252,6 +270,7 @@ fn worker(
     let out = &outputs.topology;
     let mut next_discovery = Instant::now();
     let mut next_telemetry = Instant::now() + schedule.telemetry;
+    let mut next_memory = Instant::now() + schedule.memory_health;
     let mut nvml_available = false;
     let mut neighbours = Neighbours::default();
     let mut last: Option<Arc<NodeTopology>> = None;
@@ -291,21 +310,23 @@ fn worker(
         }
         if nvml_available && now >= next_telemetry {
             next_telemetry = now + schedule.telemetry;
+            next_memory = now + schedule.memory_health;
             match nvml.snapshot() {
                 Ok(snap) => {
                     metrics.record_gpus(&snap, last.as_deref());
-                    let found = memory_findings(&snap, last.as_deref());
-                    outputs.memory.send_if_modified(|cur| {
-                        let changed = *cur != found;
-                        *cur = found;
-                        changed
-                    });
+                    send_memory(&outputs.memory, &snap, last.as_deref());
                 }
                 Err(e) => tracing::debug!(error = %e, "NVML telemetry"),
             }
+        } else if nvml_available && now >= next_memory {
+            next_memory = now + schedule.memory_health;
+            match nvml.memory_health() {
+                Ok(snap) => send_memory(&outputs.memory, &snap, last.as_deref()),
+                Err(e) => tracing::debug!(error = %e, "NVML memory health"),
+            }
         }
         let wake = if nvml_available {
-            next_discovery.min(next_telemetry)
+            next_discovery.min(next_telemetry).min(next_memory)
         } else {
             next_discovery
         };
@@ -361,6 +382,7 @@ mod tests {
         let schedule = Schedule {
             rediscover: Duration::from_secs(3600),
             telemetry: Duration::from_secs(3600),
+            memory_health: Duration::from_secs(3600),
             neighbours: false,
         };
         let triggers = spawn_worker(

@@ -156,6 +156,11 @@ pub trait NvmlSource {
     fn describe(&self) -> String;
     /// Query every GPU.
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable>;
+    /// The GPUs' memory health only (index, PCI address, UUID and the telemetry's ECC and row-remap fields), for
+    /// frequent health reads: a live source asks NVML only those few questions; by default the whole snapshot.
+    fn memory_health(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
+        self.snapshot()
+    }
     /// Where XID events arrive as they happen (the live NVML's event watcher, started by the first snapshot), with
     /// the recovery action NVML reported right after each; `None` for sources without events.
     fn xid_queue(&self) -> Option<XidQueue> {

@@ -232,6 +232,46 @@ impl NvmlSource for SystemNvml {
         Some(self.queue.clone())
     }
 
+    fn memory_health(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+        let nvml = self.nvml()?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| NvmlUnavailable(e.to_string()))?;
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            let Ok(dev) = nvml.device_by_index(index) else {
+                continue;
+            };
+            let Some(pci_address) = dev
+                .pci_info()
+                .ok()
+                .and_then(|p| normalize_pci_address(&p.bus_id))
+            else {
+                continue;
+            };
+            gpus.push(NvmlGpu {
+                index,
+                uuid: dev.uuid().ok(),
+                pci_address,
+                telemetry: GpuTelemetry {
+                    ecc_uncorrected_volatile: dev
+                        .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                        .ok(),
+                    remapped_rows: remapped_rows(nvml, &dev),
+                    retired_pages_pending: dev.are_pages_pending_retired().ok(),
+                    ..GpuTelemetry::default()
+                },
+                ..NvmlGpu::default()
+            });
+        }
+        Ok(NvmlSnapshot {
+            attached_gpus: Some(count),
+            gpus,
+            ..NvmlSnapshot::default()
+        })
+    }
+
     fn snapshot(&self) -> Result<NvmlSnapshot, NvmlUnavailable> {
         use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
         let nvml = self.nvml()?;
