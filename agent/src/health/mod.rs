@@ -142,6 +142,7 @@ pub async fn run(
     let mut state = HealthState::new(opts.table.clone()).with_flap_policy(opts.flap);
     let host_root = opts.host_root.clone().map(HostRoot::new);
     let mut next_port_read = Instant::now();
+    let mut port_reads: u64 = 0;
     let mut stream = opts.xid_replay.map(xid_stream::XidTail::new);
     let mut written: Option<Vec<NodeCondition>> = None;
     let mut last_write = Instant::now();
@@ -172,7 +173,9 @@ pub async fn run(
             .filter(|_| Instant::now() >= next_port_read)
         {
             next_port_read = Instant::now() + PORT_POLL;
-            let reads = read_ports(root, state.known_ports());
+            port_reads += 1;
+            // The link_downed counters every fifth read (10 s): the state files every time.
+            let reads = read_ports(root, state.known_ports(), port_reads % 5 == 1);
             changed |= state.ports(Instant::now(), reads);
         }
         if std::mem::take(&mut memory_pending) || opts.memory.has_changed().unwrap_or(false) {

@@ -38,8 +38,9 @@ impl PortRead {
     }
 }
 
-/// Read the live files of every port `known` lists (the discovery's HCAs).
-pub fn read_ports(root: &HostRoot, known: &[IbDevice]) -> Vec<PortRead> {
+/// Read the live files of every port `known` lists (the discovery's HCAs); `link_downed` only with `counters` (on
+/// real HCAs a counter read is a query to the adapter, the state files are not).
+pub fn read_ports(root: &HostRoot, known: &[IbDevice], counters: bool) -> Vec<PortRead> {
     let text = |p: String| root.read_string(p).ok();
     known
         .iter()
@@ -55,7 +56,9 @@ pub fn read_ports(root: &HostRoot, known: &[IbDevice]) -> Vec<PortRead> {
                 phys_state: text(format!("{dir}/phys_state"))
                     .and_then(|s| parse_state(&s))
                     .map(|s| s.1),
-                link_downed: text(format!("{dir}/counters/link_downed"))
+                link_downed: counters
+                    .then(|| text(format!("{dir}/counters/link_downed")))
+                    .flatten()
                     .and_then(|s| parse_counter(&s)),
             }
         })

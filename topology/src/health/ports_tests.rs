@@ -47,7 +47,12 @@ fn reasons(w: &PortWatch) -> Vec<(String, String)> {
 #[test]
 fn the_recorded_ports_read_up_with_their_counter() {
     let ib = xe9680_ib();
-    let reads = read_ports(&HostRoot::new(ROOT), &ib);
+    let reads = read_ports(&HostRoot::new(ROOT), &ib, true);
+    assert!(
+        read_ports(&HostRoot::new(ROOT), &ib, false)
+            .iter()
+            .all(|r| r.link_downed.is_none() && r.is_up())
+    );
     assert_eq!(reads.len(), 8);
     assert!(reads.iter().all(PortRead::is_up), "{reads:?}");
     // The recording's mlx5_1 counter stands at 255: PortLinkDownedCounter is 8 bits wide and stops there.
