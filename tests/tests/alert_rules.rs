@@ -58,23 +58,7 @@ fn the_prometheus_rule_is_the_rule_file() {
 fn every_metric_a_rule_reads_is_recorded_by_the_code() {
     let rules = std::fs::read_to_string(alerts().join("isthmus.rules.yaml"))
         .unwrap_or_else(|e| panic!("{e}"));
-    fn read_all(dir: &std::path::Path, into: &mut String) {
-        for e in std::fs::read_dir(dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .flatten()
-        {
-            let p = e.path();
-            if p.is_dir() {
-                read_all(&p, into);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                into.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
-            }
-        }
-    }
-    let mut code = String::new();
-    for dir in ["agent/src", "controller/src"] {
-        read_all(&repo_root().join(dir), &mut code);
-    }
+    let code = isthmus_tests::code_text(&["agent/src", "controller/src"]);
     let mut checked = 0;
     for expr in rules
         .lines()

@@ -4,7 +4,7 @@
 //! `kubectl kustomize` makes one ConfigMap that carries the file byte for byte for the Grafana sidecar.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use isthmus_tests::apiserver::describe;
@@ -187,20 +187,6 @@ fn labels_of(metric: &str) -> Option<&'static [&'static str]> {
         .map(|(_, l)| *l)
 }
 
-fn read_all(dir: &Path, into: &mut String) {
-    for e in std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-    {
-        let p = e.path();
-        if p.is_dir() {
-            read_all(&p, into);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            into.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
-        }
-    }
-}
-
 #[test]
 fn every_panel_has_a_unique_id_and_a_query() {
     let d = dashboard();
@@ -243,10 +229,7 @@ fn every_panel_has_a_unique_id_and_a_query() {
 
 #[test]
 fn every_metric_a_panel_reads_is_recorded_by_the_code() {
-    let mut code = String::new();
-    for dir in ["agent/src", "controller/src"] {
-        read_all(&repo_root().join(dir), &mut code);
-    }
+    let code = isthmus_tests::code_text(&["agent/src", "controller/src"]);
     // The label table itself is the code's: each label is set somewhere as `"label" =>` or `("label", `.
     for (metric, labels) in ISTHMUS_LABELS {
         for l in *labels {
