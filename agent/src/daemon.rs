@@ -199,6 +199,8 @@ pub fn run(plan: Plan) -> Result<i32, DaemonError> {
     if let Err(e) = become_subreaper() {
         tracing::warn!(error = %e, "cannot become a subreaper; orphaned grandchildren will not be reaped by the agent");
     }
+    // The periodic tasks' grid starts with the runtime's clock (crate::cadence).
+    crate::cadence::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -8,8 +8,10 @@
 //! - [`k8s`]: the Kubernetes side (NRT rendering and publication, the kubelet's PodResources and configuration).
 //! - [`slurm`]: the Slurm side (gres.conf and slurmd's arguments from discovery, the supervisor of munged and slurmd).
 //! - [`metrics`], [`http`]: the Prometheus registry and the `/metrics`, `/healthz`, `/readyz` endpoint.
+//! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
 
+pub mod cadence;
 pub mod cli;
 pub mod commands;
 pub mod config_file;

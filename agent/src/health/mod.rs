@@ -32,8 +32,17 @@ use state::HealthState;
 /// The field manager of the health conditions (it owns only those condition entries).
 pub const FIELD_MANAGER: &str = "isthmus-health";
 
-/// How often the InfiniBand ports' state files are read between discoveries.
-const PORT_POLL: Duration = Duration::from_secs(2);
+/// How often the InfiniBand ports' state files are read between discoveries: 1536 ms on the daemon's time grid,
+/// a multiple of the kubelet polls' 512 ms and 768 ms, so the reads ride on their wake-ups.
+const PORT_POLL: Duration = Duration::from_millis(1536);
+
+/// The ports' `link_downed` counters are read on every this many state reads (every 4.6 s): a down too short for
+/// the state files to show is counted within 5 s.
+const COUNTER_EVERY: u64 = 3;
+
+/// How much earlier than [`PORT_POLL`] a tick may come and still read the ports (ticks are on the time grid, the
+/// last read was a little after its tick).
+const PORT_SLACK: Duration = Duration::from_millis(100);
 
 /// How often a growing XID recording is read.
 const XID_POLL: Duration = Duration::from_millis(250);
@@ -150,10 +159,10 @@ pub async fn run(
     // XID events are read every 250 ms where they can arrive; otherwise the loop wakes for the port files (and on
     // every discovery, memory read and heartbeat), so an idle node without XID source costs next to nothing.
     let xid_source = stream.is_some() || opts.live_xids.is_some();
-    let mut poll = tokio::time::interval(if xid_source { XID_POLL } else { PORT_POLL });
+    // On the daemon's time grid: the port reads share the wake-ups of the kubelet polls.
+    let mut poll = crate::cadence::ticker(if xid_source { XID_POLL } else { PORT_POLL });
     let mut memory_open = true;
     let mut memory_pending = false;
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut topo_changed = true;
     let mut retry_write = false;
     // After a failed write: not again before this, and the wait doubles (1 s to 60 s, jittered) while writes fail.
@@ -172,10 +181,11 @@ pub async fn run(
             .as_ref()
             .filter(|_| Instant::now() >= next_port_read)
         {
-            next_port_read = Instant::now() + PORT_POLL;
+            // Due again at the grid point PORT_POLL from now, which a tick may reach a little early.
+            next_port_read = Instant::now() + PORT_POLL - PORT_SLACK;
             port_reads += 1;
-            // The link_downed counters every fifth read (10 s): the state files every time.
-            let reads = read_ports(root, state.known_ports(), port_reads % 5 == 1);
+            // The link_downed counters on every third read: the state files every time.
+            let reads = read_ports(root, state.known_ports(), port_reads % COUNTER_EVERY == 1);
             changed |= state.ports(Instant::now(), reads);
         }
         if std::mem::take(&mut memory_pending) || opts.memory.has_changed().unwrap_or(false) {

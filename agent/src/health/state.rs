@@ -1,7 +1,7 @@
 //! What the agent knows about its devices' health between discoveries: the first discovery (what is expected), the
 //! latest one, the fatal XID findings, which last until the GPU is reset (it vanishes and comes back) or the
 //! agent restarts (the node rebooted), the GPU memory findings of the latest NVML read, and the InfiniBand ports'
-//! live state and flaps, read every 2 s between discoveries.
+//! live state and flaps, read every 1.5 s between discoveries.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -67,6 +67,9 @@ pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: Canc
     type Stamp = Option<(Option<std::time::SystemTime>, u64)>;
     let mut config_stamp: Option<Stamp> = None;
     let mut reread = true;
+    let mut config_checked: Option<Instant> = None;
+    // Polls fall on the daemon's time grid, so the health task's port reads share their wake-ups.
+    let mut tick = crate::cadence::ticker(source.interval);
     loop {
         let (pod_resources, answer) = match kubelet.query().await {
             Ok(answers) => {
@@ -100,11 +103,18 @@ pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: Canc
             }
         };
         // The settings are read again when the configuration file changed (or appeared, or went away), and after
-        // the kubelet came back.
-        let stamp = std::fs::metadata(source.root.join(&source.config))
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()));
-        if reread || config_stamp.as_ref() != Some(&stamp) {
+        // the kubelet came back. The kubelet reads its file only when it starts, so the file is looked at as often
+        // as the allocatable resources are asked (every 10 s), not on every poll.
+        let check = reread
+            || config_checked
+                .is_none_or(|t| t.elapsed() >= super::podresources::ALLOCATABLE_REFRESH);
+        let stamp: Option<Stamp> = check.then(|| {
+            config_checked = Some(Instant::now());
+            std::fs::metadata(source.root.join(&source.config))
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()))
+        });
+        if let Some(stamp) = stamp.filter(|s| reread || config_stamp.as_ref() != Some(s)) {
             config_stamp = Some(stamp);
             reread = false;
             let (read, warnings) = read_settings(&source.root, &source.config);
@@ -131,7 +141,7 @@ pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: Canc
         });
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(source.interval) => {}
+            _ = tick.tick() => {}
         }
     }
 }
