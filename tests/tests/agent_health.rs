@@ -52,6 +52,38 @@ fn condition(api: &ApiServer, node: &str, type_: &str) -> Option<(String, String
 }
 
 /// The NodeResourceTopology's zone holding device `pci`: (allocatable `nvidia.com/gpu`, the device's attribute).
+/// The (type, reason) of the Events about Node `node` the agent recorded, oldest first.
+fn node_events(api: &ApiServer, node: &str) -> Vec<(String, String)> {
+    let out = api.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        &format!("involvedObject.kind=Node,involvedObject.name={node},source=isthmus-agent"),
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut items: Vec<serde_json::Value> = v["items"].as_array().cloned().unwrap_or_default();
+    // Created in this order (the API server's resourceVersions of one resource grow).
+    items.sort_by_key(|e| {
+        e["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    });
+    items
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or("").to_owned(),
+                e["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
 fn nrt_gpu(api: &ApiServer, node: &str, pci: &str) -> Option<(String, String)> {
     let out = api.kubectl(&[
         "get",
@@ -431,11 +463,27 @@ fn infiniband_ports_are_read_between_discoveries_and_a_flapping_port_holds_until
         nrt_gpu(api, node, "0000:1a:00.0")
             .is_some_and(|(_, attr)| attr.ends_with(";health=IbPortDown"))
     });
+    // The failure is a Warning Event on the Node, recorded as the agent's ServiceAccount (the first, sound
+    // conditions recorded none).
+    wait("a Warning Event IbPortDown on the Node", &host.log, || {
+        node_events(api, node) == [("Warning".to_owned(), "IbPortDown".to_owned())]
+    });
     write("state", "4: ACTIVE\n");
     write("phys_state", "5: LinkUp\n");
     wait("port back → True", &host.log, || {
         ib("True", "DevicesHealthy")
     });
+    wait(
+        "a Normal Event DevicesHealthy on the Node",
+        &host.log,
+        || {
+            node_events(api, node)
+                == [
+                    ("Warning".to_owned(), "IbPortDown".to_owned()),
+                    ("Normal".to_owned(), "DevicesHealthy".to_owned()),
+                ]
+        },
+    );
 
     // Two more downs between reads, which only the port's link_downed counter shows (it was 0): three within the
     // window.

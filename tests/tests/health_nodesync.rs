@@ -50,6 +50,22 @@ fn taints(site: &SyncSite, node: &str) -> Vec<String> {
     t
 }
 
+/// The `HealthDrainHeld` Events about Node `node` (in `default`, where Node Events go).
+fn held_events(site: &SyncSite, node: &str) -> Vec<serde_json::Value> {
+    let out = site.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        &format!("involvedObject.kind=Node,involvedObject.name={node},reason=HealthDrainHeld"),
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
 /// Set a health condition as the agent reports one (here written by the administrator).
 fn set_health(site: &SyncSite, node: &str, type_: &str, status: &str, message: &str) {
     let reason = if status == "True" {
@@ -201,6 +217,21 @@ fn the_circuit_breaker_holds_new_drains_while_too_many_nodes_fail_at_once() {
         taints(&site, "bs2")
     );
     assert!(site.slurm.state("bs1").contains("DRAIN"));
+    // The held Node says why, once, in an Event recorded as the controller's ServiceAccount; the drained one has none.
+    site.wait("a HealthDrainHeld Event on bs2", CROSS, || {
+        held_events(&site, "bs2").len() == 1
+    });
+    let e = &held_events(&site, "bs2")[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["kind"], "Node");
+    let message = e["message"].as_str().unwrap_or("");
+    assert!(
+        message
+            .starts_with("the health circuit breaker is open (more than 0.34 of the paired Nodes")
+            && message.contains("\"isthmus: health: gpu 0000:9b:00.0\""),
+        "{message}"
+    );
+    assert!(held_events(&site, "bs1").is_empty());
     // bs1 recovers: its drain is lifted after the hold, the breaker closes and bs2's drain goes ahead.
     set_health(&site, "bs1", "GpuHealthy", "True", "no failed gpu device");
     site.wait("bs2 drained once the breaker closed", HOLD + CROSS, || {

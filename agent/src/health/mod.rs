@@ -6,6 +6,7 @@
 //! tests and offline analysis, from a kernel-log recording replayed with `--xid-replay` (read as it grows).
 
 pub mod conditions;
+pub mod events;
 pub mod state;
 mod xid_stream;
 
@@ -154,6 +155,7 @@ pub async fn run(
     let mut port_reads: u64 = 0;
     let mut stream = opts.xid_replay.map(xid_stream::XidTail::new);
     let mut written: Option<Vec<NodeCondition>> = None;
+    let mut node_uid: Option<String> = None;
     let mut last_write = Instant::now();
     let mut last_metric: Option<Instant> = None;
     // XID events are read every 250 ms where they can arrive; otherwise the loop wakes for the port files (and on
@@ -232,7 +234,9 @@ pub async fn run(
                 let states = conditions::class_states(&state.classes(), &findings);
                 let now = Time(k8s_openapi::jiff::Timestamp::now());
                 if written.is_none() {
-                    written = Some(read_conditions(client, node).await);
+                    let (conds, uid) = read_conditions(client, node).await;
+                    written = Some(conds);
+                    node_uid = uid;
                 }
                 let previous = written.clone().unwrap_or_default();
                 let want = conditions::conditions(&states, &previous, &now);
@@ -248,6 +252,8 @@ pub async fn run(
                                 "result",
                                 "ok",
                             );
+                            let news = events::changes(&previous, &want);
+                            events::record(client, node, node_uid.as_deref(), &news).await;
                             written = Some(want);
                             last_write = Instant::now();
                             backoff.reset();
@@ -304,20 +310,26 @@ fn record_metric(
     metrics.record_health(&devices);
 }
 
-/// The health conditions the Node has now (their transition times are kept); none when it cannot be read.
-async fn read_conditions(client: &kube::Client, node: &str) -> Vec<NodeCondition> {
+/// The health conditions the Node has now (their transition times are kept) and its UID (for Events); none when
+/// it cannot be read.
+async fn read_conditions(
+    client: &kube::Client,
+    node: &str,
+) -> (Vec<NodeCondition>, Option<String>) {
     let api: Api<Node> = Api::all(client.clone());
     match api.get(node).await {
-        Ok(n) => n
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| HealthClass::from_condition_type(&c.type_).is_some())
-            .collect(),
+        Ok(n) => (
+            n.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| HealthClass::from_condition_type(&c.type_).is_some())
+                .collect(),
+            n.metadata.uid,
+        ),
         Err(e) => {
             tracing::warn!(error = %e, "the Node's health conditions could not be read");
-            Vec::new()
+            (Vec::new(), None)
         }
     }
 }

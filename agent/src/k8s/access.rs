@@ -36,6 +36,13 @@ pub const API_ACCESS: &[ApiAccess] = &[
         why: "server-side apply of the node's device health conditions (GpuHealthy, NvlinkHealthy, \
               InfinibandHealthy); the admission webhook holds the agent to its own Node and to these conditions",
     },
+    ApiAccess {
+        group: "",
+        resource: "events",
+        verbs: &["create"],
+        why: "an Event on the Node when a device health class fails or recovers (in the default namespace, as the \
+              kubelet's Node Events)",
+    },
 ];
 
 /// Non-resource URLs the agent reads (GET): the API discovery documents that tell whether Volcano's Numatopology
@@ -44,7 +51,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
 pub const DISCOVERY_READS: &[&str] = &["/apis", "/apis/nodeinfo.volcano.sh/v1alpha1"];
 
 /// The (group, resource, verb) an HTTP request to the API server is authorised as, for the request shapes the agent
-/// makes (cluster-scoped resources, named or listed/watched). `None` for anything else.
+/// makes (cluster-scoped or namespaced resources, named or listed/watched). `None` for anything else.
 pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'static str)> {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let watch = query
@@ -55,6 +62,11 @@ pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'stat
         ["api", _version, rest @ ..] => ("", rest),
         ["apis", group, _version, rest @ ..] => (*group, rest),
         _ => return None,
+    };
+    // A namespaced request: /namespaces/<ns>/<resource>[/<name>[/<sub>]].
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        _ => rest,
     };
     let (resource, named) = match rest {
         [resource] => ((*resource).to_owned(), false),
@@ -123,6 +135,13 @@ mod tests {
             "DELETE",
             "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies/node1"
         ));
+        assert!(allowed("POST", "/api/v1/namespaces/default/events"));
+        assert!(!allowed("DELETE", "/api/v1/namespaces/default/events/n.1"));
+        assert!(!allowed("GET", "/api/v1/namespaces/default/pods"));
+        assert_eq!(
+            authorised_as("GET", "/api/v1/namespaces/default"),
+            Some((String::new(), "namespaces".to_owned(), "get"))
+        );
         assert!(allowed("GET", "/apis"));
         assert!(allowed("GET", "/apis/nodeinfo.volcano.sh/v1alpha1"));
         assert!(

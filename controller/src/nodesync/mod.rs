@@ -169,6 +169,13 @@ pub const API_ACCESS: &[ApiAccess] = &[
         verbs: &["patch"],
         why: "server-side apply of the SlurmNodeState condition",
     },
+    ApiAccess {
+        group: "",
+        resource: "events",
+        verbs: &["create"],
+        why: "a Warning Event HealthDrainHeld on a Node whose health drain the circuit breaker holds back (in the \
+              default namespace, as the kubelet's Node Events)",
+    },
 ];
 
 /// Why the node sync stopped before it was cancelled.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -29,6 +29,7 @@ const FOLLOW_UP: Duration = Duration::from_millis(200);
 /// What the sync remembers between passes.
 pub(super) struct Shell {
     nodes: Api<Node>,
+    events: Api<Event>,
     reader: NodeReader,
     policy: Policy,
     interval: Duration,
@@ -43,6 +44,8 @@ pub(super) struct Shell {
     holds: Holds,
     /// Whether the health circuit breaker was open on the last pass.
     breaker_open: bool,
+    /// The Nodes whose health drain the breaker held in the last pass (each gets one Event when it starts).
+    held: BTreeSet<String>,
     /// Slurm node → CPUs allocated when its drain was recorded.
     alloc_at_record: HashMap<String, u32>,
     /// The mapping problems reported last pass (each is logged when it appears).
@@ -63,8 +66,13 @@ impl Shell {
         args: &NodeSyncArgs,
         guard: Guard,
     ) -> Self {
+        let events = Api::namespaced(
+            nodes.clone().into_client(),
+            isthmus_api::events::CLUSTER_SCOPED_NAMESPACE,
+        );
         Self {
             nodes,
+            events,
             reader,
             policy: args.policy(),
             interval: args.interval,
@@ -75,6 +83,7 @@ impl Shell {
             stale: HashMap::new(),
             holds: Holds::default(),
             breaker_open: false,
+            held: BTreeSet::new(),
             alloc_at_record: HashMap::new(),
             reported: BTreeSet::new(),
         }
@@ -140,6 +149,7 @@ impl Shell {
             .collect();
         self.holds.retain(|n| names.contains(n));
         let breaker = self.breaker(kube_nodes, &by_slurm_name);
+        self.record_held(kube_nodes, &breaker).await;
         let mut paired = BTreeSet::new();
         let mut unpaired_kube = 0u32;
         let mut disagreements = 0u32;
@@ -235,8 +245,13 @@ impl Shell {
                 by_slurm_name.contains_key(slurm).then(|| BreakerInput {
                     node: name,
                     failing: health::drain_reason(n, &self.policy).is_some(),
+                    // Drained for health: by the record on the Node, or by Slurm's own word (the record may
+                    // not be in the Node store yet right after the drain).
                     drained: ownership::record_of(n)
-                        .is_some_and(|r| health::is_health_reason(&r.reason)),
+                        .is_some_and(|r| health::is_health_reason(&r.reason))
+                        || by_slurm_name
+                            .get(slurm)
+                            .is_some_and(|s| health::is_health_reason(&s.reason)),
                 })
             })
             .collect();
@@ -268,6 +283,55 @@ impl Shell {
         });
         metrics::gauge!("isthmus_controller_nodesync_health_drains_held").set(b.held.len() as f64);
         b
+    }
+
+    /// A Warning Event on each Node whose health drain the breaker holds from this pass on (once per hold).
+    async fn record_held(&mut self, kube_nodes: &[Arc<Node>], breaker: &super::health::Breaker) {
+        use isthmus_api::events::{self, EventType, Involved, Reporter};
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        for node in kube_nodes {
+            let Some(name) = node.metadata.name.as_deref() else {
+                continue;
+            };
+            if !breaker.held.contains(name) || self.held.contains(name) {
+                continue;
+            }
+            let classes = super::health::drain_reason(node, &self.policy).unwrap_or_default();
+            let message = format!(
+                "the health circuit breaker is open (more than {} of the paired Nodes report a failed device class \
+                 at once): the drain {classes:?} and its taint are held back until fewer do",
+                self.policy.health_breaker
+            );
+            let event = events::event(
+                &Involved {
+                    kind: "Node",
+                    name,
+                    namespace: None,
+                    uid: node.metadata.uid.as_deref(),
+                },
+                &Reporter {
+                    component: CONTROLLER_FIELD_MANAGER,
+                    instance: CONTROLLER_FIELD_MANAGER,
+                    host: None,
+                },
+                EventType::Warning,
+                "HealthDrainHeld",
+                &message,
+                &now,
+            );
+            let pp = kube::api::PostParams::default();
+            if let Err(e) = self
+                .guard
+                .api(
+                    || format!("Event HealthDrainHeld for Node {name}"),
+                    self.events.create(&pp, &event),
+                )
+                .await
+            {
+                tracing::warn!(node = name, error = %e, "node sync: cannot record the held health drain");
+            }
+        }
+        self.held.clone_from(&breaker.held);
     }
 
     /// Whether a lift of `record` must wait: a job ended under the drain (the drain is kept, its record removed), or

@@ -2,7 +2,8 @@
 //! deletions through the API server. Each is asked of the fence first (it must end before another replica could
 //! lead) and has a timeout.
 
-use k8s_openapi::api::core::v1::{Binding, Event, EventSource, ObjectReference, Pod};
+use isthmus_api::events::EventType;
+use k8s_openapi::api::core::v1::{Binding, Event, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 
@@ -121,7 +122,8 @@ impl Executor {
                 message,
                 grace,
             } => {
-                self.event(pod, "Warning", "SlurmJobEnded", message).await?;
+                self.event(pod, EventType::Warning, "SlurmJobEnded", message)
+                    .await?;
                 let dp = DeleteParams {
                     grace_period_seconds: u32::try_from(*grace).ok(),
                     preconditions: Some(Preconditions {
@@ -154,7 +156,7 @@ impl Executor {
                 refused,
             } => {
                 if *refused {
-                    self.event(pod, "Warning", "FailedScheduling", message)
+                    self.event(pod, EventType::Warning, "FailedScheduling", message)
                         .await?;
                 }
                 let mut patch = serde_json::json!({"status": {"conditions": [{
@@ -227,45 +229,35 @@ impl Executor {
             "Successfully assigned {}/{} to {node} (Slurm job {job})",
             pod.namespace, pod.name
         );
-        self.event(pod, "Normal", "Scheduled", &message).await
+        self.event(pod, EventType::Normal, "Scheduled", &message)
+            .await
     }
 
     async fn event(
         &self,
         pod: &PodRef,
-        type_: &str,
+        type_: EventType,
         reason: &str,
         message: &str,
     ) -> Result<(), ActionError> {
-        let now = Time(jiff_now());
-        let event = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", pod.name)),
-                namespace: Some(pod.namespace.clone()),
-                ..ObjectMeta::default()
+        use isthmus_api::events::{self, Involved, Reporter};
+        let event = events::event(
+            &Involved {
+                kind: "Pod",
+                name: &pod.name,
+                namespace: Some(&pod.namespace),
+                uid: Some(&pod.uid),
             },
-            involved_object: ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some("Pod".to_owned()),
-                name: Some(pod.name.clone()),
-                namespace: Some(pod.namespace.clone()),
-                uid: Some(pod.uid.clone()),
-                ..ObjectReference::default()
-            },
-            type_: Some(type_.to_owned()),
-            reason: Some(reason.to_owned()),
-            message: Some(message.to_owned()),
-            source: Some(EventSource {
-                component: Some(self.scheduler_name.clone()),
+            &Reporter {
+                component: &self.scheduler_name,
+                instance: isthmus_api::CONTROLLER_FIELD_MANAGER,
                 host: None,
-            }),
-            reporting_component: Some(self.scheduler_name.clone()),
-            reporting_instance: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
-            ..Event::default()
-        };
+            },
+            type_,
+            reason,
+            message,
+            &Time(jiff_now()),
+        );
         let events = Api::<Event>::namespaced(self.client.clone(), &pod.namespace);
         let pp = PostParams::default();
         self.guard

@@ -7,8 +7,8 @@
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
@@ -180,34 +180,26 @@ async fn report(
     if valid {
         return;
     }
+    use isthmus_api::events::{self, EventType, Involved, Reporter};
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let ns = cm.metadata.namespace.clone();
-    let event = Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{name}.")),
-            namespace: ns.clone(),
-            ..ObjectMeta::default()
+    let event = events::event(
+        &Involved {
+            kind: "ConfigMap",
+            name: &name,
+            namespace: ns.as_deref(),
+            uid: cm.metadata.uid.as_deref(),
         },
-        involved_object: ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("ConfigMap".to_owned()),
-            name: Some(name.clone()),
-            namespace: ns.clone(),
-            uid: cm.metadata.uid.clone(),
-            ..ObjectReference::default()
-        },
-        type_: Some("Warning".to_owned()),
-        reason: Some("InvalidPlacementPolicy".to_owned()),
-        message: Some(status.to_owned()),
-        source: Some(EventSource {
-            component: Some(isthmus_api::CONTROLLER_FIELD_MANAGER.to_owned()),
+        &Reporter {
+            component: isthmus_api::CONTROLLER_FIELD_MANAGER,
+            instance: isthmus_api::CONTROLLER_FIELD_MANAGER,
             host: None,
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        ..Event::default()
-    };
+        },
+        EventType::Warning,
+        "InvalidPlacementPolicy",
+        status,
+        &now,
+    );
     let events: Api<Event> = Api::namespaced(client.clone(), ns.as_deref().unwrap_or_default());
     let pp = PostParams::default();
     if let Err(e) = guard
@@ -224,6 +216,7 @@ async fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn cm(version: &str, text: Option<&str>) -> ConfigMap {
         ConfigMap {
