@@ -179,6 +179,32 @@ impl ApiServer {
         kubectl_with(&self.admin_kubeconfig, args)
     }
 
+    /// The Events about Node `node` (in `default`, where Node Events go) that also match the field selector `also`
+    /// (`reason=…`, `source=…`), oldest first; none when they cannot be read.
+    pub fn node_events(&self, node: &str, also: &str) -> Vec<serde_json::Value> {
+        let selector = format!("involvedObject.kind=Node,involvedObject.name={node},{also}");
+        let out = self.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &selector,
+            "-o",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let mut items = v["items"].as_array().cloned().unwrap_or_default();
+        // Created in this order (the resourceVersions of one resource grow).
+        items.sort_by_key(|e| {
+            e["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        });
+        items
+    }
+
     /// `kubectl apply --server-side --force-conflicts -f -` of `text` (one or more YAML documents) as the
     /// administrator. Server-side apply is idempotent, so parallel tests may apply the same objects. Panics with
     /// kubectl's output when it fails.

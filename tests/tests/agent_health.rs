@@ -54,33 +54,10 @@ fn condition(api: &ApiServer, node: &str, type_: &str) -> Option<(String, String
 /// The NodeResourceTopology's zone holding device `pci`: (allocatable `nvidia.com/gpu`, the device's attribute).
 /// The (type, reason) of the Events about Node `node` the agent recorded, oldest first.
 fn node_events(api: &ApiServer, node: &str) -> Vec<(String, String)> {
-    let out = api.kubectl(&[
-        "get",
-        "events",
-        "-n",
-        "default",
-        "--field-selector",
-        &format!("involvedObject.kind=Node,involvedObject.name={node},source=isthmus-agent"),
-        "-o",
-        "json",
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let mut items: Vec<serde_json::Value> = v["items"].as_array().cloned().unwrap_or_default();
-    // Created in this order (the API server's resourceVersions of one resource grow).
-    items.sort_by_key(|e| {
-        e["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    });
-    items
+    let text = |e: &serde_json::Value, k: &str| e[k].as_str().unwrap_or("").to_owned();
+    api.node_events(node, "source=isthmus-agent")
         .iter()
-        .map(|e| {
-            (
-                e["type"].as_str().unwrap_or("").to_owned(),
-                e["reason"].as_str().unwrap_or("").to_owned(),
-            )
-        })
+        .map(|e| (text(e, "type"), text(e, "reason")))
         .collect()
 }
 

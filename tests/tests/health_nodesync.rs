@@ -50,20 +50,9 @@ fn taints(site: &SyncSite, node: &str) -> Vec<String> {
     t
 }
 
-/// The `HealthDrainHeld` Events about Node `node` (in `default`, where Node Events go).
+/// The `HealthDrainHeld` Events about Node `node`.
 fn held_events(site: &SyncSite, node: &str) -> Vec<serde_json::Value> {
-    let out = site.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        "default",
-        "--field-selector",
-        &format!("involvedObject.kind=Node,involvedObject.name={node},reason=HealthDrainHeld"),
-        "-o",
-        "json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    v["items"].as_array().cloned().unwrap_or_default()
+    site.api.node_events(node, "reason=HealthDrainHeld")
 }
 
 /// Set a health condition as the agent reports one (here written by the administrator).
