@@ -182,7 +182,9 @@ pub fn term(pid: u32) -> bool {
 }
 
 /// A throw-away Slurm node directory: `subdirs` created under `dir`, eight fake GPU device nodes in `dir/dev`
-/// (character devices, as slurmd requires), and a 1 KiB munge key `dir/munge.key` with mode 0400.
+/// (character devices, as slurmd requires, with the NVIDIA driver's numbers: major 195, minor the index, so that
+/// cgroup device rules tell them apart; without the driver, opening one fails with ENXIO), and a 1 KiB munge key
+/// `dir/munge.key` with mode 0400.
 pub fn prepare_site(dir: &Path, subdirs: &[&str]) {
     for sub in subdirs.iter().chain(["dev", "munge"].iter()) {
         std::fs::create_dir_all(dir.join(sub)).unwrap_or_else(|e| panic!("{e}"));
@@ -190,7 +192,7 @@ pub fn prepare_site(dir: &Path, subdirs: &[&str]) {
     for i in 0..8 {
         let st = Command::new("mknod")
             .arg(dir.join(format!("dev/nvidia{i}")))
-            .args(["c", "1", "3"])
+            .args(["c", "195", &i.to_string()])
             .status();
         assert!(st.is_ok_and(|s| s.success()), "mknod (the test needs root)");
     }

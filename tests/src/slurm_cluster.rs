@@ -76,6 +76,17 @@ impl Cluster {
         nodes: &[NodeSpec],
         settings: &str,
     ) -> Self {
+        Self::start_with_files(release, auth, nodes, settings, &[])
+    }
+
+    /// [`Self::start_auth`] with more files beside slurm.conf (`cgroup.conf`), written after the release's own.
+    pub fn start_with_files(
+        release: SlurmRelease,
+        auth: Auth,
+        nodes: &[NodeSpec],
+        settings: &str,
+        files: &[(&str, &str)],
+    ) -> Self {
         let mut node_lines = String::new();
         let mut gres = String::new();
         for n in nodes {
@@ -97,7 +108,7 @@ impl Cluster {
         let settings = format!(
             "GresTypes=gpu\nReturnToService=2\nSlurmdTimeout=30\nSlurmdParameters=config_overrides\n{settings}"
         );
-        let ctld = Controller::start_on(release, auth, &settings, &node_lines, &[]);
+        let ctld = Controller::start_on(release, auth, &settings, &node_lines, files);
         let dev = ctld.path().join("dev");
         for n in nodes.iter().filter(|n| n.gpus > 0) {
             gres.push_str(&format!(

@@ -79,12 +79,23 @@ impl Controller {
             "PartitionName=all Nodes=ALL Default=YES\n"
         };
         let auth_conf = auth_lines(auth, d);
+        // Process tracking and task plugins: the callers' when they set them (cgroup confinement), else none.
+        let proctrack = if settings.contains("ProctrackType=") {
+            ""
+        } else {
+            "ProctrackType=proctrack/linuxproc\n"
+        };
+        let task = if settings.contains("TaskPlugin=") {
+            ""
+        } else {
+            "TaskPlugin=task/none\n"
+        };
         let conf = format!(
             "ClusterName=isthmus\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\n{auth_conf}\
              SlurmUser=root\nSlurmdUser=root\n\
              StateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool/%n\nSlurmctldPidFile={p}/slurmctld.pid\n\
              SlurmdPidFile={p}/slurmd-%n.pid\nSlurmctldLogFile={p}/slurmctld.log\nSlurmdLogFile={p}/slurmd-%n.log\n\
-             ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\nMpiDefault=none\n\
+             {proctrack}{task}SelectType=select/cons_tres\nMpiDefault=none\n\
              {settings}\n{nodes}\n{partition}",
             free_port(),
             free_port()
