@@ -86,6 +86,8 @@ pub struct DaemonConfig {
     pub kube: KubeRole,
     /// Device health.
     pub health: HealthRole,
+    /// The kubelet device plugin; `None`: off.
+    pub device_plugin: Option<crate::k8s::deviceplugin::DevicePluginRole>,
 }
 
 /// The Slurm side's settings.
@@ -331,6 +333,18 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         metrics.clone(),
         shutdown.clone(),
     ));
+
+    if let Some(role) = config.device_plugin.clone() {
+        tokio::spawn(crate::k8s::deviceplugin::run(
+            role,
+            crate::k8s::deviceplugin::Inputs {
+                host_root: isthmus_topology::HostRoot::new(&config.host.host_root),
+                topo: topo_rx.clone(),
+                health: findings_rx.clone(),
+            },
+            shutdown.clone(),
+        ));
+    }
 
     if let (Some(client), Some(node)) = (client, publish_as) {
         crate::k8s::tasks::spawn(

@@ -1,0 +1,284 @@
+//! The agent's device plugin on a real kubelet (`isthmus_tests::kubenode`: Kubernetes v1.20.2, containerd, static CPU
+//! manager, single-numa-node topology manager): the agent runs on a copy of the recorded XE9680 host root
+//! (`fixtures/hosts/xe9680-8xh100/root`: 8 H100 GPUs, their PCI addresses, NUMA nodes 0 and 1, minors and UUIDs
+//! from the recorded sysfs and procfs; its `/dev` files are empty regular files). This machine has no GPU: in the
+//! copy, `/dev/nvidia0`, `/dev/nvidia1` (GPUs 0000:19:00.0 and 0000:3b:00.0, both on recorded NUMA node 0),
+//! `/dev/nvidiactl` and `/dev/nvidia-uvm` become character devices made with `mknod`; the other six GPUs keep their
+//! recorded regular files, so the plugin reports them `Unhealthy` (no device node to hand out), and
+//! `/dev/nvidia-uvm-tools` is not handed out. The container runtime finds the device nodes below the copy
+//! (`--device-plugin-runtime-root`). The served GPUs sit on recorded NUMA node 0, which this one-NUMA-node machine
+//! also has, so the kubelet's single-numa-node policy admits pods that ask for them; the others carry NUMA node 1,
+//! which this machine lacks, and are unhealthy anyway.
+//!
+//! What is proven: the agent registers `nvidia.com/gpu` with the kubelet (capacity 8, allocatable 2); a pod asking
+//! one GPU runs and its container has exactly `/dev/nvidia0` (the preferred device, the lowest PCI address) plus
+//! the control nodes and `NVIDIA_VISIBLE_DEVICES` naming that GPU's recorded UUID; the kubelet's PodResources lists
+//! `0000:19:00.0` for the pod; a second such pod gets `/dev/nvidia1`; a third stays pending (no healthy GPU left).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
+use isthmus_tests::slurm::wait_until;
+use isthmus_tests::{fixtures, free_port, isthmus_bin};
+
+const IMAGE: &str = "isthmus.local/busybox:1.35";
+const NS: &str = "devices";
+const WAIT: Duration = Duration::from_secs(90);
+/// The recorded UUID of GPU 0000:19:00.0 (minor 0), from the fixture's `/proc/driver/nvidia/gpus/*/information`.
+const GPU0_UUID: &str = "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa";
+
+/// The agent with only its device plugin on (no Slurm, no publication), killed when dropped.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let _ = std::fs::remove_file(path);
+    let st = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("mknod: {e}"));
+    assert!(st.success(), "mknod {}", path.display());
+}
+
+fn start_agent() -> Agent {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = dir.path().join("root");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("hosts/xe9680-8xh100/root"))
+        .arg(&root)
+        .status();
+    assert!(copied.is_ok_and(|s| s.success()), "copying the host root");
+    // NVIDIA's major 195: GPUs by minor, nvidiactl 255; nvidia-uvm's major is dynamic on a real host.
+    mknod(&root.join("dev/nvidia0"), 195, 0);
+    mknod(&root.join("dev/nvidia1"), 195, 1);
+    mknod(&root.join("dev/nvidiactl"), 195, 255);
+    mknod(&root.join("dev/nvidia-uvm"), 509, 0);
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(isthmus_bin())
+        .args([
+            "agent",
+            "--slurm-mode",
+            "off",
+            "--no-nvml",
+            "--publish-nrt",
+            "false",
+        ])
+        .args([
+            "--publish-numatopology",
+            "false",
+            "--rediscover-seconds",
+            "3600",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--host-root")
+        .arg(&root)
+        .args([
+            "--device-plugin",
+            "--device-plugin-dir",
+            "/var/lib/kubelet/device-plugins",
+        ])
+        .arg("--device-plugin-runtime-root")
+        .arg(&root)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting the agent: {e}"));
+    Agent {
+        child,
+        log,
+        _dir: dir,
+    }
+}
+
+/// The kubelet's log lines about device plugins, for a failure message.
+fn kubelet_device_log() -> String {
+    std::fs::read_to_string("/tmp/isthmus-kubenode/run/kubelet.log")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("device") || l.contains("plugin") || l.contains("topology"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The Node's `status.<field>["nvidia.com/gpu"]`.
+fn gpus(node: &KubeNode, field: &str) -> String {
+    let out = node.kubectl(&[
+        "get",
+        "node",
+        NODE_NAME,
+        "-o",
+        &format!("jsonpath={{.status.{field}.nvidia\\.com/gpu}}"),
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn gpu_pod(node: &KubeNode, name: &str) {
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  \
+         terminationGracePeriodSeconds: 0\n  automountServiceAccountToken: false\n  containers:\n  \
+         - name: main\n    image: {IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, \"3600\"]\n    \
+         resources:\n      requests: {{cpu: 10m, memory: 16Mi}}\n      limits: {{nvidia.com/gpu: \"1\"}}\n"
+    ));
+}
+
+fn wait_ready(node: &KubeNode, agent: &Agent, name: &str) {
+    let ready = node.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        &format!("pod/{name}"),
+    ]);
+    assert!(
+        ready.status.success(),
+        "pod {name} is not Ready: {}\n--- agent ---\n{}\n{}",
+        String::from_utf8_lossy(&node.kubectl(&["describe", "pod", "-n", NS, name]).stdout),
+        agent.log(),
+        isthmus_tests::kubenode::logs()
+    );
+}
+
+/// The `/dev/nvidia*` names the pod's container sees.
+fn nvidia_nodes(node: &KubeNode, pod: &str) -> Vec<String> {
+    let ls = node.kubectl_ok(&["exec", "-n", NS, pod, "--", "ls", "/dev"]);
+    ls.split_whitespace()
+        .filter(|n| n.starts_with("nvidia"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The devices PodResources lists for `pod`, by resource name.
+fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String>)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut kubelet = isthmus_agent::k8s::podresources::Kubelet::new(
+        &node.pod_resources_socket(),
+        Duration::from_secs(10),
+    );
+    let answers = rt
+        .block_on(kubelet.query())
+        .unwrap_or_else(|e| panic!("{e}"));
+    answers
+        .list
+        .pod_resources
+        .iter()
+        .filter(|p| p.namespace == NS && p.name == pod)
+        .flat_map(|p| p.containers.iter())
+        .flat_map(|c| c.devices.iter())
+        .map(|d| (d.resource_name.clone(), d.device_ids.clone()))
+        .collect()
+}
+
+#[test]
+fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
+    let node = KubeNode::shared();
+    let agent = start_agent();
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ));
+
+    let start = std::time::Instant::now();
+    while gpus(node, "allocatable") != "2" {
+        assert!(
+            start.elapsed() < WAIT,
+            "the Node's allocatable nvidia.com/gpu is {:?}, not 2\n--- agent ---\n{}\n--- kubelet ---\n{}",
+            gpus(node, "allocatable"),
+            agent.log(),
+            kubelet_device_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        gpus(node, "capacity"),
+        "8",
+        "every recorded GPU is reported, six unhealthy"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("device plugin registered with the kubelet"),
+        "{}",
+        agent.log()
+    );
+
+    gpu_pod(node, "gpu-a");
+    wait_ready(node, &agent, "gpu-a");
+    assert_eq!(
+        nvidia_nodes(node, "gpu-a"),
+        vec!["nvidia-uvm", "nvidia0", "nvidiactl"],
+        "the container sees GPU 0000:19:00.0's node and the control nodes that exist on the host, nothing else"
+    );
+    let env = node.kubectl_ok(&[
+        "exec",
+        "-n",
+        NS,
+        "gpu-a",
+        "--",
+        "sh",
+        "-c",
+        "echo $NVIDIA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(env.trim(), GPU0_UUID);
+    assert_eq!(
+        pod_devices(node, "gpu-a"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:19:00.0".to_owned()])]
+    );
+
+    gpu_pod(node, "gpu-b");
+    wait_ready(node, &agent, "gpu-b");
+    assert_eq!(
+        nvidia_nodes(node, "gpu-b"),
+        vec!["nvidia-uvm", "nvidia1", "nvidiactl"]
+    );
+    assert_eq!(
+        pod_devices(node, "gpu-b"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:3b:00.0".to_owned()])]
+    );
+
+    // No healthy GPU is left: the scheduler keeps a third pod pending.
+    gpu_pod(node, "gpu-c");
+    wait_until("pod gpu-c is unschedulable", WAIT, || {
+        let out = node.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            NS,
+            "gpu-c",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim() == "Unschedulable"
+    });
+
+    for p in ["gpu-a", "gpu-b", "gpu-c"] {
+        node.kubectl_ok(&["delete", "pod", "-n", NS, p, "--wait=false"]);
+    }
+}
