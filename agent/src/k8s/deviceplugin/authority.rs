@@ -285,3 +285,168 @@ impl tonic::transport::server::Connected for AuthorityFix {
 
     fn connect_info(&self) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A gRPC call written frame by frame as a kubelet before 1.26 sends it: the socket's path as `:authority`,
+    /// the header block split into HEADERS (padded, with priority) and a CONTINUATION.
+    fn kubelet_call(path: &str) -> Vec<u8> {
+        let mut enc = loona_hpack::Encoder::new();
+        let block = enc.encode([
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (
+                b":authority",
+                b"/var/lib/kubelet/device-plugins/isthmus-nvidia.com_gpu.sock",
+            ),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ]);
+        let (a, b) = block.split_at(10);
+        let mut out = PREFACE.to_vec();
+        frame(&mut out, 0x4, 0, 0, &[]); // SETTINGS
+        let mut first = vec![2u8]; // pad length
+        first.extend_from_slice(&[0, 0, 0, 0, 16]); // priority
+        first.extend_from_slice(a);
+        first.extend_from_slice(&[0, 0]);
+        frame(&mut out, HEADERS, PADDED | PRIORITY, 1, &first);
+        frame(&mut out, CONTINUATION, END_HEADERS, 1, b);
+        frame(&mut out, 0x0, END_STREAM, 1, &[0, 0, 0, 0, 0]); // DATA: an empty message
+        out
+    }
+
+    #[test]
+    fn a_path_authority_becomes_localhost_and_the_rest_is_kept() {
+        let input = kubelet_call("/v1beta1.DevicePlugin/GetDevicePluginOptions");
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _guard = rt.enter();
+        a.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
+        let mut fix = AuthorityFix::new(UnixStream::from_std(a).unwrap_or_else(|e| panic!("{e}")));
+        // Fed in two pieces, cut inside a frame.
+        fix.raw.extend_from_slice(&input[..40]);
+        fix.process().unwrap_or_else(|e| panic!("{e}"));
+        fix.raw.extend_from_slice(&input[40..]);
+        fix.process().unwrap_or_else(|e| panic!("{e}"));
+        let out = std::mem::take(&mut fix.out);
+        assert_eq!(&out[..PREFACE.len()], PREFACE);
+        let mut frames = Vec::new();
+        let mut rest = &out[PREFACE.len()..];
+        while rest.len() >= 9 {
+            let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+            frames.push((rest[3], rest[4], rest[9..9 + len].to_vec()));
+            rest = &rest[9 + len..];
+        }
+        let kinds: Vec<(u8, u8)> = frames.iter().map(|f| (f.0, f.1)).collect();
+        assert_eq!(
+            kinds,
+            vec![(0x4, 0), (HEADERS, END_HEADERS), (0x0, END_STREAM)]
+        );
+        let mut dec = loona_hpack::Decoder::new();
+        let fields = dec.decode(&frames[1].2).unwrap_or_else(|e| panic!("{e:?}"));
+        let get = |n: &[u8]| fields.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        assert_eq!(get(b":authority"), Some(b"localhost".to_vec()));
+        assert_eq!(
+            get(b":path"),
+            Some(b"/v1beta1.DevicePlugin/GetDevicePluginOptions".to_vec())
+        );
+        assert_eq!(fields.len(), 6);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _guard = rt.enter();
+        a.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
+        let stream = || UnixStream::from_std(a.try_clone().unwrap_or_else(|e| panic!("{e}")));
+        for input in [
+            b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+            {
+                let mut v = PREFACE.to_vec();
+                frame(&mut v, CONTINUATION, END_HEADERS, 1, b"x");
+                v
+            },
+            {
+                let mut v = PREFACE.to_vec();
+                frame(&mut v, HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff]);
+                v
+            },
+            {
+                let mut v = PREFACE.to_vec();
+                frame(&mut v, HEADERS, PADDED | END_HEADERS, 1, &[9, 1]);
+                v
+            },
+        ] {
+            let mut fix = AuthorityFix::new(stream().unwrap_or_else(|e| panic!("{e}")));
+            fix.raw = input;
+            assert!(fix.process().is_err());
+        }
+    }
+
+    /// Through the real server: the call the server would refuse is answered.
+    #[tokio::test]
+    async fn the_grpc_server_answers_a_call_with_a_path_authority() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let sock = dir.path().join("p.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("{e}"));
+        let (_tx, rx) = tokio::sync::watch::channel(super::super::inventory::Devices::new());
+        let plugin = super::super::service::Plugin {
+            resource: "nvidia.com/gpu".into(),
+            devices: rx,
+            runtime_root: "/".into(),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(super::super::serve(plugin, listener, stop.clone()));
+        let mut conn = UnixStream::connect(&sock)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        conn.write_all(&kubelet_call(
+            "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Read frames until the response's trailers (a HEADERS frame with END_STREAM on stream 1).
+        let mut dec = loona_hpack::Decoder::new();
+        let mut buf = Vec::new();
+        let mut status = None;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while status.is_none() {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout_at(deadline, conn.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| panic!("no answer within 10 s"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(n > 0, "the server closed the connection");
+            buf.extend_from_slice(&chunk[..n]);
+            while buf.len() >= 9 {
+                let len =
+                    usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let f: Vec<u8> = buf.drain(..9 + len).collect();
+                assert_ne!(f[3], 0x3, "the server reset the stream");
+                if f[3] == HEADERS {
+                    let fields = dec.decode(&f[9..]).unwrap_or_else(|e| panic!("{e:?}"));
+                    if let Some((_, v)) = fields.iter().find(|(k, _)| k == b"grpc-status") {
+                        status = Some(v.clone());
+                    }
+                }
+            }
+        }
+        assert_eq!(status, Some(b"0".to_vec()));
+        stop.cancel();
+    }
+}

@@ -266,7 +266,7 @@ impl Session {
     }
 }
 
-async fn serve(
+pub(crate) async fn serve(
     plugin: service::Plugin,
     listener: tokio::net::UnixListener,
     stop: CancellationToken,
