@@ -341,6 +341,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 host_root: isthmus_topology::HostRoot::new(&config.host.host_root),
                 topo: topo_rx.clone(),
                 health: findings_rx.clone(),
+                holds: watch::channel(crate::k8s::deviceplugin::slurm_jobs::Holds::default()).1,
             },
             shutdown.clone(),
         ));

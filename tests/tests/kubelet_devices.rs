@@ -14,6 +14,7 @@
 //! one GPU runs and its container has exactly `/dev/nvidia0` (the preferred device, the lowest PCI address) plus
 //! the control nodes and `NVIDIA_VISIBLE_DEVICES` naming that GPU's recorded UUID; the kubelet's PodResources lists
 //! `0000:19:00.0` for the pod; a second such pod gets `/dev/nvidia1`; a third stays pending (no healthy GPU left).
+//! Separately, with real slurmctld and slurmd, the plugin reads which GPU indexes each running job holds on a node.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -281,4 +282,55 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
     for p in ["gpu-a", "gpu-b", "gpu-c"] {
         node.kubectl_ok(&["delete", "pod", "-n", NS, p, "--wait=false"]);
     }
+}
+
+/// The agent's reading of `scontrol show job -d` against real slurmctld and slurmd 22.05 (a node with two GPUs,
+/// device nodes made with `mknod`): a placeholder job (comment `k8s:…`) and a user's job, one GPU each, are read as
+/// holding different indexes of the node's two, the placeholder recognised by its comment.
+#[test]
+fn real_slurm_jobs_gpu_indexes_are_read_per_node() {
+    use isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job;
+    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+    let c = Cluster::start(&[NodeSpec::new("c1", 4, 2)], "");
+    let submit = |extra: &[&str]| {
+        let mut args = vec![
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            "--gres=gpu:1",
+            "--chdir=/tmp",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--wrap", "sleep 300"]);
+        c.run_ok("sbatch", &args).trim().to_owned()
+    };
+    let placeholder = submit(&["--comment=k8s:ns/p/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d"]);
+    let user = submit(&[]);
+    let mut text = String::new();
+    wait_until("both jobs run", WAIT, || {
+        text = c.run_ok("scontrol", &["show", "job", "-d"]);
+        text.matches("JobState=RUNNING").count() == 2
+    });
+    let jobs = parse_show_job(&text, "c1").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(jobs.len(), 2, "{text}");
+    let by_id = |id: &str| {
+        jobs.iter()
+            .find(|j| j.job_id.to_string() == id)
+            .unwrap_or_else(|| panic!("job {id} not read: {text}"))
+    };
+    let (p, u) = (by_id(&placeholder), by_id(&user));
+    assert_eq!(
+        p.placeholder
+            .as_ref()
+            .map(|r| (r.namespace.as_str(), r.name.as_str())),
+        Some(("ns", "p"))
+    );
+    assert_eq!(u.placeholder, None);
+    let all: std::collections::BTreeSet<u32> =
+        p.indexes["gpu"].union(&u.indexes["gpu"]).copied().collect();
+    assert_eq!(all, [0, 1].into_iter().collect(), "{text}");
+    assert_eq!(p.indexes["gpu"].len(), 1);
+    assert!(parse_show_job(&text, "c2").is_ok_and(|j| j.is_empty()));
+    c.run_ok("scancel", &[&placeholder, &user]);
 }

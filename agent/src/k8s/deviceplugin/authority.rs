@@ -406,6 +406,7 @@ mod tests {
             resource: "nvidia.com/gpu".into(),
             devices: rx,
             runtime_root: "/".into(),
+            holds: tokio::sync::watch::channel(super::super::slurm_jobs::Holds::default()).1,
         };
         let stop = tokio_util::sync::CancellationToken::new();
         tokio::spawn(super::super::serve(plugin, listener, stop.clone()));

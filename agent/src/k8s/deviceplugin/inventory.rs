@@ -9,6 +9,7 @@ use isthmus_topology::health::detect::Finding;
 use isthmus_topology::{DeviceKind, NodeTopology};
 
 use super::proto;
+use super::slurm_jobs::Holds;
 
 /// The health strings of the device plugin API.
 pub const HEALTHY: &str = "Healthy";
@@ -176,6 +177,16 @@ pub enum AllocateError {
     /// The same device twice in one container's request.
     #[error("device {0} is requested twice for one container")]
     Duplicate(String),
+    /// A device a running Slurm job (not a placeholder job) holds.
+    #[error("device {id} of {resource} is held by Slurm job {job} on this node")]
+    HeldBySlurm {
+        /// The resource name.
+        resource: String,
+        /// The ID.
+        id: String,
+        /// The job.
+        job: u64,
+    },
 }
 
 /// What one container needs for `ids`: every device's nodes (each once, own nodes in the order asked, then the
@@ -186,6 +197,7 @@ pub fn container_allocation(
     devices: &Devices,
     ids: &[String],
     runtime_root: &std::path::Path,
+    holds: &Holds,
 ) -> Result<proto::ContainerAllocateResponse, AllocateError> {
     let mut seen = BTreeSet::new();
     let mut chosen = Vec::with_capacity(ids.len());
@@ -204,6 +216,13 @@ pub fn container_allocation(
             return Err(AllocateError::Unhealthy {
                 resource: resource.to_owned(),
                 id: id.clone(),
+            });
+        }
+        if let Some(job) = holds.slurm.get(id) {
+            return Err(AllocateError::HeldBySlurm {
+                resource: resource.to_owned(),
+                id: id.clone(),
+                job: *job,
             });
         }
         chosen.push(d);
@@ -247,16 +266,20 @@ pub fn container_allocation(
     })
 }
 
-/// The devices preferred for one container: every must-include device, then available healthy devices by NUMA
-/// node of those already chosen first, then by ID, up to `size`. Unknown or unhealthy IDs are never preferred;
-/// fewer than `size` is answered when there are not enough (the kubelet then decides itself).
+/// The devices preferred for one container: every must-include device, then available healthy devices: those a
+/// placeholder job holds for its pod first, then those on the NUMA node of the ones already chosen, then by ID, up
+/// to `size`. Unknown or unhealthy IDs, and devices a Slurm job holds, are never preferred; fewer than `size` is
+/// answered when there are not enough (the kubelet then chooses the rest, and `Allocate` refuses a Slurm job's).
 pub fn preferred(
     devices: &Devices,
     available: &[String],
     must_include: &[String],
     size: usize,
+    holds: &Holds,
 ) -> Vec<String> {
-    let usable = |id: &String| devices.get(id).is_some_and(ServedDevice::healthy);
+    let usable = |id: &String| {
+        devices.get(id).is_some_and(ServedDevice::healthy) && !holds.slurm.contains_key(id)
+    };
     let mut out: Vec<String> = Vec::new();
     for id in must_include {
         if usable(id) && !out.contains(id) && out.len() < size {
@@ -273,6 +296,7 @@ pub fn preferred(
         .collect();
     rest.sort_by_key(|id| {
         (
+            !holds.placeholders.contains_key(*id),
             !chosen_numa.contains(&numa_of(id)),
             numa_of(id),
             (*id).clone(),

@@ -13,6 +13,9 @@ pub mod authority;
 pub mod inventory;
 pub mod registration;
 pub mod service;
+pub mod slurm_jobs;
+#[cfg(test)]
+mod slurm_tests;
 #[cfg(test)]
 mod tests;
 
@@ -67,6 +70,8 @@ pub struct Inputs {
     pub topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     /// The latest health findings.
     pub health: watch::Receiver<Vec<Finding>>,
+    /// The devices Slurm's jobs hold on this node (always empty without Slurm).
+    pub holds: watch::Receiver<slurm_jobs::Holds>,
 }
 
 /// The current inventory: discovery, findings and the host's device nodes.
@@ -109,7 +114,7 @@ pub async fn run(role: DevicePluginRole, mut inputs: Inputs, shutdown: Cancellat
                 );
             }
             if !inv.is_empty() && registration::identity(&kubelet_socket(&role.dir)).is_some() {
-                match Session::start(&role, inv, &shutdown).await {
+                match Session::start(&role, inv, &inputs.holds, &shutdown).await {
                     Ok(s) => {
                         session = Some(s);
                         backoff.reset();
@@ -189,6 +194,7 @@ impl Session {
     async fn start(
         role: &DevicePluginRole,
         inv: BTreeMap<String, Devices>,
+        holds: &watch::Receiver<slurm_jobs::Holds>,
         shutdown: &CancellationToken,
     ) -> Result<Self, SessionError> {
         let kubelet = kubelet_socket(&role.dir);
@@ -215,6 +221,7 @@ impl Session {
                 resource: resource.clone(),
                 devices: rx,
                 runtime_root: role.runtime_root.clone(),
+                holds: holds.clone(),
             };
             let server = tokio::spawn(serve(plugin, listener, session.stop.clone()));
             let (count, healthy) = {

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 use super::inventory::{self, Devices};
 use super::proto;
 use super::proto::device_plugin_server::DevicePlugin;
+use super::slurm_jobs::Holds;
 
 /// The most container requests one call may carry (a pod has few containers; anything larger is refused).
 const MAX_CONTAINERS: usize = 256;
@@ -25,6 +26,8 @@ pub struct Plugin {
     pub devices: watch::Receiver<Devices>,
     /// The host's `/` as the container runtime sees it.
     pub runtime_root: PathBuf,
+    /// The devices Slurm's jobs hold on this node.
+    pub holds: watch::Receiver<Holds>,
 }
 
 /// The options this plugin registers with and answers.
@@ -81,6 +84,7 @@ impl DevicePlugin for Plugin {
             return Err(Status::invalid_argument("too many container requests"));
         }
         let devices = self.devices.borrow().clone();
+        let holds = self.holds.borrow().clone();
         let container_responses = req
             .container_requests
             .iter()
@@ -90,6 +94,7 @@ impl DevicePlugin for Plugin {
                     &c.available_device_i_ds,
                     &c.must_include_device_i_ds,
                     usize::try_from(c.allocation_size.max(0)).unwrap_or(0),
+                    &holds,
                 ),
             })
             .collect();
@@ -107,6 +112,7 @@ impl DevicePlugin for Plugin {
             return Err(Status::invalid_argument("too many container requests"));
         }
         let devices = self.devices.borrow().clone();
+        let holds = self.holds.borrow().clone();
         let mut container_responses = Vec::with_capacity(req.container_requests.len());
         for c in &req.container_requests {
             match inventory::container_allocation(
@@ -114,6 +120,7 @@ impl DevicePlugin for Plugin {
                 &devices,
                 &c.devices_i_ds,
                 &self.runtime_root,
+                &holds,
             ) {
                 Ok(r) => container_responses.push(r),
                 Err(e) => {

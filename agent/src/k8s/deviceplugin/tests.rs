@@ -16,9 +16,10 @@ use super::inventory::{self, AllocateError};
 use super::proto;
 use super::proto::device_plugin_client::DevicePluginClient;
 use super::proto::registration_server::{Registration, RegistrationServer};
+use super::slurm_jobs::Holds;
 
 /// Two NVIDIA GPUs on NUMA nodes 0 and 1 (minors 0 and 1) and one on NUMA node 1 (minor 2).
-fn gpus() -> NodeTopology {
+pub(super) fn gpus() -> NodeTopology {
     let mut t = crate::k8s::test_topology::two_sockets();
     for (addr, numa, minor) in [
         ("0000:19:00.0", 0, 0),
@@ -105,6 +106,7 @@ fn allocation_gives_device_nodes_and_visibility_and_refuses_unknown_ids() {
         &devs,
         &ids(&["0000:bb:00.0", "0000:19:00.0"]),
         Path::new("/"),
+        &Holds::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let specs: Vec<(&str, &str, &str)> = r
@@ -137,13 +139,19 @@ fn allocation_gives_device_nodes_and_visibility_and_refuses_unknown_ids() {
         &devs,
         &ids(&["0000:19:00.0"]),
         Path::new("/tmp/h"),
+        &Holds::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.devices[0].host_path, "/tmp/h/dev/nvidia0");
     assert_eq!(r.devices[0].container_path, "/dev/nvidia0");
 
-    let unknown =
-        inventory::container_allocation("nvidia.com/gpu", &devs, &ids(&["GPU-0"]), Path::new("/"));
+    let unknown = inventory::container_allocation(
+        "nvidia.com/gpu",
+        &devs,
+        &ids(&["GPU-0"]),
+        Path::new("/"),
+        &Holds::default(),
+    );
     assert!(
         matches!(&unknown, Err(AllocateError::Unknown { id, .. }) if id == "GPU-0"),
         "{unknown:?}"
@@ -153,7 +161,8 @@ fn allocation_gives_device_nodes_and_visibility_and_refuses_unknown_ids() {
             "nvidia.com/gpu",
             &devs,
             &ids(&["0000:19:00.0", "0000:19:00.0"]),
-            Path::new("/")
+            Path::new("/"),
+            &Holds::default()
         ),
         Err(AllocateError::Duplicate("0000:19:00.0".into()))
     );
@@ -163,7 +172,8 @@ fn allocation_gives_device_nodes_and_visibility_and_refuses_unknown_ids() {
             "nvidia.com/gpu",
             &sick,
             &ids(&["0000:19:00.0"]),
-            Path::new("/")
+            Path::new("/"),
+            &Holds::default()
         ),
         Err(AllocateError::Unhealthy { .. })
     ));
@@ -174,17 +184,26 @@ fn preference_keeps_must_include_then_its_numa_node_then_order() {
     let devs = nvidia(&gpus(), &[], &all_exist);
     let all = ids(&["0000:bb:00.0", "0000:19:00.0", "0000:9b:00.0", "bogus"]);
     assert_eq!(
-        inventory::preferred(&devs, &all, &[], 1),
+        inventory::preferred(&devs, &all, &[], 1, &Holds::default()),
         ids(&["0000:19:00.0"])
     );
     assert_eq!(
-        inventory::preferred(&devs, &all, &ids(&["0000:bb:00.0"]), 2),
+        inventory::preferred(&devs, &all, &ids(&["0000:bb:00.0"]), 2, &Holds::default()),
         ids(&["0000:bb:00.0", "0000:9b:00.0"])
     );
     // Never more than asked, never an unknown ID.
-    assert_eq!(inventory::preferred(&devs, &all, &[], 9).len(), 3);
     assert_eq!(
-        inventory::preferred(&devs, &ids(&["bogus"]), &ids(&["bogus"]), 1),
+        inventory::preferred(&devs, &all, &[], 9, &Holds::default()).len(),
+        3
+    );
+    assert_eq!(
+        inventory::preferred(
+            &devs,
+            &ids(&["bogus"]),
+            &ids(&["bogus"]),
+            1,
+            &Holds::default()
+        ),
         Vec::<String>::new()
     );
 }
@@ -286,6 +305,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
             host_root: root,
             topo: topo_rx,
             health: health_rx,
+            holds: watch::channel(Holds::default()).1,
         },
         shutdown.clone(),
     ));
