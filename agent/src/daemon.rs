@@ -335,16 +335,21 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     ));
 
     if let Some(role) = config.device_plugin.clone() {
-        tokio::spawn(crate::k8s::deviceplugin::run(
+        crate::k8s::deviceplugin::spawn(
             role,
-            crate::k8s::deviceplugin::Inputs {
-                host_root: isthmus_topology::HostRoot::new(&config.host.host_root),
-                topo: topo_rx.clone(),
-                health: findings_rx.clone(),
-                holds: watch::channel(crate::k8s::deviceplugin::slurm_jobs::Holds::default()).1,
-            },
+            config
+                .slurm
+                .as_ref()
+                .map(|s| crate::k8s::deviceplugin::slurm_poll::SlurmSource {
+                    node: s.node.node.clone(),
+                    slurm_conf: s.node.slurm_conf.clone(),
+                    gres: s.node.options.gres.clone(),
+                }),
+            isthmus_topology::HostRoot::new(&config.host.host_root),
+            topo_rx.clone(),
+            findings_rx.clone(),
             shutdown.clone(),
-        ));
+        );
     }
 
     if let (Some(client), Some(node)) = (client, publish_as) {

@@ -135,7 +135,7 @@ pub fn inventory(
 
 /// The device's own node: `/dev/nvidiaN` of an NVIDIA GPU (by its minor), otherwise the first of its device nodes
 /// that is not a vendor-wide control node.
-fn own_node(d: &isthmus_topology::Device) -> Option<String> {
+pub(crate) fn own_node(d: &isthmus_topology::Device) -> Option<String> {
     if let Some(minor) = d.nvidia.as_ref().and_then(|n| n.minor).or(d.index)
         && d.vendor_id == isthmus_topology::pci_ids::vendor::NVIDIA
     {

@@ -14,6 +14,7 @@ pub mod inventory;
 pub mod registration;
 pub mod service;
 pub mod slurm_jobs;
+pub mod slurm_poll;
 #[cfg(test)]
 mod slurm_tests;
 #[cfg(test)]
@@ -89,6 +90,36 @@ fn current(inputs: &mut Inputs) -> BTreeMap<String, Devices> {
         tracing::debug!("device plugin: {s}");
     }
     inv
+}
+
+/// Start the plugin and, on a Slurm node, the question to Slurm about its jobs' devices.
+pub fn spawn(
+    role: DevicePluginRole,
+    slurm: Option<slurm_poll::SlurmSource>,
+    host_root: HostRoot,
+    topo: watch::Receiver<Option<Arc<NodeTopology>>>,
+    health: watch::Receiver<Vec<Finding>>,
+    shutdown: CancellationToken,
+) {
+    let (holds_tx, holds) = watch::channel(slurm_jobs::Holds::default());
+    if let Some(source) = slurm {
+        tokio::spawn(slurm_poll::run(
+            source,
+            topo.clone(),
+            holds_tx,
+            shutdown.clone(),
+        ));
+    }
+    tokio::spawn(run(
+        role,
+        Inputs {
+            host_root,
+            topo,
+            health,
+            holds,
+        },
+        shutdown,
+    ));
 }
 
 /// Serve and register until `shutdown`.

@@ -240,3 +240,30 @@ fn a_slurm_jobs_device_is_refused_and_a_placeholders_is_preferred() {
         .is_ok()
     );
 }
+
+#[test]
+fn holds_follow_the_rendered_gres_conf_of_this_discovery() {
+    let topo = super::tests::gpus();
+    let jobs = vec![
+        HeldJob {
+            job_id: 7,
+            placeholder: None,
+            indexes: BTreeMap::from([("gpu".into(), BTreeSet::from([1]))]),
+        },
+        HeldJob {
+            job_id: 8,
+            placeholder: isthmus_controller::placement::comment::parse_comment(
+                "k8s:ns/p/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d",
+            ),
+            indexes: BTreeMap::from([("gpu".into(), BTreeSet::from([0]))]),
+        },
+    ];
+    let h = super::slurm_poll::holds_for(&topo, &isthmus_gres::GresOptions::default(), &jobs);
+    // gres.conf lists the GPUs in PCI order: index 0 is 0000:19:00.0 (minor 0), index 1 0000:9b:00.0 (minor 1).
+    assert_eq!(h.slurm, BTreeMap::from([("0000:9b:00.0".into(), 7)]));
+    assert_eq!(
+        h.placeholders.keys().collect::<Vec<_>>(),
+        vec!["0000:19:00.0"]
+    );
+    assert!(h.unmapped.is_empty(), "{:?}", h.unmapped);
+}
