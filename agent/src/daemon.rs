@@ -348,6 +348,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             isthmus_topology::HostRoot::new(&config.host.host_root),
             topo_rx.clone(),
             findings_rx.clone(),
+            metrics.clone(),
             shutdown.clone(),
         );
     }

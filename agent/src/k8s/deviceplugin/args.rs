@@ -19,11 +19,12 @@ pub struct DevicePluginArgs {
 }
 
 impl DevicePluginArgs {
-    /// The role, when it is on.
-    pub fn role(&self) -> Option<super::DevicePluginRole> {
+    /// The role, when it is on; `pod_resources` is the kubelet's PodResources socket.
+    pub fn role(&self, pod_resources: &std::path::Path) -> Option<super::DevicePluginRole> {
         self.device_plugin.then(|| super::DevicePluginRole {
             dir: self.device_plugin_dir.clone(),
             runtime_root: self.device_plugin_runtime_root.clone(),
+            pod_resources: pod_resources.to_path_buf(),
         })
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod args;
 pub mod authority;
+pub mod check;
 pub mod inventory;
 pub mod registration;
 pub mod service;
@@ -60,6 +61,8 @@ pub struct DevicePluginRole {
     pub dir: PathBuf,
     /// The host's `/` as the container runtime sees it (`/` on a node): device nodes are handed out below it.
     pub runtime_root: PathBuf,
+    /// The kubelet's PodResources socket, for the check after admission.
+    pub pod_resources: PathBuf,
 }
 
 /// What the plugin reads.
@@ -92,13 +95,15 @@ fn current(inputs: &mut Inputs) -> BTreeMap<String, Devices> {
     inv
 }
 
-/// Start the plugin and, on a Slurm node, the question to Slurm about its jobs' devices.
+/// Start the plugin and, on a Slurm node, the question to Slurm about its jobs' devices and the check of the pods'
+/// devices against them.
 pub fn spawn(
     role: DevicePluginRole,
     slurm: Option<slurm_poll::SlurmSource>,
     host_root: HostRoot,
     topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     health: watch::Receiver<Vec<Finding>>,
+    metrics: Arc<crate::metrics::Metrics>,
     shutdown: CancellationToken,
 ) {
     let (holds_tx, holds) = watch::channel(slurm_jobs::Holds::default());
@@ -107,6 +112,12 @@ pub fn spawn(
             source,
             topo.clone(),
             holds_tx,
+            shutdown.clone(),
+        ));
+        tokio::spawn(check::run(
+            role.pod_resources.clone(),
+            holds.clone(),
+            metrics,
             shutdown.clone(),
         ));
     }

@@ -267,3 +267,76 @@ fn holds_follow_the_rendered_gres_conf_of_this_discovery() {
     );
     assert!(h.unmapped.is_empty(), "{:?}", h.unmapped);
 }
+
+fn pod(
+    ns: &str,
+    name: &str,
+    resource: &str,
+    ids: &[&str],
+) -> crate::k8s::podresources::proto::PodResources {
+    use crate::k8s::podresources::proto::{ContainerDevices, ContainerResources, PodResources};
+    PodResources {
+        name: name.into(),
+        namespace: ns.into(),
+        containers: vec![ContainerResources {
+            name: "main".into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+                topology: None,
+            }],
+            cpu_ids: vec![],
+            memory: vec![],
+        }],
+    }
+}
+
+#[test]
+fn the_check_names_pods_on_slurms_devices_or_not_on_their_jobs() {
+    use super::check::mismatches;
+    use crate::k8s::podresources::proto::ListPodResourcesResponse;
+    let placed = |name: &str, id: &str| {
+        isthmus_controller::placement::comment::parse_comment(&format!("k8s:ns/{name}/{id}"))
+            .unwrap_or_else(|| panic!("comment"))
+    };
+    let uid = "0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d";
+    let holds = Holds {
+        slurm: BTreeMap::from([("0000:9b:00.0".into(), 42)]),
+        placeholders: BTreeMap::from([
+            ("0000:19:00.0".into(), placed("good", uid)),
+            ("0000:3b:00.0".into(), placed("moved", uid)),
+            ("0000:4c:00.0".into(), placed("waiting", uid)),
+        ]),
+        unmapped: vec![],
+    };
+    let list = ListPodResourcesResponse {
+        pod_resources: vec![
+            pod("ns", "good", "nvidia.com/gpu", &["0000:19:00.0"]),
+            pod("ns", "moved", "nvidia.com/gpu", &["0000:bb:00.0"]),
+            pod("ns", "waiting", "nvidia.com/gpu", &[]),
+            pod("other", "intruder", "nvidia.com/gpu", &["0000:9b:00.0"]),
+            pod("other", "plain", "nvidia.com/gpu", &["0000:db:00.0"]),
+            pod("other", "nic", "example.com/nic", &["0000:9b:00.0"]),
+        ],
+    };
+    let got: Vec<(String, String, String)> = mismatches(&holds, &list)
+        .into_iter()
+        .map(|m| (m.namespace, m.name, m.message))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "ns".into(),
+                "moved".into(),
+                "holds 0000:bb:00.0 but its placeholder job holds 0000:3b:00.0".into()
+            ),
+            (
+                "other".into(),
+                "intruder".into(),
+                "holds devices Slurm jobs hold: 0000:9b:00.0 (Slurm job 42)".into()
+            ),
+        ]
+    );
+    assert_eq!(mismatches(&Holds::default(), &list), vec![]);
+}

@@ -300,6 +300,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
         super::DevicePluginRole {
             dir: dir.clone(),
             runtime_root: PathBuf::from("/"),
+            pod_resources: PathBuf::from("/nonexistent"),
         },
         super::Inputs {
             host_root: root,
