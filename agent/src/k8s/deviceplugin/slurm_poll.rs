@@ -77,10 +77,17 @@ pub fn holds_for(
     jobs: &[slurm_jobs::HeldJob],
 ) -> Holds {
     let (records, _) = isthmus_gres::gres_conf::records(topo, gres);
+    // gres.conf names the device nodes where slurmd sees them (`--dev-dir`, e.g. `/host/dev` in a pod).
+    let as_slurmd_sees = |own: String| match own.strip_prefix("/dev") {
+        Some(rest) if gres.dev_dir != "/dev" => {
+            format!("{}{rest}", gres.dev_dir.trim_end_matches('/'))
+        }
+        _ => own,
+    };
     let id_of_file = |f: &str| {
         topo.devices
             .iter()
-            .find(|d| super::inventory::own_node(d).as_deref() == Some(f))
+            .find(|d| super::inventory::own_node(d).map(as_slurmd_sees).as_deref() == Some(f))
             .map(|d| d.pci_address.clone())
     };
     let map = slurm_jobs::index_map(&records, &id_of_file);

@@ -266,6 +266,12 @@ fn holds_follow_the_rendered_gres_conf_of_this_discovery() {
         vec!["0000:19:00.0"]
     );
     assert!(h.unmapped.is_empty(), "{:?}", h.unmapped);
+    // The same when slurmd sees the device nodes elsewhere (a pod's /host/dev).
+    let in_pod = isthmus_gres::GresOptions {
+        dev_dir: "/host/dev".into(),
+        ..Default::default()
+    };
+    assert_eq!(super::slurm_poll::holds_for(&topo, &in_pod, &jobs), h);
 }
 
 fn pod(
