@@ -14,7 +14,11 @@
 //! one GPU runs and its container has exactly `/dev/nvidia0` (the preferred device, the lowest PCI address) plus
 //! the control nodes and `NVIDIA_VISIBLE_DEVICES` naming that GPU's recorded UUID; the kubelet's PodResources lists
 //! `0000:19:00.0` for the pod; a second such pod gets `/dev/nvidia1`; a third stays pending (no healthy GPU left).
-//! Separately, with real slurmctld and slurmd, the plugin reads which GPU indexes each running job holds on a node.
+//! With the node also a Slurm node (real slurmctld; slurmd, munged and the plugin under one agent): a pod asking one
+//! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
+//! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
+//! devices) makes the agent's `isthmus_device_allocation_mismatches` 1 and names the pod in a warning. Separately,
+//! with real slurmctld and slurmd, the parser reads which GPU indexes each running job holds on a node.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,7 +28,14 @@ use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::{fixtures, free_port, isthmus_bin};
 
+/// The Slurm site of `tests/tests/slurm_agent` (slurmctld, and the agent under test with munged and slurmd).
+#[path = "slurm_agent/site.rs"]
+#[allow(dead_code)]
+mod site;
+
 const IMAGE: &str = "isthmus.local/busybox:1.35";
+/// One test at a time on the node: each runs an agent that registers `nvidia.com/gpu` with the same kubelet.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const NS: &str = "devices";
 const WAIT: Duration = Duration::from_secs(90);
 /// The recorded UUID of GPU 0000:19:00.0 (minor 0), from the fixture's `/proc/driver/nvidia/gpus/*/information`.
@@ -60,9 +71,9 @@ fn mknod(path: &Path, major: u32, minor: u32) {
     assert!(st.success(), "mknod {}", path.display());
 }
 
-fn start_agent() -> Agent {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let root = dir.path().join("root");
+/// A copy of the recorded host root in `dir` whose GPUs 0 and 1 and control nodes are character devices.
+fn prepare_root(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
     let copied = Command::new("cp")
         .arg("-a")
         .arg(fixtures().join("hosts/xe9680-8xh100/root"))
@@ -74,6 +85,12 @@ fn start_agent() -> Agent {
     mknod(&root.join("dev/nvidia1"), 195, 1);
     mknod(&root.join("dev/nvidiactl"), 195, 255);
     mknod(&root.join("dev/nvidia-uvm"), 509, 0);
+    root
+}
+
+fn start_agent() -> Agent {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = prepare_root(dir.path());
     let log = dir.path().join("agent.log");
     let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
     let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
@@ -147,7 +164,7 @@ fn gpu_pod(node: &KubeNode, name: &str) {
     ));
 }
 
-fn wait_ready(node: &KubeNode, agent: &Agent, name: &str) {
+fn wait_ready(node: &KubeNode, agent_log: &dyn Fn() -> String, name: &str) {
     let ready = node.kubectl(&[
         "wait",
         "-n",
@@ -160,7 +177,7 @@ fn wait_ready(node: &KubeNode, agent: &Agent, name: &str) {
         ready.status.success(),
         "pod {name} is not Ready: {}\n--- agent ---\n{}\n{}",
         String::from_utf8_lossy(&node.kubectl(&["describe", "pod", "-n", NS, name]).stdout),
-        agent.log(),
+        agent_log(),
         isthmus_tests::kubenode::logs()
     );
 }
@@ -200,6 +217,7 @@ fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String>)> {
 
 #[test]
 fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let node = KubeNode::shared();
     let agent = start_agent();
     node.apply(&format!(
@@ -231,7 +249,7 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
     );
 
     gpu_pod(node, "gpu-a");
-    wait_ready(node, &agent, "gpu-a");
+    wait_ready(node, &|| agent.log(), "gpu-a");
     assert_eq!(
         nvidia_nodes(node, "gpu-a"),
         vec!["nvidia-uvm", "nvidia0", "nvidiactl"],
@@ -254,7 +272,7 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
     );
 
     gpu_pod(node, "gpu-b");
-    wait_ready(node, &agent, "gpu-b");
+    wait_ready(node, &|| agent.log(), "gpu-b");
     assert_eq!(
         nvidia_nodes(node, "gpu-b"),
         vec!["nvidia-uvm", "nvidia1", "nvidiactl"]
@@ -279,9 +297,17 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
         String::from_utf8_lossy(&out.stdout).trim() == "Unschedulable"
     });
 
-    for p in ["gpu-a", "gpu-b", "gpu-c"] {
-        node.kubectl_ok(&["delete", "pod", "-n", NS, p, "--wait=false"]);
-    }
+    // Gone before the next test's agent registers: their devices are free again.
+    node.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        NS,
+        "gpu-a",
+        "gpu-b",
+        "gpu-c",
+        "--timeout=120s",
+    ]);
 }
 
 /// The agent's reading of `scontrol show job -d` against real slurmctld and slurmd 22.05 (a node with two GPUs,
@@ -333,4 +359,135 @@ fn real_slurm_jobs_gpu_indexes_are_read_per_node() {
     assert_eq!(p.indexes["gpu"].len(), 1);
     assert!(parse_show_job(&text, "c2").is_ok_and(|j| j.is_empty()));
     c.run_ok("scancel", &[&placeholder, &user]);
+}
+
+/// The agent's gauge `isthmus_device_allocation_mismatches` from its `/metrics`.
+fn mismatches_metric(listen: &str) -> Option<String> {
+    let out = Command::new("curl")
+        .args(["-fsS", &format!("http://{listen}/metrics")])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        l.strip_prefix("isthmus_device_allocation_mismatches ")
+            .map(str::to_owned)
+    })
+}
+
+/// The node is also a Slurm node (real slurmctld, and slurmd under the agent, which also serves the device plugin):
+/// a Slurm job's GPU is never a pod's — the pod gets the other served GPU — and a Slurm job that Slurm then puts on
+/// the pod's GPU (Slurm does not know the pod holds it: the pod is not placed through Slurm) is reported as a
+/// mismatch on the agent's gauge.
+#[test]
+fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let node = KubeNode::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = prepare_root(dir.path());
+    let mut s = site::Site::new(NODE_NAME, &root, site::Mode::Configured);
+    s.start_slurmctld();
+    let sock = node.pod_resources_socket();
+    s.start_agent(
+        &root,
+        &[
+            "--device-plugin",
+            "--device-plugin-dir",
+            "/var/lib/kubelet/device-plugins",
+            "--device-plugin-runtime-root",
+            &root.to_string_lossy(),
+            "--pod-resources-socket",
+            &sock.to_string_lossy(),
+        ],
+    );
+    s.wait_idle();
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ));
+    let start = std::time::Instant::now();
+    while gpus(node, "allocatable") != "2" {
+        assert!(
+            start.elapsed() < WAIT,
+            "allocatable {:?}\n{}",
+            gpus(node, "allocatable"),
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let slurm = |args: &[&str]| {
+        let out = Command::new(s.release.program(args[0]))
+            .args(&args[1..])
+            .env("SLURM_CONF", s.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let sbatch = |gres: &str| {
+        slurm(&[
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            gres,
+            "--chdir=/tmp",
+            "--wrap",
+            "sleep 300",
+        ])
+        .trim()
+        .to_owned()
+    };
+    let gpu_indexes = |job: &str| -> Option<std::collections::BTreeSet<u32>> {
+        let text = slurm(&["scontrol", "show", "job", "-d", job]);
+        let jobs =
+            isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job(&text, NODE_NAME).ok()?;
+        jobs.first()?.indexes.get("gpu").cloned()
+    };
+    // gres.conf lists the GPUs in PCI order: index 0 is 0000:19:00.0 (/dev/nvidia0), 1 is 0000:3b:00.0.
+    let first = sbatch("--gres=gpu:1");
+    let mut held = None;
+    wait_until("the first Slurm job runs with a GPU", WAIT, || {
+        held = gpu_indexes(&first);
+        held.is_some()
+    });
+    assert_eq!(held, Some([0].into()), "Slurm gives the first free index");
+    wait_until("the agent reads the job's GPU", WAIT, || {
+        s.log().contains("Slurm's devices changed")
+    });
+
+    gpu_pod(node, "beside-slurm");
+    wait_ready(node, &|| s.log(), "beside-slurm");
+    assert_eq!(
+        nvidia_nodes(node, "beside-slurm"),
+        vec!["nvidia-uvm", "nvidia1", "nvidiactl"],
+        "the pod gets the served GPU the Slurm job does not hold\n{}",
+        s.log()
+    );
+    assert_eq!(
+        pod_devices(node, "beside-slurm"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:3b:00.0".to_owned()])]
+    );
+    wait_until("no mismatch is reported", WAIT, || {
+        mismatches_metric(&s.listen).as_deref() == Some("0")
+    });
+
+    // Slurm does not know the pod holds index 1 and gives it, with every other free GPU, to the next job: the agent
+    // reports the clash.
+    let second = sbatch("--gres=gpu:7");
+    wait_until("the second Slurm job runs on indexes 1-7", WAIT, || {
+        gpu_indexes(&second) == Some((1..=7).collect())
+    });
+    wait_until("the clash is reported", WAIT, || {
+        mismatches_metric(&s.listen).as_deref() == Some("1")
+    });
+    assert!(
+        s.log().contains("device allocation mismatch") && s.log().contains("beside-slurm"),
+        "{}",
+        s.log()
+    );
+    slurm(&["scancel", &first, &second]);
+    node.kubectl_ok(&["delete", "pod", "-n", NS, "beside-slurm", "--timeout=120s"]);
 }
