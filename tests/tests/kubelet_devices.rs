@@ -13,7 +13,9 @@
 //! What is proven: the agent registers `nvidia.com/gpu` with the kubelet (capacity 8, allocatable 2); a pod asking
 //! one GPU runs and its container has exactly `/dev/nvidia0` (the preferred device, the lowest PCI address) plus
 //! the control nodes and `NVIDIA_VISIBLE_DEVICES` naming that GPU's recorded UUID; the kubelet's PodResources lists
-//! `0000:19:00.0` for the pod; a second such pod gets `/dev/nvidia1`; a third stays pending (no healthy GPU left).
+//! `0000:19:00.0` for the pod; a second such pod gets `/dev/nvidia1`; a third stays pending (no healthy GPU left);
+//! after a kubelet restart (`KubeNode::restart_kubelet`) the agent registers again and a new pod gets the freed GPU
+//! while the first keeps its own.
 //! With the node also a Slurm node (real slurmctld; slurmd, munged and the plugin under one agent): a pod asking one
 //! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
 //! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
@@ -297,6 +299,41 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
         String::from_utf8_lossy(&out.stdout).trim() == "Unschedulable"
     });
 
+    // The kubelet restarts: it removes the plugin's socket and recreates its own; the agent registers again, and a
+    // new pod gets the GPU gpu-b left (gpu-a keeps its own through the kubelet's checkpoint).
+    node.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        NS,
+        "gpu-b",
+        "gpu-c",
+        "--timeout=120s",
+    ]);
+    let registrations = || {
+        agent
+            .log()
+            .matches("device plugin registered with the kubelet")
+            .count()
+    };
+    assert_eq!(registrations(), 1, "{}", agent.log());
+    node.restart_kubelet();
+    wait_until(
+        "the agent registers with the restarted kubelet",
+        WAIT,
+        || registrations() == 2,
+    );
+    gpu_pod(node, "gpu-d");
+    wait_ready(node, &|| agent.log(), "gpu-d");
+    assert_eq!(
+        nvidia_nodes(node, "gpu-d"),
+        vec!["nvidia-uvm", "nvidia1", "nvidiactl"]
+    );
+    assert_eq!(
+        pod_devices(node, "gpu-a"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:19:00.0".to_owned()])]
+    );
+
     // Gone before the next test's agent registers: their devices are free again.
     node.kubectl_ok(&[
         "delete",
@@ -304,8 +341,7 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
         "-n",
         NS,
         "gpu-a",
-        "gpu-b",
-        "gpu-c",
+        "gpu-d",
         "--timeout=120s",
     ]);
 }
