@@ -1,10 +1,13 @@
-//! Generate the kubelet PodResources client and (for tests) server from `proto/podresources.proto`, with a pure-Rust
-//! protobuf compiler (no protoc needed).
+//! Generate the kubelet clients and (for tests) servers from `proto/`: the PodResources API
+//! (`podresources.proto`) and the device plugin API (`deviceplugin.proto`), with a pure-Rust protobuf compiler (no
+//! protoc needed).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/podresources.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], ["proto"])?;
+    let protos = ["proto/podresources.proto", "proto/deviceplugin.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

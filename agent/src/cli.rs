@@ -211,6 +211,9 @@ pub struct AgentArgs {
     /// Device health options.
     #[command(flatten)]
     pub health: crate::health::HealthArgs,
+    /// The kubelet device plugin.
+    #[command(flatten)]
+    pub device_plugin: crate::k8s::deviceplugin::args::DevicePluginArgs,
     /// How slurmd runs.
     #[arg(long, value_enum, env = "ISTHMUS_SLURM_MODE", default_value_t = SlurmMode::Configured)]
     pub slurm_mode: SlurmMode,

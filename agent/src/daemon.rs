@@ -86,6 +86,8 @@ pub struct DaemonConfig {
     pub kube: KubeRole,
     /// Device health.
     pub health: HealthRole,
+    /// The kubelet device plugin; `None`: off.
+    pub device_plugin: Option<crate::k8s::deviceplugin::DevicePluginRole>,
 }
 
 /// The Slurm side's settings.
@@ -333,6 +335,25 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         metrics.clone(),
         shutdown.clone(),
     ));
+
+    if let Some(role) = config.device_plugin.clone() {
+        crate::k8s::deviceplugin::spawn(
+            role,
+            config
+                .slurm
+                .as_ref()
+                .map(|s| crate::k8s::deviceplugin::slurm_poll::SlurmSource {
+                    node: s.node.node.clone(),
+                    slurm_conf: s.node.slurm_conf.clone(),
+                    gres: s.node.options.gres.clone(),
+                }),
+            isthmus_topology::HostRoot::new(&config.host.host_root),
+            topo_rx.clone(),
+            findings_rx.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+    }
 
     if let (Some(client), Some(node)) = (client, publish_as) {
         crate::k8s::tasks::spawn(

@@ -167,6 +167,10 @@ fn describe() {
     );
     describe_counter!("isthmus_discoveries_total", "Discoveries run.");
     describe_gauge!(
+        "isthmus_device_allocation_mismatches",
+        "Pods holding devices other than their placeholder job's, or a device a Slurm job holds."
+    );
+    describe_gauge!(
         "isthmus_device_health",
         "1 while the device (GPU PCI address, InfiniBand HCA/port) is sound, 0 while it has failed, per health class."
     );
@@ -394,6 +398,11 @@ impl Metrics {
                 }
             }
         });
+    }
+
+    /// Pods whose devices disagree with Slurm's (the device plugin's check).
+    pub fn record_device_mismatches(&self, pods: usize) {
+        self.with(|| gauge!("isthmus_device_allocation_mismatches").set(pods as f64));
     }
 
     /// Device health: `devices` are (class, device, sound).

@@ -62,6 +62,17 @@ impl RetryPolicy {
         Self::new(Duration::from_millis(500), Duration::from_secs(30))
     }
 
+    /// A device plugin's registration with the kubelet that failed (the kubelet restarting, its socket not yet
+    /// there): 0.5 s up to 10 s.
+    pub fn kubelet_registration() -> Self {
+        Self::new(Duration::from_millis(500), Duration::from_secs(10))
+    }
+
+    /// The device plugin's question to Slurm about the node's jobs that failed: 5 s (its period) up to 60 s.
+    pub fn slurm_device_poll() -> Self {
+        Self::new(Duration::from_secs(5), Duration::from_secs(60))
+    }
+
     /// One pod's `sbatch` that failed or timed out, before it is submitted again: 1 s up to 60 s.
     pub fn submission() -> Self {
         Self::new(Duration::from_secs(1), Duration::from_secs(60))

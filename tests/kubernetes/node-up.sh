@@ -265,7 +265,10 @@ for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_
 done
 grep -q " $KROOT $KROOT " /proc/self/mountinfo || mount --bind "$KROOT" "$KROOT"
 mount --make-rshared "$KROOT"
-start kubelet unshare --mount --propagation unchanged sh -c "$shield exec \"\$@\"" kubelet "${kubelet[@]}"
+# The command is kept in $RUN/kubelet.cmd, so that kubelet-restart.sh can start the same kubelet again.
+printf 'exec unshare --mount --propagation unchanged sh -c %q kubelet' "$shield exec \"\$@\"" > "$RUN/kubelet.cmd"
+printf ' %q' "${kubelet[@]}" >> "$RUN/kubelet.cmd"
+start kubelet bash "$RUN/kubelet.cmd"
 wait_for "kubelet /healthz" 240 kubelet curl -fsS "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
 wait_for "Node $NODE registered" 240 kubelet api "/api/v1/nodes/$NODE"
 # The kubelet publishes no loopback address; set it as a cloud controller would (the API server then reaches the

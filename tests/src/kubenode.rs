@@ -147,6 +147,25 @@ impl KubeNode {
         ]);
     }
 
+    /// Restart the kubelet (`tests/kubernetes/kubelet-restart.sh`: SIGTERM, the same command again, its
+    /// `/healthz`); pods keep running. Panics with the script's output unless it succeeds.
+    pub fn restart_kubelet(&self) {
+        let script = crate::repo_root().join("tests/kubernetes/kubelet-restart.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .env("NODE_LAB", LAB)
+            .env("KUBELET_ROOT", KUBELET_ROOT)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "{}: {}\n{}",
+            script.display(),
+            describe(&out),
+            logs()
+        );
+    }
+
     /// The kubelet's PodResources socket.
     pub fn pod_resources_socket(&self) -> PathBuf {
         Path::new(KUBELET_ROOT).join("pod-resources/kubelet.sock")

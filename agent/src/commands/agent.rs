@@ -88,6 +88,7 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
                 ),
             },
         },
+        device_plugin: args.device_plugin.role(&args.pod_resources_socket),
         health: HealthRole {
             xid_override: args.health.xid_override.clone(),
             xid_replay: args.health.xid_replay.clone(),

@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod api_discovery;
+pub mod deviceplugin;
 pub mod fingerprint;
 pub mod kubelet;
 pub mod kubelet_view;

@@ -1,0 +1,131 @@
+//! After admission: every placed pod holds exactly its placeholder job's devices, and no pod holds a device a Slurm
+//! job holds. Compared every [`PERIOD`] from the kubelet's PodResources and Slurm's holds; a disagreement is a
+//! warning naming the pod and the devices, and the gauge `isthmus_device_allocation_mismatches`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::slurm_jobs::Holds;
+use crate::k8s::podresources::proto::ListPodResourcesResponse;
+
+/// How often the pods' devices are compared with Slurm's.
+pub const PERIOD: Duration = Duration::from_secs(2);
+
+/// The resource names the plugin serves.
+pub const SERVED: [&str; 4] = [
+    "nvidia.com/gpu",
+    "amd.com/gpu",
+    "habana.ai/gaudi",
+    "cambricon.com/mlu",
+];
+
+/// One pod whose devices disagree with Slurm's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mismatch {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// What disagrees.
+    pub message: String,
+}
+
+/// The pods of `list` whose served devices disagree with `holds`: a pod holding a device a Slurm job holds, or a
+/// single placed pod (its placeholder job's comment names it; gangs are compared per job, not per pod) holding
+/// devices other than exactly its job's. A placed pod that holds no device yet is not a mismatch.
+pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatch> {
+    let mut job_devices: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for (id, r) in &holds.placeholders {
+        if !r.id.starts_with("g-") {
+            job_devices
+                .entry((r.namespace.as_str(), r.name.as_str()))
+                .or_default()
+                .insert(id.as_str());
+        }
+    }
+    let mut out = Vec::new();
+    for pod in &list.pod_resources {
+        let held: BTreeSet<&str> = pod
+            .containers
+            .iter()
+            .flat_map(|c| c.devices.iter())
+            .filter(|d| SERVED.contains(&d.resource_name.as_str()))
+            .flat_map(|d| d.device_ids.iter().map(String::as_str))
+            .collect();
+        if held.is_empty() {
+            continue;
+        }
+        let mismatch = |message: String| Mismatch {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            message,
+        };
+        let slurm: Vec<String> = held
+            .iter()
+            .filter_map(|id| {
+                holds
+                    .slurm
+                    .get(*id)
+                    .map(|job| format!("{id} (Slurm job {job})"))
+            })
+            .collect();
+        if !slurm.is_empty() {
+            out.push(mismatch(format!(
+                "holds devices Slurm jobs hold: {}",
+                slurm.join(", ")
+            )));
+            continue;
+        }
+        if let Some(want) = job_devices.get(&(pod.namespace.as_str(), pod.name.as_str()))
+            && *want != held
+        {
+            out.push(mismatch(format!(
+                "holds {} but its placeholder job holds {}",
+                held.iter().copied().collect::<Vec<_>>().join(", "),
+                want.iter().copied().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Compare until `shutdown`.
+pub async fn run(
+    pod_resources: PathBuf,
+    holds: watch::Receiver<Holds>,
+    metrics: Arc<crate::metrics::Metrics>,
+    shutdown: CancellationToken,
+) {
+    let mut kubelet =
+        crate::k8s::podresources::Kubelet::new(&pod_resources, Duration::from_secs(5));
+    let mut last: Vec<Mismatch> = Vec::new();
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let list = match kubelet.query().await {
+            Ok(a) => a.list,
+            Err(e) => {
+                tracing::warn!(error = %e, "device plugin: cannot compare the pods' devices with Slurm's");
+                continue;
+            }
+        };
+        let now = mismatches(&holds.borrow(), &list);
+        metrics.record_device_mismatches(now.len());
+        if now != last {
+            for m in &now {
+                tracing::warn!(namespace = %m.namespace, pod = %m.name, "device allocation mismatch: {}", m.message);
+            }
+            last = now;
+        }
+    }
+}

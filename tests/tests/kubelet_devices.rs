@@ -1,0 +1,529 @@
+//! The agent's device plugin on a real kubelet (`isthmus_tests::kubenode`: Kubernetes v1.20.2, containerd, static CPU
+//! manager, single-numa-node topology manager): the agent runs on a copy of the recorded XE9680 host root
+//! (`fixtures/hosts/xe9680-8xh100/root`: 8 H100 GPUs, their PCI addresses, NUMA nodes 0 and 1, minors and UUIDs
+//! from the recorded sysfs and procfs; its `/dev` files are empty regular files). This machine has no GPU: in the
+//! copy, `/dev/nvidia0`, `/dev/nvidia1` (GPUs 0000:19:00.0 and 0000:3b:00.0, both on recorded NUMA node 0),
+//! `/dev/nvidiactl` and `/dev/nvidia-uvm` become character devices made with `mknod`; the other six GPUs keep their
+//! recorded regular files, so the plugin reports them `Unhealthy` (no device node to hand out), and
+//! `/dev/nvidia-uvm-tools` is not handed out. The container runtime finds the device nodes below the copy
+//! (`--device-plugin-runtime-root`). The served GPUs sit on recorded NUMA node 0, which this one-NUMA-node machine
+//! also has, so the kubelet's single-numa-node policy admits pods that ask for them; the others carry NUMA node 1,
+//! which this machine lacks, and are unhealthy anyway.
+//!
+//! What is proven: the agent registers `nvidia.com/gpu` with the kubelet (capacity 8, allocatable 2); a pod asking
+//! one GPU runs and its container has exactly `/dev/nvidia0` (the preferred device, the lowest PCI address) plus
+//! the control nodes and `NVIDIA_VISIBLE_DEVICES` naming that GPU's recorded UUID; the kubelet's PodResources lists
+//! `0000:19:00.0` for the pod; a second such pod gets `/dev/nvidia1`; a third stays pending (no healthy GPU left);
+//! after a kubelet restart (`KubeNode::restart_kubelet`) the agent registers again and a new pod gets the freed GPU
+//! while the first keeps its own.
+//! With the node also a Slurm node (real slurmctld; slurmd, munged and the plugin under one agent): a pod asking one
+//! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
+//! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
+//! devices) makes the agent's `isthmus_device_allocation_mismatches` 1 and names the pod in a warning. Separately,
+//! with real slurmctld and slurmd, the parser reads which GPU indexes each running job holds on a node.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
+use isthmus_tests::slurm::wait_until;
+use isthmus_tests::{fixtures, free_port, isthmus_bin};
+
+/// The Slurm site of `tests/tests/slurm_agent` (slurmctld, and the agent under test with munged and slurmd).
+#[path = "slurm_agent/site.rs"]
+#[allow(dead_code)]
+mod site;
+
+const IMAGE: &str = "isthmus.local/busybox:1.35";
+/// One test at a time on the node: each runs an agent that registers `nvidia.com/gpu` with the same kubelet.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+const NS: &str = "devices";
+const WAIT: Duration = Duration::from_secs(90);
+/// The recorded UUID of GPU 0000:19:00.0 (minor 0), from the fixture's `/proc/driver/nvidia/gpus/*/information`.
+const GPU0_UUID: &str = "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa";
+
+/// The agent with only its device plugin on (no Slurm, no publication), killed when dropped.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let _ = std::fs::remove_file(path);
+    let st = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("mknod: {e}"));
+    assert!(st.success(), "mknod {}", path.display());
+}
+
+/// A copy of the recorded host root in `dir` whose GPUs 0 and 1 and control nodes are character devices.
+fn prepare_root(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("hosts/xe9680-8xh100/root"))
+        .arg(&root)
+        .status();
+    assert!(copied.is_ok_and(|s| s.success()), "copying the host root");
+    // NVIDIA's major 195: GPUs by minor, nvidiactl 255; nvidia-uvm's major is dynamic on a real host.
+    mknod(&root.join("dev/nvidia0"), 195, 0);
+    mknod(&root.join("dev/nvidia1"), 195, 1);
+    mknod(&root.join("dev/nvidiactl"), 195, 255);
+    mknod(&root.join("dev/nvidia-uvm"), 509, 0);
+    root
+}
+
+fn start_agent() -> Agent {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = prepare_root(dir.path());
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(isthmus_bin())
+        .args([
+            "agent",
+            "--slurm-mode",
+            "off",
+            "--no-nvml",
+            "--publish-nrt",
+            "false",
+        ])
+        .args([
+            "--publish-numatopology",
+            "false",
+            "--rediscover-seconds",
+            "3600",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--host-root")
+        .arg(&root)
+        .args([
+            "--device-plugin",
+            "--device-plugin-dir",
+            "/var/lib/kubelet/device-plugins",
+        ])
+        .arg("--device-plugin-runtime-root")
+        .arg(&root)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting the agent: {e}"));
+    Agent {
+        child,
+        log,
+        _dir: dir,
+    }
+}
+
+/// The kubelet's log lines about device plugins, for a failure message.
+fn kubelet_device_log() -> String {
+    std::fs::read_to_string("/tmp/isthmus-kubenode/run/kubelet.log")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("device") || l.contains("plugin") || l.contains("topology"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The Node's `status.<field>["nvidia.com/gpu"]`.
+fn gpus(node: &KubeNode, field: &str) -> String {
+    let out = node.kubectl(&[
+        "get",
+        "node",
+        NODE_NAME,
+        "-o",
+        &format!("jsonpath={{.status.{field}.nvidia\\.com/gpu}}"),
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn gpu_pod(node: &KubeNode, name: &str) {
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  \
+         terminationGracePeriodSeconds: 0\n  automountServiceAccountToken: false\n  containers:\n  \
+         - name: main\n    image: {IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, \"3600\"]\n    \
+         resources:\n      requests: {{cpu: 10m, memory: 16Mi}}\n      limits: {{nvidia.com/gpu: \"1\"}}\n"
+    ));
+}
+
+fn wait_ready(node: &KubeNode, agent_log: &dyn Fn() -> String, name: &str) {
+    let ready = node.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        &format!("pod/{name}"),
+    ]);
+    assert!(
+        ready.status.success(),
+        "pod {name} is not Ready: {}\n--- agent ---\n{}\n{}",
+        String::from_utf8_lossy(&node.kubectl(&["describe", "pod", "-n", NS, name]).stdout),
+        agent_log(),
+        isthmus_tests::kubenode::logs()
+    );
+}
+
+/// The `/dev/nvidia*` names the pod's container sees.
+fn nvidia_nodes(node: &KubeNode, pod: &str) -> Vec<String> {
+    let ls = node.kubectl_ok(&["exec", "-n", NS, pod, "--", "ls", "/dev"]);
+    ls.split_whitespace()
+        .filter(|n| n.starts_with("nvidia"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The devices PodResources lists for `pod`, by resource name.
+fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String>)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut kubelet = isthmus_agent::k8s::podresources::Kubelet::new(
+        &node.pod_resources_socket(),
+        Duration::from_secs(10),
+    );
+    let answers = rt
+        .block_on(kubelet.query())
+        .unwrap_or_else(|e| panic!("{e}"));
+    answers
+        .list
+        .pod_resources
+        .iter()
+        .filter(|p| p.namespace == NS && p.name == pod)
+        .flat_map(|p| p.containers.iter())
+        .flat_map(|c| c.devices.iter())
+        .map(|d| (d.resource_name.clone(), d.device_ids.clone()))
+        .collect()
+}
+
+#[test]
+fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let node = KubeNode::shared();
+    let agent = start_agent();
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ));
+
+    let start = std::time::Instant::now();
+    while gpus(node, "allocatable") != "2" {
+        assert!(
+            start.elapsed() < WAIT,
+            "the Node's allocatable nvidia.com/gpu is {:?}, not 2\n--- agent ---\n{}\n--- kubelet ---\n{}",
+            gpus(node, "allocatable"),
+            agent.log(),
+            kubelet_device_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        gpus(node, "capacity"),
+        "8",
+        "every recorded GPU is reported, six unhealthy"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("device plugin registered with the kubelet"),
+        "{}",
+        agent.log()
+    );
+
+    gpu_pod(node, "gpu-a");
+    wait_ready(node, &|| agent.log(), "gpu-a");
+    assert_eq!(
+        nvidia_nodes(node, "gpu-a"),
+        vec!["nvidia-uvm", "nvidia0", "nvidiactl"],
+        "the container sees GPU 0000:19:00.0's node and the control nodes that exist on the host, nothing else"
+    );
+    let env = node.kubectl_ok(&[
+        "exec",
+        "-n",
+        NS,
+        "gpu-a",
+        "--",
+        "sh",
+        "-c",
+        "echo $NVIDIA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(env.trim(), GPU0_UUID);
+    assert_eq!(
+        pod_devices(node, "gpu-a"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:19:00.0".to_owned()])]
+    );
+
+    gpu_pod(node, "gpu-b");
+    wait_ready(node, &|| agent.log(), "gpu-b");
+    assert_eq!(
+        nvidia_nodes(node, "gpu-b"),
+        vec!["nvidia-uvm", "nvidia1", "nvidiactl"]
+    );
+    assert_eq!(
+        pod_devices(node, "gpu-b"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:3b:00.0".to_owned()])]
+    );
+
+    // No healthy GPU is left: the scheduler keeps a third pod pending.
+    gpu_pod(node, "gpu-c");
+    wait_until("pod gpu-c is unschedulable", WAIT, || {
+        let out = node.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            NS,
+            "gpu-c",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim() == "Unschedulable"
+    });
+
+    // The kubelet restarts: it removes the plugin's socket and recreates its own; the agent registers again, and a
+    // new pod gets the GPU gpu-b left (gpu-a keeps its own through the kubelet's checkpoint).
+    node.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        NS,
+        "gpu-b",
+        "gpu-c",
+        "--timeout=120s",
+    ]);
+    let registrations = || {
+        agent
+            .log()
+            .matches("device plugin registered with the kubelet")
+            .count()
+    };
+    assert_eq!(registrations(), 1, "{}", agent.log());
+    node.restart_kubelet();
+    wait_until(
+        "the agent registers with the restarted kubelet",
+        WAIT,
+        || registrations() == 2,
+    );
+    gpu_pod(node, "gpu-d");
+    wait_ready(node, &|| agent.log(), "gpu-d");
+    assert_eq!(
+        nvidia_nodes(node, "gpu-d"),
+        vec!["nvidia-uvm", "nvidia1", "nvidiactl"]
+    );
+    assert_eq!(
+        pod_devices(node, "gpu-a"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:19:00.0".to_owned()])]
+    );
+
+    // Gone before the next test's agent registers: their devices are free again.
+    node.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        NS,
+        "gpu-a",
+        "gpu-d",
+        "--timeout=120s",
+    ]);
+}
+
+/// The agent's reading of `scontrol show job -d` against real slurmctld and slurmd 22.05 (a node with two GPUs,
+/// device nodes made with `mknod`): a placeholder job (comment `k8s:…`) and a user's job, one GPU each, are read as
+/// holding different indexes of the node's two, the placeholder recognised by its comment.
+#[test]
+fn real_slurm_jobs_gpu_indexes_are_read_per_node() {
+    use isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job;
+    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+    let c = Cluster::start(&[NodeSpec::new("c1", 4, 2)], "");
+    let submit = |extra: &[&str]| {
+        let mut args = vec![
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            "--gres=gpu:1",
+            "--chdir=/tmp",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--wrap", "sleep 300"]);
+        c.run_ok("sbatch", &args).trim().to_owned()
+    };
+    let placeholder = submit(&["--comment=k8s:ns/p/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d"]);
+    let user = submit(&[]);
+    let mut text = String::new();
+    wait_until("both jobs run", WAIT, || {
+        text = c.run_ok("scontrol", &["show", "job", "-d"]);
+        text.matches("JobState=RUNNING").count() == 2
+    });
+    let jobs = parse_show_job(&text, "c1").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(jobs.len(), 2, "{text}");
+    let by_id = |id: &str| {
+        jobs.iter()
+            .find(|j| j.job_id.to_string() == id)
+            .unwrap_or_else(|| panic!("job {id} not read: {text}"))
+    };
+    let (p, u) = (by_id(&placeholder), by_id(&user));
+    assert_eq!(
+        p.placeholder
+            .as_ref()
+            .map(|r| (r.namespace.as_str(), r.name.as_str())),
+        Some(("ns", "p"))
+    );
+    assert_eq!(u.placeholder, None);
+    let all: std::collections::BTreeSet<u32> =
+        p.indexes["gpu"].union(&u.indexes["gpu"]).copied().collect();
+    assert_eq!(all, [0, 1].into_iter().collect(), "{text}");
+    assert_eq!(p.indexes["gpu"].len(), 1);
+    assert!(parse_show_job(&text, "c2").is_ok_and(|j| j.is_empty()));
+    c.run_ok("scancel", &[&placeholder, &user]);
+}
+
+/// The agent's gauge `isthmus_device_allocation_mismatches` from its `/metrics`.
+fn mismatches_metric(listen: &str) -> Option<String> {
+    let out = Command::new("curl")
+        .args(["-fsS", &format!("http://{listen}/metrics")])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        l.strip_prefix("isthmus_device_allocation_mismatches ")
+            .map(str::to_owned)
+    })
+}
+
+/// The node is also a Slurm node (real slurmctld, and slurmd under the agent, which also serves the device plugin):
+/// a Slurm job's GPU is never a pod's — the pod gets the other served GPU — and a Slurm job that Slurm then puts on
+/// the pod's GPU (Slurm does not know the pod holds it: the pod is not placed through Slurm) is reported as a
+/// mismatch on the agent's gauge.
+#[test]
+fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let node = KubeNode::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = prepare_root(dir.path());
+    let mut s = site::Site::new(NODE_NAME, &root, site::Mode::Configured);
+    s.start_slurmctld();
+    let sock = node.pod_resources_socket();
+    s.start_agent(
+        &root,
+        &[
+            "--device-plugin",
+            "--device-plugin-dir",
+            "/var/lib/kubelet/device-plugins",
+            "--device-plugin-runtime-root",
+            &root.to_string_lossy(),
+            "--pod-resources-socket",
+            &sock.to_string_lossy(),
+        ],
+    );
+    s.wait_idle();
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ));
+    let start = std::time::Instant::now();
+    while gpus(node, "allocatable") != "2" {
+        assert!(
+            start.elapsed() < WAIT,
+            "allocatable {:?}\n{}",
+            gpus(node, "allocatable"),
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let slurm = |args: &[&str]| {
+        let out = Command::new(s.release.program(args[0]))
+            .args(&args[1..])
+            .env("SLURM_CONF", s.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let sbatch = |gres: &str| {
+        slurm(&[
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            gres,
+            "--chdir=/tmp",
+            "--wrap",
+            "sleep 300",
+        ])
+        .trim()
+        .to_owned()
+    };
+    let gpu_indexes = |job: &str| -> Option<std::collections::BTreeSet<u32>> {
+        let text = slurm(&["scontrol", "show", "job", "-d", job]);
+        let jobs =
+            isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job(&text, NODE_NAME).ok()?;
+        jobs.first()?.indexes.get("gpu").cloned()
+    };
+    // gres.conf lists the GPUs in PCI order: index 0 is 0000:19:00.0 (/dev/nvidia0), 1 is 0000:3b:00.0.
+    let first = sbatch("--gres=gpu:1");
+    let mut held = None;
+    wait_until("the first Slurm job runs with a GPU", WAIT, || {
+        held = gpu_indexes(&first);
+        held.is_some()
+    });
+    assert_eq!(held, Some([0].into()), "Slurm gives the first free index");
+    wait_until("the agent reads the job's GPU", WAIT, || {
+        s.log().contains("Slurm's devices changed")
+    });
+
+    gpu_pod(node, "beside-slurm");
+    wait_ready(node, &|| s.log(), "beside-slurm");
+    assert_eq!(
+        nvidia_nodes(node, "beside-slurm"),
+        vec!["nvidia-uvm", "nvidia1", "nvidiactl"],
+        "the pod gets the served GPU the Slurm job does not hold\n{}",
+        s.log()
+    );
+    assert_eq!(
+        pod_devices(node, "beside-slurm"),
+        vec![("nvidia.com/gpu".to_owned(), vec!["0000:3b:00.0".to_owned()])]
+    );
+    wait_until("no mismatch is reported", WAIT, || {
+        mismatches_metric(&s.listen).as_deref() == Some("0")
+    });
+
+    // Slurm does not know the pod holds index 1 and gives it, with every other free GPU, to the next job: the agent
+    // reports the clash.
+    let second = sbatch("--gres=gpu:7");
+    wait_until("the second Slurm job runs on indexes 1-7", WAIT, || {
+        gpu_indexes(&second) == Some((1..=7).collect())
+    });
+    wait_until("the clash is reported", WAIT, || {
+        mismatches_metric(&s.listen).as_deref() == Some("1")
+    });
+    assert!(
+        s.log().contains("device allocation mismatch") && s.log().contains("beside-slurm"),
+        "{}",
+        s.log()
+    );
+    slurm(&["scancel", &first, &second]);
+    node.kubectl_ok(&["delete", "pod", "-n", NS, "beside-slurm", "--timeout=120s"]);
+}
