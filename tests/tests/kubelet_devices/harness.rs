@@ -1,0 +1,178 @@
+//! The harness of the device plugin tests: the agent on a copy of the recorded XE9680 root with two real device
+//! nodes, and what the kubelet and the pods say.
+
+use super::*;
+
+/// The agent with only its device plugin on (no Slurm, no publication), killed when dropped.
+pub(crate) struct Agent {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+pub(crate) fn mknod(path: &Path, major: u32, minor: u32) {
+    let _ = std::fs::remove_file(path);
+    let st = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("mknod: {e}"));
+    assert!(st.success(), "mknod {}", path.display());
+}
+
+/// A copy of the recorded host root in `dir` whose GPUs 0 and 1 and control nodes are character devices.
+pub(crate) fn prepare_root(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("hosts/xe9680-8xh100/root"))
+        .arg(&root)
+        .status();
+    assert!(copied.is_ok_and(|s| s.success()), "copying the host root");
+    // NVIDIA's major 195: GPUs by minor, nvidiactl 255; nvidia-uvm's major is dynamic on a real host.
+    mknod(&root.join("dev/nvidia0"), 195, 0);
+    mknod(&root.join("dev/nvidia1"), 195, 1);
+    mknod(&root.join("dev/nvidiactl"), 195, 255);
+    mknod(&root.join("dev/nvidia-uvm"), 509, 0);
+    root
+}
+
+pub(crate) fn start_agent() -> Agent {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = prepare_root(dir.path());
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(isthmus_bin())
+        .args([
+            "agent",
+            "--slurm-mode",
+            "off",
+            "--no-nvml",
+            "--publish-nrt",
+            "false",
+        ])
+        .args([
+            "--publish-numatopology",
+            "false",
+            "--rediscover-seconds",
+            "3600",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--host-root")
+        .arg(&root)
+        .args([
+            "--device-plugin",
+            "--device-plugin-dir",
+            "/var/lib/kubelet/device-plugins",
+        ])
+        .arg("--device-plugin-runtime-root")
+        .arg(&root)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting the agent: {e}"));
+    Agent {
+        child,
+        log,
+        _dir: dir,
+    }
+}
+
+/// The kubelet's log lines about device plugins, for a failure message.
+pub(crate) fn kubelet_device_log() -> String {
+    std::fs::read_to_string("/tmp/isthmus-kubenode/run/kubelet.log")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("device") || l.contains("plugin") || l.contains("topology"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The Node's `status.<field>["nvidia.com/gpu"]`.
+pub(crate) fn gpus(node: &KubeNode, field: &str) -> String {
+    let out = node.kubectl(&[
+        "get",
+        "node",
+        NODE_NAME,
+        "-o",
+        &format!("jsonpath={{.status.{field}.nvidia\\.com/gpu}}"),
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+pub(crate) fn gpu_pod(node: &KubeNode, name: &str) {
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  \
+         terminationGracePeriodSeconds: 0\n  automountServiceAccountToken: false\n  containers:\n  \
+         - name: main\n    image: {IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, \"3600\"]\n    \
+         resources:\n      requests: {{cpu: 10m, memory: 16Mi}}\n      limits: {{nvidia.com/gpu: \"1\"}}\n"
+    ));
+}
+
+pub(crate) fn wait_ready(node: &KubeNode, agent_log: &dyn Fn() -> String, name: &str) {
+    let ready = node.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        &format!("pod/{name}"),
+    ]);
+    assert!(
+        ready.status.success(),
+        "pod {name} is not Ready: {}\n--- agent ---\n{}\n{}",
+        String::from_utf8_lossy(&node.kubectl(&["describe", "pod", "-n", NS, name]).stdout),
+        agent_log(),
+        isthmus_tests::kubenode::logs()
+    );
+}
+
+/// The `/dev/nvidia*` names the pod's container sees.
+pub(crate) fn nvidia_nodes(node: &KubeNode, pod: &str) -> Vec<String> {
+    let ls = node.kubectl_ok(&["exec", "-n", NS, pod, "--", "ls", "/dev"]);
+    ls.split_whitespace()
+        .filter(|n| n.starts_with("nvidia"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The devices PodResources lists for `pod`, by resource name.
+pub(crate) fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String>)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut kubelet = isthmus_agent::k8s::podresources::Kubelet::new(
+        &node.pod_resources_socket(),
+        Duration::from_secs(10),
+    );
+    let answers = rt
+        .block_on(kubelet.query())
+        .unwrap_or_else(|e| panic!("{e}"));
+    answers
+        .list
+        .pod_resources
+        .iter()
+        .filter(|p| p.namespace == NS && p.name == pod)
+        .flat_map(|p| p.containers.iter())
+        .flat_map(|c| c.devices.iter())
+        .map(|d| (d.resource_name.clone(), d.device_ids.clone()))
+        .collect()
+}
