@@ -1,14 +1,16 @@
 //! The Kubernetes side of the agent: the NodeResourceTopology and Volcano's Numatopology rendered from discovery and
-//! the kubelet's view ([`nrt`], [`numatopo`], [`kubelet_view`], [`podresources`], [`kubelet`], [`fingerprint`]),
-//! published by server-side apply and kept in place by a watch on the object ([`publisher`]; the Numatopology only
-//! where the API server serves it, [`api_discovery`]), all started by [`tasks::spawn`]; [`access`] lists every API
-//! call the agent makes.
+//! the kubelet's view ([`nrt`], [`numatopo`], [`kubelet_view`], [`podresources`], [`kubelet`], [`fingerprint`];
+//! gRPC to the kubelet's sockets in [`kubelet_grpc`]), published by server-side apply and kept in place by a watch
+//! on the object ([`publisher`]; the Numatopology only where the API server serves it, [`api_discovery`]), all
+//! started by [`tasks::spawn`]; the kubelet's device plugin ([`deviceplugin`]); [`access`] lists every API call
+//! the agent makes.
 
 pub mod access;
 pub mod api_discovery;
 pub mod deviceplugin;
 pub mod fingerprint;
 pub mod kubelet;
+pub mod kubelet_grpc;
 pub mod kubelet_view;
 pub mod nrt;
 pub mod numatopo;

@@ -95,19 +95,7 @@ impl Kubelet {
     async fn connect(
         &self,
     ) -> Result<PodResourcesListerClient<tonic::transport::Channel>, PodResourcesError> {
-        let path = self.socket.clone();
-        // The URI is required by tonic but unused: the connector dials the unix socket.
-        let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout)
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let path = path.clone();
-                async move {
-                    tokio::net::UnixStream::connect(path)
-                        .await
-                        .map(hyper_util::rt::TokioIo::new)
-                }
-            }))
+        let channel = super::kubelet_grpc::channel(&self.socket, self.timeout)
             .await
             .map_err(|e| {
                 PodResourcesError::Connect(self.socket.display().to_string(), source_chain(&e))
@@ -179,16 +167,7 @@ pub async fn query(socket: &Path, timeout: Duration) -> Result<Answers, PodResou
     Kubelet::new(socket, timeout).query().await
 }
 
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+use super::kubelet_grpc::source_chain;
 
 /// Blocking wrapper for the CLI.
 pub fn query_blocking(socket: &Path, timeout: Duration) -> Result<Answers, PodResourcesError> {

@@ -2,11 +2,12 @@
 //! new file identity means a new kubelet that must be told again), and the `Register` call.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use super::proto;
 use super::proto::registration_client::RegistrationClient;
+use crate::k8s::kubelet_grpc::source_chain as chain;
 
 /// The API version this plugin speaks.
 pub const API_VERSION: &str = "v1beta1";
@@ -48,19 +49,7 @@ pub async fn register(
     resource: &str,
     options: proto::DevicePluginOptions,
 ) -> Result<(), RegisterError> {
-    let path: PathBuf = kubelet_socket.to_path_buf();
-    // The URI is required by tonic but unused: the connector dials the unix socket.
-    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
-        .connect_timeout(CALL_TIMEOUT)
-        .timeout(CALL_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
+    let channel = crate::k8s::kubelet_grpc::channel(kubelet_socket, CALL_TIMEOUT)
         .await
         .map_err(|e| RegisterError::Connect(kubelet_socket.display().to_string(), chain(&e)))?;
     RegistrationClient::new(channel)
@@ -76,17 +65,6 @@ pub async fn register(
             message: e.message().to_owned(),
         })?;
     Ok(())
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The socket file name of `resource`'s plugin: `isthmus-<resource with '/' as '_'>.sock`.
