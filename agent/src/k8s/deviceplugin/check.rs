@@ -1,6 +1,7 @@
 //! After admission: every placed pod holds exactly its placeholder job's devices, and no pod holds a device a Slurm
-//! job holds. Compared every [`PERIOD`] from the kubelet's PodResources and Slurm's holds; a disagreement is a
-//! warning naming the pod and the devices, and the gauge `isthmus_device_allocation_mismatches`.
+//! job holds. Compared every [`PERIOD`] (on the daemon's time grid) from the kubelet's PodResources, and at once
+//! when Slurm's holds change; a disagreement is a warning naming the pod and the devices, and the gauge
+//! `isthmus_device_allocation_mismatches`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -98,19 +99,21 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
 /// Compare until `shutdown`.
 pub async fn run(
     pod_resources: PathBuf,
-    holds: watch::Receiver<Holds>,
+    mut holds: watch::Receiver<Holds>,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: CancellationToken,
 ) {
     let mut kubelet =
         crate::k8s::podresources::Kubelet::new(&pod_resources, Duration::from_secs(5));
     let mut last: Vec<Mismatch> = Vec::new();
-    let mut tick = tokio::time::interval(PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::cadence::ticker(PERIOD);
+    let mut holds_open = true;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            // A new answer from Slurm (a job placed on a pod's device) is compared at once, not at the next tick.
+            r = holds.changed(), if holds_open => holds_open = r.is_ok(),
         }
         let list = match kubelet.query().await {
             Ok(a) => a.list,

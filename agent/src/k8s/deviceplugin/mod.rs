@@ -138,8 +138,8 @@ pub async fn run(role: DevicePluginRole, mut inputs: Inputs, shutdown: Cancellat
     let policy = RetryPolicy::kubelet_registration();
     let mut backoff = policy.backoff();
     let mut session: Option<Session> = None;
-    let mut tick = tokio::time::interval(CHECK_PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // On the daemon's time grid (2048 ms): the checks share the other periodic tasks' wake-ups.
+    let mut tick = crate::cadence::ticker(CHECK_PERIOD);
     loop {
         let inv = current(&mut inputs);
         let keep = session
