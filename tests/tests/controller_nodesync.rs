@@ -204,6 +204,8 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
             (resource, e.verb)
         })
         .collect();
+    // Every grant but the HealthDrainHeld Event's, which only an open circuit breaker records
+    // (`health_nodesync.rs` sees it created as this ServiceAccount).
     let listed: std::collections::BTreeSet<(String, String)> = API_ACCESS
         .iter()
         .flat_map(|a| {
@@ -211,6 +213,7 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
                 .iter()
                 .map(|v| (a.resource.to_owned(), (*v).to_owned()))
         })
+        .filter(|(r, v)| !(r == "events" && v == "create"))
         .collect();
     assert_eq!(used, listed);
 }
