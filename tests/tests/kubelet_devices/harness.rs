@@ -176,3 +176,19 @@ pub(crate) fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String
         .map(|d| (d.resource_name.clone(), d.device_ids.clone()))
         .collect()
 }
+
+/// Wait until the Node's allocatable `nvidia.com/gpu` is 2 (the two served GPUs), with the agent's and the kubelet's
+/// device logs when it is not within [`WAIT`].
+pub(crate) fn wait_allocatable(node: &KubeNode, agent_log: &dyn Fn() -> String) {
+    let start = std::time::Instant::now();
+    while gpus(node, "allocatable") != "2" {
+        assert!(
+            start.elapsed() < WAIT,
+            "the Node's allocatable nvidia.com/gpu is {:?}, not 2\n--- agent ---\n{}\n--- kubelet ---\n{}",
+            gpus(node, "allocatable"),
+            agent_log(),
+            kubelet_device_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

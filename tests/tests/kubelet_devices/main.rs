@@ -55,17 +55,7 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ));
 
-    let start = std::time::Instant::now();
-    while gpus(node, "allocatable") != "2" {
-        assert!(
-            start.elapsed() < WAIT,
-            "the Node's allocatable nvidia.com/gpu is {:?}, not 2\n--- agent ---\n{}\n--- kubelet ---\n{}",
-            gpus(node, "allocatable"),
-            agent.log(),
-            kubelet_device_log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_allocatable(node, &|| agent.log());
     assert_eq!(
         gpus(node, "capacity"),
         "8",
@@ -267,16 +257,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     node.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ));
-    let start = std::time::Instant::now();
-    while gpus(node, "allocatable") != "2" {
-        assert!(
-            start.elapsed() < WAIT,
-            "allocatable {:?}\n{}",
-            gpus(node, "allocatable"),
-            s.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_allocatable(node, &|| s.log());
     let slurm = |args: &[&str]| {
         let out = Command::new(s.release.program(args[0]))
             .args(&args[1..])
