@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::{fixtures, free_port, isthmus_bin};
+use crate::{fixtures, isthmus_bin};
 
 /// A running agent.
 #[derive(Debug)]
@@ -46,11 +46,10 @@ impl AgentProcess {
         std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(root.join("var/lib/kubelet/config.yaml"), kubelet_config)
             .unwrap_or_else(|e| panic!("{e}"));
-        let listen = format!("127.0.0.1:{}", free_port());
         let log = dir.path().join("agent.log");
         let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
         let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(isthmus_bin())
+        let mut child = Command::new(isthmus_bin())
             .args([
                 "agent",
                 "--slurm-mode",
@@ -61,7 +60,7 @@ impl AgentProcess {
                 "--rediscover-seconds",
                 "3600",
                 "--listen",
-                &listen,
+                "127.0.0.1:0",
             ])
             .arg("--host-root")
             .arg(&root)
@@ -78,6 +77,7 @@ impl AgentProcess {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("starting the agent: {e}"));
+        let listen = crate::bound_address(&mut child, &log);
         Self {
             child,
             _dir: dir,

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use isthmus_api::nrt::NodeResourceTopology;
 
 use crate::apiserver::ApiServer;
-use crate::{fixtures, free_port, isthmus_bin, repo_root};
+use crate::{fixtures, isthmus_bin, repo_root};
 
 /// The controller's namespace and ServiceAccount.
 pub const NAMESPACE: &str = "isthmus-system";
@@ -160,7 +160,6 @@ impl ControllerProcess {
     /// Start `isthmus controller run --identity IDENTITY` with `KUBECONFIG=kubeconfig` in [`NAMESPACE`], plus `args`.
     pub fn start(identity: &str, kubeconfig: &Path, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let listen = format!("127.0.0.1:{}", free_port());
         let log = dir.path().join("controller.log");
         let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
         let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
@@ -173,7 +172,7 @@ impl ControllerProcess {
             }
             None => Command::new(isthmus_bin()),
         };
-        let child = cmd
+        let mut child = cmd
             .args([
                 "controller",
                 "run",
@@ -182,7 +181,7 @@ impl ControllerProcess {
                 "--identity",
                 identity,
                 "--listen",
-                &listen,
+                "127.0.0.1:0",
             ])
             .args(args)
             .env("KUBECONFIG", kubeconfig)
@@ -195,6 +194,7 @@ impl ControllerProcess {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("starting the controller: {e}"));
+        let listen = crate::bound_address(&mut child, &log);
         Self {
             child: Some(child),
             _dir: dir,

@@ -178,7 +178,13 @@ fn only_the_leader_writes_and_the_standby_takes_over() {
             let got = isthmus_tests::http_get(&c.listen, path)
                 .map(|(code, _)| code)
                 .ok();
-            assert_eq!(got, Some(200), "{} {path}", c.identity);
+            assert_eq!(
+                got,
+                Some(200),
+                "{} {path}; its log:\n{}",
+                c.identity,
+                c.log_text()
+            );
         }
     }
     assert!(leader.metric("isthmus_controller_topology_writes_total") > 0.0);
