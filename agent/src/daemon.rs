@@ -337,15 +337,22 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     ));
 
     if let Some(role) = config.device_plugin.clone() {
+        let publish = client
+            .clone()
+            .zip(publish_as.clone())
+            .map(|(client, node)| crate::k8s::deviceplugin::report::Publisher { client, node });
         crate::k8s::deviceplugin::spawn(
             role,
             config
                 .slurm
                 .as_ref()
-                .map(|s| crate::k8s::deviceplugin::slurm_poll::SlurmSource {
-                    node: s.node.node.clone(),
-                    slurm_conf: s.node.slurm_conf.clone(),
-                    gres: s.node.options.gres.clone(),
+                .map(|s| crate::k8s::deviceplugin::SlurmSide {
+                    source: crate::k8s::deviceplugin::slurm_poll::SlurmSource {
+                        node: s.node.node.clone(),
+                        slurm_conf: s.node.slurm_conf.clone(),
+                        gres: s.node.options.gres.clone(),
+                    },
+                    publish,
                 }),
             isthmus_topology::HostRoot::new(&config.host.host_root),
             topo_rx.clone(),

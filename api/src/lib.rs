@@ -1,10 +1,11 @@
 //! Kubernetes resource types and conventions shared by the isthmus node agent and the cluster controller: the
 //! NodeResourceTopology object (the agent writes it, the controller reads it), the names of the attributes isthmus
 //! puts in it, Volcano's Numatopology object, the scheduler objects the controller writes (Volcano's HyperNode,
-//! Kueue's Topology), the Events both record, resource quantities, the field managers each writer uses, and the retry policy of both.
+//! Kueue's Topology), the Node conditions the agent writes, the Events both record, resource quantities, the field managers each writer uses, and the retry policy of both.
 //! Nothing here does I/O.
 
 pub mod access;
+pub mod conditions;
 pub mod events;
 pub mod fabric;
 pub mod hypernode;

@@ -171,6 +171,39 @@ impl KubeNode {
         Path::new(KUBELET_ROOT).join("pod-resources/kubelet.sock")
     }
 
+    /// The shipped RBAC, CRDs and namespace of `deploy/daemonset` (not its DaemonSet: tests start the agent
+    /// themselves) and Volcano's Numatopology CRD, applied once per test process; a new kubeconfig of the agent's
+    /// ServiceAccount (a TokenRequest token).
+    pub fn prepare_agent(&self) -> PathBuf {
+        static DONE: Mutex<bool> = Mutex::new(false);
+        let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+        if !*done {
+            let docs: Vec<serde_yaml_ng::Value> = crate::deploy::render(".")
+                .into_iter()
+                .filter(|d| d["kind"] != "DaemonSet")
+                .collect();
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+            self.apply(&list.to_string());
+            let volcano =
+                crate::fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
+            self.apply(&std::fs::read_to_string(volcano).unwrap_or_else(|e| panic!("{e}")));
+            for crd in [
+                "noderesourcetopologies.topology.node.k8s.io",
+                "numatopologies.nodeinfo.volcano.sh",
+            ] {
+                self.kubectl_ok(&[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "crd",
+                    crd,
+                ]);
+            }
+            *done = true;
+        }
+        self.kubeconfig_for_token(&self.token_for("isthmus-system", "isthmus"))
+    }
+
     /// A TokenRequest token of ServiceAccount `ns/sa` (valid 24 h).
     pub fn token_for(&self, ns: &str, sa: &str) -> String {
         self.kubectl_ok(&["create", "token", sa, "-n", ns, "--duration", "24h"])

@@ -32,7 +32,8 @@ pub struct ClassState {
     pub message: String,
 }
 
-fn truncate(mut s: String, max: usize) -> String {
+/// `s` cut to `max` bytes at a character boundary, ending in `...` when cut.
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut cut = max.saturating_sub(3);
         while !s.is_char_boundary(cut) {

@@ -34,14 +34,16 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "nodes/status",
         verbs: &["patch"],
         why: "server-side apply of the node's device health conditions (GpuHealthy, NvlinkHealthy, \
-              InfinibandHealthy); the admission webhook holds the agent to its own Node and to these conditions",
+              InfinibandHealthy) and, with the device plugin beside Slurm, DeviceAllocationConsistent; the admission \
+              webhook holds the agent to its own Node and to these conditions",
     },
     ApiAccess {
         group: "",
         resource: "events",
         verbs: &["create"],
         why: "an Event on the Node when a device health class fails or recovers (in the default namespace, as the \
-              kubelet's Node Events)",
+              kubelet's Node Events); with the device plugin beside Slurm, an Event on a pod (in its namespace) whose \
+              accelerators disagree with Slurm's jobs",
     },
 ];
 

@@ -1,6 +1,7 @@
 //! Rule `own-node-report` on `nodes/status`: the node agent writes its device health conditions (`GpuHealthy`,
-//! `NvlinkHealthy`, `InfinibandHealthy`) on its own Node and changes nothing else there. Judged against the Node as
-//! stored (kube-apiserver 1.20 sends a Node PATCH's result as its `oldObject` too).
+//! `NvlinkHealthy`, `InfinibandHealthy`) and the device plugin's `DeviceAllocationConsistent` on its own Node and
+//! changes nothing else there. Judged against the Node as stored (kube-apiserver 1.20 sends a Node PATCH's result
+//! as its `oldObject` too).
 
 use serde_json::{Map, Value};
 
@@ -9,7 +10,7 @@ use super::review::Request;
 use super::rules::{Rule, Step, Verdict};
 
 /// The condition types the agent may write.
-pub const HEALTH_CONDITIONS: [&str; 3] = ["GpuHealthy", "NvlinkHealthy", "InfinibandHealthy"];
+pub const AGENT_CONDITIONS: [&str; 4] = isthmus_api::conditions::AGENT;
 
 /// The first step for an agent's `nodes/status` write: which node its token proves (a lookup for a pod-bound
 /// token), then the Node as stored.
@@ -46,7 +47,7 @@ fn kept(node: &Value) -> Value {
     if let Some(Value::Object(status)) = node.get("status") {
         let mut s = status.clone();
         if let Some(Value::Array(conds)) = s.get_mut("conditions") {
-            conds.retain(|c| !is_health(c));
+            conds.retain(|c| !is_agents(c));
             if conds.is_empty() {
                 s.remove("conditions");
             }
@@ -56,10 +57,10 @@ fn kept(node: &Value) -> Value {
     Value::Object(out)
 }
 
-fn is_health(c: &Value) -> bool {
+fn is_agents(c: &Value) -> bool {
     c.get("type")
         .and_then(Value::as_str)
-        .is_some_and(|t| HEALTH_CONDITIONS.contains(&t))
+        .is_some_and(|t| AGENT_CONDITIONS.contains(&t))
 }
 
 /// Decide once the requester's node and the Node as stored are known (or why not).
@@ -105,7 +106,7 @@ pub fn verdict(
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter(|c| is_health(c))
+        .filter(|c| is_agents(c))
         .any(|c| {
             !matches!(
                 c.get("status").and_then(Value::as_str),
@@ -144,7 +145,7 @@ pub fn verdict(
             Rule::NodeReport,
             format!(
                 "{who} may change only the {} conditions of its Node's status, nothing else (changed: {})",
-                HEALTH_CONDITIONS.join(", "),
+                AGENT_CONDITIONS.join(", "),
                 changed.join(", ")
             ),
         );
@@ -215,11 +216,14 @@ mod tests {
     #[test]
     fn the_agent_writes_only_its_own_nodes_health_conditions() {
         let stored = node(json!([ready()]), "a");
-        // Adding, changing and clearing a health condition on its own Node.
+        let allocation = json!({"type": "DeviceAllocationConsistent", "status": "False",
+            "reason": "DeviceAllocationMismatch", "message": "pod team-a/p1 holds devices Slurm jobs hold: x"});
+        // Adding, changing and clearing a health condition on its own Node, and the device plugin's condition.
         for conds in [
             json!([ready(), gpu("False")]),
             json!([ready(), gpu("True")]),
             json!([gpu("False"), ready()]),
+            json!([ready(), gpu("True"), allocation]),
         ] {
             let r = req("n1", node(conds, "a"));
             let v = verdict(&r, Ok("n1".into()), Ok(stored.clone()));

@@ -152,19 +152,8 @@ pub fn node_of_pod(
     }
 }
 
-/// A DNS subdomain (RFC 1123), as Kubernetes names Nodes and pods: at most 253 characters of lower-case letters,
-/// digits, `-` and `.`, each label starting and ending with a letter or digit.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
-}
+/// A DNS subdomain (RFC 1123), as Kubernetes names Nodes and pods.
+pub use crate::placement::comment::is_dns_subdomain;
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@ use isthmus_tests::deploy::{
     Reaped, added_capabilities, agent_container, render, start_as_in_the_pod,
 };
 use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
-use isthmus_tests::{fixtures, free_port, slurm::wait_until};
+use isthmus_tests::{free_port, slurm::wait_until};
 
 pub(crate) static TURN: Mutex<()> = Mutex::new(());
 
@@ -20,38 +20,13 @@ pub(crate) fn turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The shipped RBAC, CRDs and namespace of `deploy/daemonset` (not its DaemonSet: tests start the agent
-/// themselves), Volcano's Numatopology CRD, the test namespace; a kubeconfig of the agent's ServiceAccount.
+/// [`KubeNode::prepare_agent`] and the test namespace; a kubeconfig of the agent's ServiceAccount.
 pub(crate) fn prepare(node: &KubeNode) -> PathBuf {
-    static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if !*done {
-        let docs: Vec<serde_yaml_ng::Value> = render(".")
-            .into_iter()
-            .filter(|d| d["kind"] != "DaemonSet")
-            .collect();
-        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
-        node.apply(&list.to_string());
-        let volcano = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-        node.apply(&std::fs::read_to_string(volcano).unwrap_or_else(|e| panic!("{e}")));
-        node.apply(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
-        ));
-        for crd in [
-            "noderesourcetopologies.topology.node.k8s.io",
-            "numatopologies.nodeinfo.volcano.sh",
-        ] {
-            node.kubectl_ok(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd",
-                crd,
-            ]);
-        }
-        *done = true;
-    }
-    node.kubeconfig_for_token(&node.token_for("isthmus-system", "isthmus"))
+    let kubeconfig = node.prepare_agent();
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ));
+    kubeconfig
 }
 
 /// The NRT's `cpu` summed over its zones as (allocatable, available), when there is an object.

@@ -49,6 +49,8 @@ pub(crate) struct Site {
     pub(crate) listen: String,
     pub(crate) agent: Option<Child>,
     pub(crate) ctld: Option<Child>,
+    /// Environment the agent is started with besides the test process's (a `KUBECONFIG`).
+    pub(crate) agent_env: Vec<(String, std::ffi::OsString)>,
 }
 
 impl Site {
@@ -135,6 +137,7 @@ impl Site {
             listen: format!("127.0.0.1:{}", free_port()),
             agent: None,
             ctld: None,
+            agent_env: Vec::new(),
         }
     }
 
@@ -245,6 +248,7 @@ impl Site {
             .args(extra)
             .env_remove("HWLOC_FSROOT")
             .env_remove("HWLOC_COMPONENTS")
+            .envs(self.agent_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -1,7 +1,8 @@
 //! After admission: every placed pod holds exactly its placeholder job's devices, and no pod holds a device a Slurm
 //! job holds. Compared every [`PERIOD`] (on the daemon's time grid) from the kubelet's PodResources, and at once
-//! when Slurm's holds change; a disagreement is a warning naming the pod and the devices, and the gauge
-//! `isthmus_device_allocation_mismatches`.
+//! when Slurm's holds change; a disagreement is a warning naming the pod and the devices, the gauge
+//! `isthmus_device_allocation_mismatches`, and, with the Kubernetes side on, the Node condition
+//! `DeviceAllocationConsistent` and an Event on the pod ([`super::report`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -18,12 +19,7 @@ use crate::k8s::podresources::proto::ListPodResourcesResponse;
 pub const PERIOD: Duration = Duration::from_secs(2);
 
 /// The resource names the plugin serves.
-pub const SERVED: [&str; 4] = [
-    "nvidia.com/gpu",
-    "amd.com/gpu",
-    "habana.ai/gaudi",
-    "cambricon.com/mlu",
-];
+pub const SERVED: [&str; 4] = isthmus_api::conditions::DEVICE_RESOURCES;
 
 /// One pod whose devices disagree with Slurm's.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -77,7 +73,8 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
             .collect();
         if !slurm.is_empty() {
             out.push(mismatch(format!(
-                "holds devices Slurm jobs hold: {}",
+                "{}{}",
+                isthmus_api::conditions::CLASH_PREFIX,
                 slurm.join(", ")
             )));
             continue;
@@ -96,10 +93,11 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
     out
 }
 
-/// Compare until `shutdown`.
+/// Compare until `shutdown`; report to `publish` when given.
 pub async fn run(
     pod_resources: PathBuf,
     mut holds: watch::Receiver<Holds>,
+    publish: Option<super::report::Publisher>,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -108,6 +106,9 @@ pub async fn run(
     let mut last: Vec<Mismatch> = Vec::new();
     let mut tick = crate::cadence::ticker(PERIOD);
     let mut holds_open = true;
+    // The condition as last applied; `None` until the first write succeeds (a failed write is tried again at the
+    // next comparison).
+    let mut written: Option<k8s_openapi::api::core::v1::NodeCondition> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -124,10 +125,31 @@ pub async fn run(
         };
         let now = mismatches(&holds.borrow(), &list);
         metrics.record_device_mismatches(now.len());
-        if now != last {
+        let changed = now != last;
+        if changed {
             for m in &now {
                 tracing::warn!(namespace = %m.namespace, pod = %m.name, "device allocation mismatch: {}", m.message);
             }
+        }
+        if let Some(p) = &publish {
+            if changed {
+                p.record(&super::report::new_ones(&last, &now)).await;
+            }
+            if written.is_none() || changed {
+                let stamp = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                let cond = super::report::condition(&now, written.as_ref(), &stamp);
+                match p.apply(&cond).await {
+                    Ok(()) => written = Some(cond),
+                    Err(e) => {
+                        written = None;
+                        tracing::warn!(error = %e, "the DeviceAllocationConsistent condition could not be written; retrying");
+                    }
+                }
+            }
+        }
+        if changed {
             last = now;
         }
     }

@@ -13,6 +13,7 @@ pub mod authority;
 pub mod check;
 pub mod inventory;
 pub mod registration;
+pub mod report;
 pub mod service;
 pub mod slurm_jobs;
 pub mod slurm_poll;
@@ -95,11 +96,21 @@ fn current(inputs: &mut Inputs) -> BTreeMap<String, Devices> {
     inv
 }
 
+/// The plugin's Slurm side: where Slurm is asked about its jobs' devices, and where the check of the pods' devices
+/// against them reports (the Node's condition and the pods' Events; `None`: the Kubernetes side is off).
+#[derive(Debug, Clone)]
+pub struct SlurmSide {
+    /// Where and as which node Slurm is asked.
+    pub source: slurm_poll::SlurmSource,
+    /// Where the check reports.
+    pub publish: Option<report::Publisher>,
+}
+
 /// Start the plugin and, on a Slurm node, the question to Slurm about its jobs' devices and the check of the pods'
 /// devices against them.
 pub fn spawn(
     role: DevicePluginRole,
-    slurm: Option<slurm_poll::SlurmSource>,
+    slurm: Option<SlurmSide>,
     host_root: HostRoot,
     topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     health: watch::Receiver<Vec<Finding>>,
@@ -107,9 +118,9 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) {
     let (holds_tx, holds) = watch::channel(slurm_jobs::Holds::default());
-    if let Some(source) = slurm {
+    if let Some(side) = slurm {
         tokio::spawn(slurm_poll::run(
-            source,
+            side.source,
             topo.clone(),
             holds_tx,
             shutdown.clone(),
@@ -117,6 +128,7 @@ pub fn spawn(
         tokio::spawn(check::run(
             role.pod_resources.clone(),
             holds.clone(),
+            side.publish,
             metrics,
             shutdown.clone(),
         ));

@@ -1,0 +1,233 @@
+//! What the check after admission tells the cluster: the Node condition `DeviceAllocationConsistent` (`True` while
+//! every pod's devices agree with Slurm's jobs, `False` with reason `DeviceAllocationMismatch` and a message naming
+//! each pod and its devices), applied with server-side apply on `nodes/status` under its own field manager, and a
+//! `Warning` Event `DeviceAllocationMismatch` on each pod when its mismatch is first seen.
+//!
+//! The Event names the pod by namespace and name: the kubelet's PodResources gives no UID and the agent may not
+//! read pods, so `kubectl get events -n <namespace>` shows it and `kubectl describe pod` (which matches Events by
+//! UID) does not. Events are best effort (a warning in the log when one cannot be created, never retried); a
+//! condition write that fails is tried again at the next comparison.
+
+use isthmus_api::conditions::DEVICE_ALLOCATION;
+use isthmus_api::events::{self, EventType, Involved, Reporter};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+
+use super::check::Mismatch;
+
+/// The field manager of the condition (it owns only that condition entry).
+pub const FIELD_MANAGER: &str = "isthmus-device-allocation";
+
+/// The reason (and the Events' reason) while a pod's devices disagree with Slurm's.
+pub const MISMATCH_REASON: &str = isthmus_api::conditions::DEVICE_ALLOCATION_MISMATCH;
+
+/// The reason while everything agrees.
+pub const AGREE_REASON: &str = "DevicesAgreeWithSlurm";
+
+/// The Events' component.
+pub const COMPONENT: &str = "isthmus-agent";
+
+/// The condition for `mismatches`, keeping `previous`'s transition time while the status stays the same.
+pub fn condition(
+    mismatches: &[Mismatch],
+    previous: Option<&NodeCondition>,
+    now: &Time,
+) -> NodeCondition {
+    let status = if mismatches.is_empty() {
+        "True"
+    } else {
+        "False"
+    };
+    let (reason, message) = if mismatches.is_empty() {
+        (
+            AGREE_REASON,
+            "every pod's accelerators agree with what Slurm's jobs hold on the node".to_owned(),
+        )
+    } else {
+        let pods: Vec<String> = mismatches
+            .iter()
+            .map(|m| format!("pod {}/{} {}", m.namespace, m.name, m.message))
+            .collect();
+        (MISMATCH_REASON, pods.join("; "))
+    };
+    let transition = previous
+        .filter(|p| p.status == status)
+        .and_then(|p| p.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    NodeCondition {
+        type_: DEVICE_ALLOCATION.to_owned(),
+        status: status.to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(crate::health::conditions::truncate(
+            message,
+            crate::health::conditions::MAX_MESSAGE,
+        )),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(transition),
+    }
+}
+
+/// The mismatches of `now` that `before` did not have (each gets an Event).
+pub fn new_ones<'a>(before: &[Mismatch], now: &'a [Mismatch]) -> Vec<&'a Mismatch> {
+    now.iter().filter(|m| !before.contains(m)).collect()
+}
+
+/// Where the condition and the Events go.
+#[derive(Clone)]
+pub struct Publisher {
+    /// The agent's client.
+    pub client: kube::Client,
+    /// The Node's name.
+    pub node: String,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// Apply `cond` on the Node's status.
+    pub async fn apply(&self, cond: &NodeCondition) -> Result<(), kube::Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.node},
+            "status": {"conditions": [cond]},
+        });
+        api.patch_status(
+            &self.node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// A `Warning` Event on each pod of `mismatches`, in its namespace.
+    pub async fn record(&self, mismatches: &[&Mismatch]) {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let reporter = Reporter {
+            component: COMPONENT,
+            instance: &self.node,
+            host: Some(&self.node),
+        };
+        for m in mismatches {
+            let involved = Involved {
+                kind: "Pod",
+                name: &m.name,
+                namespace: Some(&m.namespace),
+                uid: None,
+            };
+            let message = format!(
+                "the pod's accelerators disagree with Slurm's jobs on node {}: it {}",
+                self.node, m.message
+            );
+            let e = events::event(
+                &involved,
+                &reporter,
+                EventType::Warning,
+                MISMATCH_REASON,
+                &message,
+                &now,
+            );
+            let api: Api<Event> = Api::namespaced(self.client.clone(), &m.namespace);
+            if let Err(err) = api.create(&PostParams::default(), &e).await {
+                tracing::warn!(namespace = %m.namespace, pod = %m.name, error = %err, "the mismatch Event could not be recorded");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(name: &str, message: &str) -> Mismatch {
+        Mismatch {
+            namespace: "team-a".into(),
+            name: name.into(),
+            message: message.into(),
+        }
+    }
+
+    fn at(s: &str) -> Time {
+        Time(s.parse().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn the_condition_names_every_pod_and_keeps_its_transition_time_while_the_status_stays() {
+        let t0 = at("2026-01-01T00:00:00Z");
+        let t1 = at("2026-01-01T00:00:05Z");
+        let sound = condition(&[], None, &t0);
+        assert_eq!(sound.type_, "DeviceAllocationConsistent");
+        assert_eq!(sound.status, "True");
+        assert_eq!(sound.reason.as_deref(), Some(AGREE_REASON));
+        assert_eq!(sound.last_transition_time, Some(t0.clone()));
+
+        let bad = [
+            m(
+                "p1",
+                "holds devices Slurm jobs hold: 0000:19:00.0 (Slurm job 7)",
+            ),
+            m(
+                "p2",
+                "holds 0000:3b:00.0 but its placeholder job holds 0000:4c:00.0",
+            ),
+        ];
+        let failed = condition(&bad, Some(&sound), &t1);
+        assert_eq!(failed.status, "False");
+        assert_eq!(failed.reason.as_deref(), Some(MISMATCH_REASON));
+        assert_eq!(
+            failed.message.as_deref(),
+            Some(
+                "pod team-a/p1 holds devices Slurm jobs hold: 0000:19:00.0 (Slurm job 7); \
+                 pod team-a/p2 holds 0000:3b:00.0 but its placeholder job holds 0000:4c:00.0"
+            )
+        );
+        assert_eq!(failed.last_transition_time, Some(t1.clone()));
+        // Still failing a little later: the transition time stays, the heartbeat moves.
+        let t2 = at("2026-01-01T00:00:07Z");
+        let still = condition(&bad[..1], Some(&failed), &t2);
+        assert_eq!(still.last_transition_time, Some(t1));
+        assert_eq!(still.last_heartbeat_time, Some(t2));
+    }
+
+    #[test]
+    fn a_long_message_is_cut_at_the_condition_limit() {
+        let many: Vec<Mismatch> = (0..100)
+            .map(|i| {
+                m(
+                    &format!("pod-{i}"),
+                    "holds devices Slurm jobs hold: 0000:19:00.0 (Slurm job 7)",
+                )
+            })
+            .collect();
+        let c = condition(&many, None, &at("2026-01-01T00:00:00Z"));
+        let text = c.message.unwrap_or_default();
+        assert_eq!(text.len(), crate::health::conditions::MAX_MESSAGE);
+        assert!(text.ends_with("..."), "{text}");
+    }
+
+    #[test]
+    fn only_mismatches_not_seen_before_get_an_event() {
+        let a = m("p1", "x");
+        let b = m("p2", "y");
+        let changed = m("p1", "z");
+        assert_eq!(new_ones(&[], std::slice::from_ref(&a)), vec![&a]);
+        let now = [a.clone(), b.clone()];
+        assert_eq!(new_ones(std::slice::from_ref(&a), &now), vec![&b]);
+        assert!(new_ones(&now, &now).is_empty());
+        // The same pod with another disagreement is news.
+        assert_eq!(
+            new_ones(&now, std::slice::from_ref(&changed)),
+            vec![&changed]
+        );
+    }
+}
