@@ -234,3 +234,107 @@ fn the_circuit_breaker_holds_new_drains_while_too_many_nodes_fail_at_once() {
     });
     site.stop().unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A pod bound to `node` in namespace `clash`, with `limits` (e.g. `{nvidia.com/gpu: "1"}`).
+fn bound_pod(site: &SyncSite, name: &str, node: &str, limits: &str) {
+    site.api.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: clash\nspec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n  \
+         containers:\n  - name: c\n    image: busybox\n    resources:\n      limits: {limits}\n"
+    ));
+}
+
+/// The pod's `metadata.deletionTimestamp` (set by an eviction; these Nodes have no kubelet to finish it).
+fn terminating(site: &SyncSite, name: &str) -> bool {
+    let out = site.kubectl_ok(&[
+        "get",
+        "pod",
+        "-n",
+        "clash",
+        name,
+        "-o",
+        "jsonpath={.metadata.deletionTimestamp}",
+    ]);
+    !out.trim().is_empty()
+}
+
+/// A Node's agent reports a pod holding a Slurm job's device (`DeviceAllocationConsistent` False): the node sync
+/// evicts that pod, as its ServiceAccount, with a Warning Event on it — and not a pod bound to another Node, a pod
+/// that asks for no accelerator, or a name that does not parse, even when the condition names them.
+#[test]
+fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
+    let site = SyncSite::start(
+        &["dc1", "dc2"],
+        NodeSyncArgs {
+            node_sync: true,
+            ..NodeSyncArgs::default()
+        },
+    );
+    // No controller-manager here: the namespace's default ServiceAccount is made by hand.
+    site.api.apply_yaml(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: clash\n---\napiVersion: v1\nkind: ServiceAccount\n\
+         metadata:\n  name: default\n  namespace: clash\n",
+    );
+    bound_pod(&site, "on-the-jobs-gpu", "dc1", "{nvidia.com/gpu: \"1\"}");
+    bound_pod(&site, "on-dc2", "dc2", "{nvidia.com/gpu: \"1\"}");
+    bound_pod(&site, "no-gpu", "dc1", "{cpu: \"1\"}");
+    let clash = |pod: &str| {
+        format!("pod clash/{pod} holds devices Slurm jobs hold: 0000:3b:00.0 (Slurm job 12)")
+    };
+    let message = [
+        clash("on-the-jobs-gpu"),
+        clash("on-dc2"),
+        clash("no-gpu"),
+        clash("Bad_Name"),
+        "pod clash/other holds 0000:19:00.0 but its placeholder job holds 0000:3b:00.0".to_owned(),
+    ]
+    .join("; ");
+    let since = std::time::SystemTime::now();
+    site.set_condition(
+        "dc1",
+        "DeviceAllocationConsistent",
+        "False",
+        "DeviceAllocationMismatch",
+        &message,
+    );
+    let took = site.wait("the clashing pod is evicted", CROSS, || {
+        terminating(&site, "on-the-jobs-gpu")
+    });
+    println!("evicted {took:?} after the condition was set");
+    // One eviction, made as the node sync's ServiceAccount; a pass more changes nothing.
+    site.await_a_whole_pass();
+    site.await_a_whole_pass();
+    let evictions: Vec<String> = site
+        .api
+        .requests_by(&site.user(), since)
+        .into_iter()
+        .filter(|e| e.resource == "pods" && e.subresource == "eviction")
+        .map(|e| format!("{} {} {}", e.verb, e.uri.trim_end_matches('?'), e.code))
+        .collect();
+    assert_eq!(
+        evictions,
+        vec!["create /api/v1/namespaces/clash/pods/on-the-jobs-gpu/eviction 201"],
+        "{evictions:#?}"
+    );
+    assert!(!terminating(&site, "on-dc2"), "a pod on another Node");
+    assert!(!terminating(&site, "no-gpu"), "a pod without accelerators");
+    let uid = site.kubectl_ok(&[
+        "get",
+        "pod",
+        "-n",
+        "clash",
+        "on-the-jobs-gpu",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let events = site.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        "clash",
+        "--field-selector",
+        "reason=DeviceClashEvicted",
+        "-o",
+        "jsonpath={range .items[*]}{.involvedObject.name} {.involvedObject.uid} {.type}{\"\\n\"}{end}",
+    ]);
+    assert_eq!(events.trim(), format!("on-the-jobs-gpu {uid} Warning"));
+}

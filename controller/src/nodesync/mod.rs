@@ -10,6 +10,7 @@
 //! reads. [`decide::decide`] compares both sides and returns the writes; this shell only reads, calls it and sends
 //! what it returned.
 
+pub mod clash;
 pub mod decide;
 pub mod health;
 pub mod hold;
@@ -83,6 +84,10 @@ pub struct NodeSyncArgs {
     /// health drain or taint is made (0 to 1; 1 turns it off).
     #[arg(long = "node-sync-health-breaker", default_value_t = 0.5, value_parser = parse_share, value_name = "SHARE")]
     pub health_breaker: f64,
+    /// Evict a pod that its node's agent reports holding an accelerator a Slurm job holds (the Node condition
+    /// `DeviceAllocationConsistent`; [`clash`]). `false`: the condition, the agent's Event and metric only.
+    #[arg(long = "node-sync-evict-device-clashes", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub evict_device_clashes: bool,
 }
 
 /// A share between 0 and 1.
@@ -121,6 +126,7 @@ impl Default for NodeSyncArgs {
                 .collect(),
             health_taint: true,
             health_breaker: 0.5,
+            evict_device_clashes: true,
         }
     }
 }
@@ -174,7 +180,21 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "events",
         verbs: &["create"],
         why: "a Warning Event HealthDrainHeld on a Node whose health drain the circuit breaker holds back (in the \
-              default namespace, as the kubelet's Node Events)",
+              default namespace, as the kubelet's Node Events); a Warning Event DeviceClashEvicted on a pod evicted \
+              for holding a Slurm job's device (in its namespace)",
+    },
+    ApiAccess {
+        group: "",
+        resource: "pods",
+        verbs: &["list"],
+        why: "the pod a Node's DeviceAllocationConsistent condition names, read by a field selector on its name \
+              in its namespace, to check it is bound to that Node before it is evicted",
+    },
+    ApiAccess {
+        group: "",
+        resource: "pods/eviction",
+        verbs: &["create"],
+        why: "evict a pod that holds a Slurm job's device on its Node (PodDisruptionBudgets are honoured)",
     },
 ];
 

@@ -26,6 +26,8 @@ use isthmus_api::retry::{Backoff, RetryPolicy};
 /// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
 #[path = "shell_breaker.rs"]
 mod breaker;
+#[path = "shell_clash.rs"]
+mod clash_io;
 
 const FOLLOW_UP: Duration = Duration::from_millis(200);
 
@@ -53,6 +55,10 @@ pub(super) struct Shell {
     alloc_at_record: HashMap<String, u32>,
     /// The mapping problems reported last pass (each is logged when it appears).
     reported: BTreeSet<String>,
+    /// Evict the pods the Nodes report holding a Slurm job's device.
+    evict_clashes: bool,
+    /// The clashing pods already evicted or refused (each is acted on once while its Node names it).
+    clashes_done: BTreeSet<super::clash::Named>,
 }
 
 /// One Node's context for its writes.
@@ -89,6 +95,8 @@ impl Shell {
             held: BTreeSet::new(),
             alloc_at_record: HashMap::new(),
             reported: BTreeSet::new(),
+            evict_clashes: args.evict_device_clashes,
+            clashes_done: BTreeSet::new(),
         }
     }
 
@@ -121,6 +129,8 @@ impl Shell {
 
     /// One pass over every Node; returns the delay until the next one.
     pub(super) async fn pass(&mut self, kube_nodes: &[Arc<Node>]) -> Duration {
+        // Device clashes need nothing from Slurm: acted on even while slurmctld cannot be read.
+        self.evict_clashes(kube_nodes).await;
         let slurm_nodes = match self.reader.nodes().await {
             Ok(n) => {
                 metrics::gauge!("isthmus_controller_nodesync_slurmctld_up").set(1.0);

@@ -192,3 +192,65 @@ pub(crate) fn wait_allocatable(node: &KubeNode, agent_log: &dyn Fn() -> String) 
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The controller's node sync, in-process, as the controller's ServiceAccount with the shipped
+/// `rbac-nodesync.yaml`, against the node's API server and a Slurm site's slurmctld; stopped when dropped.
+pub(crate) struct NodeSync {
+    rt: tokio::runtime::Runtime,
+    shutdown: isthmus_controller::nodesync::CancellationToken,
+}
+
+impl Drop for NodeSync {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        let shutdown = self.shutdown.clone();
+        self.rt.block_on(async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+    }
+}
+
+/// Start the node sync (taints off: the shared Node keeps no taint of it after the test).
+pub(crate) fn start_node_sync(
+    node: &KubeNode,
+    slurm_conf: &Path,
+    release: isthmus_tests::slurm_release::SlurmRelease,
+) -> NodeSync {
+    use isthmus_controller::nodesync::{self, NodeSyncArgs};
+    use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
+    let (ns, sa) = isthmus_tests::nodesync::SA;
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
+         metadata:\n  name: {sa}\n  namespace: {ns}\n"
+    ));
+    let rbac =
+        isthmus_tests::repo_root().join("deploy/controller/overlays/slurm/rbac-nodesync.yaml");
+    node.apply(&std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{e}")));
+    let kubeconfig = node.kubeconfig_for_token(&node.token_for(ns, sa));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = rt.block_on(isthmus_tests::apiserver::client_for(&kubeconfig));
+    let slurm = SlurmClient::new(SlurmArgs {
+        slurm_conf: Some(slurm_conf.to_path_buf()),
+        slurm_bin_dir: release.bin_dir(),
+        slurm_timeout: Duration::from_secs(10),
+    });
+    let shutdown = nodesync::CancellationToken::new();
+    rt.spawn(nodesync::run(
+        client,
+        slurm,
+        NodeSyncArgs {
+            node_sync: true,
+            taint: false,
+            health_taint: false,
+            ..NodeSyncArgs::default()
+        },
+        nodesync::Guard::unfenced(Duration::from_secs(5)),
+        shutdown.clone(),
+    ));
+    NodeSync { rt, shutdown }
+}

@@ -19,8 +19,10 @@
 //! With the node also a Slurm node (real slurmctld; slurmd, munged and the plugin under one agent): a pod asking one
 //! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
 //! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
-//! devices) makes the agent's `isthmus_device_allocation_mismatches` 1 and names the pod in a warning. Separately,
-//! with real slurmctld and slurmd, the parser reads which GPU indexes each running job holds on a node.
+//! devices) makes the agent's `isthmus_device_allocation_mismatches` 1, its Node condition
+//! `DeviceAllocationConsistent` False naming the pod and the job, and an Event on the pod; the controller's node
+//! sync then evicts the pod, and the condition is True again while the job keeps its GPUs. Separately, with real
+//! slurmctld and slurmd, the parser reads which GPU indexes each running job holds on a node.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -231,7 +233,7 @@ fn mismatches_metric(listen: &str) -> Option<String> {
 /// The node is also a Slurm node (real slurmctld, and slurmd under the agent, which also serves the device plugin):
 /// a Slurm job's GPU is never a pod's — the pod gets the other served GPU — and a Slurm job that Slurm then puts on
 /// the pod's GPU (Slurm does not know the pod holds it: the pod is not placed through Slurm) is reported as a
-/// mismatch on the agent's gauge.
+/// mismatch on the agent's gauge, the Node's condition and the pod's Events, and the node sync evicts the pod.
 #[test]
 fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -241,9 +243,14 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     let mut s = site::Site::new(NODE_NAME, &root, site::Mode::Configured);
     s.start_slurmctld();
     let sock = node.pod_resources_socket();
+    // The Kubernetes side on, as the shipped ServiceAccount with the shipped RBAC: the check reports to the Node's
+    // condition and the pod's Events.
+    s.agent_env = vec![("KUBECONFIG".to_owned(), node.prepare_agent().into())];
     s.start_agent(
         &root,
         &[
+            "--publish-nrt",
+            "true",
             "--device-plugin",
             "--device-plugin-dir",
             "/var/lib/kubelet/device-plugins",
@@ -318,6 +325,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     );
     wait_until("no mismatch is reported", WAIT, || {
         mismatches_metric(&s.listen).as_deref() == Some("0")
+            && allocation_condition(node).0 == "True"
     });
 
     // Slurm does not know the pod holds index 1 and gives it, with every other free GPU, to the next job: the agent
@@ -326,14 +334,93 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     wait_until("the second Slurm job runs on indexes 1-7", WAIT, || {
         gpu_indexes(&second) == Some((1..=7).collect())
     });
+    let running = std::time::Instant::now();
     wait_until("the clash is reported", WAIT, || {
         mismatches_metric(&s.listen).as_deref() == Some("1")
+            && allocation_condition(node).0 == "False"
     });
+    println!(
+        "the clash is on the Node's condition {:?} after the job was seen running",
+        running.elapsed()
+    );
+    let (_, reason, message) = allocation_condition(node);
+    assert_eq!(reason, "DeviceAllocationMismatch");
+    assert!(
+        message.starts_with(&format!(
+            "pod {NS}/beside-slurm holds devices Slurm jobs hold: 0000:3b:00.0 (Slurm job {second})"
+        )),
+        "{message}"
+    );
     assert!(
         s.log().contains("device allocation mismatch") && s.log().contains("beside-slurm"),
         "{}",
         s.log()
     );
+    // One Warning Event on the pod, in its namespace, recorded by the agent.
+    let events = node.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        "involvedObject.kind=Pod,involvedObject.name=beside-slurm,reason=DeviceAllocationMismatch",
+        "-o",
+        "jsonpath={range .items[*]}{.type} {.source.component} {.message}{\"\\n\"}{end}",
+    ]);
+    let events: Vec<&str> = events.lines().collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].starts_with(&format!(
+            "Warning isthmus-agent the pod's accelerators disagree with Slurm's jobs on node {NODE_NAME}: it holds devices Slurm jobs hold: 0000:3b:00.0"
+        )),
+        "{events:?}"
+    );
+    // The controller's node sync evicts the pod (the kubelet stops its container): it is not left running on the
+    // job's device, and the node's condition is True again while the job keeps its GPUs.
+    let sync = start_node_sync(node, &s.conf(), s.release);
+    let evicted = std::time::Instant::now();
+    wait_until("the pod is evicted and gone", WAIT, || {
+        let out = node.kubectl(&["get", "pod", "-n", NS, "beside-slurm"]);
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound")
+    });
+    println!(
+        "the pod was gone {:?} after the node sync started",
+        evicted.elapsed()
+    );
+    let events = node.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        "involvedObject.name=beside-slurm,reason=DeviceClashEvicted",
+        "-o",
+        "jsonpath={range .items[*]}{.type} {.source.component}{\"\\n\"}{end}",
+    ]);
+    assert_eq!(events.trim(), "Warning isthmus-controller", "{events}");
+    wait_until("the condition is True again", WAIT, || {
+        allocation_condition(node).0 == "True"
+            && mismatches_metric(&s.listen).as_deref() == Some("0")
+    });
+    assert_eq!(
+        gpu_indexes(&second),
+        Some((1..=7).collect()),
+        "the job keeps its GPUs"
+    );
+    drop(sync);
     slurm(&["scancel", &first, &second]);
-    node.kubectl_ok(&["delete", "pod", "-n", NS, "beside-slurm", "--timeout=120s"]);
+}
+
+/// The Node's `DeviceAllocationConsistent` condition: (status, reason, message); empty strings when absent.
+fn allocation_condition(node: &KubeNode) -> (String, String, String) {
+    let out = node.kubectl(&["get", "node", NODE_NAME, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let field = |c: &serde_json::Value, k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    v["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "DeviceAllocationConsistent")
+        .map(|c| (field(c, "status"), field(c, "reason"), field(c, "message")))
+        .unwrap_or_default()
 }
