@@ -5,7 +5,9 @@
 //!   back after the pod (v1.20's kubelet has no GetAllocatableResources: the agent's path for older kubelets);
 //! - an agent restarted while the pod holds its CPU never publishes that CPU as free;
 //! - the agent as the DaemonSet runs it: a pod from an image of this build, PID 1 of its container, under the
-//!   manifests' security context and host mounts, publishing the kubelet's truth.
+//!   manifests' security context and host mounts, publishing the kubelet's truth;
+//! - the Slurm overlay with the device plugin component: a dynamic Slurm node in the pod, a job run through it, and
+//!   the plugin's check of the pods' devices against Slurm's jobs on the Node.
 //!
 //! Every test here takes the node's one exclusive CPU, so they take turns.
 
@@ -372,14 +374,19 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     node.import_image(&archive);
     let (name, tag) = image.rsplit_once(':').unwrap_or((&image, "latest"));
     let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-slurm");
+    // With the shipped device plugin component: the agent also serves the kubelet's device plugin API and checks
+    // the pods' devices against Slurm's jobs (this machine has no accelerator: it registers none).
+    let plugin = isthmus_tests::repo_root().join("deploy/daemonset/components/device-plugin");
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
+             components:\n  - {}\n\
              images:\n  - name: isthmus-slurm\n    newName: {name}\n    newTag: \"{tag}\"\n\
              configMapGenerator:\n  - name: slurm-config\n    namespace: isthmus-system\n    behavior: replace\n    \
              files:\n      - slurm.conf\npatches:\n  - path: test.yaml\n",
-            relative(&overlay, &base)
+            relative(&overlay, &base),
+            relative(&overlay, &plugin)
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -431,6 +438,23 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "isthmus");
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
     assert!(node.container_pid(uid, "isthmus").is_some());
+    // The device plugin component's check ran in the pod: Slurm's jobs read with the image's scontrol, the pods'
+    // devices from the kubelet's PodResources, the agreement on the Node as the agent's ServiceAccount.
+    wait_until_ok(
+        "the pod's DeviceAllocationConsistent on the Node",
+        Duration::from_secs(60),
+        || {
+            let v: serde_json::Value =
+                serde_json::from_str(&node.kubectl_ok(&["get", "node", NODE_NAME, "-o", "json"]))
+                    .ok()?;
+            let c = v["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "DeviceAllocationConsistent")?
+                .clone();
+            (c["status"] == "True" && c["reason"] == "DevicesAgreeWithSlurm").then_some(c)
+        },
+    );
 
     node.kubectl_ok(&[
         "delete",
