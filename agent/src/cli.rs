@@ -240,6 +240,12 @@ pub struct AgentArgs {
         value_name = "TOPOLOGY:UNIT[,...]"
     )]
     pub slurm_topology: Option<String>,
+    /// What a dynamic node does with a GPU whose health fails (`GpuHealthy` False): `keep` it in the node's Slurm
+    /// definition (the node sync drains the node), or `remove` it: the node re-registers without that GPU (at once
+    /// when no job runs there, otherwise once its jobs have ended; Slurm cannot change a busy node's GRES) and comes
+    /// back when it recovers. Only with `--slurm-mode dynamic`. docs/health.md.
+    #[arg(long, value_enum, env = "ISTHMUS_SLURM_FAILED_GPUS", default_value_t = crate::slurm::FailedGpus::Keep)]
+    pub slurm_failed_gpus: crate::slurm::FailedGpus,
     /// slurmd's HTTP listener (its `SlurmdPort`, e.g. `127.0.0.1:6818`; Slurm 26.05): the agent's /readyz then
     /// also needs slurmd's own `/readyz` to succeed (asked every 2 s). Leave unset for older slurmd, which serve no
     /// HTTP, and where `CommunicationParameters=disable_http` is set.

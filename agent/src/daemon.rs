@@ -272,6 +272,8 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let mut supervisor_task = None;
     let mut child_status = None;
     let slurm_report = slurm.as_ref().map(|n| n.name().to_owned());
+    // The failed GPUs a dynamic node's registered definition leaves out (`--slurm-failed-gpus remove`).
+    let (out_of_slurm_tx, out_of_slurm) = watch::channel(std::collections::BTreeSet::new());
     if let Some(node) = slurm {
         let (requests, requests_rx) = mpsc::channel(8);
         let (status_tx, status_rx) = watch::channel(Vec::new());
@@ -291,12 +293,19 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             status_tx,
             shutdown.clone(),
         )));
+        let failed = node
+            .removes_failed_gpus()
+            .then(|| crate::slurm::FailedGpuWatch {
+                findings: findings_rx.clone(),
+                removed: out_of_slurm_tx,
+            });
         tokio::spawn(crate::slurm::run(
             node,
             topo_rx.clone(),
             requests,
             reaper,
             depends_on,
+            failed,
             shutdown.clone(),
         ));
         child_status = Some(status_rx);
@@ -330,6 +339,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             flap: config.health.flap,
             publish: client.clone().zip(publish_as.clone()),
             heartbeat: config.health.heartbeat,
+            out_of_slurm,
         },
         topo_rx.clone(),
         metrics.clone(),

@@ -26,3 +26,7 @@ pub const DEVICE_RESOURCES: [&str; 4] = [
     "habana.ai/gaudi",
     "cambricon.com/mlu",
 ];
+
+/// In a failed `GpuHealthy` message, right after the device list: the failed GPUs a dynamic node's Slurm definition
+/// leaves out (`Removed from Slurm: <device>, <device>. `); the node sync drains nothing for them.
+pub const REMOVED_FROM_SLURM: &str = "Removed from Slurm: ";

@@ -106,6 +106,24 @@ fn a_failed_gpu_leaves_slurm_and_kubernetes_and_recovery_lifts_only_ours() {
         taints(&site, "hs1") == ["team:NoSchedule"]
     });
 
+    // Per GPU (an agent with --slurm-failed-gpus remove): the failed GPU has left the node's Slurm definition, so
+    // neither a drain nor a taint follows.
+    let removed = GPU_FAILED.replacen(
+        "failed: 0000:9b:00.0. ",
+        "failed: 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0. ",
+        1,
+    );
+    set_health(&site, "hs1", "GpuHealthy", "False", &removed);
+    site.await_a_whole_pass();
+    site.await_a_whole_pass();
+    assert!(
+        !site.slurm.state("hs1").contains("DRAIN"),
+        "{}",
+        site.slurm.state("hs1")
+    );
+    assert_eq!(taints(&site, "hs1"), ["team:NoSchedule"]);
+    set_health(&site, "hs1", "GpuHealthy", "True", "no failed gpu device");
+
     // An administrator's drain: the failed class taints the Node, but recovery leaves the drain as it is.
     site.slurm.run_ok(
         "scontrol",

@@ -55,6 +55,7 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
                 gres_out: args.gres_out.clone(),
                 options: args.slurm.node_options(),
                 topology: args.slurm_topology.clone(),
+                failed_gpus: args.slurm_failed_gpus,
             },
             munge: (!args.no_munged).then(|| MungeConfig {
                 munged: args.munged.clone(),

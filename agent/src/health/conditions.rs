@@ -45,10 +45,17 @@ pub(crate) fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-/// The state of every class in `classes` (the classes the node has devices of) and of every class with a finding.
+/// The sentence after a failed GPU class's device list that names the failed GPUs the node's Slurm definition
+/// leaves out (`--slurm-failed-gpus remove`): `Removed from Slurm: <device>, <device>.` The node sync drains
+/// nothing for a class whose failed devices are all named there.
+pub const REMOVED_FROM_SLURM: &str = isthmus_api::conditions::REMOVED_FROM_SLURM;
+
+/// The state of every class in `classes` (the classes the node has devices of) and of every class with a finding;
+/// `out_of_slurm`: the failed GPUs the node's Slurm definition leaves out.
 pub fn class_states(
     classes: &[HealthClass],
     findings: &[Finding],
+    out_of_slurm: &std::collections::BTreeSet<String>,
 ) -> BTreeMap<HealthClass, ClassState> {
     let mut by_class: BTreeMap<HealthClass, Vec<&Finding>> =
         classes.iter().map(|c| (*c, Vec::new())).collect();
@@ -73,6 +80,16 @@ pub fn class_states(
                 devices.sort_unstable();
                 devices.dedup();
                 let details: Vec<&str> = fs.iter().map(|f| f.message.as_str()).collect();
+                let removed: Vec<&str> = devices
+                    .iter()
+                    .copied()
+                    .filter(|d| class == HealthClass::Gpu && out_of_slurm.contains(*d))
+                    .collect();
+                let removed = if removed.is_empty() {
+                    String::new()
+                } else {
+                    format!("{REMOVED_FROM_SLURM}{}. ", removed.join(", "))
+                };
                 ClassState {
                     healthy: false,
                     reason: if reasons.len() == 1 {
@@ -81,7 +98,11 @@ pub fn class_states(
                         MULTIPLE_REASON.to_owned()
                     },
                     message: truncate(
-                        format!("failed: {}. {}", devices.join(", "), details.join("; ")),
+                        format!(
+                            "failed: {}. {removed}{}",
+                            devices.join(", "),
+                            details.join("; ")
+                        ),
                         MAX_MESSAGE,
                     ),
                 }
@@ -137,6 +158,36 @@ mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
 
+    fn none() -> std::collections::BTreeSet<String> {
+        std::collections::BTreeSet::new()
+    }
+
+    #[test]
+    fn failed_gpus_left_out_of_slurm_are_named_right_after_the_device_list() {
+        let f = [
+            finding(HealthClass::Gpu, "0000:9b:00.0", "Xid79", "XID 79 on GPU 4"),
+            finding(HealthClass::Gpu, "0000:19:00.0", "Xid48", "XID 48 on GPU 0"),
+            finding(
+                HealthClass::Infiniband,
+                "mlx5_0/1",
+                "IbPortDown",
+                "port down",
+            ),
+        ];
+        let out: std::collections::BTreeSet<String> =
+            ["0000:9b:00.0".to_owned(), "mlx5_0/1".to_owned()].into();
+        let s = class_states(&[HealthClass::Gpu, HealthClass::Infiniband], &f, &out);
+        assert_eq!(
+            s[&HealthClass::Gpu].message,
+            "failed: 0000:19:00.0, 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0. XID 48 on GPU 0; XID 79 on GPU 4"
+        );
+        // Only GPUs leave the Slurm definition.
+        assert_eq!(
+            s[&HealthClass::Infiniband].message,
+            "failed: mlx5_0/1. port down"
+        );
+    }
+
     fn at(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).unwrap_or_else(|e| panic!("{e}")))
     }
@@ -179,6 +230,7 @@ mod tests {
                 HealthClass::Nvlink,
             ],
             &f,
+            &none(),
         );
         assert_eq!(
             s[&HealthClass::Gpu],
@@ -203,7 +255,7 @@ mod tests {
             }
         );
         // A class the node has no device of gets no condition.
-        assert_eq!(class_states(&[], &[]).len(), 0);
+        assert_eq!(class_states(&[], &[], &none()).len(), 0);
     }
 
     #[test]
@@ -211,6 +263,7 @@ mod tests {
         let failed = class_states(
             &[HealthClass::Gpu],
             &[finding(HealthClass::Gpu, "0000:9b:00.0", "Xid119", "m1")],
+            &none(),
         );
         let first = conditions(&failed, &[], &at(100));
         assert_eq!(first.len(), 1);
@@ -222,6 +275,7 @@ mod tests {
         let failed2 = class_states(
             &[HealthClass::Gpu],
             &[finding(HealthClass::Gpu, "0000:9b:00.0", "Xid79", "m2")],
+            &none(),
         );
         let second = conditions(&failed2, &first, &at(200));
         assert_eq!(second[0].last_transition_time, Some(at(100)));
@@ -229,7 +283,7 @@ mod tests {
         assert!(!same(&first, &second));
         assert!(same(&second, &conditions(&failed2, &second, &at(300))));
         // Recovery: a new transition.
-        let healthy = class_states(&[HealthClass::Gpu], &[]);
+        let healthy = class_states(&[HealthClass::Gpu], &[], &none());
         let third = conditions(&healthy, &second, &at(400));
         assert_eq!(third[0].status, "True");
         assert_eq!(third[0].last_transition_time, Some(at(400)));
@@ -247,7 +301,7 @@ mod tests {
                 )
             })
             .collect();
-        let s = class_states(&[HealthClass::Gpu], &many);
+        let s = class_states(&[HealthClass::Gpu], &many, &none());
         let m = &s[&HealthClass::Gpu].message;
         assert!(m.len() <= MAX_MESSAGE);
         assert!(m.ends_with("..."));

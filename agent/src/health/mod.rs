@@ -98,6 +98,9 @@ pub struct HealthOptions {
     pub publish: Option<(kube::Client, String)>,
     /// Re-write unchanged conditions this often (their heartbeat); zero: only on change.
     pub heartbeat: Duration,
+    /// The failed GPUs the node's Slurm definition leaves out (`--slurm-failed-gpus remove`): the `GpuHealthy`
+    /// message says so, and the node sync then drains nothing for them.
+    pub out_of_slurm: watch::Receiver<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for HealthOptions {
@@ -110,6 +113,7 @@ impl std::fmt::Debug for HealthOptions {
             .field("flap", &self.flap)
             .field("node", &self.publish.as_ref().map(|(_, n)| n))
             .field("heartbeat", &self.heartbeat)
+            .field("out_of_slurm", &*self.out_of_slurm.borrow())
             .finish()
     }
 }
@@ -165,6 +169,7 @@ pub async fn run(
     let mut poll = crate::cadence::ticker(if xid_source { XID_POLL } else { PORT_POLL });
     let mut memory_open = true;
     let mut memory_pending = false;
+    let mut out_of_slurm_open = true;
     let mut topo_changed = true;
     let mut retry_write = false;
     // After a failed write: not again before this, and the wait doubles (1 s to 60 s, jittered) while writes fail.
@@ -214,6 +219,10 @@ pub async fn run(
             }
             changed = true;
         }
+        if opts.out_of_slurm.has_changed().unwrap_or(false) {
+            opts.out_of_slurm.borrow_and_update();
+            changed = true;
+        }
         let metric_due = last_metric.is_none_or(|t| t.elapsed() >= METRIC_REFRESH);
         let heartbeat_due = !opts.heartbeat.is_zero() && last_write.elapsed() >= opts.heartbeat;
         let write_due = retry_write && Instant::now() >= retry_at;
@@ -231,7 +240,11 @@ pub async fn run(
             if let Some((client, node)) =
                 opts.publish.as_ref().filter(|_| Instant::now() >= retry_at)
             {
-                let states = conditions::class_states(&state.classes(), &findings);
+                let states = conditions::class_states(
+                    &state.classes(),
+                    &findings,
+                    &opts.out_of_slurm.borrow(),
+                );
                 let now = Time(k8s_openapi::jiff::Timestamp::now());
                 if written.is_none() {
                     let (conds, uid) = read_conditions(client, node).await;
@@ -280,6 +293,7 @@ pub async fn run(
                 }
                 topo_changed = true;
             }
+            r = opts.out_of_slurm.changed(), if out_of_slurm_open => out_of_slurm_open = r.is_ok(),
             r = opts.memory.changed(), if memory_open => {
                 // A closed channel (the discovery worker is gone) is never waited on again.
                 memory_open = r.is_ok();

@@ -54,6 +54,12 @@ pub enum SlurmConfigError {
     /// The `Topology=` value is refused.
     #[error("--slurm-topology: {0}")]
     Topology(#[from] TopologyUnitError),
+    /// `--slurm-failed-gpus remove` without a dynamic node.
+    #[error(
+        "--slurm-failed-gpus remove re-registers a dynamic node (--slurm-mode dynamic) without the failed GPU; a \
+         configured node's GRES is in slurm.conf"
+    )]
+    FailedGpusNotDynamic,
     /// `--slurm-topology` without a dynamic node.
     #[error(
         "--slurm-topology places a dynamic node (--slurm-mode dynamic); a configured node's place is in topology.conf \
@@ -159,6 +165,8 @@ pub struct SlurmConfig {
     pub options: isthmus_gres::NodeOptions,
     /// A dynamic node's `Topology=` value (checked against its grammar before it reaches slurmd's command line).
     pub topology: Option<String>,
+    /// Whether a failed GPU leaves the node's definition (dynamic nodes only).
+    pub failed_gpus: super::FailedGpus,
 }
 
 /// The Slurm node's fixed inputs, validated once at start.
@@ -173,6 +181,7 @@ pub struct SlurmNode {
     slurmd: PathBuf,
     gres_out: Option<PathBuf>,
     topology: Option<TopologyUnits>,
+    failed_gpus: super::FailedGpus,
 }
 
 impl SlurmNode {
@@ -200,8 +209,12 @@ impl SlurmNode {
         if topology.is_some() && args.mode != SlurmMode::Dynamic {
             return Err(SlurmConfigError::TopologyNotDynamic);
         }
+        if args.failed_gpus == super::FailedGpus::Remove && args.mode != SlurmMode::Dynamic {
+            return Err(SlurmConfigError::FailedGpusNotDynamic);
+        }
         Ok(Self {
             topology,
+            failed_gpus: args.failed_gpus,
             mode: args.mode,
             slurm_conf: args.slurm_conf.clone(),
             conf_server: args.conf_server.clone(),
@@ -267,9 +280,10 @@ impl SlurmNode {
 
     /// A dynamic node whose definition changed keeps its old one in slurmctld until deleted: delete it (bounded;
     /// a failure is a warning, slurmd then re-registers with what slurmctld still has).
-    pub async fn forget_dynamic_node(&self, reaper: &Reaper) {
+    /// Whether the node is gone from slurmctld (or was never dynamic).
+    pub async fn forget_dynamic_node(&self, reaper: &Reaper) -> bool {
         if self.mode != SlurmMode::Dynamic {
-            return;
+            return true;
         }
         let mut cmd = tokio::process::Command::new("scontrol");
         cmd.args(["delete", &format!("nodename={}", self.node)])
@@ -285,25 +299,72 @@ impl SlurmNode {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(%node, error = %e, "scontrol delete could not run");
-                return;
+                return false;
             }
         };
         match tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await {
             Ok(Ok(o)) if o.status.success() => {
-                tracing::info!(%node, "deleted the dynamic node before re-registering")
+                tracing::info!(%node, "deleted the dynamic node before re-registering");
+                true
             }
             Ok(Ok(o)) => {
-                tracing::warn!(%node, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "scontrol delete failed")
+                let stderr = String::from_utf8_lossy(&o.stderr);
+                // A node slurmctld does not know (not registered yet) is as good as deleted.
+                if stderr.contains("Invalid node name") {
+                    return true;
+                }
+                tracing::warn!(%node, stderr = %stderr.trim(), "scontrol delete failed (a node with jobs is busy)");
+                false
             }
-            Ok(Err(e)) => tracing::warn!(%node, error = %e, "scontrol delete failed"),
-            Err(_) => tracing::warn!(%node, "scontrol delete did not finish within 30 s"),
+            Ok(Err(e)) => {
+                tracing::warn!(%node, error = %e, "scontrol delete failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(%node, "scontrol delete did not finish within 30 s");
+                false
+            }
         }
+    }
+
+    /// Whether a failed GPU leaves the node's definition.
+    pub fn removes_failed_gpus(&self) -> bool {
+        self.failed_gpus == super::FailedGpus::Remove
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::owned_gres_conf;
+    use super::*;
+
+    fn config(mode: SlurmMode, failed_gpus: crate::slurm::FailedGpus) -> SlurmConfig {
+        SlurmConfig {
+            mode,
+            node: "n1".into(),
+            slurmd: PathBuf::from("/bin/sh"),
+            slurm_conf: Some(PathBuf::from("/etc/hostname")),
+            conf_server: None,
+            slurmd_args: Vec::new(),
+            gres_out: None,
+            options: isthmus_gres::NodeOptions::default(),
+            topology: None,
+            failed_gpus,
+        }
+    }
+
+    #[test]
+    fn only_a_dynamic_node_removes_failed_gpus() {
+        use crate::slurm::FailedGpus::{Keep, Remove};
+        let configured = SlurmNode::new(&config(SlurmMode::Configured, Remove));
+        assert!(
+            matches!(configured, Err(SlurmConfigError::FailedGpusNotDynamic)),
+            "{configured:?}"
+        );
+        let dynamic = SlurmNode::new(&config(SlurmMode::Dynamic, Remove));
+        assert!(dynamic.is_ok_and(|n| n.removes_failed_gpus()));
+        let kept = SlurmNode::new(&config(SlurmMode::Configured, Keep));
+        assert!(kept.is_ok_and(|n| !n.removes_failed_gpus()));
+    }
 
     #[test]
     fn the_owned_gres_conf_turns_autodetection_off_after_its_header() {

@@ -2,6 +2,7 @@
 //! what the node sync set.
 
 use super::*;
+use crate::nodesync::health;
 
 const MSG: &str = "failed: 0000:9b:00.0. XID 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) on GPU 4 (0000:9b:00.0)";
 const REASON: &str = "isthmus: health: gpu 0000:9b:00.0";
@@ -164,4 +165,49 @@ fn health_reasons_name_the_devices_and_keep_to_the_grammar() {
     assert!(taint_keys(&n).is_empty());
     set_condition(&mut n, "GpuHealthy", "True", "ok");
     assert_eq!(wanted_drain(&n, &p), None);
+}
+
+#[test]
+fn a_gpu_removed_from_the_slurm_definition_drains_and_taints_nothing() {
+    let removed =
+        "failed: 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0. XID 79 on GPU 4 (0000:9b:00.0)";
+    let mut n = node("n1");
+    set_condition(&mut n, "GpuHealthy", "False", removed);
+    let mut s = slurm("IDLE", &[], "");
+    let p = policy();
+    assert!(
+        slurm_actions(&d(&n, &s, &p, &time(1))).is_empty(),
+        "{:?}",
+        d(&n, &s, &p, &time(1))
+    );
+    assert_eq!(health::drain_reason(&n, &p), None);
+    assert!(health::wanted_taints(&n, &p, None).is_empty());
+    // Two failed, one removed: the node drains (for the one Slurm still has).
+    set_condition(
+        &mut n,
+        "GpuHealthy",
+        "False",
+        "failed: 0000:19:00.0, 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0. x; y",
+    );
+    assert_eq!(
+        health::drain_reason(&n, &p).as_deref(),
+        Some("isthmus: health: gpu 0000:19:00.0,0000:9b:00.0")
+    );
+    // A drain made before the GPU left the definition (the node was busy) is lifted once it has.
+    set_condition(&mut n, "GpuHealthy", "False", MSG);
+    converge(&mut n, &mut s, &p);
+    assert!(s.is_drained());
+    set_condition(&mut n, "GpuHealthy", "False", removed);
+    converge(&mut n, &mut s, &p);
+    assert!(!s.is_drained(), "{s:?}");
+    assert!(taint_keys(&n).is_empty());
+    // The grammar: a removed list that does not follow the device list, or names other devices, removes nothing.
+    for m in [
+        "failed: 0000:9b:00.0. XID 79. Removed from Slurm: 0000:9b:00.0.",
+        "failed: 0000:9b:00.0. Removed from Slurm: 0000:19:00.0. x",
+        "failed: 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0 ; rm -rf. x",
+    ] {
+        set_condition(&mut n, "GpuHealthy", "False", m);
+        assert!(health::drain_reason(&n, &p).is_some(), "{m}");
+    }
 }

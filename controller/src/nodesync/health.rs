@@ -54,7 +54,40 @@ pub fn devices_of(message: &str) -> Vec<String> {
         .collect()
 }
 
-/// The failed health conditions of `node` that the policy acts on, in the policy's order.
+/// The failed GPUs a failed condition's message says the node's Slurm definition leaves out (`failed: <devices>.
+/// Removed from Slurm: <devices>. ...`, written by an agent with `--slurm-failed-gpus remove`); only those that
+/// keep to the grammar.
+pub fn removed_of(message: &str) -> Vec<String> {
+    let Some(rest) = message.strip_prefix("failed: ") else {
+        return Vec::new();
+    };
+    let Some((_, after)) = rest.split_once(". ") else {
+        return Vec::new();
+    };
+    let Some(list) = after.strip_prefix(isthmus_api::conditions::REMOVED_FROM_SLURM) else {
+        return Vec::new();
+    };
+    let list = list.split_once(". ").map_or(list, |(l, _)| l);
+    let list = list.strip_suffix('.').unwrap_or(list);
+    list.split(", ")
+        .map(str::trim)
+        .filter(|d| is_device(d))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether every device a failed condition names has left the node's Slurm definition: the node's Slurm side has
+/// dealt with the failure per device, and neither a drain nor a taint is wanted for it (the device plugin and the
+/// NRT already leave the device out on the Kubernetes side).
+fn handled_per_device(c: &NodeCondition) -> bool {
+    let message = c.message.as_deref().unwrap_or("");
+    let devices = devices_of(message);
+    let removed = removed_of(message);
+    !devices.is_empty() && devices.iter().all(|d| removed.contains(d))
+}
+
+/// The failed health conditions of `node` that the policy acts on, in the policy's order (a class whose failed
+/// devices have all left the node's Slurm definition is not one).
 pub fn failed(node: &Node, policy: &Policy) -> Vec<(&'static str, NodeCondition)> {
     let conditions = node
         .status
@@ -68,7 +101,7 @@ pub fn failed(node: &Node, policy: &Policy) -> Vec<(&'static str, NodeCondition)
             let class = class_of(t)?;
             let c = conditions
                 .iter()
-                .find(|c| &c.type_ == t && c.status == "False")?;
+                .find(|c| &c.type_ == t && c.status == "False" && !handled_per_device(c))?;
             Some((class, c.clone()))
         })
         .collect()

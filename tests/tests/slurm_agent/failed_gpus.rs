@@ -1,0 +1,151 @@
+//! `--slurm-failed-gpus remove` with real slurmctld and slurmd 22.05: a dynamic node whose GPU fails (the recorded
+//! XID 119 stream of the XE9680's GPU 4, `0000:9b:00.0`, replayed into the agent's kernel log) re-registers
+//! without that GPU, but only once no job runs there: slurmctld refuses to delete a node with jobs, and a running
+//! job is never touched.
+
+use super::*;
+
+/// A Slurm command of the site, asserting success; its stdout.
+fn slurm(site: &Site, args: &[&str]) -> String {
+    let out = site
+        .release
+        .command(args[0])
+        .args(&args[1..])
+        .env("SLURM_CONF", site.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn gres(site: &Site) -> String {
+    site.scontrol_node()
+        .get("Gres")
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn job_state(site: &Site, job: &str) -> String {
+    slurm(site, &["squeue", "-h", "-j", job, "-o", "%T"])
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
+    let root = h100();
+    let mut site = Site::on(SlurmRelease::V22_05, "pg1", &root, Mode::Dynamic);
+    let kmsg = site.path().join("kmsg");
+    std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
+    site.start_agent(
+        &root,
+        &[
+            "--slurm-mode",
+            "dynamic",
+            "--real-memory-mib",
+            "1000",
+            "--node-addr",
+            "127.0.0.1",
+            "--slurm-failed-gpus",
+            "remove",
+            "--xid-replay",
+            &kmsg.to_string_lossy(),
+        ],
+    );
+    site.start_slurmctld();
+    site.wait_idle();
+    assert!(
+        gres(&site).starts_with("gpu:nvidia_h100_80gb_hbm3:8"),
+        "{}",
+        gres(&site)
+    );
+
+    // A job holds one GPU; then GPU 4 fails.
+    let job = slurm(
+        &site,
+        &[
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            "--gres=gpu:1",
+            "--chdir=/tmp",
+            "--wrap",
+            "sleep 300",
+        ],
+    )
+    .trim()
+    .to_owned();
+    wait_until("the job runs", Duration::from_secs(30), || {
+        job_state(&site, &job) == "RUNNING"
+    });
+    let stream = std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&kmsg, stream).unwrap_or_else(|e| panic!("{e}"));
+    wait_until(
+        "the agent told that slurmctld keeps the busy node",
+        Duration::from_secs(30),
+        || {
+            site.log()
+                .contains("keeps the node's definition while it has jobs")
+        },
+    );
+    // The busy node keeps its definition, and its job runs on.
+    assert!(
+        gres(&site).starts_with("gpu:nvidia_h100_80gb_hbm3:8"),
+        "{}",
+        gres(&site)
+    );
+    assert_eq!(job_state(&site, &job), "RUNNING");
+
+    // The job ends: within the next try the node registers without GPU 4, idle, not drained.
+    slurm(&site, &["scancel", &job]);
+    let ended = Instant::now();
+    wait_until(
+        "the node registers with 7 GPUs",
+        Duration::from_secs(60),
+        || gres(&site).starts_with("gpu:nvidia_h100_80gb_hbm3:7"),
+    );
+    println!(
+        "re-registered with 7 GPUs {:?} after the job was cancelled",
+        ended.elapsed()
+    );
+    site.wait_idle();
+    let conf = std::fs::read_to_string(site.path().join("gres.conf")).unwrap_or_default();
+    let files: Vec<&str> = conf
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("File="))
+        .collect();
+    assert!(
+        files.iter().all(|l| !l.contains("nvidia4")) && !conf.contains("[0-7]"),
+        "gres.conf still names GPU 4 (/dev/nvidia4):\n{conf}"
+    );
+    // The other seven GPUs serve: a job asking all seven runs.
+    let seven = slurm(
+        &site,
+        &[
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            "--gres=gpu:7",
+            "--chdir=/tmp",
+            "--wrap",
+            "sleep 300",
+        ],
+    )
+    .trim()
+    .to_owned();
+    wait_until(
+        "a job on the seven GPUs runs",
+        Duration::from_secs(30),
+        || job_state(&site, &seven) == "RUNNING",
+    );
+    slurm(&site, &["scancel", &seven]);
+}
