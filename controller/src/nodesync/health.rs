@@ -40,12 +40,10 @@ fn is_device(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'/' | b'-'))
 }
 
-/// The devices a failed condition's message names; only those that keep to the grammar.
-pub fn devices_of(message: &str) -> Vec<String> {
-    let Some(rest) = message.strip_prefix("failed: ") else {
-        return Vec::new();
-    };
-    let list = rest.split_once(". ").map_or(rest, |(l, _)| l);
+/// The devices of a `<device>, <device>.` list at the start of `text` (up to its first `. ` or its end); only those
+/// that keep to the grammar.
+fn device_list(text: &str) -> Vec<String> {
+    let list = text.split_once(". ").map_or(text, |(l, _)| l);
     let list = list.strip_suffix('.').unwrap_or(list);
     list.split(", ")
         .map(str::trim)
@@ -54,26 +52,24 @@ pub fn devices_of(message: &str) -> Vec<String> {
         .collect()
 }
 
+/// The devices a failed condition's message names; only those that keep to the grammar.
+pub fn devices_of(message: &str) -> Vec<String> {
+    message
+        .strip_prefix("failed: ")
+        .map(device_list)
+        .unwrap_or_default()
+}
+
 /// The failed GPUs a failed condition's message says the node's Slurm definition leaves out (`failed: <devices>.
 /// Removed from Slurm: <devices>. ...`, written by an agent with `--slurm-failed-gpus remove`); only those that
 /// keep to the grammar.
 pub fn removed_of(message: &str) -> Vec<String> {
-    let Some(rest) = message.strip_prefix("failed: ") else {
-        return Vec::new();
-    };
-    let Some((_, after)) = rest.split_once(". ") else {
-        return Vec::new();
-    };
-    let Some(list) = after.strip_prefix(isthmus_api::conditions::REMOVED_FROM_SLURM) else {
-        return Vec::new();
-    };
-    let list = list.split_once(". ").map_or(list, |(l, _)| l);
-    let list = list.strip_suffix('.').unwrap_or(list);
-    list.split(", ")
-        .map(str::trim)
-        .filter(|d| is_device(d))
-        .map(str::to_owned)
-        .collect()
+    message
+        .strip_prefix("failed: ")
+        .and_then(|rest| rest.split_once(". "))
+        .and_then(|(_, after)| after.strip_prefix(isthmus_api::conditions::REMOVED_FROM_SLURM))
+        .map(device_list)
+        .unwrap_or_default()
 }
 
 /// Whether every device a failed condition names has left the node's Slurm definition: the node's Slurm side has

@@ -265,34 +265,8 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ));
     wait_allocatable(node, &|| s.log());
-    let slurm = |args: &[&str]| {
-        let out = Command::new(s.release.program(args[0]))
-            .args(&args[1..])
-            .env("SLURM_CONF", s.conf())
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let sbatch = |gres: &str| {
-        slurm(&[
-            "sbatch",
-            "--parsable",
-            "-N1",
-            "-n1",
-            "--mem=1",
-            gres,
-            "--chdir=/tmp",
-            "--wrap",
-            "sleep 300",
-        ])
-        .trim()
-        .to_owned()
-    };
+    let slurm = |args: &[&str]| s.slurm_ok(args);
+    let sbatch = |gres: &str| s.sbatch_sleep(gres);
     let gpu_indexes = |job: &str| -> Option<std::collections::BTreeSet<u32>> {
         let text = slurm(&["scontrol", "show", "job", "-d", job]);
         let jobs =
@@ -357,16 +331,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
         s.log()
     );
     // One Warning Event on the pod, in its namespace, recorded by the agent.
-    let events = node.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        NS,
-        "--field-selector",
-        "involvedObject.kind=Pod,involvedObject.name=beside-slurm,reason=DeviceAllocationMismatch",
-        "-o",
-        "jsonpath={range .items[*]}{.type} {.source.component} {.message}{\"\\n\"}{end}",
-    ]);
+    let events = pod_events(node, "beside-slurm", "DeviceAllocationMismatch");
     let events: Vec<&str> = events.lines().collect();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
@@ -387,17 +352,11 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
         "the pod was gone {:?} after the node sync started",
         evicted.elapsed()
     );
-    let events = node.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        NS,
-        "--field-selector",
-        "involvedObject.name=beside-slurm,reason=DeviceClashEvicted",
-        "-o",
-        "jsonpath={range .items[*]}{.type} {.source.component}{\"\\n\"}{end}",
-    ]);
-    assert_eq!(events.trim(), "Warning isthmus-controller", "{events}");
+    let events = pod_events(node, "beside-slurm", "DeviceClashEvicted");
+    assert!(
+        events.starts_with("Warning isthmus-controller evicted: ") && !events.contains('\n'),
+        "{events}"
+    );
     wait_until("the condition is True again", WAIT, || {
         allocation_condition(node).0 == "True"
             && mismatches_metric(&s.listen).as_deref() == Some("0")
@@ -409,6 +368,22 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     );
     drop(sync);
     slurm(&["scancel", &first, &second]);
+}
+
+/// The Events with `reason` on pod `pod` of [`NS`], one line each: `<type> <component> <message>`.
+fn pod_events(node: &KubeNode, pod: &str, reason: &str) -> String {
+    node.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        &format!("involvedObject.kind=Pod,involvedObject.name={pod},reason={reason}"),
+        "-o",
+        "jsonpath={range .items[*]}{.type} {.source.component} {.message}{\"\\n\"}{end}",
+    ])
+    .trim()
+    .to_owned()
 }
 
 /// The Node's `DeviceAllocationConsistent` condition: (status, reason, message); empty strings when absent.

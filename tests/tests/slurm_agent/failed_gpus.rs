@@ -5,23 +5,6 @@
 
 use super::*;
 
-/// A Slurm command of the site, asserting success; its stdout.
-fn slurm(site: &Site, args: &[&str]) -> String {
-    let out = site
-        .release
-        .command(args[0])
-        .args(&args[1..])
-        .env("SLURM_CONF", site.conf())
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn gres(site: &Site) -> String {
     site.scontrol_node()
         .get("Gres")
@@ -30,7 +13,7 @@ fn gres(site: &Site) -> String {
 }
 
 fn job_state(site: &Site, job: &str) -> String {
-    slurm(site, &["squeue", "-h", "-j", job, "-o", "%T"])
+    site.slurm_ok(&["squeue", "-h", "-j", job, "-o", "%T"])
         .trim()
         .to_owned()
 }
@@ -41,21 +24,9 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     let mut site = Site::on(SlurmRelease::V22_05, "pg1", &root, Mode::Dynamic);
     let kmsg = site.path().join("kmsg");
     std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
-    site.start_agent(
-        &root,
-        &[
-            "--slurm-mode",
-            "dynamic",
-            "--real-memory-mib",
-            "1000",
-            "--node-addr",
-            "127.0.0.1",
-            "--slurm-failed-gpus",
-            "remove",
-            "--xid-replay",
-            &kmsg.to_string_lossy(),
-        ],
-    );
+    let kmsg_arg = kmsg.to_string_lossy().into_owned();
+    let extra = ["--slurm-failed-gpus", "remove", "--xid-replay", &kmsg_arg];
+    site.start_agent(&root, &[&DYNAMIC[..], &extra[..]].concat());
     site.start_slurmctld();
     site.wait_idle();
     assert!(
@@ -65,22 +36,7 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     );
 
     // A job holds one GPU; then GPU 4 fails.
-    let job = slurm(
-        &site,
-        &[
-            "sbatch",
-            "--parsable",
-            "-N1",
-            "-n1",
-            "--mem=1",
-            "--gres=gpu:1",
-            "--chdir=/tmp",
-            "--wrap",
-            "sleep 300",
-        ],
-    )
-    .trim()
-    .to_owned();
+    let job = site.sbatch_sleep("--gres=gpu:1");
     wait_until("the job runs", Duration::from_secs(30), || {
         job_state(&site, &job) == "RUNNING"
     });
@@ -104,7 +60,7 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     assert_eq!(job_state(&site, &job), "RUNNING");
 
     // The job ends: within the next try the node registers without GPU 4, idle, not drained.
-    slurm(&site, &["scancel", &job]);
+    site.slurm_ok(&["scancel", &job]);
     let ended = Instant::now();
     wait_until(
         "the node registers with 7 GPUs",
@@ -126,26 +82,11 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
         "gres.conf still names GPU 4 (/dev/nvidia4):\n{conf}"
     );
     // The other seven GPUs serve: a job asking all seven runs.
-    let seven = slurm(
-        &site,
-        &[
-            "sbatch",
-            "--parsable",
-            "-N1",
-            "-n1",
-            "--mem=1",
-            "--gres=gpu:7",
-            "--chdir=/tmp",
-            "--wrap",
-            "sleep 300",
-        ],
-    )
-    .trim()
-    .to_owned();
+    let seven = site.sbatch_sleep("--gres=gpu:7");
     wait_until(
         "a job on the seven GPUs runs",
         Duration::from_secs(30),
         || job_state(&site, &seven) == "RUNNING",
     );
-    slurm(&site, &["scancel", &seven]);
+    site.slurm_ok(&["scancel", &seven]);
 }

@@ -254,17 +254,7 @@ fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_child
 fn check_dynamic_node(release: SlurmRelease, name: &str, mode: Mode) {
     let root = h100();
     let mut site = Site::on(release, name, &root, mode);
-    site.start_agent(
-        &root,
-        &[
-            "--slurm-mode",
-            "dynamic",
-            "--real-memory-mib",
-            "1000",
-            "--node-addr",
-            "127.0.0.1",
-        ],
-    );
+    site.start_agent(&root, &DYNAMIC);
     site.start_slurmctld();
     site.wait_idle();
     let n = site.scontrol_node();

@@ -53,6 +53,16 @@ pub(crate) struct Site {
     pub(crate) agent_env: Vec<(String, std::ffi::OsString)>,
 }
 
+/// The agent's arguments for a dynamic node on the fixture host (memory and address as slurmctld needs them here).
+pub(crate) const DYNAMIC: [&str; 6] = [
+    "--slurm-mode",
+    "dynamic",
+    "--real-memory-mib",
+    "1000",
+    "--node-addr",
+    "127.0.0.1",
+];
+
 impl Site {
     pub(crate) fn new(node: &str, root: &Path, mode: Mode) -> Self {
         Self::on(SlurmRelease::V22_05, node, root, mode)
@@ -313,6 +323,40 @@ impl Site {
 
     pub(crate) fn munged_pid(&self) -> Option<u32> {
         read_pid(&self.path().join("munge/munged.pid")).filter(|p| alive(*p))
+    }
+
+    /// A Slurm command of this site's release with its slurm.conf, asserting success; its stdout.
+    pub(crate) fn slurm_ok(&self, args: &[&str]) -> String {
+        let out = self
+            .release
+            .command(args[0])
+            .args(&args[1..])
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Submit a one-task batch job asking `gres` (e.g. `--gres=gpu:1`) that sleeps 300 s; its id.
+    pub(crate) fn sbatch_sleep(&self, gres: &str) -> String {
+        self.slurm_ok(&[
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            "--mem=1",
+            gres,
+            "--chdir=/tmp",
+            "--wrap",
+            "sleep 300",
+        ])
+        .trim()
+        .to_owned()
     }
 
     pub(crate) fn log(&self) -> String {

@@ -28,16 +28,7 @@ fn dynamic_node_registers_under_its_leaf(release) {
     site.start_slurmctld();
     site.start_agent(
         &root,
-        &[
-            "--slurm-mode",
-            "dynamic",
-            "--real-memory-mib",
-            "1000",
-            "--node-addr",
-            "127.0.0.1",
-            "--slurm-topology",
-            "isthmus-tree:leaf-2",
-        ],
+        &[&DYNAMIC[..], &["--slurm-topology", "isthmus-tree:leaf-2"]].concat(),
     );
     site.wait_idle();
     let n = site.scontrol_node();
