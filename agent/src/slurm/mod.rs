@@ -104,6 +104,8 @@ pub async fn run(
     // refused delete: [`BUSY_RETRY`].
     let mut retry: Option<Duration> = None;
     let mut write_backoff = RetryPolicy::file_write().backoff();
+    // The definition slurmctld last refused to give up (it had jobs): told once, then tried again quietly.
+    let mut refused: Option<SlurmView> = None;
     loop {
         let latest = topo.borrow_and_update().clone();
         if let Some(t) = latest {
@@ -121,19 +123,25 @@ pub async fn run(
                 Ok(view) if current.as_ref() == Some(&view) => {}
                 Ok(view) => 'change: {
                     if let Some(old) = &current {
-                        tracing::info!("Slurm-visible hardware changed");
+                        if refused.as_ref() != Some(&view) {
+                            tracing::info!("Slurm-visible hardware changed");
+                        }
                         if old.slurmd != view.slurmd
                             && !node.forget_dynamic_node(&reaper).await
                             && node.removes_failed_gpus()
                         {
-                            tracing::warn!(
-                                left_out = ?leave_out,
-                                "slurmctld keeps the node's definition while it has jobs; asking again in 10 s"
-                            );
+                            if refused.as_ref() != Some(&view) {
+                                tracing::warn!(
+                                    left_out = ?leave_out,
+                                    "slurmctld keeps the node's definition while it has jobs; asking again every 10 s"
+                                );
+                            }
+                            refused = Some(view);
                             retry = Some(BUSY_RETRY);
                             break 'change;
                         }
                     }
+                    refused = None;
                     match node.write_gres(&view) {
                         Ok(outcome) => {
                             write_backoff.reset();

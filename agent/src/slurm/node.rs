@@ -313,7 +313,12 @@ impl SlurmNode {
                 if stderr.contains("Invalid node name") {
                     return true;
                 }
-                tracing::warn!(%node, stderr = %stderr.trim(), "scontrol delete failed (a node with jobs is busy)");
+                // A node with jobs is "busy": expected, and the caller says what follows.
+                if stderr.contains("busy") {
+                    tracing::debug!(%node, stderr = %stderr.trim(), "scontrol delete refused");
+                } else {
+                    tracing::warn!(%node, stderr = %stderr.trim(), "scontrol delete failed");
+                }
                 false
             }
             Ok(Err(e)) => {
