@@ -170,6 +170,8 @@ pub async fn run(
     let mut memory_open = true;
     let mut memory_pending = false;
     let mut out_of_slurm_open = true;
+    // A change the select below has seen (its `changed()` marks the value seen, so `has_changed` no longer says so).
+    let mut out_of_slurm_pending = false;
     let mut topo_changed = true;
     let mut retry_write = false;
     // After a failed write: not again before this, and the wait doubles (1 s to 60 s, jittered) while writes fail.
@@ -219,7 +221,9 @@ pub async fn run(
             }
             changed = true;
         }
-        if opts.out_of_slurm.has_changed().unwrap_or(false) {
+        if std::mem::take(&mut out_of_slurm_pending)
+            || opts.out_of_slurm.has_changed().unwrap_or(false)
+        {
             opts.out_of_slurm.borrow_and_update();
             changed = true;
         }
@@ -293,7 +297,10 @@ pub async fn run(
                 }
                 topo_changed = true;
             }
-            r = opts.out_of_slurm.changed(), if out_of_slurm_open => out_of_slurm_open = r.is_ok(),
+            r = opts.out_of_slurm.changed(), if out_of_slurm_open => {
+                out_of_slurm_open = r.is_ok();
+                out_of_slurm_pending = out_of_slurm_open;
+            }
             r = opts.memory.changed(), if memory_open => {
                 // A closed channel (the discovery worker is gone) is never waited on again.
                 memory_open = r.is_ok();
