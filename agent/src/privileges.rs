@@ -49,12 +49,52 @@ pub const SLURM_CAPABILITIES: &[Need] = &[
     },
 ];
 
-/// The capabilities the supervised children need in `mode`.
-pub fn needed(mode: SlurmMode) -> CapsHashSet {
+/// What slurmd needs besides [`SLURM_CAPABILITIES`] when its cgroup plugins confine jobs (`--slurm-cgroups`:
+/// `ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup` with the shipped cgroup.conf), on a cgroup v1 host.
+/// Each was checked by removing it, with real slurmd 22.05 supervised by the agent
+/// (tests/tests/slurm_agent/cgroups.rs).
+pub const SLURM_CGROUP_CAPABILITIES: &[Need] = &[
+    Need {
+        cap: Capability::CAP_DAC_OVERRIDE,
+        why: "slurmd creates its cgroup (`slurm_<node>`) in each controller's root directory, which the kernel \
+              makes mode 0555 (slurmd: \"unable to create cgroup ... Permission denied\"; the node never registers)",
+    },
+    Need {
+        cap: Capability::CAP_SYS_ADMIN,
+        why: "the devices controller lets only CAP_SYS_ADMIN write devices.allow and devices.deny, so \
+              ConstrainDevices cannot fence a job's GPUs (slurmstepd: \"unable to write ... devices.allow: \
+              Operation not permitted\", srun: \"Slurmd could not execve job\")",
+    },
+];
+
+/// The capabilities the supervised children need in `mode`; `cgroups` when slurmd's cgroup plugins confine jobs.
+pub fn needed(mode: SlurmMode, cgroups: bool) -> CapsHashSet {
     match mode {
         SlurmMode::Off => CapsHashSet::new(),
-        _ => SLURM_CAPABILITIES.iter().map(|n| n.cap).collect(),
+        _ => all_needs(cgroups).map(|n| n.cap).collect(),
     }
+}
+
+fn all_needs(cgroups: bool) -> impl Iterator<Item = &'static Need> {
+    let extra: &[Need] = if cgroups {
+        SLURM_CGROUP_CAPABILITIES
+    } else {
+        &[]
+    };
+    SLURM_CAPABILITIES.iter().chain(extra)
+}
+
+/// Whether a slurm.conf's `ProctrackType` or `TaskPlugin` names a cgroup plugin (keys are case-insensitive, as
+/// Slurm reads them; comments and continuation-free lines only, as slurm.conf is written).
+pub fn conf_uses_cgroups(conf: &str) -> bool {
+    conf.lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter_map(|l| l.split_once('='))
+        .any(|(k, v)| {
+            let k = k.trim();
+            (k.eq_ignore_ascii_case("ProctrackType") || k.eq_ignore_ascii_case("TaskPlugin"))
+                && v.split(',').any(|p| p.trim().ends_with("/cgroup"))
+        })
 }
 
 /// What [`restrict`] did.
@@ -135,9 +175,28 @@ pub fn names(caps: &[Capability]) -> String {
         .join(",")
 }
 
-/// Restrict the process for `mode` and log what was kept (warnings for what could not be done).
-pub fn apply(mode: SlurmMode) {
-    let wanted = needed(mode);
+/// Restrict the process for `mode` (with `cgroups`, slurmd's cgroup plugins' needs too) and log what was kept
+/// (warnings for what could not be done). `slurm_conf`, when slurmd reads a local one, is checked against `cgroups`.
+pub fn apply(mode: SlurmMode, cgroups: bool, slurm_conf: Option<&std::path::Path>) {
+    if mode != SlurmMode::Off
+        && let Some(path) = slurm_conf
+        && let Ok(conf) = std::fs::read_to_string(path)
+    {
+        match (conf_uses_cgroups(&conf), cgroups) {
+            (true, false) => tracing::warn!(
+                path = %path.display(),
+                "slurm.conf loads a cgroup plugin (ProctrackType or TaskPlugin) but --slurm-cgroups is off: slurmd \
+                 will fail to create its cgroups without CAP_DAC_OVERRIDE and CAP_SYS_ADMIN"
+            ),
+            (false, true) => tracing::warn!(
+                path = %path.display(),
+                "--slurm-cgroups keeps CAP_DAC_OVERRIDE and CAP_SYS_ADMIN for slurmd, but slurm.conf loads no cgroup \
+                 plugin: turn it off"
+            ),
+            _ => {}
+        }
+    }
+    let wanted = needed(mode, cgroups);
     match restrict(&wanted) {
         Ok(r) => {
             tracing::info!(
@@ -153,8 +212,7 @@ pub fn apply(mode: SlurmMode) {
                 );
             }
             for cap in &r.missing {
-                let why = SLURM_CAPABILITIES
-                    .iter()
+                let why = all_needs(cgroups)
                     .find(|n| n.cap == *cap)
                     .map_or("", |n| n.why);
                 tracing::warn!(capability = %cap, "not granted; Slurm jobs will fail where {why}");
@@ -170,16 +228,39 @@ mod tests {
 
     #[test]
     fn kubernetes_only_needs_nothing_and_slurm_needs_the_list() {
-        assert!(needed(SlurmMode::Off).is_empty());
+        assert!(needed(SlurmMode::Off, false).is_empty());
+        assert!(needed(SlurmMode::Off, true).is_empty());
         for mode in [SlurmMode::Configured, SlurmMode::Dynamic] {
-            assert_eq!(needed(mode).len(), SLURM_CAPABILITIES.len());
+            assert_eq!(needed(mode, false).len(), SLURM_CAPABILITIES.len());
+            assert!(!needed(mode, false).contains(&Capability::CAP_SYS_ADMIN));
+            let with = needed(mode, true);
+            assert_eq!(
+                with.len(),
+                SLURM_CAPABILITIES.len() + SLURM_CGROUP_CAPABILITIES.len()
+            );
+            assert!(with.contains(&Capability::CAP_SYS_ADMIN));
+            assert!(with.contains(&Capability::CAP_DAC_OVERRIDE));
         }
         let mut seen = CapsHashSet::new();
-        for n in SLURM_CAPABILITIES {
+        for n in all_needs(true) {
             assert!(seen.insert(n.cap), "{} listed twice", n.cap);
-            assert_ne!(n.cap, Capability::CAP_SYS_ADMIN);
             assert!(!n.why.is_empty());
         }
+    }
+
+    #[test]
+    fn cgroup_plugins_are_found_in_slurm_conf() {
+        assert!(conf_uses_cgroups("ProctrackType=proctrack/cgroup\n"));
+        assert!(conf_uses_cgroups(
+            "proctracktype=proctrack/linuxproc\nTASKPLUGIN = task/affinity, task/cgroup\n"
+        ));
+        assert!(!conf_uses_cgroups(
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/affinity\n"
+        ));
+        assert!(!conf_uses_cgroups(
+            "#TaskPlugin=task/cgroup\nJobAcctGatherType=jobacct_gather/cgroup\n"
+        ));
+        assert!(!conf_uses_cgroups(""));
     }
 
     #[test]

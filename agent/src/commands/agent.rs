@@ -30,7 +30,11 @@ pub fn init_logging(format: LogFormat) {
 pub fn run(args: &AgentArgs) -> Result<()> {
     init_logging(args.log_format);
     // Still the only thread: capabilities are per thread, and every later thread and child inherits these.
-    crate::privileges::apply(args.slurm_mode);
+    crate::privileges::apply(
+        args.slurm_mode,
+        args.slurm_cgroups,
+        args.slurm_conf.as_deref(),
+    );
     let plan = crate::daemon::Plan::new(daemon_config(args)?)?;
     let code = crate::daemon::run(plan)?;
     if code != 0 {

@@ -364,23 +364,28 @@ impl Site {
     }
 }
 
-impl Drop for Site {
-    fn drop(&mut self) {
-        // The agent first, by SIGTERM: it stops slurmd and munged, escalating to SIGKILL after its grace period. A
-        // SIGKILLed agent only leaves its children PDEATHSIG's SIGTERM, which a slurmd still looking for its
-        // controller ignores (in a pod the runtime would remove it with the container).
-        if let Some(agent) = self.agent.as_mut() {
+impl Site {
+    /// Stop the agent by SIGTERM: it stops slurmd and munged, escalating to SIGKILL after its grace period. A
+    /// SIGKILLed agent only leaves its children PDEATHSIG's SIGTERM, which a slurmd still looking for its
+    /// controller ignores (in a pod the runtime would remove it with the container).
+    pub(crate) fn stop_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
             let _ = isthmus_tests::slurm::term(agent.id());
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(15) && matches!(agent.try_wait(), Ok(None))
             {
                 std::thread::sleep(Duration::from_millis(100));
             }
+            let _ = agent.kill();
+            let _ = agent.wait();
         }
-        for c in [self.agent.as_mut(), self.ctld.as_mut()]
-            .into_iter()
-            .flatten()
-        {
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        self.stop_agent();
+        if let Some(c) = self.ctld.as_mut() {
             let _ = c.kill();
             let _ = c.wait();
         }
