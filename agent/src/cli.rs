@@ -246,12 +246,13 @@ pub struct AgentArgs {
     /// back when it recovers. Only with `--slurm-mode dynamic`. docs/health.md.
     #[arg(long, value_enum, env = "ISTHMUS_SLURM_FAILED_GPUS", default_value_t = crate::slurm::FailedGpus::Keep)]
     pub slurm_failed_gpus: crate::slurm::FailedGpus,
-    /// slurmd's cgroup plugins confine jobs (`ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup`, a
-    /// cgroup.conf with `ConstrainDevices=yes`): the agent then keeps CAP_DAC_OVERRIDE and CAP_SYS_ADMIN in its
-    /// children's bounding set too (slurmd creates its cgroups and fences devices with them). Off: the five
-    /// capabilities slurmd needs without cgroups. docs/deploy.md, "Confining Slurm jobs".
-    #[arg(long, env = "ISTHMUS_SLURM_CGROUPS")]
-    pub slurm_cgroups: bool,
+    /// Where slurmd's cgroup plugins (`ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup`, a cgroup.conf
+    /// with `ConstrainDevices=yes`) make their cgroups, which decides the capabilities the agent keeps for its
+    /// children: `off` (no cgroup plugins: the five of slurmd), `host` (the node's cgroup roots: also
+    /// CAP_SYS_ADMIN and CAP_DAC_OVERRIDE) or `pod` (the pod's own cgroup, mounted by `components/slurm-cgroups`:
+    /// also CAP_SYS_ADMIN). docs/deploy.md, "Confining Slurm jobs".
+    #[arg(long, value_enum, env = "ISTHMUS_SLURM_CGROUPS", default_value_t = crate::privileges::SlurmCgroups::Off)]
+    pub slurm_cgroups: crate::privileges::SlurmCgroups,
     /// slurmd's HTTP listener (its `SlurmdPort`, e.g. `127.0.0.1:6818`; Slurm 26.05): the agent's /readyz then
     /// also needs slurmd's own `/readyz` to succeed (asked every 2 s). Leave unset for older slurmd, which serve no
     /// HTTP, and where `CommunicationParameters=disable_http` is set.

@@ -49,37 +49,52 @@ pub const SLURM_CAPABILITIES: &[Need] = &[
     },
 ];
 
-/// What slurmd needs besides [`SLURM_CAPABILITIES`] when its cgroup plugins confine jobs (`--slurm-cgroups`:
-/// `ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup` with the shipped cgroup.conf), on a cgroup v1 host.
-/// Each was checked by removing it, with real slurmd 22.05 supervised by the agent
-/// (tests/tests/slurm_agent/cgroups.rs).
+/// Where slurmd's cgroup plugins make their cgroups, which decides what they need (`--slurm-cgroups`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SlurmCgroups {
+    /// No cgroup plugins (`proctrack/linuxproc`, `task/affinity`): the five capabilities of
+    /// [`SLURM_CAPABILITIES`].
+    #[default]
+    Off,
+    /// `proctrack/cgroup` and `task/cgroup` on the node's cgroup hierarchy (slurmd on a host): slurmd makes
+    /// `slurm_<node>` in each controller's root: CAP_SYS_ADMIN and CAP_DAC_OVERRIDE.
+    Host,
+    /// The same in the agent's pod, on the pod's own cgroup (`components/slurm-cgroups` mounts it read-write as
+    /// cgroup.conf's `CgroupMountpoint`), a directory root owns: CAP_SYS_ADMIN only.
+    Pod,
+}
+
+/// What slurmd needs besides [`SLURM_CAPABILITIES`] when its cgroup plugins confine jobs (`ProctrackType=
+/// proctrack/cgroup`, `TaskPlugin=task/cgroup` with the shipped cgroup.conf) on a cgroup v1 hierarchy: the first
+/// wherever the cgroups are, the second too on a host. Each was checked by removing it, with real slurmd 22.05
+/// supervised by the agent (tests/tests/slurm_agent/cgroups.rs; in the pod, tests/tests/kubelet_node).
 pub const SLURM_CGROUP_CAPABILITIES: &[Need] = &[
-    Need {
-        cap: Capability::CAP_DAC_OVERRIDE,
-        why: "slurmd creates its cgroup (`slurm_<node>`) in each controller's root directory, which the kernel \
-              makes mode 0555 (slurmd: \"unable to create cgroup ... Permission denied\"; the node never registers)",
-    },
     Need {
         cap: Capability::CAP_SYS_ADMIN,
         why: "the devices controller lets only CAP_SYS_ADMIN write devices.allow and devices.deny, so \
               ConstrainDevices cannot fence a job's GPUs (slurmstepd: \"unable to write ... devices.allow: \
               Operation not permitted\", srun: \"Slurmd could not execve job\")",
     },
+    Need {
+        cap: Capability::CAP_DAC_OVERRIDE,
+        why: "slurmd creates its cgroup (`slurm_<node>`) in each controller's root directory, which the kernel \
+              makes mode 0555 (slurmd: \"unable to create cgroup ... Permission denied\"; the node never registers)",
+    },
 ];
 
-/// The capabilities the supervised children need in `mode`; `cgroups` when slurmd's cgroup plugins confine jobs.
-pub fn needed(mode: SlurmMode, cgroups: bool) -> CapsHashSet {
+/// The capabilities the supervised children need in `mode`, with slurmd's cgroups where `cgroups` says.
+pub fn needed(mode: SlurmMode, cgroups: SlurmCgroups) -> CapsHashSet {
     match mode {
         SlurmMode::Off => CapsHashSet::new(),
         _ => all_needs(cgroups).map(|n| n.cap).collect(),
     }
 }
 
-fn all_needs(cgroups: bool) -> impl Iterator<Item = &'static Need> {
-    let extra: &[Need] = if cgroups {
-        SLURM_CGROUP_CAPABILITIES
-    } else {
-        &[]
+fn all_needs(cgroups: SlurmCgroups) -> impl Iterator<Item = &'static Need> {
+    let extra: &[Need] = match cgroups {
+        SlurmCgroups::Off => &[],
+        SlurmCgroups::Pod => &SLURM_CGROUP_CAPABILITIES[..1],
+        SlurmCgroups::Host => SLURM_CGROUP_CAPABILITIES,
     };
     SLURM_CAPABILITIES.iter().chain(extra)
 }
@@ -177,21 +192,21 @@ pub fn names(caps: &[Capability]) -> String {
 
 /// Restrict the process for `mode` (with `cgroups`, slurmd's cgroup plugins' needs too) and log what was kept
 /// (warnings for what could not be done). `slurm_conf`, when slurmd reads a local one, is checked against `cgroups`.
-pub fn apply(mode: SlurmMode, cgroups: bool, slurm_conf: Option<&std::path::Path>) {
+pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::path::Path>) {
     if mode != SlurmMode::Off
         && let Some(path) = slurm_conf
         && let Ok(conf) = std::fs::read_to_string(path)
     {
-        match (conf_uses_cgroups(&conf), cgroups) {
-            (true, false) => tracing::warn!(
+        match (conf_uses_cgroups(&conf), cgroups == SlurmCgroups::Off) {
+            (true, true) => tracing::warn!(
                 path = %path.display(),
                 "slurm.conf loads a cgroup plugin (ProctrackType or TaskPlugin) but --slurm-cgroups is off: slurmd \
-                 will fail to create its cgroups without CAP_DAC_OVERRIDE and CAP_SYS_ADMIN"
+                 will fail to make its cgroups (set it to host or pod)"
             ),
-            (false, true) => tracing::warn!(
+            (false, false) => tracing::warn!(
                 path = %path.display(),
-                "--slurm-cgroups keeps CAP_DAC_OVERRIDE and CAP_SYS_ADMIN for slurmd, but slurm.conf loads no cgroup \
-                 plugin: turn it off"
+                "--slurm-cgroups keeps capabilities for slurmd's cgroup plugins, but slurm.conf loads none: set it \
+                 to off"
             ),
             _ => {}
         }
@@ -228,21 +243,25 @@ mod tests {
 
     #[test]
     fn kubernetes_only_needs_nothing_and_slurm_needs_the_list() {
-        assert!(needed(SlurmMode::Off, false).is_empty());
-        assert!(needed(SlurmMode::Off, true).is_empty());
+        for c in [SlurmCgroups::Off, SlurmCgroups::Host, SlurmCgroups::Pod] {
+            assert!(needed(SlurmMode::Off, c).is_empty());
+        }
         for mode in [SlurmMode::Configured, SlurmMode::Dynamic] {
-            assert_eq!(needed(mode, false).len(), SLURM_CAPABILITIES.len());
-            assert!(!needed(mode, false).contains(&Capability::CAP_SYS_ADMIN));
-            let with = needed(mode, true);
-            assert_eq!(
-                with.len(),
-                SLURM_CAPABILITIES.len() + SLURM_CGROUP_CAPABILITIES.len()
-            );
-            assert!(with.contains(&Capability::CAP_SYS_ADMIN));
-            assert!(with.contains(&Capability::CAP_DAC_OVERRIDE));
+            let off = needed(mode, SlurmCgroups::Off);
+            assert_eq!(off.len(), SLURM_CAPABILITIES.len());
+            assert!(!off.contains(&Capability::CAP_SYS_ADMIN));
+            assert!(!off.contains(&Capability::CAP_DAC_OVERRIDE));
+            let pod = needed(mode, SlurmCgroups::Pod);
+            assert_eq!(pod.len(), SLURM_CAPABILITIES.len() + 1);
+            assert!(pod.contains(&Capability::CAP_SYS_ADMIN));
+            assert!(!pod.contains(&Capability::CAP_DAC_OVERRIDE));
+            let host = needed(mode, SlurmCgroups::Host);
+            assert_eq!(host.len(), SLURM_CAPABILITIES.len() + 2);
+            assert!(host.contains(&Capability::CAP_SYS_ADMIN));
+            assert!(host.contains(&Capability::CAP_DAC_OVERRIDE));
         }
         let mut seen = CapsHashSet::new();
-        for n in all_needs(true) {
+        for n in all_needs(SlurmCgroups::Host) {
             assert!(seen.insert(n.cap), "{} listed twice", n.cap);
             assert!(!n.why.is_empty());
         }

@@ -47,13 +47,6 @@ pub fn install_report_crds(api: &ApiServer) {
     }
 }
 
-/// `deploy/controller` relative to `dir` (kustomize refuses absolute paths to other kustomizations).
-fn relative_to(dir: &Path, target: &Path) -> String {
-    let up = dir.components().count().saturating_sub(1);
-    let target = target.to_string_lossy();
-    format!("{}{}", "../".repeat(up), target.trim_start_matches('/'))
-}
-
 /// How many webhooks the shipped configuration in `file` (under `deploy/controller`) has.
 fn webhook_count(file: &str) -> usize {
     let path = repo_root().join("deploy/controller").join(file);
@@ -69,14 +62,14 @@ pub fn overlay(sub: &str, components: &[&str], url: Option<&str>) -> tempfile::T
     let deploy = repo_root().join("deploy/controller");
     let mut text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n",
-        relative_to(dir.path(), &deploy.join(sub))
+        crate::deploy::relative_path(dir.path(), &deploy.join(sub))
     );
     if !components.is_empty() {
         text.push_str("components:\n");
         for c in components {
             text.push_str(&format!(
                 "  - {}\n",
-                relative_to(dir.path(), &deploy.join(c))
+                crate::deploy::relative_path(dir.path(), &deploy.join(c))
             ));
         }
     }

@@ -48,6 +48,41 @@ pub fn render_text_at(root: &Path, sub: &str) -> String {
     }
 }
 
+/// `to` as a path relative to the directory `from` (both absolute): kustomize refuses absolute paths to other
+/// kustomizations.
+pub fn relative_path(from: &Path, to: &Path) -> String {
+    let up = from.components().count().saturating_sub(1);
+    let down = to.strip_prefix("/").unwrap_or(to);
+    format!("{}{}", "../".repeat(up), down.display())
+}
+
+/// `kubectl kustomize` of an overlay of `deploy/daemonset/<sub>` with the shipped `components`
+/// (`deploy/daemonset/components/<name>`), as text. Components need kustomize 3.7 or later (no kustomize 2 copy).
+pub fn render_with_components(sub: &str, components: &[&str]) -> String {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let overlay = tmp.path().join("overlay");
+    std::fs::create_dir(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    let d = deploy_dir();
+    let list: String = components
+        .iter()
+        .map(|c| {
+            format!(
+                "  - {}\n",
+                relative_path(&overlay, &d.join("components").join(c))
+            )
+        })
+        .collect();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n{list}",
+            relative_path(&overlay, &d.join(sub))
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    run_kustomize(&overlay).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// The rendered documents of `root/sub`.
 pub fn render_at(root: &Path, sub: &str) -> Vec<Value> {
     documents(&render_text_at(root, sub))
@@ -136,7 +171,7 @@ pub fn render(sub: &str) -> Vec<Value> {
     documents(&render_text(sub))
 }
 
-fn documents(text: &str) -> Vec<Value> {
+pub fn documents(text: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
         .filter(|v| !v.is_null())

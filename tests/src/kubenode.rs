@@ -21,6 +21,9 @@ use crate::apiserver::{describe, kubectl_with};
 pub const NODE_NAME: &str = "isthmus-node";
 /// Where the lab keeps its state.
 const LAB: &str = "/tmp/isthmus-kubenode";
+/// The kubelet's `cgroupRoot` (node-up.sh's `CGROUP_ROOT`): pods' cgroups are under
+/// `/sys/fs/cgroup/<controller>/isthmus-kubenode/kubepods`.
+pub const CGROUP_ROOT: &str = "/isthmus-kubenode";
 /// The kubelet's root: where the DaemonSet's host paths point (`pod-resources/`, `config.yaml`).
 pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
 
@@ -68,6 +71,7 @@ impl KubeNode {
         cmd.arg(&script)
             .env("BIN", &bin)
             .env("NODE_LAB", LAB)
+            .env("CGROUP_ROOT", CGROUP_ROOT)
             .env("NODE_NAME", NODE_NAME)
             .env("KUBELET_ROOT", KUBELET_ROOT)
             .env("AUDIT_POLICY", &policy)
@@ -328,6 +332,7 @@ fn install_teardown() {
         let _ = Command::new("bash")
             .arg(script)
             .env("NODE_LAB", LAB)
+            .env("CGROUP_ROOT", CGROUP_ROOT)
             .env("KUBELET_ROOT", KUBELET_ROOT)
             .output();
     }

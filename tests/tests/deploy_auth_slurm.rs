@@ -4,18 +4,9 @@
 //! socket volume) and mounts the Secret's `slurm.key` beside slurm.conf, read-only with mode 0400. (That slurmd runs
 //! and takes jobs with the key beside slurm.conf and no munged: `slurm_agent/`, on 26.05.)
 
-use std::path::Path;
-
 use isthmus_tests::apiserver::{ApiServer, describe};
 use isthmus_tests::deploy;
 use serde_json::Value;
-
-/// `target` relative to `dir` (kustomize reads other kustomizations by relative path).
-fn relative_to(dir: &Path, target: &Path) -> String {
-    let up = dir.components().count().saturating_sub(1);
-    let target = target.to_string_lossy();
-    format!("{}{}", "../".repeat(up), target.trim_start_matches('/'))
-}
 
 /// The names of a list of objects that have one (`volumes`, `volumeMounts`).
 fn names(list: &Value) -> Vec<&str> {
@@ -50,8 +41,8 @@ fn the_auth_slurm_component_mounts_the_slurm_key_and_runs_no_munged() {
     let d = deploy::deploy_dir();
     let kustomization = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
-        relative_to(&overlay, &d.join("overlays/kubernetes-slurm")),
-        relative_to(&overlay, &d.join("components/auth-slurm")),
+        deploy::relative_path(&overlay, &d.join("overlays/kubernetes-slurm")),
+        deploy::relative_path(&overlay, &d.join("components/auth-slurm")),
     );
     std::fs::write(overlay.join("kustomization.yaml"), kustomization)
         .unwrap_or_else(|e| panic!("{e}"));

@@ -22,6 +22,15 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
         std::fs::write(dir.path().join(format!("{name}.yaml")), render_text(sub))
             .unwrap_or_else(|e| panic!("{e}"));
     }
+    // The Slurm variant with its jobs confined on the pod's cgroup (components/slurm-cgroups).
+    std::fs::write(
+        dir.path().join("kubernetes-slurm-cgroups.yaml"),
+        isthmus_tests::deploy::render_with_components(
+            "overlays/kubernetes-slurm",
+            &["slurm-cgroups"],
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     // The cluster controller, with and without its Slurm tasks.
     for (name, sub) in [("controller", "."), ("controller-slurm", "overlays/slurm")] {
         let path = controller::deploy_dir().join(sub);

@@ -18,6 +18,7 @@ use isthmus_tests::{fixtures, repo_root};
 use serde_yaml_ng::Value;
 
 mod images;
+mod slurm_cgroups;
 
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_default()

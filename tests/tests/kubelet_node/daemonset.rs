@@ -23,7 +23,7 @@ pub(crate) fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
              images:\n  - name: isthmus\n    newName: {name}\n    newTag: \"{tag}\"\npatches:\n  - path: test.yaml\n",
-            relative(&overlay, &base)
+            isthmus_tests::deploy::relative_path(&overlay, &base)
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -128,11 +128,4 @@ impl NrtWatch {
         let _ = self.child.wait();
         self.seen.join().unwrap_or_default()
     }
-}
-
-/// `to` as a path relative to the directory `from` (kustomize refuses absolute resource directories).
-pub(crate) fn relative(from: &Path, to: &Path) -> String {
-    let up = from.components().count().saturating_sub(1);
-    let down = to.strip_prefix("/").unwrap_or(to);
-    format!("{}{}", "../".repeat(up), down.display())
 }

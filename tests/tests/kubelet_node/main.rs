@@ -18,11 +18,14 @@ use isthmus_tests::deploy::Reaped;
 use isthmus_tests::kubenode::{KubeNode, NODE_NAME};
 use isthmus_tests::slurm::wait_until;
 
+mod cgroups;
 mod daemonset;
 mod node;
+mod slurm_pod;
 
 use daemonset::*;
 use node::*;
+use slurm_pod::{apply_slurm_overlay, wait_node_idle};
 
 #[test]
 fn an_exclusive_cpu_leaves_the_nrt_and_the_numatopology_and_comes_back() {
@@ -335,91 +338,20 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     let _ = prepare(node);
     let ctld = Controller::start("MaxNodeCount=16\nTreeWidth=65533\nGresTypes=gpu\n", "", &[]);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-
-    // The pod's slurm.conf is the cluster's, with the node-side paths of the overlay and munged's default socket
-    // (the pod's own munged).
-    let conf = std::fs::read_to_string(ctld.conf()).unwrap_or_else(|e| panic!("{e}"));
-    let pod_conf: String = conf
-        .lines()
-        .filter(|l| {
-            ![
-                "AuthInfo=",
-                "SlurmdSpoolDir=",
-                "SlurmdPidFile=",
-                "SlurmdLogFile=",
-            ]
-            .iter()
-            .any(|k| l.starts_with(k))
-        })
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        + "SlurmdSpoolDir=/var/spool/slurmd\nSlurmdPidFile=/run/slurm/slurmd.pid\n";
-    let overlay = dir.path().join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(overlay.join("slurm.conf"), pod_conf).unwrap_or_else(|e| panic!("{e}"));
-    let key = ctld.path().join("munge.key");
-    let out = node.kubectl(&[
-        "create",
-        "secret",
-        "generic",
-        "munge-key",
-        "-n",
-        "isthmus-system",
-        &format!("--from-file=munge.key={}", key.display()),
-    ]);
-    assert!(out.status.success(), "{}", describe(&out));
-
-    let archive = dir.path().join("isthmus-slurm.tar");
-    let image = isthmus_tests::node_image::slurm_agent_image("test", &archive);
-    node.import_image(&archive);
-    let (name, tag) = image.rsplit_once(':').unwrap_or((&image, "latest"));
-    let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-slurm");
     // With the shipped device plugin component: the agent also serves the kubelet's device plugin API and checks
     // the pods' devices against Slurm's jobs (this machine has no accelerator: it registers none).
-    let plugin = isthmus_tests::repo_root().join("deploy/daemonset/components/device-plugin");
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
-             components:\n  - {}\n\
-             images:\n  - name: isthmus-slurm\n    newName: {name}\n    newTag: \"{tag}\"\n\
-             configMapGenerator:\n  - name: slurm-config\n    namespace: isthmus-system\n    behavior: replace\n    \
-             files:\n      - slurm.conf\npatches:\n  - path: test.yaml\n",
-            relative(&overlay, &base),
-            relative(&overlay, &plugin)
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        overlay.join("test.yaml"),
-        format!(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: isthmus\n  namespace: isthmus-system\nspec:\n  \
-             template:\n    spec:\n      initContainers:\n      - name: slurm-config\n        imagePullPolicy: Never\n      \
-             containers:\n      - name: isthmus\n        imagePullPolicy: Never\n        env:\n        \
-             - name: KUBERNETES_SERVICE_HOST\n          value: 127.0.0.1\n        - name: KUBERNETES_SERVICE_PORT\n          \
-             value: \"{}\"\n",
-            node.api_port()
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let pod = ready_agent_pod(node, &image);
-
-    // The node registered itself (dynamic), idle.
-    wait_until_ok(
-        "the dynamic node idle in slurmctld",
-        Duration::from_secs(120),
-        || {
-            let out = std::process::Command::new("scontrol")
-                .args(["show", "node", NODE_NAME])
-                .env("SLURM_CONF", ctld.conf())
-                .output()
-                .ok()?;
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.contains("State=IDLE").then_some(text)
+    let pod = apply_slurm_overlay(
+        node,
+        &ctld,
+        dir.path(),
+        &slurm_pod::Extra {
+            components: &["device-plugin"],
+            ..Default::default()
         },
     );
+    let pod = &pod.pod;
+    // The node registered itself (dynamic), idle.
+    wait_node_idle(&ctld);
     // A job runs inside the pod: its PID 1 is the agent.
     let out = std::process::Command::new("srun")
         .args([
@@ -455,19 +387,4 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
             (c["status"] == "True" && c["reason"] == "DevicesAgreeWithSlurm").then_some(c)
         },
     );
-
-    node.kubectl_ok(&[
-        "delete",
-        "daemonset",
-        "-n",
-        "isthmus-system",
-        "isthmus",
-        "--wait=true",
-    ]);
-    node.kubectl_ok(&["delete", "secret", "-n", "isthmus-system", "munge-key"]);
-    wait_for("the agent's pods gone", || {
-        node.kubectl_ok(&["get", "pods", "-n", "isthmus-system", "-o", "name"])
-            .trim()
-            .is_empty()
-    });
 }

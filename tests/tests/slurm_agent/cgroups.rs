@@ -161,7 +161,7 @@ fn a_job_of_the_agents_slurmd_opens_only_the_gpus_slurm_gave_it() {
     site.stop_agent();
 
     // With it: the node registers and each job's devices cgroup fences the GPUs it was not given.
-    site.start_agent(&root, &["--slurm-cgroups"]);
+    site.start_agent(&root, &["--slurm-cgroups", "host"]);
     site.wait_idle();
     let log = site.log();
     assert!(

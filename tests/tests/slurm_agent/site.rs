@@ -370,7 +370,9 @@ impl Site {
     /// controller ignores (in a pod the runtime would remove it with the container).
     pub(crate) fn stop_agent(&mut self) {
         if let Some(mut agent) = self.agent.take() {
-            let _ = isthmus_tests::slurm::term(agent.id());
+            if matches!(agent.try_wait(), Ok(None)) {
+                let _ = isthmus_tests::slurm::term(agent.id());
+            }
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(15) && matches!(agent.try_wait(), Ok(None))
             {
