@@ -47,49 +47,7 @@ pub fn policy_configmap(name: &str, policy: &str) -> String {
     serde_json::to_string(&cm).unwrap_or_default()
 }
 
-/// A pod to create.
-#[derive(Debug, Clone)]
-pub struct PodOpts<'a> {
-    /// Namespace (default: the test's).
-    pub namespace: Option<&'a str>,
-    /// Name.
-    pub name: &'a str,
-    /// GPUs (`nvidia.com/gpu` limit).
-    pub gpus: u32,
-    /// Annotations.
-    pub annotations: &'a [(&'a str, &'a str)],
-    /// `spec.nodeName`, set by the pod's creator.
-    pub node_name: Option<&'a str>,
-    /// An image the node has (never pulled) whose container sleeps, for pods a real kubelet runs; `None`: an
-    /// image no kubelet could start (the API server alone never runs pods).
-    pub image: Option<&'a str>,
-    /// The container's command when `image` is set (default: `sleep 3600`).
-    pub command: Option<&'a [&'a str]>,
-    /// `spec.terminationGracePeriodSeconds` (default: Kubernetes' 30 s).
-    pub grace: Option<i64>,
-    /// `spec.schedulerName` (default: this test's placement scheduler).
-    pub scheduler: Option<&'a str>,
-    /// Tolerations (JSON, as in a pod spec).
-    pub tolerations: Option<serde_json::Value>,
-}
-
-impl<'a> PodOpts<'a> {
-    /// A 1-CPU pod `name` in the test's namespace.
-    pub fn new(name: &'a str) -> Self {
-        Self {
-            namespace: None,
-            name,
-            gpus: 0,
-            annotations: &[],
-            node_name: None,
-            image: None,
-            command: None,
-            grace: None,
-            scheduler: None,
-            tolerations: None,
-        }
-    }
-}
+pub use crate::placement_pod::PodOpts;
 
 /// How the controller makes a job its tenant's on `release`: `sbatch --uid/--gid` where sbatch has them, else
 /// `setpriv` (the release's wrapper, found in the Slurm bin dir, switches user inside the release's root).
@@ -124,6 +82,18 @@ impl Placement {
     /// Prepare namespace `ns`, the ServiceAccount and its RBAC, a Node object per Slurm node of `cluster`, and a
     /// policy (ConfigMap `policy-<ns>`) whose one tenant `ns` runs its jobs as `nobody`/`nogroup`.
     pub fn new(api: &impl TestApi, cluster: &Cluster, ns: &str) -> Self {
+        let nodes: Vec<&str> = cluster.nodes().iter().map(|n| n.name.as_str()).collect();
+        Self::on_slurm(api, cluster.conf(), cluster.release(), &nodes, ns)
+    }
+
+    /// [`Self::new`] for the Slurm cluster of slurm.conf `conf` (`release`'s clients), whose nodes are `nodes`.
+    pub fn on_slurm(
+        api: &impl TestApi,
+        conf: PathBuf,
+        release: SlurmRelease,
+        nodes: &[&str],
+        ns: &str,
+    ) -> Self {
         api.apply_objects(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {CONTROLLER_NS}\n---\napiVersion: v1\n\
              kind: ServiceAccount\nmetadata:\n  name: {CONTROLLER_SA}\n  namespace: {CONTROLLER_NS}\n"
@@ -131,8 +101,8 @@ impl Placement {
         add_namespace(api, ns);
         api.apply_objects(&rbac_yaml());
         api.apply_objects(&role_yaml());
-        for n in cluster.nodes() {
-            api.ensure_node(&n.name);
+        for n in nodes {
+            api.ensure_node(n);
         }
         let policy = format!("policy-{ns}");
         api.apply_objects(&policy_configmap(
@@ -155,14 +125,14 @@ impl Placement {
             ns: ns.to_owned(),
             sa_kubeconfig,
             api_url: api.server_url(),
-            conf: cluster.conf(),
-            release: cluster.release(),
+            conf,
+            release,
             // A scheduler name per test: the API server is shared, each test's Slurm cluster is not.
             args: PlacementArgs {
                 enabled: true,
                 scheduler_name: format!("isthmus-slurm-{ns}"),
                 policy,
-                submit_as: submit_as(cluster.release()),
+                submit_as: submit_as(release),
                 ..PlacementArgs::default()
             },
             tools: None,
@@ -174,6 +144,18 @@ impl Placement {
     /// How long one Slurm command of the loop may take, from the next [`Self::start`] on.
     pub fn set_slurm_timeout(&mut self, t: Duration) {
         self.slurm_timeout = t;
+    }
+
+    /// Replace the test's policy with one whose one tenant (the test's namespace, as `nobody`/`nogroup`) may share
+    /// nodes (`allowSharing: true`).
+    pub fn allow_sharing(&self, api: &impl TestApi) {
+        let ns = &self.ns;
+        self.set_policy(
+            api,
+            &format!(
+                "tenants: [{{name: {ns}, namespaces: [{ns}], user: nobody, group: nogroup, allowSharing: true}}]\n"
+            ),
+        );
     }
 
     /// Replace the test's tenancy policy (YAML).
@@ -300,7 +282,7 @@ impl Placement {
                 // No token controller runs beside the test API server (v1.20 would wait for a token Secret).
                 "automountServiceAccountToken": false,
                 "containers": [{"name": "main", "image": "registry.invalid/app:1",
-                    "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
+                    "resources": {"requests": {"cpu": o.cpu.unwrap_or("1"), "memory": "64Mi"}}}],
             }
         }))
         .unwrap_or_else(|e| panic!("{e}"));

@@ -245,12 +245,7 @@ fn a_pod_that_may_share_its_node_gets_neither_exclusive_job_nor_lock() {
     );
     let mut p = Placement::new(node, &cluster, "placed-shared");
     let ns = p.ns.clone();
-    p.set_policy(
-        node,
-        &format!(
-            "tenants: [{{name: {ns}, namespaces: [{ns}], user: nobody, group: nogroup, allowSharing: true}}]\n"
-        ),
-    );
+    p.allow_sharing(node);
     p.start();
     ordinary_pod(node, &ns, "bystander", false);
     let shared = [("slurm.isthmus.io/node-sharing", "shared")];

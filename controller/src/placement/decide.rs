@@ -125,6 +125,8 @@ pub struct Inputs<'a> {
     pub kill_wait: u64,
     /// Node → the job its node lock names.
     pub locks: &'a BTreeMap<String, u64>,
+    /// Pods this controller bound a moment ago (UID → Node), which the pod watch may not show bound yet.
+    pub recent_binds: &'a BTreeMap<String, String>,
 }
 
 /// Slurm's words for a job.
@@ -136,50 +138,13 @@ pub fn describe(job: &Job) -> String {
     }
 }
 
-/// One pod, or the pods of one gang.
-struct Unit<'a> {
-    job: JobRef,
-    members: Vec<&'a PodView>,
-}
-
-fn units<'a>(pods: &'a [PodView]) -> Vec<Unit<'a>> {
-    let mut gangs: BTreeMap<(&str, &str), Vec<&PodView>> = BTreeMap::new();
-    let mut out = Vec::new();
-    for p in pods.iter().filter(|p| p.active || p.stopping) {
-        match &p.gang {
-            Some(Ok(g)) => gangs
-                .entry((&p.pod.namespace, &g.name))
-                .or_default()
-                .push(p),
-            _ => out.push(Unit {
-                job: JobRef {
-                    namespace: p.pod.namespace.clone(),
-                    name: p.pod.name.clone(),
-                    id: p.pod.uid.clone(),
-                },
-                members: vec![p],
-            }),
-        }
-    }
-    for ((ns, name), members) in gangs {
-        let uids: Vec<&str> = members.iter().map(|m| m.pod.uid.as_str()).collect();
-        out.push(Unit {
-            job: JobRef {
-                namespace: ns.to_owned(),
-                name: name.to_owned(),
-                id: comment::gang_id(&uids),
-            },
-            members,
-        });
-    }
-    out
-}
-
 struct Out<'a> {
     actions: Vec<Action>,
     in_flight: &'a InFlight,
     cancelled: BTreeSet<u64>,
     kill_wait: u64,
+    /// Node → the pod asking for devices bound to it in this pass ([`devices`]).
+    device_binds: BTreeMap<String, PodRef>,
 }
 
 impl Out<'_> {
@@ -221,6 +186,7 @@ pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
         in_flight: i.in_flight,
         cancelled: BTreeSet::new(),
         kill_wait: i.kill_wait,
+        device_binds: BTreeMap::new(),
     };
     let units = units(i.pods);
     let mut by_ref: BTreeMap<(String, String), Vec<&Job>> = BTreeMap::new();
@@ -408,7 +374,15 @@ fn decide_with_job(
         .collect();
     if unit.members.len() == size && free.len() >= unbound.len() {
         let lock = !lifetime::shared(i, unit);
+        let targets: Vec<&String> = free.iter().take(unbound.len()).copied().collect();
+        if let Some(why) = devices::wait_for_admission(i, unit, &targets, out) {
+            out.wait(unbound, &why, false);
+            return;
+        }
         for (m, n) in unbound.iter().zip(free) {
+            if devices::asks_devices(m) {
+                out.device_binds.insert(n.clone(), m.pod.clone());
+            }
             out.actions.push(Action::Bind {
                 pod: m.pod.clone(),
                 node: n.clone(),
@@ -488,7 +462,11 @@ fn submit(i: &Inputs<'_>, unit: &Unit<'_>, unbound: &[&&PodView], out: &mut Out<
     });
 }
 
+mod devices;
 mod lifetime;
+mod units;
+
+use units::{Unit, units};
 
 #[cfg(test)]
 mod tests;

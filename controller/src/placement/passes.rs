@@ -274,6 +274,7 @@ async fn confirm_destructive(
         default_partition: args.partition.as_deref(),
         kill_wait,
         locks: &world.locks,
+        recent_binds: &memory.recent.binds(Instant::now()),
     });
     let kept = confirm::confirmed(first, &again);
     tracing::debug!(
@@ -313,6 +314,7 @@ async fn pass(
         default_partition: args.partition.as_deref(),
         kill_wait,
         locks: &world.locks,
+        recent_binds: &memory.recent.binds(now),
     })
     .into_iter()
     .filter(|a| memory.recent.should_run(a, now, started))

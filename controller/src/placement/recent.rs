@@ -66,6 +66,15 @@ impl Recent {
             .insert(comment.to_owned(), (n + 1, now + wait));
     }
 
+    /// The pods bound within [`HOLD`] of `now`: UID → Node (the pod watch may not show a binding yet).
+    pub fn binds(&self, now: Instant) -> std::collections::BTreeMap<String, String> {
+        self.done
+            .iter()
+            .filter(|(_, (_, at))| now.duration_since(*at) < HOLD)
+            .filter_map(|(k, (node, _))| Some((k.strip_prefix("bind ")?.to_owned(), node.clone())))
+            .collect()
+    }
+
     /// Forget what is older than [`HOLD`] (and backoffs long past).
     pub fn prune(&mut self, now: Instant) {
         self.done
@@ -103,6 +112,13 @@ mod tests {
         r.done(&bind, t0);
         assert!(!r.should_run(&bind, t0 + Duration::from_secs(1), t0));
         assert!(r.should_run(&bind, t0 + HOLD, t0));
+        assert_eq!(
+            r.binds(t0 + Duration::from_secs(1))
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [(uid_of(&bind), node_of(&bind))]
+        );
+        assert!(r.binds(t0 + HOLD).is_empty());
         let wait = |m: &str| Action::Wait {
             pod: pod(),
             message: m.into(),
@@ -148,5 +164,19 @@ mod tests {
         assert!(r.should_run(&submit, s(2), s(2)));
         r.done(&submit, s(2));
         assert!(!r.should_run(&submit, s(3), s(3)), "held after success");
+    }
+
+    fn uid_of(a: &Action) -> String {
+        match a {
+            Action::Bind { pod, .. } => pod.uid.clone(),
+            _ => String::new(),
+        }
+    }
+
+    fn node_of(a: &Action) -> String {
+        match a {
+            Action::Bind { node, .. } => node.clone(),
+            _ => String::new(),
+        }
     }
 }

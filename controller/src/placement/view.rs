@@ -34,6 +34,9 @@ pub struct PodView {
     pub active: bool,
     /// Being deleted on its Node, its phase not terminal yet: the kubelet is stopping its containers.
     pub stopping: bool,
+    /// Its kubelet has admitted it (or refused it): `status.startTime` is set or its phase is past Pending. Devices
+    /// are allocated at admission.
+    pub admitted: bool,
     /// `spec.terminationGracePeriodSeconds`.
     pub grace: Option<i64>,
     /// `metadata.deletionGracePeriodSeconds`: the grace period of the deletion under way.
@@ -96,6 +99,8 @@ impl PodView {
             },
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             active: meta.deletion_timestamp.is_none() && !terminal,
+            admitted: status.is_some_and(|s| s.start_time.is_some())
+                || !(phase.is_empty() || phase == "Pending"),
             stopping: meta.deletion_timestamp.is_some()
                 && !terminal
                 && pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
@@ -111,5 +116,41 @@ impl PodView {
             waiting_message,
             version: meta.resource_version.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(status: serde_json::Value) -> PodView {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [], "nodeName": "n1"},
+            "status": status,
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let labels = BTreeMap::new();
+        let cx = Context {
+            policy: Err("none"),
+            namespace_labels: &labels,
+            mig_gpu_type: None,
+        };
+        PodView::from_pod(&pod, &cx).unwrap_or_else(|| panic!("no view"))
+    }
+
+    #[test]
+    fn a_pod_is_admitted_once_its_kubelet_set_its_start_time_or_phase() {
+        assert!(!view(serde_json::json!({})).admitted);
+        assert!(!view(serde_json::json!({"phase": "Pending"})).admitted);
+        assert!(
+            view(serde_json::json!({"phase": "Pending", "startTime": "2026-11-25T01:00:00Z"}))
+                .admitted
+        );
+        assert!(view(serde_json::json!({"phase": "Running"})).admitted);
+        // Refused at admission: Failed, and no longer active.
+        let refused =
+            view(serde_json::json!({"phase": "Failed", "reason": "UnexpectedAdmissionError"}));
+        assert!(refused.admitted && !refused.active);
     }
 }

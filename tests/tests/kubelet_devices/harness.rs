@@ -146,7 +146,12 @@ pub(crate) fn wait_ready(node: &KubeNode, agent_log: &dyn Fn() -> String, name: 
 
 /// The `/dev/nvidia*` names the pod's container sees.
 pub(crate) fn nvidia_nodes(node: &KubeNode, pod: &str) -> Vec<String> {
-    let ls = node.kubectl_ok(&["exec", "-n", NS, pod, "--", "ls", "/dev"]);
+    nvidia_nodes_in(node, NS, pod)
+}
+
+/// [`nvidia_nodes`] of a pod in namespace `ns`.
+pub(crate) fn nvidia_nodes_in(node: &KubeNode, ns: &str, pod: &str) -> Vec<String> {
+    let ls = node.kubectl_ok(&["exec", "-n", ns, pod, "--", "ls", "/dev"]);
     ls.split_whitespace()
         .filter(|n| n.starts_with("nvidia"))
         .map(str::to_owned)
@@ -155,6 +160,11 @@ pub(crate) fn nvidia_nodes(node: &KubeNode, pod: &str) -> Vec<String> {
 
 /// The devices PodResources lists for `pod`, by resource name.
 pub(crate) fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String>)> {
+    pod_devices_in(node, NS, pod)
+}
+
+/// [`pod_devices`] of a pod in namespace `ns`.
+pub(crate) fn pod_devices_in(node: &KubeNode, ns: &str, pod: &str) -> Vec<(String, Vec<String>)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -170,7 +180,7 @@ pub(crate) fn pod_devices(node: &KubeNode, pod: &str) -> Vec<(String, Vec<String
         .list
         .pod_resources
         .iter()
-        .filter(|p| p.namespace == NS && p.name == pod)
+        .filter(|p| p.namespace == ns && p.name == pod)
         .flat_map(|p| p.containers.iter())
         .flat_map(|c| c.devices.iter())
         .map(|d| (d.resource_name.clone(), d.device_ids.clone()))

@@ -46,6 +46,7 @@ const WAIT: Duration = Duration::from_secs(90);
 const GPU0_UUID: &str = "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa";
 
 mod harness;
+mod placed;
 use harness::*;
 
 #[test]
@@ -218,6 +219,32 @@ fn real_slurm_jobs_gpu_indexes_are_read_per_node() {
     c.run_ok("scancel", &[&placeholder, &user]);
 }
 
+/// The node as a Slurm node of its own site (slurmctld; slurmd and munged under an agent on `root` that also serves
+/// the device plugin), idle. The Kubernetes side is on, as the shipped ServiceAccount with the shipped RBAC: the check
+/// reports to the Node's condition and the pods' Events.
+fn slurm_site(node: &KubeNode, root: &Path) -> site::Site {
+    let mut s = site::Site::new(NODE_NAME, root, site::Mode::Configured);
+    s.start_slurmctld();
+    let sock = node.pod_resources_socket();
+    s.agent_env = vec![("KUBECONFIG".to_owned(), node.prepare_agent().into())];
+    s.start_agent(
+        root,
+        &[
+            "--publish-nrt",
+            "true",
+            "--device-plugin",
+            "--device-plugin-dir",
+            "/var/lib/kubelet/device-plugins",
+            "--device-plugin-runtime-root",
+            &root.to_string_lossy(),
+            "--pod-resources-socket",
+            &sock.to_string_lossy(),
+        ],
+    );
+    s.wait_idle();
+    s
+}
+
 /// The agent's gauge `isthmus_device_allocation_mismatches` from its `/metrics`.
 fn mismatches_metric(listen: &str) -> Option<String> {
     let out = Command::new("curl")
@@ -240,27 +267,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     let node = KubeNode::shared();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let root = prepare_root(dir.path());
-    let mut s = site::Site::new(NODE_NAME, &root, site::Mode::Configured);
-    s.start_slurmctld();
-    let sock = node.pod_resources_socket();
-    // The Kubernetes side on, as the shipped ServiceAccount with the shipped RBAC: the check reports to the Node's
-    // condition and the pod's Events.
-    s.agent_env = vec![("KUBECONFIG".to_owned(), node.prepare_agent().into())];
-    s.start_agent(
-        &root,
-        &[
-            "--publish-nrt",
-            "true",
-            "--device-plugin",
-            "--device-plugin-dir",
-            "/var/lib/kubelet/device-plugins",
-            "--device-plugin-runtime-root",
-            &root.to_string_lossy(),
-            "--pod-resources-socket",
-            &sock.to_string_lossy(),
-        ],
-    );
-    s.wait_idle();
+    let s = slurm_site(node, &root);
     node.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ));

@@ -407,6 +407,7 @@ mod tests {
             devices: rx,
             runtime_root: "/".into(),
             holds: tokio::sync::watch::channel(super::super::slurm_jobs::Holds::default()).1,
+            slurm: None,
         };
         let stop = tokio_util::sync::CancellationToken::new();
         tokio::spawn(super::super::serve(plugin, listener, stop.clone()));

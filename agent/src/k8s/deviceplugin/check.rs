@@ -32,6 +32,40 @@ pub struct Mismatch {
     pub message: String,
 }
 
+/// The devices of the one placed pod the kubelet is admitting, when that can be told: the placeholder job (a
+/// single pod's, not a gang's) whose pod the kubelet lists while none of its containers holds a served device yet
+/// (the kubelet lists a pod from the moment it takes it, and allocates its devices while admitting it). `None` when
+/// there is no such job, or more than one (the controller binds a placed pod that asks for devices only when no
+/// other placed pod on the node waits for its own, so that there is one), or when more than one Slurm job's comment
+/// names that pod.
+pub fn admitting(holds: &Holds, list: &ListPodResourcesResponse) -> Option<BTreeSet<String>> {
+    let waiting: BTreeSet<(&str, &str)> = list
+        .pod_resources
+        .iter()
+        .filter(|p| {
+            p.containers
+                .iter()
+                .flat_map(|c| c.devices.iter())
+                .all(|d| !SERVED.contains(&d.resource_name.as_str()) || d.device_ids.is_empty())
+        })
+        .map(|p| (p.namespace.as_str(), p.name.as_str()))
+        .collect();
+    let mut jobs: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for (id, r) in &holds.placeholders {
+        if !r.id.starts_with("g-") && waiting.contains(&(r.namespace.as_str(), r.name.as_str())) {
+            jobs.entry(r.id.as_str()).or_default().insert(id.clone());
+        }
+    }
+    let mut it = jobs.into_iter();
+    match (it.next(), it.next()) {
+        // One job only may claim the pod: a second job whose comment copies the controller's could be either.
+        (Some((id, devices)), None) if holds.claims.get(id).is_some_and(|j| j.len() == 1) => {
+            Some(devices)
+        }
+        _ => None,
+    }
+}
+
 /// The pods of `list` whose served devices disagree with `holds`: a pod holding a device a Slurm job holds, or a
 /// single placed pod (its placeholder job's comment names it; gangs are compared per job, not per pod) holding
 /// devices other than exactly its job's. A placed pod that holds no device yet is not a mismatch.

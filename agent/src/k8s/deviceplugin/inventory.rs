@@ -266,9 +266,10 @@ pub fn container_allocation(
     })
 }
 
-/// The devices preferred for one container: every must-include device, then available healthy devices: those a
-/// placeholder job holds for its pod first, then those on the NUMA node of the ones already chosen, then by ID, up
-/// to `size`. Unknown or unhealthy IDs, and devices a Slurm job holds, are never preferred; fewer than `size` is
+/// The devices preferred for one container: every must-include device, then available healthy devices: those of
+/// `admitting` (the placeholder job of the pod being admitted, when known: [`super::check::admitting`]) first, then
+/// those any placeholder job holds for its pod, then those on the NUMA node of the ones already chosen, then by ID,
+/// up to `size`. Unknown or unhealthy IDs, and devices a Slurm job holds, are never preferred; fewer than `size` is
 /// answered when there are not enough (the kubelet then chooses the rest, and `Allocate` refuses a Slurm job's).
 pub fn preferred(
     devices: &Devices,
@@ -276,6 +277,7 @@ pub fn preferred(
     must_include: &[String],
     size: usize,
     holds: &Holds,
+    admitting: &BTreeSet<String>,
 ) -> Vec<String> {
     let usable = |id: &String| {
         devices.get(id).is_some_and(ServedDevice::healthy) && !holds.slurm.contains_key(id)
@@ -296,6 +298,7 @@ pub fn preferred(
         .collect();
     rest.sort_by_key(|id| {
         (
+            !admitting.contains(*id),
             !holds.placeholders.contains_key(*id),
             !chosen_numa.contains(&numa_of(id)),
             numa_of(id),

@@ -77,6 +77,8 @@ pub struct Inputs {
     pub health: watch::Receiver<Vec<Finding>>,
     /// The devices Slurm's jobs hold on this node (always empty without Slurm).
     pub holds: watch::Receiver<slurm_jobs::Holds>,
+    /// Asks Slurm out of turn (`None` without Slurm).
+    pub refresh: Option<Arc<slurm_poll::Refresh>>,
 }
 
 /// The current inventory: discovery, findings and the host's device nodes.
@@ -118,11 +120,13 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) {
     let (holds_tx, holds) = watch::channel(slurm_jobs::Holds::default());
-    if let Some(side) = slurm {
+    let refresh = slurm.as_ref().map(|_| slurm_poll::Refresh::new());
+    if let (Some(side), Some(refresh)) = (slurm, refresh.clone()) {
         tokio::spawn(slurm_poll::run(
             side.source,
             topo.clone(),
             holds_tx,
+            refresh,
             shutdown.clone(),
         ));
         tokio::spawn(check::run(
@@ -140,6 +144,7 @@ pub fn spawn(
             topo,
             health,
             holds,
+            refresh,
         },
         shutdown,
     ));
@@ -168,7 +173,7 @@ pub async fn run(role: DevicePluginRole, mut inputs: Inputs, shutdown: Cancellat
                 );
             }
             if !inv.is_empty() && registration::identity(&kubelet_socket(&role.dir)).is_some() {
-                match Session::start(&role, inv, &inputs.holds, &shutdown).await {
+                match Session::start(&role, inv, &inputs, &shutdown).await {
                     Ok(s) => {
                         session = Some(s);
                         backoff.reset();
@@ -248,7 +253,7 @@ impl Session {
     async fn start(
         role: &DevicePluginRole,
         inv: BTreeMap<String, Devices>,
-        holds: &watch::Receiver<slurm_jobs::Holds>,
+        inputs: &Inputs,
         shutdown: &CancellationToken,
     ) -> Result<Self, SessionError> {
         let kubelet = kubelet_socket(&role.dir);
@@ -275,7 +280,14 @@ impl Session {
                 resource: resource.clone(),
                 devices: rx,
                 runtime_root: role.runtime_root.clone(),
-                holds: holds.clone(),
+                holds: inputs.holds.clone(),
+                slurm: inputs
+                    .refresh
+                    .clone()
+                    .map(|refresh| service::AdmittingSource {
+                        pod_resources: role.pod_resources.clone(),
+                        refresh,
+                    }),
             };
             let server = tokio::spawn(serve(plugin, listener, session.stop.clone()));
             let (count, healthy) = {

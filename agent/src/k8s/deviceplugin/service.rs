@@ -28,6 +28,53 @@ pub struct Plugin {
     pub runtime_root: PathBuf,
     /// The devices Slurm's jobs hold on this node.
     pub holds: watch::Receiver<Holds>,
+    /// On a Slurm node: where to learn which placed pod is being admitted.
+    pub slurm: Option<AdmittingSource>,
+}
+
+/// Where the plugin learns which placed pod the kubelet is admitting: the kubelet's PodResources, and Slurm asked
+/// out of turn when its last answer does not name that pod's job yet.
+#[derive(Debug, Clone)]
+pub struct AdmittingSource {
+    /// The kubelet's PodResources socket.
+    pub pod_resources: PathBuf,
+    /// Asks Slurm now.
+    pub refresh: std::sync::Arc<super::slurm_poll::Refresh>,
+}
+
+/// How long `GetPreferredAllocation` waits for the kubelet's PodResources answer, and then for Slurm's, before
+/// preferring without them.
+const ADMITTING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Plugin {
+    /// Slurm's holds and the devices of the placed pod being admitted, when they can be told
+    /// ([`super::check::admitting`]; empty otherwise). A placeholder job starts up to one Slurm question (5 s)
+    /// before the agent would hear of it, and its pod is bound as soon as it runs: when the last answer names no
+    /// job for a pod the kubelet lists without devices, Slurm is asked again at once.
+    async fn admitting(&self) -> (Holds, std::collections::BTreeSet<String>) {
+        let holds = self.holds.borrow().clone();
+        let Some(source) = &self.slurm else {
+            return (holds, Default::default());
+        };
+        let list = match crate::k8s::podresources::query(&source.pod_resources, ADMITTING_TIMEOUT)
+            .await
+        {
+            Ok(a) => a.list,
+            Err(e) => {
+                tracing::warn!(error = %e, "device plugin: cannot tell which placed pod is being admitted");
+                return (holds, Default::default());
+            }
+        };
+        if let Some(devices) = super::check::admitting(&holds, &list) {
+            return (holds, devices);
+        }
+        if !source.refresh.now(ADMITTING_TIMEOUT).await {
+            return (holds, Default::default());
+        }
+        let holds = self.holds.borrow().clone();
+        let devices = super::check::admitting(&holds, &list).unwrap_or_default();
+        (holds, devices)
+    }
 }
 
 /// The options this plugin registers with and answers.
@@ -84,7 +131,10 @@ impl DevicePlugin for Plugin {
             return Err(Status::invalid_argument("too many container requests"));
         }
         let devices = self.devices.borrow().clone();
-        let holds = self.holds.borrow().clone();
+        let (holds, admitting) = self.admitting().await;
+        if !admitting.is_empty() {
+            tracing::info!(resource = %self.resource, devices = ?admitting, "device plugin: preferring the devices of the placed pod being admitted");
+        }
         let container_responses = req
             .container_requests
             .iter()
@@ -95,6 +145,7 @@ impl DevicePlugin for Plugin {
                     &c.must_include_device_i_ds,
                     usize::try_from(c.allocation_size.max(0)).unwrap_or(0),
                     &holds,
+                    &admitting,
                 ),
             })
             .collect();

@@ -204,12 +204,18 @@ pub struct Holds {
     pub placeholders: BTreeMap<String, JobRef>,
     /// Indexes that name no served device (a gres.conf that changed under a running job): sentences.
     pub unmapped: Vec<String>,
+    /// The placement reference's id (a pod's UID, or a gang's id) → the Slurm jobs whose comment names it: more
+    /// than one means some job's comment copies the placement controller's.
+    pub claims: BTreeMap<String, std::collections::BTreeSet<u64>>,
 }
 
 /// Map the jobs' indexes to device IDs.
 pub fn holds(jobs: &[HeldJob], map: &BTreeMap<String, Vec<Option<String>>>) -> Holds {
     let mut h = Holds::default();
     for j in jobs {
+        if let Some(r) = &j.placeholder {
+            h.claims.entry(r.id.clone()).or_default().insert(j.job_id);
+        }
         for (name, idx) in &j.indexes {
             for i in idx {
                 let id = map

@@ -1,4 +1,5 @@
-//! Which devices Slurm's jobs hold on this node, asked every [`PERIOD`]: `scontrol show job -d` (bounded in time
+//! Which devices Slurm's jobs hold on this node, asked every [`PERIOD`] and out of turn when the plugin asks
+//! ([`Refresh`]): `scontrol show job -d` (bounded in time
 //! and size), parsed strictly ([`super::slurm_jobs`]), mapped through the gres.conf records the agent renders for
 //! this discovery, and published on a `watch` channel the plugin's `Allocate` and `GetPreferredAllocation` read. A
 //! failed or unparsable answer is a warning; the last good answer stays and the question is asked again with the
@@ -94,11 +95,40 @@ pub fn holds_for(
     slurm_jobs::holds(jobs, &map)
 }
 
-/// Ask until `shutdown`.
+/// A question to Slurm out of turn: the plugin asks for one when a pod is being admitted whose placeholder job it
+/// does not know yet (a job starts up to [`PERIOD`] before the next question).
+#[derive(Debug)]
+pub struct Refresh {
+    ask: tokio::sync::Notify,
+    answered: watch::Sender<u64>,
+}
+
+impl Refresh {
+    /// A new one.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            ask: tokio::sync::Notify::new(),
+            answered: watch::channel(0).0,
+        })
+    }
+
+    /// Ask Slurm now and wait up to `timeout` for its answer to be published: whether it was.
+    pub async fn now(&self, timeout: Duration) -> bool {
+        let mut answered = self.answered.subscribe();
+        answered.borrow_and_update();
+        self.ask.notify_one();
+        tokio::time::timeout(timeout, answered.changed())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+/// Ask until `shutdown`, and whenever `refresh` asks.
 pub async fn run(
     source: SlurmSource,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     out: watch::Sender<Holds>,
+    refresh: Arc<Refresh>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = RetryPolicy::slurm_device_poll().backoff();
@@ -120,6 +150,7 @@ pub async fn run(
                         true
                     });
                 }
+                refresh.answered.send_modify(|n| *n = n.wrapping_add(1));
                 PERIOD
             }
             Err(e) => {
@@ -131,6 +162,7 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
+            () = refresh.ask.notified() => {}
         }
     }
 }

@@ -202,6 +202,7 @@ fn a_slurm_jobs_device_is_refused_and_a_placeholders_is_preferred() {
         slurm: BTreeMap::from([("0000:19:00.0".into(), 42)]),
         placeholders: BTreeMap::from([("0000:bb:00.0".into(), jobref)]),
         unmapped: vec![],
+        claims: BTreeMap::new(),
     };
     let refused = inventory::container_allocation(
         "nvidia.com/gpu",
@@ -220,12 +221,12 @@ fn a_slurm_jobs_device_is_refused_and_a_placeholders_is_preferred() {
     );
     let all: Vec<String> = devs.keys().cloned().collect();
     assert_eq!(
-        inventory::preferred(&devs, &all, &[], 1, &holds),
+        inventory::preferred(&devs, &all, &[], 1, &holds, &Default::default()),
         vec!["0000:bb:00.0".to_owned()],
         "the placeholder job's device first"
     );
     assert_eq!(
-        inventory::preferred(&devs, &all, &[], 3, &holds),
+        inventory::preferred(&devs, &all, &[], 3, &holds, &Default::default()),
         vec!["0000:bb:00.0".to_owned(), "0000:9b:00.0".to_owned()],
         "never the Slurm job's device, even when more are asked"
     );
@@ -314,6 +315,7 @@ fn the_check_names_pods_on_slurms_devices_or_not_on_their_jobs() {
             ("0000:4c:00.0".into(), placed("waiting", uid)),
         ]),
         unmapped: vec![],
+        claims: BTreeMap::new(),
     };
     let list = ListPodResourcesResponse {
         pod_resources: vec![
@@ -345,4 +347,91 @@ fn the_check_names_pods_on_slurms_devices_or_not_on_their_jobs() {
         ]
     );
     assert_eq!(mismatches(&Holds::default(), &list), vec![]);
+}
+
+#[test]
+fn the_pod_being_admitted_is_told_by_the_kubelet_listing_it_without_devices() {
+    use super::check::admitting;
+    use crate::k8s::podresources::proto::ListPodResourcesResponse;
+    let placed = |name: &str, id: &str| {
+        isthmus_controller::placement::comment::parse_comment(&format!("k8s:ns/{name}/{id}"))
+            .unwrap_or_else(|| panic!("comment"))
+    };
+    let (ua, ub) = (
+        "0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d",
+        "1c6b6d63-63c9-4b5a-8d5b-4d3f7d6f2f9e",
+    );
+    // Two placeholder jobs of one GPU each; a third job of a gang.
+    let holds = Holds {
+        slurm: BTreeMap::new(),
+        placeholders: BTreeMap::from([
+            ("0000:19:00.0".into(), placed("a", ua)),
+            ("0000:bb:00.0".into(), placed("b", ub)),
+        ]),
+        unmapped: vec![],
+        claims: BTreeMap::from([(ua.to_owned(), [7].into()), (ub.to_owned(), [8].into())]),
+    };
+    let list =
+        |pods: Vec<crate::k8s::podresources::proto::PodResources>| ListPodResourcesResponse {
+            pod_resources: pods,
+        };
+    let one = |id: &str| Some(std::collections::BTreeSet::from([id.to_owned()]));
+    // Only a is bound (listed, no device yet): its job's GPU.
+    assert_eq!(
+        admitting(&holds, &list(vec![pod("ns", "a", "nvidia.com/gpu", &[])])),
+        one("0000:19:00.0")
+    );
+    // a admitted and holding its GPU, b being admitted: b's.
+    assert_eq!(
+        admitting(
+            &holds,
+            &list(vec![
+                pod("ns", "a", "nvidia.com/gpu", &["0000:19:00.0"]),
+                pod("ns", "b", "nvidia.com/gpu", &[]),
+                pod("other", "plain", "example.com/nic", &["0000:9b:00.0"]),
+            ])
+        ),
+        one("0000:bb:00.0")
+    );
+    // Both waiting: it cannot be told.
+    assert_eq!(
+        admitting(
+            &holds,
+            &list(vec![
+                pod("ns", "a", "nvidia.com/gpu", &[]),
+                pod("ns", "b", "nvidia.com/gpu", &[]),
+            ])
+        ),
+        None
+    );
+    // Neither listed: none.
+    assert_eq!(admitting(&holds, &list(vec![])), None);
+    // A second job whose comment copies a's (a user's): a's pod cannot be told from it.
+    let copied = Holds {
+        claims: BTreeMap::from([(ua.to_owned(), [7, 9].into()), (ub.to_owned(), [8].into())]),
+        ..holds.clone()
+    };
+    assert_eq!(
+        admitting(&copied, &list(vec![pod("ns", "a", "nvidia.com/gpu", &[])])),
+        None
+    );
+
+    // The preference puts the admitted pod's job's GPU first, before another placeholder's.
+    let topo = super::tests::gpus();
+    let (mut inv, _) = inventory::inventory(&topo, &[], &|_: &str| true);
+    let devs = inv.remove("nvidia.com/gpu").unwrap_or_default();
+    let all: Vec<String> = devs.keys().cloned().collect();
+    assert!(
+        all.contains(&"0000:19:00.0".to_owned()) && all.contains(&"0000:bb:00.0".to_owned()),
+        "{all:?}"
+    );
+    assert_eq!(
+        inventory::preferred(&devs, &all, &[], 1, &holds, &Default::default()),
+        ["0000:19:00.0"]
+    );
+    let b = std::collections::BTreeSet::from(["0000:bb:00.0".to_owned()]);
+    assert_eq!(
+        inventory::preferred(&devs, &all, &[], 1, &holds, &b),
+        ["0000:bb:00.0"]
+    );
 }

@@ -184,16 +184,23 @@ fn preference_keeps_must_include_then_its_numa_node_then_order() {
     let devs = nvidia(&gpus(), &[], &all_exist);
     let all = ids(&["0000:bb:00.0", "0000:19:00.0", "0000:9b:00.0", "bogus"]);
     assert_eq!(
-        inventory::preferred(&devs, &all, &[], 1, &Holds::default()),
+        inventory::preferred(&devs, &all, &[], 1, &Holds::default(), &Default::default()),
         ids(&["0000:19:00.0"])
     );
     assert_eq!(
-        inventory::preferred(&devs, &all, &ids(&["0000:bb:00.0"]), 2, &Holds::default()),
+        inventory::preferred(
+            &devs,
+            &all,
+            &ids(&["0000:bb:00.0"]),
+            2,
+            &Holds::default(),
+            &Default::default()
+        ),
         ids(&["0000:bb:00.0", "0000:9b:00.0"])
     );
     // Never more than asked, never an unknown ID.
     assert_eq!(
-        inventory::preferred(&devs, &all, &[], 9, &Holds::default()).len(),
+        inventory::preferred(&devs, &all, &[], 9, &Holds::default(), &Default::default()).len(),
         3
     );
     assert_eq!(
@@ -202,7 +209,8 @@ fn preference_keeps_must_include_then_its_numa_node_then_order() {
             &ids(&["bogus"]),
             &ids(&["bogus"]),
             1,
-            &Holds::default()
+            &Holds::default(),
+            &Default::default()
         ),
         Vec::<String>::new()
     );
@@ -307,6 +315,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
             topo: topo_rx,
             health: health_rx,
             holds: watch::channel(Holds::default()).1,
+            refresh: None,
         },
         shutdown.clone(),
     ));

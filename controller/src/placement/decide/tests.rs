@@ -36,6 +36,7 @@ fn decide_with(
         default_partition: None,
         kill_wait: 30,
         locks: &BTreeMap::new(),
+        recent_binds: &BTreeMap::new(),
     })
 }
 
@@ -64,6 +65,7 @@ fn pod_in(ns: &str, name: &str) -> PodView {
         waiting_message: None,
         version: None,
         stopping: false,
+        admitted: false,
         grace: None,
         deletion_grace: None,
     }
@@ -435,4 +437,5 @@ fn a_namespace_without_a_tenant_keeps_its_running_pods() {
     );
 }
 
+mod devices;
 mod lifetimes;

@@ -11,6 +11,7 @@ fn inputs_with_locks(pods: &[PodView], jobs: &[Job], locks: &BTreeMap<String, u6
         default_partition: None,
         kill_wait: 30,
         locks,
+        recent_binds: &BTreeMap::new(),
     })
 }
 
