@@ -76,7 +76,8 @@ rm -rf "$r2" && cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$r2"
 mkdir -p "$dir/images"
 (
   cd "$src"
-  export GOCACHE=${GOCACHE:-$HOME/.cache/go-build}
+  # Go's build cache lives with the sources and goes with them (~1 GB that nothing reuses: the binaries are cached).
+  export GOCACHE=${GOCACHE:-$work/go-build}
   export PATH=/usr/lib/go-1.19/bin:$PATH GOPATH=$work/gopath CGO_ENABLED=0 HOME=$work/home GOTOOLCHAIN=local
   mkdir -p "$HOME"
   make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet" \
