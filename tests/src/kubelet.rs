@@ -74,6 +74,8 @@ pub struct FakeKubelet {
     /// Answer as a Kubernetes 1.20 kubelet does: `List` without memory, and no `GetAllocatableResources` (1.21+),
     /// which gRPC then refuses as an unknown method.
     pub v1_20: bool,
+    /// How many `GetAllocatableResources` calls it was sent.
+    pub allocatable_calls: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -97,6 +99,8 @@ impl PodResourcesLister for FakeKubelet {
         &self,
         _: tonic::Request<AllocatableResourcesRequest>,
     ) -> Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
+        self.allocatable_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.v1_20 {
             // What tonic's (and grpc-go's) server answers for a method the service does not have.
             return Err(tonic::Status::unimplemented(

@@ -233,3 +233,42 @@ fn a_1_20_kubelet_without_allocatable_resources_still_gives_what_pods_hold() {
         serde_json::json!(["SingleNUMANodeContainerLevel"])
     );
 }
+
+/// The device plugin's callers read only what pods hold: `list` sends `List` alone, on one kept connection, while
+/// `query` (the NRT's poll) also asks what is allocatable.
+#[test]
+fn list_asks_the_kubelet_only_for_the_pod_list() {
+    use isthmus_agent::k8s::podresources::{Kubelet, list};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    let asked = kubelet.allocatable_calls.clone();
+    if let Ok(mut pods) = kubelet.pods.lock() {
+        *pods = vec![pod("ml", "trainer-0", &[0, 1], &[1, 2, 3])];
+    }
+    let rt = serve(&socket, kubelet);
+    rt.block_on(async {
+        let once = list(&socket, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(once.pod_resources.len(), 1);
+        assert_eq!(once.pod_resources[0].name, "trainer-0");
+        let mut client = Kubelet::new(&socket, Duration::from_secs(5));
+        for _ in 0..3 {
+            let l = client.list().await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(l, once);
+        }
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            0,
+            "list asked GetAllocatableResources"
+        );
+        let answers = client.query().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answers.list, once);
+        assert!(answers.allocatable.is_some());
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+    });
+}

@@ -103,24 +103,39 @@ impl Kubelet {
         Ok(PodResourcesListerClient::new(channel))
     }
 
-    /// Ask for the pod list and allocatable resources; a failure drops the connection (the next call reconnects).
-    /// A kubelet that does not know `GetAllocatableResources` (before 1.21) answers `List` alone.
-    pub async fn query(&mut self) -> Result<Answers, PodResourcesError> {
-        let mut client = match self.client.take() {
-            Some(c) => c,
-            None => {
-                let c = self.connect().await?;
-                self.no_allocatable = false;
-                self.allocatable = None;
-                self.last_list = None;
-                c
-            }
-        };
+    /// The open connection, or a new one (which forgets what the last one answered).
+    async fn client(
+        &mut self,
+    ) -> Result<PodResourcesListerClient<tonic::transport::Channel>, PodResourcesError> {
+        if let Some(c) = self.client.take() {
+            return Ok(c);
+        }
+        let c = self.connect().await?;
+        self.no_allocatable = false;
+        self.allocatable = None;
+        self.last_list = None;
+        Ok(c)
+    }
+
+    /// Ask for the pod list alone (what every pod holds), for callers that never read what is allocatable; a
+    /// failure drops the connection (the next call reconnects).
+    pub async fn list(&mut self) -> Result<ListPodResourcesResponse, PodResourcesError> {
+        let mut client = self.client().await?;
         let list = client
             .list(proto::ListPodResourcesRequest {})
             .await
             .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
             .into_inner();
+        self.client = Some(client);
+        Ok(list)
+    }
+
+    /// Ask for the pod list and allocatable resources; a failure drops the connection (the next call reconnects).
+    /// A kubelet that does not know `GetAllocatableResources` (before 1.21) answers `List` alone.
+    pub async fn query(&mut self) -> Result<Answers, PodResourcesError> {
+        let list = self.list().await?;
+        // The connection `list` kept.
+        let mut client = self.client().await?;
         let now = Instant::now();
         let list_changed = self.last_list.as_ref() != Some(&list);
         let cached = self.allocatable.as_ref().map(|(at, _)| *at);
@@ -165,6 +180,14 @@ impl Kubelet {
 /// Ask the kubelet once through `socket` (a path on this machine) for allocatable resources and the pod list.
 pub async fn query(socket: &Path, timeout: Duration) -> Result<Answers, PodResourcesError> {
     Kubelet::new(socket, timeout).query().await
+}
+
+/// Ask the kubelet once through `socket` (a path on this machine) for the pod list alone.
+pub async fn list(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<ListPodResourcesResponse, PodResourcesError> {
+    Kubelet::new(socket, timeout).list().await
 }
 
 use super::kubelet_grpc::source_chain;

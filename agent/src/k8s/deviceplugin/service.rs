@@ -56,10 +56,10 @@ impl Plugin {
         let Some(source) = &self.slurm else {
             return (holds, Default::default());
         };
-        let list = match crate::k8s::podresources::query(&source.pod_resources, ADMITTING_TIMEOUT)
+        let list = match crate::k8s::podresources::list(&source.pod_resources, ADMITTING_TIMEOUT)
             .await
         {
-            Ok(a) => a.list,
+            Ok(list) => list,
             Err(e) => {
                 tracing::warn!(error = %e, "device plugin: cannot tell which placed pod is being admitted");
                 return (holds, Default::default());
