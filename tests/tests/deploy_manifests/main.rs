@@ -248,13 +248,7 @@ fn the_daemonset_is_least_privilege_and_safe_to_roll_out() {
             .find(|e| s(at(e, "name")) == "NODE_NAME")
             .map(|e| s(at(e, "valueFrom/fieldRef/fieldPath")).to_owned());
         assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
-        let host_volumes: Vec<&str> = at(pod, "volumes")
-            .as_sequence()
-            .into_iter()
-            .flatten()
-            .filter(|v| v.get("hostPath").is_some())
-            .map(|v| s(at(v, "name")))
-            .collect();
+        let host_volumes = host_volumes(pod);
         assert!(host_volumes.len() >= 4);
         // No whole host /proc, and no hostPath that creates anything on the host: every type names what must
         // already be there.
@@ -303,6 +297,17 @@ fn the_daemonset_is_least_privilege_and_safe_to_roll_out() {
 }
 
 /// Whether `path` (relative to `root`) exists; a `*` in its last component matches any text there.
+/// The names of a pod spec's hostPath volumes.
+fn host_volumes(pod: &Value) -> Vec<&str> {
+    at(pod, "volumes")
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("hostPath").is_some())
+        .map(|v| s(at(v, "name")))
+        .collect()
+}
+
 fn exists(root: &Path, path: &str) -> bool {
     let Some((dir, name)) = path.rsplit_once('/') else {
         return root.join(path).exists();

@@ -44,13 +44,7 @@ fn the_cgroups_component_mounts_only_the_pods_own_cgroup_writable() {
     // Writable host mounts: exactly the pod's cgroup, once per controller, at cgroup.conf's CgroupMountpoint.
     let ds = one(&docs, "DaemonSet");
     let pod = at(ds, "spec/template/spec");
-    let host: Vec<&str> = at(pod, "volumes")
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter(|v| v.get("hostPath").is_some())
-        .map(|v| s(at(v, "name")))
-        .collect();
+    let host = host_volumes(pod);
     let cgroup_volume = at(pod, "volumes")
         .as_sequence()
         .into_iter()

@@ -93,21 +93,19 @@ fn a_job_of_the_pods_slurmd_lives_in_the_pods_cgroup_and_opens_only_its_gpu() {
                   m=$(busybox grep ':memory:' /proc/self/cgroup | busybox cut -d: -f3); echo \"memory.cgroup=$m\"; \
                   rel=${m#*/pod*/}; \
                   echo \"memory.limit=$(busybox cat /run/isthmus/cgroup/memory/${rel%/step_*}/memory.limit_in_bytes)\"";
-    let out = std::process::Command::new("srun")
-        .args([
-            "-w",
-            NODE_NAME,
-            "-t",
-            "1",
+    let out = slurm_pod::srun(
+        &ctld,
+        &[
             "-n1",
             "--mem=100",
             "--gres=gpu:1",
             "--chdir=/tmp",
-        ])
-        .args(["/bin/busybox", "sh", "-c", script])
-        .env("SLURM_CONF", ctld.conf())
-        .output()
-        .unwrap_or_else(|e| panic!("srun: {e}"));
+            "/bin/busybox",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("error"),

@@ -353,19 +353,7 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     // The node registered itself (dynamic), idle.
     wait_node_idle(&ctld);
     // A job runs inside the pod: its PID 1 is the agent.
-    let out = std::process::Command::new("srun")
-        .args([
-            "-w",
-            NODE_NAME,
-            "-t",
-            "1",
-            "/bin/busybox",
-            "cat",
-            "/proc/1/comm",
-        ])
-        .env("SLURM_CONF", ctld.conf())
-        .output()
-        .unwrap_or_else(|e| panic!("srun: {e}"));
+    let out = slurm_pod::srun(&ctld, &["/bin/busybox", "cat", "/proc/1/comm"]);
     assert!(out.status.success(), "srun: {}", describe(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "isthmus");
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();

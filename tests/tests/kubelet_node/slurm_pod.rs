@@ -206,3 +206,13 @@ fn delete_slurm_overlay(node: &KubeNode) {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// `srun -w <the node> -t 1 <args>` against `ctld`, and what it printed.
+pub(crate) fn srun(ctld: &Controller, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("srun")
+        .args(["-w", NODE_NAME, "-t", "1"])
+        .args(args)
+        .env("SLURM_CONF", ctld.conf())
+        .output()
+        .unwrap_or_else(|e| panic!("srun: {e}"))
+}
