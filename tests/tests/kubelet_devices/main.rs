@@ -19,7 +19,7 @@
 //! With the node also a Slurm node (real slurmctld; slurmd, munged and the plugin under one agent): a pod asking one
 //! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
 //! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
-//! devices) makes the agent's `isthmus_device_allocation_mismatches` 1, its Node condition
+//! devices), another pod's placeholder job, makes the agent's `isthmus_device_allocation_mismatches` 1, its Node condition
 //! `DeviceAllocationConsistent` False naming the pod and the job, and an Event on the pod; the controller's node
 //! sync then evicts the pod, and the condition is True again while the job keeps its GPUs. Separately, with real
 //! slurmctld and slurmd, the parser reads which GPU indexes each running job holds on a node.
@@ -309,9 +309,23 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
             && allocation_condition(node).0 == "True"
     });
 
-    // Slurm does not know the pod holds index 1 and gives it, with every other free GPU, to the next job: the agent
-    // reports the clash.
-    let second = sbatch("--gres=gpu:7");
+    // Slurm does not know the pod holds index 1 and gives it, with every other free GPU, to the next job, here
+    // another pod's placeholder job (its comment as the placement controller writes it): the agent reports the
+    // clash once Slurm, asked again, still says so.
+    let second = slurm(&[
+        "sbatch",
+        "--parsable",
+        "-N1",
+        "-n1",
+        "--mem=1",
+        "--gres=gpu:7",
+        "--chdir=/tmp",
+        &format!("--comment=k8s:{NS}/placed-elsewhere/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d"),
+        "--wrap",
+        "sleep 300",
+    ])
+    .trim()
+    .to_owned();
     wait_until("the second Slurm job runs on indexes 1-7", WAIT, || {
         gpu_indexes(&second) == Some((1..=7).collect())
     });
@@ -328,7 +342,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     assert_eq!(reason, "DeviceAllocationMismatch");
     assert!(
         message.starts_with(&format!(
-            "pod {NS}/beside-slurm holds devices Slurm jobs hold: 0000:3b:00.0 (Slurm job {second})"
+            "pod {NS}/beside-slurm holds devices Slurm jobs hold: 0000:3b:00.0 (Slurm job {second} for {NS}/placed-elsewhere)"
         )),
         "{message}"
     );

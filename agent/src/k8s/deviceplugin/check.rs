@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use isthmus_controller::placement::comment::JobRef;
+
 use super::slurm_jobs::Holds;
 use crate::k8s::podresources::proto::ListPodResourcesResponse;
 
@@ -66,8 +68,35 @@ pub fn admitting(holds: &Holds, list: &ListPodResourcesResponse) -> Option<BTree
     }
 }
 
-/// The pods of `list` whose served devices disagree with `holds`: a pod holding a device a Slurm job holds, or a
-/// single placed pod (its placeholder job's comment names it; gangs are compared per job, not per pod) holding
+impl Mismatch {
+    /// Whether the pod holds a device a Slurm job holds (the controller's node sync evicts such a pod), not only
+    /// other devices than its own job's.
+    pub fn is_clash(&self) -> bool {
+        self.message
+            .starts_with(isthmus_api::conditions::CLASH_PREFIX)
+    }
+}
+
+/// The Slurm jobs whose comment names `r`, for a message: `Slurm job 42`, or `Slurm jobs 42, 43`.
+fn jobs_of(holds: &Holds, r: &JobRef) -> String {
+    match holds.claims.get(&r.id) {
+        Some(ids) if ids.len() == 1 => {
+            format!("Slurm job {}", ids.first().copied().unwrap_or_default())
+        }
+        Some(ids) if !ids.is_empty() => format!(
+            "Slurm jobs {}",
+            ids.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => "a Slurm job".into(),
+    }
+}
+
+/// The pods of `list` whose served devices disagree with `holds`: a pod holding a device a Slurm job holds (a
+/// user's job, or another pod's placeholder job: a single pod's names another pod, a gang's another namespace), or
+/// a single placed pod (its placeholder job's comment names it; gangs are compared per job, not per pod) holding
 /// devices other than exactly its job's. A placed pod that holds no device yet is not a mismatch.
 pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatch> {
     let mut job_devices: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
@@ -96,14 +125,31 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
             name: pod.name.clone(),
             message,
         };
+        let own = job_devices.get(&(pod.namespace.as_str(), pod.name.as_str()));
+        // Another pod's placeholder job: a single pod's that names another pod, or a gang's of another namespace
+        // (which of a namespace's pods are a gang's members the kubelet does not say) while this pod is not placed
+        // on its own.
+        let others = |r: &JobRef| {
+            if r.id.starts_with("g-") {
+                own.is_some() || r.namespace != pod.namespace
+            } else {
+                r.namespace != pod.namespace || r.name != pod.name
+            }
+        };
         let slurm: Vec<String> = held
             .iter()
-            .filter_map(|id| {
-                holds
-                    .slurm
-                    .get(*id)
-                    .map(|job| format!("{id} (Slurm job {job})"))
-            })
+            .filter_map(
+                |id| match (holds.slurm.get(*id), holds.placeholders.get(*id)) {
+                    (Some(job), _) => Some(format!("{id} (Slurm job {job})")),
+                    (None, Some(r)) if others(r) => Some(format!(
+                        "{id} ({} for {}/{})",
+                        jobs_of(holds, r),
+                        r.namespace,
+                        r.name
+                    )),
+                    _ => None,
+                },
+            )
             .collect();
         if !slurm.is_empty() {
             out.push(mismatch(format!(
@@ -113,7 +159,7 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
             )));
             continue;
         }
-        if let Some(want) = job_devices.get(&(pod.namespace.as_str(), pod.name.as_str()))
+        if let Some(want) = own
             && *want != held
         {
             out.push(mismatch(format!(
@@ -127,10 +173,28 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
     out
 }
 
-/// Compare until `shutdown`; report to `publish` when given.
+/// Whether `now` has a clash `last` did not report.
+pub fn has_new_clash(now: &[Mismatch], last: &[Mismatch]) -> bool {
+    now.iter().any(|m| m.is_clash() && !last.contains(m))
+}
+
+/// `now` less the clashes `last` did not report: what is reported while Slurm has not confirmed them.
+pub fn without_new_clashes(mut now: Vec<Mismatch>, last: &[Mismatch]) -> Vec<Mismatch> {
+    now.retain(|m| !m.is_clash() || last.contains(m));
+    now
+}
+
+/// How long a new clash waits for Slurm's confirming answer.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Compare until `shutdown`; report to `publish` when given. A pod newly seen on a Slurm job's device is reported
+/// only once an answer Slurm gave after that comparison still says so (`refresh` asks it at once): the kubelet's
+/// list is current, Slurm's last answer may be up to a poll old, and a device that moved from an ended job to this
+/// pod in between must not get the pod evicted. While Slurm does not answer, no new clash is reported.
 pub async fn run(
     pod_resources: PathBuf,
     mut holds: watch::Receiver<Holds>,
+    refresh: Arc<super::slurm_poll::Refresh>,
     publish: Option<super::report::Publisher>,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: CancellationToken,
@@ -150,14 +214,24 @@ pub async fn run(
             // A new answer from Slurm (a job placed on a pod's device) is compared at once, not at the next tick.
             r = holds.changed(), if holds_open => holds_open = r.is_ok(),
         }
-        let list = match kubelet.query().await {
-            Ok(a) => a.list,
+        let list = match kubelet.list().await {
+            Ok(list) => list,
             Err(e) => {
                 tracing::warn!(error = %e, "device plugin: cannot compare the pods' devices with Slurm's");
                 continue;
             }
         };
-        let now = mismatches(&holds.borrow(), &list);
+        let mut now = mismatches(&holds.borrow(), &list);
+        if has_new_clash(&now, &last) {
+            if refresh.now(CONFIRM_TIMEOUT).await {
+                now = mismatches(&holds.borrow_and_update(), &list);
+            } else {
+                tracing::info!(
+                    "device plugin: a pod seems to hold a Slurm job's device; reported once Slurm answers again"
+                );
+                now = without_new_clashes(now, &last);
+            }
+        }
         metrics.record_device_mismatches(now.len());
         let changed = now != last;
         if changed {

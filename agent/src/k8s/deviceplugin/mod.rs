@@ -11,6 +11,8 @@
 pub mod args;
 pub mod authority;
 pub mod check;
+#[cfg(test)]
+mod check_tests;
 pub mod inventory;
 pub mod registration;
 pub mod report;
@@ -126,12 +128,13 @@ pub fn spawn(
             side.source,
             topo.clone(),
             holds_tx,
-            refresh,
+            refresh.clone(),
             shutdown.clone(),
         ));
         tokio::spawn(check::run(
             role.pod_resources.clone(),
             holds.clone(),
+            refresh,
             side.publish,
             metrics,
             shutdown.clone(),
