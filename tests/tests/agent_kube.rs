@@ -280,8 +280,14 @@ fn converges_after_the_api_server_restarts_without_a_write_storm() {
     eprintln!("converged {took:?} after the API server answered again");
     std::thread::sleep(Duration::from_secs(5));
     let writes = server.writes_by(&agent_user(), back);
+    // A restarted API server refuses requests (403) until its RBAC caches have synced again: such an attempt is
+    // retried with backoff. One apply of each object catches up; no storm of attempts.
+    let applied = writes
+        .iter()
+        .filter(|w| (200..300).contains(&w.code))
+        .count();
     assert!(
-        writes.len() <= 2,
+        applied <= 2 && writes.len() <= 5,
         "one apply catches up, no storm: {writes:#?}"
     );
     wait_until("a healthy agent", Duration::from_secs(5), || {
