@@ -31,6 +31,16 @@ pub fn is_collapse(before: usize, now: usize) -> bool {
 }
 
 impl Baseline {
+    /// A fresh replica's first belief: as many jobs as units of pods it finds bound (their jobs must exist, or
+    /// they would have been deleted). A new leader whose first job lists are empty or collapsed then waits, as a
+    /// leader of long standing would, instead of believing them and deleting every bound pod. Nothing once a list
+    /// has been believed.
+    pub fn seed(&mut self, bound_units: usize) {
+        if self.believed.is_none() && bound_units > 0 {
+            self.believed = Some(bound_units);
+        }
+    }
+
     /// Whether destructive actions may act on a read listing `owned` jobs at `now`.
     pub fn accept(&mut self, owned: usize, now: Instant) -> bool {
         let Some(before) = self.believed else {
@@ -102,6 +112,29 @@ mod tests {
         assert!(b.accept(0, t0 + Duration::from_secs(15)));
     }
 
+    /// A new leader finds bound pods: its first empty read is a collapse, not the truth.
+    #[test]
+    fn a_fresh_leader_does_not_believe_empty_first_reads() {
+        let t0 = Instant::now();
+        let mut b = Baseline::default();
+        b.seed(3);
+        assert!(!b.accept(0, t0), "first read empty");
+        assert!(
+            !b.accept(0, t0 + Duration::from_secs(1)),
+            "second read empty"
+        );
+        assert!(
+            b.accept(3, t0 + Duration::from_secs(2)),
+            "the jobs are back"
+        );
+        b.seed(100);
+        assert!(b.accept(3, t0 + Duration::from_secs(3)), "seeded once only");
+        // Nothing bound: nothing to protect, the first read is believed.
+        let mut fresh = Baseline::default();
+        fresh.seed(0);
+        assert!(fresh.accept(0, t0));
+    }
+
     #[test]
     fn shrinking_is_not_collapsing() {
         assert!(!is_collapse(0, 0));
@@ -125,6 +158,12 @@ mod tests {
         };
         let cancel = |job: u64| Action::Cancel {
             job,
+            identity: crate::slurm::jobs::Identity {
+                id: job,
+                uid: "1".into(),
+                comment: String::new(),
+                submitted: 0,
+            },
             why: "y".into(),
         };
         let first = vec![del("a"), del("b"), cancel(1), cancel(2)];

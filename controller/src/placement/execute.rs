@@ -31,6 +31,20 @@ pub enum ActionError {
     /// Not bound yet: the Node is locked and pods that must leave it have not left yet.
     #[error("{0}")]
     Locking(String),
+    /// Not cancelled: the job Slurm lists under the id is not the one decided on (gone, or another job).
+    #[error("not cancelled: {0}")]
+    JobChanged(String),
+}
+
+impl From<jobs::CancelError> for ActionError {
+    fn from(e: jobs::CancelError) -> Self {
+        match e {
+            jobs::CancelError::Slurm(e) => ActionError::Slurm(e),
+            changed @ jobs::CancelError::Changed { .. } => {
+                ActionError::JobChanged(changed.to_string())
+            }
+        }
+    }
 }
 
 impl From<ApiCallError> for ActionError {
@@ -94,11 +108,14 @@ impl Executor {
                     .check(|| format!("sbatch {}", job.comment()), self.slurm.timeout())?;
                 Ok(Some(jobs::submit(&self.slurm, &c.wrapper, &c.args).await?))
             }
-            Action::Cancel { job, .. } => {
+            Action::Cancel { job, identity, .. } => {
+                // Right before the cancel, Slurm is asked once more whether the job under the id is the one
+                // decided on.
+                jobs::confirm(&self.slurm, identity).await?;
                 self.guard
                     .fence
                     .check(|| format!("scancel {job}"), self.slurm.timeout())?;
-                jobs::cancel(&self.slurm, *job).await?;
+                jobs::cancel(&self.slurm, identity).await?;
                 Ok(None)
             }
             Action::Bind {

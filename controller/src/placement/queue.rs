@@ -220,6 +220,12 @@ mod tests {
     fn cancel(job: u64) -> Action {
         Action::Cancel {
             job,
+            identity: crate::slurm::jobs::Identity {
+                id: job,
+                uid: "1".into(),
+                comment: String::new(),
+                submitted: 0,
+            },
             why: "gone".into(),
         }
     }

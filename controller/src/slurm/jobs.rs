@@ -36,6 +36,8 @@ pub struct Job {
     pub uid: String,
     /// Account (`(null)` when none).
     pub account: String,
+    /// When it was submitted, seconds since the epoch: with the id, what tells this job from a later one.
+    pub submitted: u64,
 }
 
 impl Job {
@@ -140,6 +142,7 @@ pub fn parse_jobs(json: &str) -> Result<Vec<Job>, serde_json::Error> {
                 user: text(j, "user_name"),
                 uid: number(j, "user_id").to_string(),
                 account: text(j, "account"),
+                submitted: number(j, "submit_time"),
             })
         })
         .collect())
@@ -148,60 +151,183 @@ pub fn parse_jobs(json: &str) -> Result<Vec<Job>, serde_json::Error> {
 /// Field separator of [`LIST_FORMAT`]: ASCII unit separator.
 const SEP: char = '\u{1f}';
 
-/// squeue's `--format` for [`list`]: id, state, reason, nodes, partition, user, uid, account, comment. Fields
-/// without a width are printed whole. The job name is not read (it is free text).
+/// squeue's `--format` for [`list`]: id, state, reason, nodes, partition, user, uid, account, submit time, comment,
+/// and the id again. Fields without a width are printed whole. The job name is not read (it is free text).
+///
+/// The comment is the only free text, and a user may put anything in it, newlines and [`SEP`] included (slurmctld
+/// accepts both from an unprivileged user; squeue prints them raw). It stands between two copies of the job's own
+/// id (`%A`: unique for every job, array elements included), which no user chooses, so no content can forge a
+/// record: a comment holding a newline makes its job's last line start with that job's id again (a second record
+/// of one id), and a comment holding [`SEP`] makes a line of more fields. [`parse_list`] refuses the whole answer
+/// then, and [`list`] reads `--json` instead.
 const LIST_FORMAT: &str =
-    "--format=%i\u{1f}%T\u{1f}%r\u{1f}%N\u{1f}%P\u{1f}%u\u{1f}%U\u{1f}%a\u{1f}%k";
+    "--format=%A\u{1f}%T\u{1f}%r\u{1f}%N\u{1f}%P\u{1f}%u\u{1f}%U\u{1f}%a\u{1f}%V\u{1f}%k\u{1f}%A";
 
-/// Parse [`list`]'s squeue output: one job per line, [`SEP`]-separated fields in [`LIST_FORMAT`]'s order. A line
-/// with another number of fields (a newline or a separator in a user's free text, a truncated answer) is skipped:
-/// no field of it can be trusted.
-pub fn parse_list(text: &str) -> Vec<Job> {
-    text.lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split(SEP).collect();
-            let [
-                id,
-                state,
-                reason,
-                nodes,
-                partition,
-                user,
-                uid,
-                account,
-                comment,
-            ] = f.as_slice()
-            else {
-                return None;
-            };
-            let id = id.trim().parse().ok().filter(|id| *id != 0)?;
-            let t = |s: &str| s.trim().to_owned();
-            Some(Job {
-                id,
-                name: String::new(),
-                comment: (*comment).to_owned(),
-                state: t(state),
-                reason: t(reason),
-                nodes: t(nodes),
-                partition: t(partition),
-                user: t(user),
-                uid: t(uid),
-                account: t(account),
-            })
-        })
-        .collect()
+/// How many fields a line of [`LIST_FORMAT`] has.
+const FIELDS: usize = 11;
+
+/// Why squeue's framed answer cannot be read exactly (it is then read again as `--json`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// A line that is not one whole record: a newline or a separator in a comment, or a truncated answer.
+    #[error("squeue line {line} (job {job:?}) is not one whole record: {why}")]
+    Line {
+        /// 1-based line number.
+        line: usize,
+        /// Its first field, bounded (the job whose comment broke it, when it was one).
+        job: String,
+        /// What does not fit.
+        why: &'static str,
+    },
+    /// Two records of one job: a newline in that job's comment.
+    #[error("squeue lists job {0} twice: a newline in its comment")]
+    Twice(u64),
 }
 
+/// A field of plain text: no control character (reason, nodes, partition, user, account).
+fn plain(s: &str) -> bool {
+    !s.chars().any(char::is_control)
+}
+
+/// A job state as squeue prints it (`RUNNING`, `OUT_OF_MEMORY`).
+fn is_state(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+}
+
+/// Parse [`list`]'s squeue output: one job per line, [`SEP`]-separated fields in [`LIST_FORMAT`]'s order, the line
+/// ending with its own first field. Every line must be one whole record and every job appear once, or the whole
+/// answer is refused ([`FrameError`]): a record split by a comment is never read in part.
+pub fn parse_list(text: &str) -> Result<Vec<Job>, FrameError> {
+    let mut jobs = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    if body.is_empty() {
+        return Ok(jobs);
+    }
+    for (n, line) in body.split('\n').enumerate() {
+        let f: Vec<&str> = line.split(SEP).collect();
+        let bad = |why: &'static str| FrameError::Line {
+            line: n + 1,
+            job: f[0].chars().take(24).collect(),
+            why,
+        };
+        let [
+            id,
+            state,
+            reason,
+            nodes,
+            partition,
+            user,
+            uid,
+            account,
+            submitted,
+            comment,
+            again,
+        ] = f.as_slice()
+        else {
+            return Err(bad(if f.len() > FIELDS {
+                "more fields than the format has (a separator in a comment)"
+            } else {
+                "fewer fields than the format has (a newline in a comment, or a truncated answer)"
+            }));
+        };
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|id| *id != 0)
+            .ok_or_else(|| bad("no job id first"))?;
+        if again.trim() != id.to_string() {
+            return Err(bad("the line does not end with its own job id"));
+        }
+        if !is_state(state.trim()) {
+            return Err(bad("the state is not a job state"));
+        }
+        if !uid.trim().bytes().all(|b| b.is_ascii_digit()) || uid.trim().is_empty() {
+            return Err(bad("the uid is not a number"));
+        }
+        let submitted = submitted
+            .trim()
+            .parse()
+            .map_err(|_| bad("the submit time is not a number of seconds"))?;
+        if ![reason, nodes, partition, user, account]
+            .iter()
+            .all(|s| plain(s))
+        {
+            return Err(bad("a control character outside the comment"));
+        }
+        if !seen.insert(id) {
+            return Err(FrameError::Twice(id));
+        }
+        let t = |s: &str| s.trim().to_owned();
+        jobs.push(Job {
+            id,
+            name: String::new(),
+            comment: (*comment).to_owned(),
+            state: t(state),
+            reason: t(reason),
+            nodes: t(nodes),
+            partition: t(partition),
+            user: t(user),
+            uid: t(uid),
+            account: t(account),
+            submitted,
+        });
+    }
+    Ok(jobs)
+}
+
+/// squeue's arguments for [`list`] and [`one`], the ids of one job or none.
+const LIST_ARGS: [&str; 4] = ["--all", "--noheader", "--states=all", LIST_FORMAT];
+
 /// Every job slurmctld knows (pending, running, and those ended within `MinJobAge`), of every user and partition:
-/// one `squeue --all --states=all`.
+/// one `squeue --all --states=all`, its submit times as seconds (`SLURM_TIME_FORMAT=%s`). An answer that is not
+/// exact records ([`parse_list`]: a comment holding a newline or a separator) is read again as `squeue --json`,
+/// which no field's content can split: slower (every field of every job), so it is the fallback, counted in
+/// `isthmus_controller_slurm_job_list_fallbacks_total` and logged with the job that caused it.
 pub async fn list(slurm: &SlurmClient) -> Result<Vec<Job>, SlurmError> {
-    let text = slurm
-        .run(
-            "squeue",
-            &["--all", "--noheader", "--states=all", LIST_FORMAT],
-        )
-        .await?;
-    Ok(parse_list(&text))
+    let text = slurm.run_epoch("squeue", &LIST_ARGS).await?;
+    match parse_list(&text) {
+        Ok(jobs) => Ok(jobs),
+        Err(e) => {
+            tracing::warn!(error = %e, "squeue: the job list is not exact records; reading it as JSON");
+            metrics::counter!("isthmus_controller_slurm_job_list_fallbacks_total").increment(1);
+            list_json(slurm, &[]).await
+        }
+    }
+}
+
+/// `squeue --json` for every job (`ids` empty) or those named.
+async fn list_json(slurm: &SlurmClient, ids: &[String]) -> Result<Vec<Job>, SlurmError> {
+    let mut args = vec!["--all", "--states=all", "--json"];
+    let jobs_arg = format!("--jobs={}", ids.join(","));
+    if !ids.is_empty() {
+        args.push(&jobs_arg);
+    }
+    let text = slurm.run("squeue", &args).await?;
+    parse_jobs(&text).map_err(|source| SlurmError::Json {
+        program: "squeue".to_owned(),
+        args: args.join(" "),
+        source,
+    })
+}
+
+/// The one job `id` as squeue lists it now (`None`: Slurm no longer knows it), read like [`list`].
+pub async fn one(slurm: &SlurmClient, id: u64) -> Result<Option<Job>, SlurmError> {
+    let ids = [id.to_string()];
+    let jobs_arg = format!("--jobs={id}");
+    let mut args = LIST_ARGS.to_vec();
+    args.push(&jobs_arg);
+    let jobs = match slurm.run_epoch("squeue", &args).await {
+        Ok(text) => match parse_list(&text) {
+            Ok(jobs) => jobs,
+            Err(_) => list_json(slurm, &ids).await?,
+        },
+        // squeue exits 1 with "Invalid job id specified" for a job slurmctld no longer knows.
+        Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(jobs.into_iter().find(|j| j.id == id))
 }
 
 /// Submit a batch job: `args` are sbatch options (each `--name=value`), `--parsable` is added; `wrapper` runs sbatch
@@ -227,9 +353,73 @@ pub fn parse_parsable(out: &str) -> Option<u64> {
     out.trim().split(';').next()?.trim().parse().ok()
 }
 
-/// Cancel a job (`scancel ID`); cancelling a job that already ended is not an error for Slurm.
-pub async fn cancel(slurm: &SlurmClient, id: u64) -> Result<(), SlurmError> {
-    slurm.run("scancel", &[&id.to_string()]).await.map(drop)
+/// Who a job is, as decided on: a cancel goes ahead only while Slurm still lists the same job.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Identity {
+    /// Job id.
+    pub id: u64,
+    /// Its user's numeric id.
+    pub uid: String,
+    /// Its comment.
+    pub comment: String,
+    /// Its submit time.
+    pub submitted: u64,
+}
+
+impl Job {
+    /// What tells this job from any other: id, user, comment, submit time.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            id: self.id,
+            uid: self.uid.clone(),
+            comment: self.comment.clone(),
+            submitted: self.submitted,
+        }
+    }
+}
+
+/// Why a cancel was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    /// Slurm could not be asked, or refused.
+    #[error(transparent)]
+    Slurm(#[from] SlurmError),
+    /// The job Slurm lists under the id now is not the one decided on (or it is gone).
+    #[error("job {id} is not the job decided on: {now}")]
+    Changed {
+        /// Job id.
+        id: u64,
+        /// What Slurm lists now.
+        now: String,
+    },
+}
+
+/// Whether the job Slurm lists under `expected`'s id now is the job decided on (user, comment, submit time).
+pub async fn confirm(slurm: &SlurmClient, expected: &Identity) -> Result<(), CancelError> {
+    match one(slurm, expected.id).await? {
+        Some(j) if j.identity() == *expected => Ok(()),
+        Some(j) => Err(CancelError::Changed {
+            id: expected.id,
+            now: format!(
+                "uid {} submitted at {} with comment {:?}",
+                j.uid, j.submitted, j.comment
+            ),
+        }),
+        None => Err(CancelError::Changed {
+            id: expected.id,
+            now: "no longer listed".to_owned(),
+        }),
+    }
+}
+
+/// Cancel the job `expected` names: `scancel --user=<uid> ID`, so that Slurm itself leaves a job of another user
+/// alone. Run after [`confirm`]. Cancelling a job that already ended is not an error for Slurm.
+pub async fn cancel(slurm: &SlurmClient, expected: &Identity) -> Result<(), SlurmError> {
+    let user = format!("--user={}", expected.uid);
+    slurm
+        .run("scancel", &[&user, &expected.id.to_string()])
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]
@@ -263,19 +453,14 @@ mod tests {
         assert!(jobs[0].is_finished());
     }
 
-    /// Lines as squeue 22.05 printed them for `list` (separator shown as `|` here).
+    /// Lines as squeue printed them for `list` (separator shown as `|` here).
     #[test]
     fn the_list_format() {
-        let text = "1|CANCELLED|None|n0|all|root|0|(null)|k8s:default/p0/uid-0\n\
-                    6|PENDING|Resources||all|nobody|65534|proj|k8s:default/p5/uid-5\n\
-                    7|RUNNING|None|n[1-2]|high|daemon|1|(null)|k8s:ns/g/g-0123456789abcdef\n\
-                    9|RUNNING|None|n1|high|eve|1000|x|k8s:ns/p/u|with a separator\n\
-                    8|RUNNING|None\n\
-                    |PENDING|Priority||all|x|1|a|y\n\
-                    0|PENDING|Priority||all|x|1|a|y\n\
-                    garbage\n"
+        let text = "1|CANCELLED|None|n0|all|root|0|(null)|1764300000|k8s:default/p0/uid-0|1\n\
+                    6|PENDING|Resources||all|nobody|65534|proj|1764300001|k8s:default/p5/uid-5|6\n\
+                    7|RUNNING|None|n[1-2]|high|daemon|1|(null)|1764300002|k8s:ns/g/g-0123456789abcdef|7\n"
             .replace('|', &SEP.to_string());
-        let jobs = parse_list(&text);
+        let jobs = parse_list(&text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(jobs.len(), 3, "{jobs:?}");
         assert_eq!(jobs[0].id, 1);
         assert!(jobs[0].is_finished());
@@ -287,11 +472,76 @@ mod tests {
             ("nobody", "65534")
         );
         assert_eq!(jobs[1].account, "proj");
+        assert_eq!(jobs[1].submitted, 1_764_300_001);
         assert!(!jobs[1].is_running() && !jobs[1].is_finished());
         assert!(jobs[2].is_running());
         assert_eq!(jobs[2].partition, "high");
         assert_eq!(jobs[2].comment, "k8s:ns/g/g-0123456789abcdef");
-        assert!(parse_list("").is_empty());
+        assert_eq!(parse_list(""), Ok(Vec::new()));
+        assert_eq!(parse_list("\n"), Ok(Vec::new()));
+    }
+
+    /// What squeue prints for a job of `user` whose comment is `comment`: the comment raw, as squeue prints it.
+    fn record(id: u64, state: &str, user: &str, uid: u32, comment: &str) -> String {
+        format!("{id}|{state}|None|n1|all|{user}|{uid}|(null)|1764300000|")
+            .replace('|', &SEP.to_string())
+            + comment
+            + &format!("{SEP}{id}\n")
+    }
+
+    /// A user's comment that forges other jobs' records, in every shape: never read as a record. A newline or a
+    /// separator anywhere in a comment refuses the whole answer (it is then read as JSON).
+    #[test]
+    fn no_comment_forges_a_record() {
+        let forged = record(1, "RUNNING", "daemon", 1, "k8s:ghost/ghost/0000");
+        let honest = record(3, "RUNNING", "daemon", 1, "k8s:ns/p/0000-aa");
+        let attacks = [
+            // A whole forged record after a newline, and the rest of the attacker's line.
+            format!("x\n{}", forged.trim_end()),
+            // The attacker's own line made whole first, then the forged record, then a copy of itself.
+            format!("x{SEP}7\n{}\n7{SEP}RUNNING", forged.trim_end()),
+            // The attacker's record replaced: a short first line, a whole one of the attacker's id after it.
+            format!(
+                "\n{}",
+                record(7, "RUNNING", "daemon", 1, "k8s:ns/p/0000-aa").trim_end()
+            ),
+            // A separator: more fields.
+            format!("k8s:ns/p/0000-aa{SEP}7"),
+            // An empty line.
+            "a\n\nb".to_owned(),
+            // A carriage return before the newline.
+            format!("x\r\n{}", forged.trim_end()),
+        ];
+        for comment in &attacks {
+            let text = honest.clone() + &record(7, "PENDING", "nobody", 65534, comment);
+            let r = parse_list(&text);
+            assert!(r.is_err(), "{comment:?} was read: {r:?}");
+        }
+        // A comment with control characters but neither is read whole, and names no placeholder.
+        let text = record(7, "PENDING", "nobody", 65534, "k8s:ns/p/0000-aa\r\t");
+        let jobs = parse_list(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(jobs[0].comment, "k8s:ns/p/0000-aa\r\t");
+        assert_eq!(
+            crate::placement::comment::parse_comment(&jobs[0].comment),
+            None
+        );
+    }
+
+    /// Any bytes: never a panic, and what is read is exactly what a line said.
+    #[test]
+    fn arbitrary_text_never_panics() {
+        use proptest::prelude::*;
+        proptest!(|(s in "[0-9a-zA-Z|\n \u{1f}]{0,200}")| {
+            let _ = parse_list(&s.replace('|', &SEP.to_string()));
+        });
+    }
+
+    #[test]
+    fn a_job_listed_twice_is_refused() {
+        let text = record(5, "RUNNING", "a", 1, "c") + &record(5, "RUNNING", "a", 1, "c");
+        assert_eq!(parse_list(&text), Err(FrameError::Twice(5)));
+        let bad_state = record(5, "running", "a", 1, "c");
+        assert!(parse_list(&bad_state).is_err());
     }
 
     #[test]

@@ -218,6 +218,12 @@ impl SlurmClient {
         self.run_with(&[], program, args).await
     }
 
+    /// [`Self::run`] with times printed as seconds since the epoch (`SLURM_TIME_FORMAT=%s`).
+    pub async fn run_epoch(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
+        self.counted(program, args, self.run_inner(&[], program, args, "%s"))
+            .await
+    }
+
     /// [`Self::run`] through `wrapper` (a program and its arguments, e.g. `setpriv --reuid=…`; the program is the
     /// Slurm bin dir's where it has one, else found on `PATH`), which runs the Slurm program.
     pub async fn run_with(
@@ -226,8 +232,22 @@ impl SlurmClient {
         program: &str,
         args: &[&str],
     ) -> Result<String, SlurmError> {
+        self.counted(
+            program,
+            args,
+            self.run_inner(wrapper, program, args, "standard"),
+        )
+        .await
+    }
+
+    async fn counted(
+        &self,
+        program: &str,
+        args: &[&str],
+        run: impl std::future::Future<Output = Result<String, SlurmError>>,
+    ) -> Result<String, SlurmError> {
         let started = std::time::Instant::now();
-        let result = self.run_inner(wrapper, program, args).await;
+        let result = run.await;
         let verb = args
             .iter()
             .find(|a| !a.starts_with('-'))
@@ -254,6 +274,7 @@ impl SlurmClient {
         wrapper: &[String],
         program: &str,
         args: &[&str],
+        time_format: &str,
     ) -> Result<String, SlurmError> {
         let mut cmd = match wrapper.split_first() {
             None => tokio::process::Command::new(self.program_path(program)),
@@ -271,8 +292,8 @@ impl SlurmClient {
         if let Some(conf) = &self.args.slurm_conf {
             cmd.env("SLURM_CONF", conf);
         }
-        // Times as `2026-11-24T05:13:54` whatever the site's environment says.
-        cmd.env("SLURM_TIME_FORMAT", "standard");
+        // Times as `2026-11-24T05:13:54` (or seconds) whatever the site's environment says.
+        cmd.env("SLURM_TIME_FORMAT", time_format);
         let child = cmd.spawn().map_err(|source| SlurmError::Spawn {
             program: program.to_owned(),
             source,
