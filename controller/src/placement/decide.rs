@@ -15,7 +15,7 @@ use super::policy::SubmitSpec;
 use super::resources::Resources;
 pub use super::view::{PodRef, PodView};
 use crate::nodesync::mapping::NodeMap;
-use crate::slurm::jobs::Job;
+use crate::slurm::jobs::{Identity, Job};
 
 /// One thing to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,8 @@ pub enum Action {
     Cancel {
         /// Job.
         job: u64,
+        /// The job decided on: cancelled only while Slurm lists the same job under its id.
+        identity: Identity,
         /// Why.
         why: String,
     },
@@ -127,6 +129,33 @@ pub struct Inputs<'a> {
     pub locks: &'a BTreeMap<String, u64>,
     /// Pods this controller bound a moment ago (UID → Node), which the pod watch may not show bound yet.
     pub recent_binds: &'a BTreeMap<String, String>,
+    /// The tenant of every namespace a job's comment names ([`tenants`]): whose jobs those may be.
+    pub tenants: &'a Tenants,
+}
+
+/// Namespace → its tenant in the placement policy (or why it has none).
+pub type Tenants = BTreeMap<String, Result<std::sync::Arc<super::policy::Tenant>, String>>;
+
+/// Whether `job` runs as the user the policy gives `tenant`: only such a job is this controller's placeholder for
+/// that namespace (only root or that user can submit it). A comment is anyone's to write; the user is Slurm's
+/// word.
+pub fn owns(
+    tenant: Option<&Result<std::sync::Arc<super::policy::Tenant>, String>>,
+    job: &Job,
+) -> bool {
+    matches!(tenant, Some(Ok(t)) if t.runs_as(&job.user, &job.uid))
+}
+
+/// The placeholder jobs in `jobs`: those whose comment names a namespace's unit and that run as that namespace's
+/// tenant's user.
+pub fn placeholders<'a>(
+    jobs: &'a [Job],
+    tenants: &'a Tenants,
+) -> impl Iterator<Item = (JobRef, &'a Job)> {
+    jobs.iter().filter_map(|j| {
+        let r = comment::parse_comment(&j.comment)?;
+        owns(tenants.get(&r.namespace), j).then_some((r, j))
+    })
 }
 
 /// Slurm's words for a job.
@@ -148,9 +177,13 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
-    fn cancel(&mut self, job: u64, why: String) {
-        if self.cancelled.insert(job) && !self.in_flight.jobs.contains(&job) {
-            self.actions.push(Action::Cancel { job, why });
+    fn cancel(&mut self, job: &Job, why: String) {
+        if self.cancelled.insert(job.id) && !self.in_flight.jobs.contains(&job.id) {
+            self.actions.push(Action::Cancel {
+                job: job.id,
+                identity: job.identity(),
+                why,
+            });
         }
     }
 
@@ -178,6 +211,14 @@ impl Out<'_> {
     }
 }
 
+/// How many units (pods, gangs) with a tenant have a pod bound: each has a job, or had one.
+pub fn bound_units(pods: &[PodView]) -> usize {
+    units(pods)
+        .iter()
+        .filter(|u| u.members[0].tenant.is_ok() && u.members.iter().any(|m| m.node.is_some()))
+        .count()
+}
+
 /// Everything to do now, but what is in flight: no second submission for a pod whose submission is under way
 /// (its job may not show yet), no second cancel.
 pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
@@ -189,6 +230,8 @@ pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
         device_binds: BTreeMap::new(),
     };
     let units = units(i.pods);
+    // Every job naming a unit, whoever runs it: a unit whose namespace has no tenant keeps its bound pods while a
+    // job naming it runs ([`untenanted`]); everything else reads only the tenant's own jobs.
     let mut by_ref: BTreeMap<(String, String), Vec<&Job>> = BTreeMap::new();
     for job in i.jobs {
         if let Some(r) = comment::parse_comment(&job.comment) {
@@ -202,8 +245,12 @@ pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
         .collect();
     for ((ns, id), jobs) in &by_ref {
         if !live.contains(&(ns.as_str(), id.as_str())) {
-            for j in jobs.iter().filter(|j| !j.is_finished()) {
-                out.cancel(j.id, format!("the pods of {ns}/{id} no longer wait or run"));
+            // Only the tenant's own jobs: another user's job naming these pods is not this controller's to cancel.
+            for j in jobs
+                .iter()
+                .filter(|j| !j.is_finished() && owns(i.tenants.get(ns), j))
+            {
+                out.cancel(j, format!("the pods of {ns}/{id} no longer wait or run"));
             }
         }
     }
@@ -215,7 +262,10 @@ pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
         decide_unit(i, unit, jobs, &mut out);
     }
     for (node, job) in i.locks {
-        if !super::lock::holds(i.jobs, *job, node, |j| job_nodes(j, i.nodes)) {
+        // Held only by the tenant's own job: a job of another user whose comment copies a placeholder's keeps
+        // no Node locked.
+        let placeholder = placeholders(i.jobs, i.tenants).any(|(_, j)| j.id == *job);
+        if !(placeholder && super::lock::holds(i.jobs, *job, node, |j| job_nodes(j, i.nodes))) {
             out.actions.push(Action::Unlock {
                 node: node.clone(),
                 job: *job,
@@ -244,20 +294,19 @@ fn job_nodes(job: &Job, nodes: &NodeMap) -> Result<Vec<String>, String> {
 }
 
 fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
-    if unit.members.iter().any(|m| m.stopping) {
-        return lifetime::stopping(i, unit, jobs, out);
-    }
     let first = unit.members[0];
-    // Jobs of this unit that run as its tenant's user (any user while its namespace has no tenant: its running
-    // pods are kept, nothing new is placed).
+    if let Err(e) = &first.tenant {
+        return lifetime::untenanted(unit, jobs, e, out);
+    }
+    // Jobs of this unit that run as its tenant's user: no other user's job is adopted, kept or cancelled.
     let owned: Vec<&Job> = jobs
         .iter()
         .copied()
-        .filter(|j| match &first.tenant {
-            Ok(t) => t.runs_as(&j.user, &j.uid),
-            Err(_) => true,
-        })
+        .filter(|j| owns(Some(&first.tenant), j))
         .collect();
+    if unit.members.iter().any(|m| m.stopping) {
+        return lifetime::stopping(i, unit, &owned, out);
+    }
     let bound: Vec<&&PodView> = unit.members.iter().filter(|m| m.node.is_some()).collect();
     let unbound: Vec<&&PodView> = unit.members.iter().filter(|m| m.node.is_none()).collect();
     let mut active: Vec<&Job> = owned.iter().copied().filter(|j| !j.is_finished()).collect();
@@ -272,7 +321,7 @@ fn decide_unit(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>
     if let Some((keep, rest)) = active.split_first() {
         for dup in rest {
             out.cancel(
-                dup.id,
+                dup,
                 format!(
                     "a second job for {}: job {} holds it",
                     unit.job.comment(),
@@ -331,7 +380,7 @@ fn decide_with_job(
     if !job.is_running() {
         if !bound.is_empty() && job.is_requeued() {
             // The pods lost their allocation.
-            out.cancel(job.id, format!("its pods are deleted: {}", describe(job)));
+            out.cancel(job, format!("its pods are deleted: {}", describe(job)));
             out.delete(bound, &format!("{} after it was requeued", describe(job)));
         }
         // Pending, suspended, configuring: say why, but not Slurm's "None" before its first pass.

@@ -196,6 +196,7 @@ mod tests {
             user: "nobody".into(),
             uid: "65534".into(),
             account: "(null)".into(),
+            submitted: 0,
         }
     }
 

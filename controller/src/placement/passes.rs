@@ -162,10 +162,12 @@ struct World {
     locks: BTreeMap<String, u64>,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     policy: Result<Arc<super::policy::Policy>, String>,
+    /// The tenant of every namespace the jobs' comments name.
+    tenants: decide::Tenants,
 }
 
 impl World {
-    fn now(stores: &Stores, pods: &[Arc<Pod>]) -> World {
+    fn now(stores: &Stores, pods: &[Arc<Pod>], jobs: &[Job]) -> World {
         let nodes = stores.nodes.state();
         let locks = nodes
             .iter()
@@ -179,22 +181,39 @@ impl World {
                 .iter()
                 .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()))),
         );
+        let named: BTreeSet<String> = jobs
+            .iter()
+            .filter_map(|j| Some(parse_comment(&j.comment)?.namespace))
+            .collect();
         let names: BTreeSet<&str> = pods
             .iter()
             .filter_map(|p| p.metadata.namespace.as_deref())
+            .chain(named.iter().map(String::as_str))
             .collect();
-        let namespace_labels = names
+        let namespace_labels: BTreeMap<String, BTreeMap<String, String>> = names
             .into_iter()
             .filter_map(|ns| {
                 let n = stores.namespaces.get(&ObjectRef::new(ns))?;
                 Some((ns.to_owned(), n.metadata.labels.clone().unwrap_or_default()))
             })
             .collect();
+        let policy = stores.policy.current();
+        let tenants = named
+            .into_iter()
+            .map(|ns| {
+                let t = match &policy {
+                    Ok(p) => p.tenant_for(&ns, namespace_labels.get(&ns)).cloned(),
+                    Err(e) => Err(e.clone()),
+                };
+                (ns, t)
+            })
+            .collect();
         World {
             nodes,
             locks,
             namespace_labels,
-            policy: stores.policy.current(),
+            policy,
+            tenants,
         }
     }
 
@@ -210,18 +229,17 @@ impl World {
     }
 }
 
-/// How many jobs the list holds that this controller would have submitted.
-fn owned(jobs: &[Job]) -> usize {
-    jobs.iter()
-        .filter(|j| parse_comment(&j.comment).is_some())
-        .count()
+/// How many jobs the list holds that this controller would have submitted (placeholders that run as their
+/// namespace's tenant's user).
+fn owned(jobs: &[Job], tenants: &decide::Tenants) -> usize {
+    decide::placeholders(jobs, tenants).count()
 }
 
 /// The destructive actions of `first` (decided from the watch and `jobs`) that a second, complete read of both
 /// sides decides too; none on a collapsed job list.
 async fn confirm_destructive(
     first: Vec<Action>,
-    jobs: &[Job],
+    first_owned: usize,
     in_flight: &InFlight,
     exec: &Executor,
     args: &PlacementArgs,
@@ -236,8 +254,8 @@ async fn confirm_destructive(
         );
         metrics::counter!("isthmus_controller_placement_collapsed_reads_total").increment(1);
     };
-    if !memory.baseline.accept(owned(jobs), Instant::now()) {
-        collapse(owned(jobs));
+    if !memory.baseline.accept(first_owned, Instant::now()) {
+        collapse(first_owned);
         return Vec::new();
     }
     let second = match jobs::list(&exec.slurm).await {
@@ -247,10 +265,6 @@ async fn confirm_destructive(
             return Vec::new();
         }
     };
-    if !memory.baseline.accept(owned(&second), Instant::now()) {
-        collapse(owned(&second));
-        return Vec::new();
-    }
     let api: Api<Pod> = Api::all(exec.client.clone());
     let lp = ListParams::default().fields(&format!("spec.schedulerName={}", args.scheduler_name));
     let pods = match exec
@@ -264,7 +278,12 @@ async fn confirm_destructive(
             return Vec::new();
         }
     };
-    let world = World::now(stores, &pods);
+    let world = World::now(stores, &pods, &second);
+    let second_owned = owned(&second, &world.tenants);
+    if !memory.baseline.accept(second_owned, Instant::now()) {
+        collapse(second_owned);
+        return Vec::new();
+    }
     let views = world.views(&pods, args);
     let again = decide::decide(&Inputs {
         pods: &views,
@@ -275,6 +294,7 @@ async fn confirm_destructive(
         kill_wait,
         locks: &world.locks,
         recent_binds: &memory.recent.binds(Instant::now()),
+        tenants: &world.tenants,
     });
     let kept = confirm::confirmed(first, &again);
     tracing::debug!(
@@ -304,8 +324,10 @@ async fn pass(
     record(finished, &mut memory.recent, now, &mut refused);
     record(api_finished, &mut memory.recent, now, &mut refused);
     let pods = stores.pods.state();
-    let world = World::now(stores, &pods);
+    let world = World::now(stores, &pods, &jobs);
+    let first_owned = owned(&jobs, &world.tenants);
     let views = world.views(&pods, args);
+    memory.baseline.seed(decide::bound_units(&views));
     let (destructive, mut actions): (Vec<Action>, Vec<Action>) = decide::decide(&Inputs {
         pods: &views,
         jobs: &jobs,
@@ -315,16 +337,25 @@ async fn pass(
         kill_wait,
         locks: &world.locks,
         recent_binds: &memory.recent.binds(now),
+        tenants: &world.tenants,
     })
     .into_iter()
     .filter(|a| memory.recent.should_run(a, now, started))
     .partition(Action::is_destructive);
     if !destructive.is_empty() {
-        let kept =
-            confirm_destructive(destructive, &jobs, &in_flight, exec, args, stores, memory).await;
+        let kept = confirm_destructive(
+            destructive,
+            first_owned,
+            &in_flight,
+            exec,
+            args,
+            stores,
+            memory,
+        )
+        .await;
         actions.extend(kept);
     } else {
-        memory.baseline.accept(owned(&jobs), now);
+        memory.baseline.accept(first_owned, now);
     }
     let mut binds = Vec::new();
     for a in actions.into_iter().chain(refused) {
@@ -367,7 +398,7 @@ async fn pass(
 fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mut Vec<Action>) {
     for (a, r) in results {
         match &r {
-            Err(e @ execute::ActionError::Stale(_)) => {
+            Err(e @ (execute::ActionError::Stale(_) | execute::ActionError::JobChanged(_))) => {
                 tracing::debug!(error = %e, "placement: not written");
                 continue;
             }

@@ -3,6 +3,34 @@
 
 use super::{Action, Inputs, Job, Out, PodView, Unit, describe, submit};
 
+/// A unit whose namespace no tenant of the policy names now (the policy changed, or has none): nothing new is
+/// placed and no job is cancelled, since no job can be told to be this controller's. Its bound pods stay while a
+/// job naming them runs on their Nodes (whoever runs it: such a job only keeps a pod that already runs); without
+/// one they are deleted, as any bound pod whose job is gone.
+pub(super) fn untenanted(unit: &Unit<'_>, jobs: &[&Job], why: &str, out: &mut Out<'_>) {
+    if unit.members.iter().any(|m| m.stopping) {
+        return;
+    }
+    let bound: Vec<&&PodView> = unit.members.iter().filter(|m| m.node.is_some()).collect();
+    let unbound: Vec<&&PodView> = unit.members.iter().filter(|m| m.node.is_none()).collect();
+    out.wait(&unbound, why, true);
+    if bound.is_empty()
+        || jobs
+            .iter()
+            .any(|j| j.is_running() || j.state == "COMPLETING")
+    {
+        return;
+    }
+    let message = match jobs.iter().max_by_key(|j| j.id) {
+        Some(j) => describe(j),
+        None => format!(
+            "bound to {} but no Slurm job holds it",
+            bound[0].node.as_deref().unwrap_or_default()
+        ),
+    };
+    out.delete(&bound, &message);
+}
+
 /// A unit one of whose pods is being deleted on its Node.
 pub(super) fn stopping(i: &Inputs<'_>, unit: &Unit<'_>, jobs: &[&Job], out: &mut Out<'_>) {
     // Being deleted on its Node: the job is kept until the kubelet has stopped the pod's containers (the pod

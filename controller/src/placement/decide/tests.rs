@@ -13,6 +13,14 @@ fn tenant(ns: &str) -> Result<Arc<Tenant>, String> {
     p.tenant_for(ns, None).cloned()
 }
 
+/// The tenants of the namespaces the tests' jobs name.
+fn tenants() -> Tenants {
+    ["ns", "other", "nowhere", "gone"]
+        .into_iter()
+        .map(|ns| (ns.to_owned(), tenant(ns)))
+        .collect()
+}
+
 fn nodes() -> NodeMap {
     NodeMap::build([("n1", None), ("n2", None), ("n3", None)])
 }
@@ -37,6 +45,7 @@ fn decide_with(
         kill_wait: 30,
         locks: &BTreeMap::new(),
         recent_binds: &BTreeMap::new(),
+        tenants: &tenants(),
     })
 }
 
@@ -106,6 +115,7 @@ fn job_as(id: u64, comment: &str, state: &str, reason: &str, nodes: &str, user: 
         user: user.into(),
         uid: String::new(),
         account: String::new(),
+        submitted: 1_764_300_000 + id,
     }
 }
 
@@ -435,6 +445,52 @@ fn a_namespace_without_a_tenant_keeps_its_running_pods() {
         )
         .is_empty()
     );
+}
+
+/// A Slurm user's job naming another namespace's pods: never cancelled, adopted or kept; the tenant's own job is.
+#[test]
+fn only_the_tenants_own_jobs_are_cancelled_adopted_or_kept() {
+    // Orphans: a job naming gone pods of namespace `ns` (tenant user nobody) runs as daemon: not cancelled.
+    let forged = job_as(1, &single("gone"), "RUNNING", "None", "n1", "daemon");
+    let own = job_as(2, &single("gone2"), "RUNNING", "None", "n1", "nobody");
+    assert_eq!(kinds(&decide(&[], &[forged.clone(), own])), ["cancel 2"]);
+    // A job naming a namespace no tenant names: not cancelled, whoever runs it.
+    let nowhere = job_as(
+        3,
+        "k8s:elsewhere/p/0000-aa",
+        "RUNNING",
+        "None",
+        "n1",
+        "nobody",
+    );
+    assert!(decide(&[], &[nowhere]).is_empty());
+    // A bound pod kept only by another user's job: that job does not hold it (deleted), and it is not cancelled.
+    let bound = on(pod("a"), "n1");
+    let theirs = job_as(4, &single("a"), "RUNNING", "None", "n1", "daemon");
+    assert_eq!(kinds(&decide(&[bound], &[theirs])), ["delete a"]);
+    // The cancel carries the job as decided on: id, uid, comment and submit time.
+    let own = job_as(5, &single("gone"), "RUNNING", "None", "n1", "nobody");
+    match &decide(&[], std::slice::from_ref(&own))[..] {
+        [Action::Cancel { identity, .. }] => assert_eq!(*identity, own.identity()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A unit whose namespace has no tenant: nothing is bound to another user's job, nothing cancelled.
+#[test]
+fn a_namespace_without_a_tenant_adopts_nothing() {
+    let mut p = pod("a");
+    p.tenant = Err("no policy".into());
+    let running = job_as(5, &single("a"), "RUNNING", "None", "n1", "anyone");
+    let a = decide(&[p], &[running]);
+    assert!(
+        matches!(&a[..], [Action::Wait { refused: true, .. }]),
+        "{a:?}"
+    );
+    // Its bound pod without any job: deleted, as any bound pod whose job is gone.
+    let mut p = on(pod("a"), "n1");
+    p.tenant = Err("no policy".into());
+    assert_eq!(kinds(&decide(&[p], &[])), ["delete a"]);
 }
 
 mod devices;

@@ -92,6 +92,7 @@ fn a_binding_the_pod_watch_does_not_show_yet_is_waited_for() {
         kill_wait: 30,
         locks: &BTreeMap::new(),
         recent_binds: &recent,
+        tenants: &tenants(),
     });
     // a is bound again (the recent-action hold drops the repeat), b waits for it.
     assert_eq!(
@@ -112,6 +113,7 @@ fn a_binding_the_pod_watch_does_not_show_yet_is_waited_for() {
         kill_wait: 30,
         locks: &BTreeMap::new(),
         recent_binds: &elsewhere,
+        tenants: &tenants(),
     });
     assert!(
         kinds(&actions).contains(&"bind b n1 8".to_owned()),

@@ -12,6 +12,7 @@ fn inputs_with_locks(pods: &[PodView], jobs: &[Job], locks: &BTreeMap<String, u6
         kill_wait: 30,
         locks,
         recent_binds: &BTreeMap::new(),
+        tenants: &tenants(),
     })
 }
 
