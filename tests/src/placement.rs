@@ -357,6 +357,17 @@ impl Placement {
             .and_then(|s| s.node_name)
     }
 
+    /// The Node's annotations (its node lock among them).
+    pub fn node_annotations(&self, name: &str) -> std::collections::BTreeMap<String, String> {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.admin.clone());
+        self.rt
+            .block_on(nodes.get(name))
+            .unwrap_or_else(|e| panic!("reading Node {name}: {e}"))
+            .metadata
+            .annotations
+            .unwrap_or_default()
+    }
+
     /// The pod's `slurm.isthmus.io/job-id` annotation.
     pub fn job_id_of(&self, name: &str) -> Option<u64> {
         self.pod(name)
@@ -472,6 +483,26 @@ pub fn sbatch(cluster: &Cluster, args: &[&str]) -> u64 {
     let out = cluster.run_ok("sbatch", &all);
     isthmus_controller::slurm::jobs::parse_parsable(&out)
         .unwrap_or_else(|| panic!("sbatch said {out:?}"))
+}
+
+/// Submit a plain batch job as `user` (sbatch run as that user through `setpriv`, on every release), with
+/// `args` and a `sleep`.
+pub fn sbatch_as(cluster: &Cluster, user: &str, args: &[&str]) -> u64 {
+    let (reuid, regid) = (format!("--reuid={user}"), format!("--regid={user}"));
+    let mut all = vec![
+        reuid.as_str(),
+        &regid,
+        "--clear-groups",
+        "sbatch",
+        "--parsable",
+        "--output=/dev/null",
+        "--chdir=/tmp",
+    ];
+    all.extend(args);
+    all.push("--wrap=exec sleep 600");
+    let out = cluster.run_ok("setpriv", &all);
+    isthmus_controller::slurm::jobs::parse_parsable(&out)
+        .unwrap_or_else(|| panic!("sbatch as {user} said {out:?}"))
 }
 
 /// slurm.conf lines for preemption by partition priority: partitions `low` (default) and `high` over every node.
