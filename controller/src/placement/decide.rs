@@ -133,31 +133,6 @@ pub struct Inputs<'a> {
     pub tenants: &'a Tenants,
 }
 
-/// Namespace → its tenant in the placement policy (or why it has none).
-pub type Tenants = BTreeMap<String, Result<std::sync::Arc<super::policy::Tenant>, String>>;
-
-/// Whether `job` runs as the user the policy gives `tenant`: only such a job is this controller's placeholder for
-/// that namespace (only root or that user can submit it). A comment is anyone's to write; the user is Slurm's
-/// word.
-pub fn owns(
-    tenant: Option<&Result<std::sync::Arc<super::policy::Tenant>, String>>,
-    job: &Job,
-) -> bool {
-    matches!(tenant, Some(Ok(t)) if t.runs_as(&job.user, &job.uid))
-}
-
-/// The placeholder jobs in `jobs`: those whose comment names a namespace's unit and that run as that namespace's
-/// tenant's user.
-pub fn placeholders<'a>(
-    jobs: &'a [Job],
-    tenants: &'a Tenants,
-) -> impl Iterator<Item = (JobRef, &'a Job)> {
-    jobs.iter().filter_map(|j| {
-        let r = comment::parse_comment(&j.comment)?;
-        owns(tenants.get(&r.namespace), j).then_some((r, j))
-    })
-}
-
 /// Slurm's words for a job.
 pub fn describe(job: &Job) -> String {
     if job.reason.is_empty() || job.reason == "None" {
@@ -209,14 +184,6 @@ impl Out<'_> {
             });
         }
     }
-}
-
-/// How many units (pods, gangs) with a tenant have a pod bound: each has a job, or had one.
-pub fn bound_units(pods: &[PodView]) -> usize {
-    units(pods)
-        .iter()
-        .filter(|u| u.members[0].tenant.is_ok() && u.members.iter().any(|m| m.node.is_some()))
-        .count()
 }
 
 /// Everything to do now, but what is in flight: no second submission for a pod whose submission is under way
@@ -513,7 +480,10 @@ fn submit(i: &Inputs<'_>, unit: &Unit<'_>, unbound: &[&&PodView], out: &mut Out<
 
 mod devices;
 mod lifetime;
+mod owners;
 mod units;
+
+pub use owners::{Tenants, bound_units, owns, placeholders};
 
 use units::{Unit, units};
 
