@@ -20,6 +20,7 @@ pub mod policy_watch;
 pub mod queue;
 pub mod recent;
 pub mod resources;
+pub mod strip;
 pub mod submit;
 pub mod view;
 
@@ -217,10 +218,13 @@ pub async fn run(
         }
     };
     let pods: Api<Pod> = Api::all(client.clone());
-    let config =
-        watcher::Config::default().fields(&format!("spec.schedulerName={}", args.scheduler_name));
+    // Paged lists, and only what the decisions read is kept of each pod ([`strip`]): a tenant's large pods cost
+    // the controller little.
+    let config = watcher::Config::default()
+        .fields(&format!("spec.schedulerName={}", args.scheduler_name))
+        .page_size(strip::PAGE);
     let (pod_store, writer) = reflector::store();
-    let pod_watch = reflector::reflector(writer, watcher(pods, config))
+    let pod_watch = reflector::reflector(writer, watcher(pods, config).modify(strip::strip))
         .default_backoff()
         .map_ok(drop)
         .for_each(notify("pods", true));

@@ -267,12 +267,8 @@ async fn confirm_destructive(
     };
     let api: Api<Pod> = Api::all(exec.client.clone());
     let lp = ListParams::default().fields(&format!("spec.schedulerName={}", args.scheduler_name));
-    let pods = match exec
-        .guard
-        .read(|| "listing the pods".to_owned(), api.list(&lp))
-        .await
-    {
-        Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
+    let pods = match super::strip::list_stripped(&api, &lp, &exec.guard).await {
+        Ok(list) => list.into_iter().map(Arc::new).collect::<Vec<_>>(),
         Err(e) => {
             tracing::warn!(error = %e, "placement: fresh pod list failed; destructive actions wait");
             return Vec::new();
