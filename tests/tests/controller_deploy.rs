@@ -392,6 +392,56 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
     assert!(!text.to_lowercase().contains("warning"), "{text}");
 }
 
+/// The controller runs only on control-plane or system nodes, chosen by labels no node's own kubelet may set
+/// (NodeRestriction refuses a kubelet the `node-role.kubernetes.io/` and `node-restriction.kubernetes.io/` keys), so a
+/// compromised worker cannot draw the controller, its Slurm rights and the munge key, to itself.
+#[test]
+fn the_controller_runs_only_on_nodes_no_kubelet_can_label_as_such() {
+    let all = docs("base/deployment.yaml");
+    let spec = &all[0]["spec"]["template"]["spec"];
+    let terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .as_sequence()
+        .unwrap_or_else(|| panic!("no required node affinity: {spec:?}"));
+    assert!(!terms.is_empty());
+    for t in terms {
+        let exprs = t["matchExpressions"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !exprs.is_empty(),
+            "a term without expressions matches every node: {t:?}"
+        );
+        for e in exprs {
+            let key = e["key"].as_str().unwrap_or_default();
+            assert!(
+                key.starts_with("node-role.kubernetes.io/")
+                    || key.starts_with("node-restriction.kubernetes.io/"),
+                "{key}: a label a kubelet may set on its own Node"
+            );
+        }
+    }
+    let tolerated: Vec<&str> = spec["tolerations"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["key"].as_str())
+        .collect();
+    assert!(
+        tolerated.contains(&"node-role.kubernetes.io/control-plane"),
+        "{tolerated:?}"
+    );
+    assert!(
+        spec["tolerations"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .all(|t| t["key"].as_str().is_some()),
+        "a key-less toleration runs the controller on every tainted node"
+    );
+}
+
 /// The NetworkPolicy selects the controller's pods and lets in only the ports the Deployment names (metrics and the
 /// admission webhook, each with its Service); the Slurm overlay's patch keeps the API server's ports and adds
 /// slurmctld's and DNS.
