@@ -11,6 +11,7 @@
 //! what it returned.
 
 pub mod clash;
+pub mod clash_limit;
 pub mod decide;
 pub mod health;
 pub mod hold;

@@ -59,6 +59,8 @@ pub(super) struct Shell {
     evict_clashes: bool,
     /// The clashing pods already evicted or refused (each is acted on once while its Node names it).
     clashes_done: BTreeSet<super::clash::Named>,
+    /// The bounds on clash evictions.
+    clash_limits: super::clash_limit::Limits,
 }
 
 /// One Node's context for its writes.
@@ -97,6 +99,7 @@ impl Shell {
             reported: BTreeSet::new(),
             evict_clashes: args.evict_device_clashes,
             clashes_done: BTreeSet::new(),
+            clash_limits: super::clash_limit::Limits::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The node sync's evictions for device clashes ([`super::super::clash`]): each pod a Node's
 //! `DeviceAllocationConsistent` condition names is read (a list by a field selector on its name), checked, and
-//! evicted once, through the fence, with a Warning Event `DeviceClashEvicted` on the pod.
+//! evicted once, through the fence, with a Warning Event `DeviceClashEvicted` on the pod: only the pod read (its
+//! UID a precondition of the eviction), and within the bounds of [`super::super::clash_limit`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use isthmus_api::retry::RetryPolicy;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::api::{EvictParams, ListParams, PostParams};
+use kube::api::{DeleteParams, EvictParams, ListParams, PostParams, Preconditions};
 
 use super::super::clash::{self, Named};
 use super::Shell;
@@ -51,8 +52,18 @@ impl Shell {
                 {
                     continue;
                 }
+                if let Err(bound) = self.clash_limits.allows(node_name, Instant::now()) {
+                    // Evicted in a later pass if its Node still names it then.
+                    tracing::debug!(node = node_name, namespace = %pod.namespace, pod = %pod.name, bound, "node sync: a clash eviction waits");
+                    metrics::counter!("isthmus_controller_nodesync_device_clash_evictions_total", "result" => "limited")
+                        .increment(1);
+                    continue;
+                }
                 let result = match self.evict_one(&pod, node_name).await {
-                    Outcome::Done => "evicted",
+                    Outcome::Done => {
+                        self.clash_limits.record(node_name, Instant::now());
+                        "evicted"
+                    }
                     Outcome::Refused(why) => {
                         tracing::warn!(node = node_name, namespace = %pod.namespace, pod = %pod.name, why, "node sync: a pod named as holding a Slurm job's device is not evicted");
                         "refused"
@@ -103,7 +114,20 @@ impl Shell {
             .guard
             .api(
                 || format!("the eviction of pod {}/{}", pod.namespace, pod.name),
-                pods.evict(&pod.name, &EvictParams::default()),
+                // Only the pod that was read and checked: a pod of the same name made since is not evicted.
+                pods.evict(
+                    &pod.name,
+                    &EvictParams {
+                        delete_options: Some(DeleteParams {
+                            preconditions: Some(Preconditions {
+                                uid: found.metadata.uid.clone(),
+                                resource_version: None,
+                            }),
+                            ..DeleteParams::default()
+                        }),
+                        ..EvictParams::default()
+                    },
+                ),
             )
             .await
         {
