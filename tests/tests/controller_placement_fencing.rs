@@ -21,7 +21,7 @@ fn running(cluster: &Cluster, id: u64) -> bool {
 }
 
 each_release! {
-fn empty_squeue_answers_delete_nothing(release) {
+fn empty_squeue_answers_delete_nothing_even_for_a_new_leader(release) {
     let api_server = api_for(release);
     let api = &*api_server;
     // Two pods, each job holding a node alone (exclusive, the default).
@@ -62,6 +62,27 @@ fn empty_squeue_answers_delete_nothing(release) {
     );
     for (name, id) in ["e1", "e2"].iter().zip(&ids) {
         assert!(!p.deleted(name), "{name} was deleted");
+        assert!(running(&cluster, *id), "job {id}");
+    }
+    p.stop();
+
+    // A fresh leader (nothing remembered) whose first two job lists are empty: the bound pods it finds are the
+    // jobs it must see, so the empty lists are a collapse to confirm, not the truth.
+    let tools = p.tools().unwrap_or_else(|| panic!("tools"));
+    tools.answer_empty("squeue", 2);
+    let empty_before = tools.calls_of("squeue").iter().filter(|c| c.args == "EMPTY").count();
+    p.start();
+    let tools = p.tools().unwrap_or_else(|| panic!("tools"));
+    wait_until("the new leader's empty answers", WAIT, || {
+        tools.calls_of("squeue").iter().filter(|c| c.args == "EMPTY").count() == empty_before + 2
+    });
+    let after = tools.calls_of("squeue").len();
+    wait_until("three more passes", WAIT, || {
+        tools.calls_of("squeue").len() >= after + 3
+    });
+    assert!(tools.calls_of("scancel").is_empty(), "{:?}", tools.calls_of("scancel"));
+    for (name, id) in ["e1", "e2"].iter().zip(&ids) {
+        assert!(!p.deleted(name), "{name} was deleted by the new leader");
         assert!(running(&cluster, *id), "job {id}");
     }
     p.stop();
