@@ -1,0 +1,239 @@
+//! Whether the Slurm jobs of the agent's slurmd are confined (held to their devices, memory and cores by Slurm's
+//! cgroup plugins), and why not: from the cgroup hierarchy the agent sees (`/proc/self/cgroup`), `--slurm-cgroups`,
+//! slurm.conf's `ProctrackType`/`TaskPlugin` and cgroup.conf's `Constrain*`. Said once at start and kept as a
+//! metric, so that an unconfined node is never silent. Pure: the texts are passed in.
+
+use super::super::privileges::SlurmCgroups;
+
+/// The cgroup hierarchy a process sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// Only v1 controllers.
+    V1,
+    /// Only the unified hierarchy (`0::/…`).
+    V2,
+    /// Both (systemd's hybrid layout): Slurm's cgroup/v2 refuses it, cgroup/v1 uses the v1 controllers.
+    Hybrid,
+    /// `/proc/self/cgroup` could not be read or has no line of either kind.
+    Unknown,
+}
+
+impl CgroupVersion {
+    /// Its name in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V2 => "v2",
+            Self::Hybrid => "hybrid",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// The hierarchy `/proc/self/cgroup` describes: `0::/path` is the unified hierarchy, `N:controllers:/path` a v1
+/// hierarchy (a named one, `N:name=systemd:/…`, counts as v1 too).
+pub fn cgroup_version(proc_self_cgroup: &str) -> CgroupVersion {
+    let (mut v1, mut v2) = (false, false);
+    for line in proc_self_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        match (f.next(), f.next(), f.next()) {
+            (Some("0"), Some(""), Some(_)) => v2 = true,
+            (Some(id), Some(_), Some(_)) if id.parse::<u32>().is_ok() => v1 = true,
+            _ => {}
+        }
+    }
+    match (v1, v2) {
+        (true, true) => CgroupVersion::Hybrid,
+        (true, false) => CgroupVersion::V1,
+        (false, true) => CgroupVersion::V2,
+        (false, false) => CgroupVersion::Unknown,
+    }
+}
+
+/// The value of `key` in a Slurm configuration text (keys are case-insensitive; the last line wins, comments and
+/// blank lines skipped).
+fn value<'a>(conf: &'a str, key: &str) -> Option<&'a str> {
+    conf.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| k.trim().eq_ignore_ascii_case(key))
+        .map(|(_, v)| v.trim())
+        .last()
+}
+
+fn yes(conf: &str, key: &str) -> bool {
+    value(conf, key).is_some_and(|v| v.eq_ignore_ascii_case("yes"))
+}
+
+/// Whether jobs are confined, and why (or why not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confinement {
+    /// The hierarchy.
+    pub cgroup: CgroupVersion,
+    /// Whether every job is held to its devices, memory and cores.
+    pub confined: bool,
+    /// Why (a sentence naming what is missing, or what confines them).
+    pub reason: String,
+}
+
+/// What the agent can tell of its Slurm jobs' confinement. `slurm_conf` and `cgroup_conf` are the local files'
+/// texts (`None`: not local, e.g. configless, where slurmctld ships them: then the plugins are not known and the
+/// jobs are not counted as confined).
+pub fn assess(
+    cgroup: CgroupVersion,
+    mode: SlurmCgroups,
+    slurm_conf: Option<&str>,
+    cgroup_conf: Option<&str>,
+) -> Confinement {
+    let not = |reason: String| Confinement {
+        cgroup,
+        confined: false,
+        reason,
+    };
+    if mode == SlurmCgroups::Off {
+        return not(
+            "--slurm-cgroups is off: slurmd runs without its cgroup plugins, and a job can open every device the \
+             pod sees and use the pod's memory"
+                .to_owned(),
+        );
+    }
+    let Some(conf) = slurm_conf else {
+        return not(
+            "slurm.conf is not local (configless): its cgroup plugins cannot be checked".to_owned(),
+        );
+    };
+    let proctrack = value(conf, "ProctrackType").unwrap_or("(unset)");
+    let task = value(conf, "TaskPlugin").unwrap_or("(unset)");
+    if proctrack != "proctrack/cgroup" || !task.split(',').any(|p| p.trim() == "task/cgroup") {
+        return not(format!(
+            "slurm.conf has ProctrackType={proctrack} TaskPlugin={task}: confinement needs proctrack/cgroup and \
+             task/cgroup"
+        ));
+    }
+    let Some(cg) = cgroup_conf else {
+        return not("no cgroup.conf beside slurm.conf: nothing is constrained".to_owned());
+    };
+    let missing: Vec<&str> = ["ConstrainDevices", "ConstrainRAMSpace", "ConstrainCores"]
+        .into_iter()
+        .filter(|k| !yes(cg, k))
+        .collect();
+    if !missing.is_empty() {
+        return not(format!(
+            "cgroup.conf does not set {}=yes",
+            missing.join("=yes, ")
+        ));
+    }
+    match (cgroup, mode) {
+        (CgroupVersion::Unknown, _) => not("the cgroup hierarchy could not be read".to_owned()),
+        (CgroupVersion::Hybrid, _) => not(
+            "a hybrid cgroup hierarchy: Slurm's cgroup/v2 refuses it and the isthmus mounts are for v1 alone"
+                .to_owned(),
+        ),
+        (CgroupVersion::V2, SlurmCgroups::Pod) => not(
+            "cgroup v2: components/slurm-cgroups mounts the pod's cgroup v1 controllers only; jobs are not \
+             confined in the pod on cgroup v2 yet"
+                .to_owned(),
+        ),
+        (v, _) => Confinement {
+            cgroup: v,
+            confined: true,
+            reason: format!(
+                "proctrack/cgroup, task/cgroup and ConstrainDevices, ConstrainRAMSpace, ConstrainCores on cgroup {}",
+                v.as_str()
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFINED: &str = "ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup,task/affinity\n";
+    const CGROUP_CONF: &str = "ConstrainCores=yes\nConstrainDevices=yes\nConstrainRAMSpace=yes\n";
+
+    /// `/proc/self/cgroup` as recorded: a cgroup v1 host (this machine), a v2 host, systemd's hybrid layout.
+    #[test]
+    fn hierarchies() {
+        let v1 = "12:devices:/user.slice\n11:memory:/user.slice\n1:name=systemd:/init.scope\n";
+        assert_eq!(cgroup_version(v1), CgroupVersion::V1);
+        assert_eq!(cgroup_version("0::/\n"), CgroupVersion::V2);
+        assert_eq!(
+            cgroup_version("0::/kubepods.slice/kubepods-burstable.slice/cri-containerd-ab.scope\n"),
+            CgroupVersion::V2
+        );
+        let hybrid = "11:memory:/user.slice\n1:name=systemd:/user.slice\n0::/user.slice\n";
+        assert_eq!(cgroup_version(hybrid), CgroupVersion::Hybrid);
+        assert_eq!(cgroup_version(""), CgroupVersion::Unknown);
+        assert_eq!(cgroup_version("garbage\n::\n"), CgroupVersion::Unknown);
+    }
+
+    #[test]
+    fn only_every_part_together_confines() {
+        let v1 = CgroupVersion::V1;
+        let c = assess(v1, SlurmCgroups::Pod, Some(CONFINED), Some(CGROUP_CONF));
+        assert!(c.confined, "{c:?}");
+        assert!(assess(v1, SlurmCgroups::Host, Some(CONFINED), Some(CGROUP_CONF)).confined);
+        let off = assess(v1, SlurmCgroups::Off, Some(CONFINED), Some(CGROUP_CONF));
+        assert!(
+            !off.confined && off.reason.contains("--slurm-cgroups is off"),
+            "{off:?}"
+        );
+        let linuxproc = "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/affinity\n";
+        let c = assess(v1, SlurmCgroups::Pod, Some(linuxproc), Some(CGROUP_CONF));
+        assert!(
+            !c.confined && c.reason.contains("proctrack/linuxproc"),
+            "{c:?}"
+        );
+        let c = assess(v1, SlurmCgroups::Pod, None, Some(CGROUP_CONF));
+        assert!(!c.confined && c.reason.contains("configless"), "{c:?}");
+        let c = assess(
+            v1,
+            SlurmCgroups::Pod,
+            Some(CONFINED),
+            Some("ConstrainCores=yes\n"),
+        );
+        assert!(
+            !c.confined
+                && c.reason.contains("ConstrainDevices")
+                && c.reason.contains("ConstrainRAMSpace"),
+            "{c:?}"
+        );
+        let c = assess(
+            CgroupVersion::V2,
+            SlurmCgroups::Pod,
+            Some(CONFINED),
+            Some(CGROUP_CONF),
+        );
+        assert!(!c.confined && c.reason.contains("cgroup v2"), "{c:?}");
+        assert!(
+            assess(
+                CgroupVersion::V2,
+                SlurmCgroups::Host,
+                Some(CONFINED),
+                Some(CGROUP_CONF)
+            )
+            .confined
+        );
+        let c = assess(
+            CgroupVersion::Hybrid,
+            SlurmCgroups::Host,
+            Some(CONFINED),
+            Some(CGROUP_CONF),
+        );
+        assert!(!c.confined, "{c:?}");
+        // Comments and case: `#ProctrackType=proctrack/cgroup` sets nothing; keys are case-insensitive.
+        let commented = "#ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\n";
+        assert!(!assess(v1, SlurmCgroups::Host, Some(commented), Some(CGROUP_CONF)).confined);
+        let lower = "proctracktype=proctrack/cgroup\ntaskplugin=task/cgroup\n";
+        assert!(
+            assess(
+                v1,
+                SlurmCgroups::Host,
+                Some(lower),
+                Some("constraindevices=YES\nConstrainRAMSpace=yes\nConstrainCores=yes")
+            )
+            .confined
+        );
+    }
+}
