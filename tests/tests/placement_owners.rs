@@ -27,8 +27,18 @@ fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 fn label(api: &ApiServer, ns: &str, value: &str) {
-    let out = api.kubectl(&["label", "namespace", ns, &format!("slurm-tenant={value}"), "--overwrite"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = api.kubectl(&[
+        "label",
+        "namespace",
+        ns,
+        &format!("slurm-tenant={value}"),
+        "--overwrite",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The controller's writes of the owners ConfigMap since `since`.
@@ -76,16 +86,22 @@ fn the_controller_publishes_each_namespaces_owner_and_the_agent_reads_only_that(
     ));
     let seen = |want: &BTreeMap<String, String>| rx.borrow().as_deref() == Some(want);
     let both = map(&[(NAMED, "nobody"), (SELECTED, "daemon")]);
-    wait_until("the agent reads both namespaces' owners", WAIT, || seen(&both));
+    wait_until("the agent reads both namespaces' owners", WAIT, || {
+        seen(&both)
+    });
     // Written once, then not again while nothing changes.
-    wait_until("the write is in the audit log", WAIT, || owner_writes(api, since) == 1);
+    wait_until("the write is in the audit log", WAIT, || {
+        owner_writes(api, since) == 1
+    });
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(owner_writes(api, since), 1, "no write while the map stays");
 
     // A namespace whose labels no longer select its tenant has no owner.
     label(api, SELECTED, "other");
     let named = map(&[(NAMED, "nobody")]);
-    wait_until("the unselected namespace leaves the owners", WAIT, || seen(&named));
+    wait_until("the unselected namespace leaves the owners", WAIT, || {
+        seen(&named)
+    });
     assert_eq!(owner_writes(api, since), 2);
 
     // An administrator's edit (another user, an extra namespace) is put right.
@@ -99,9 +115,21 @@ fn the_controller_publishes_each_namespaces_owner_and_the_agent_reads_only_that(
         "-p",
         &format!(r#"{{"data": {{"{NAMED}": "daemon", "extra": "daemon"}}}}"#),
     ]);
-    assert!(edit.status.success(), "{}", String::from_utf8_lossy(&edit.stderr));
+    assert!(
+        edit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&edit.stderr)
+    );
     wait_until("the controller restores the owners", WAIT, || {
-        let out = api.kubectl(&["get", "configmap", "-n", CONTROLLER_NS, CONFIGMAP, "-o", "json"]);
+        let out = api.kubectl(&[
+            "get",
+            "configmap",
+            "-n",
+            CONTROLLER_NS,
+            CONFIGMAP,
+            "-o",
+            "json",
+        ]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         v["data"] == serde_json::json!(named) && seen(&named)
     });
@@ -109,7 +137,11 @@ fn the_controller_publishes_each_namespaces_owner_and_the_agent_reads_only_that(
     // Without the controller, a deleted map leaves the agent knowing no owner; a new leader publishes it again.
     p.stop();
     let deleted = api.kubectl(&["delete", "configmap", "-n", CONTROLLER_NS, CONFIGMAP]);
-    assert!(deleted.status.success(), "{}", String::from_utf8_lossy(&deleted.stderr));
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
     wait_until("the agent knows no owner", WAIT, || rx.borrow().is_none());
     p.start();
     wait_until("the agent reads the owners again", WAIT, || seen(&named));
