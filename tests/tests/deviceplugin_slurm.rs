@@ -1,5 +1,5 @@
 //! The device plugin's reading of Slurm's jobs against real slurmctld and slurmd of every release: `squeue --all
-//! --json` as the agent asks it, parsed by the agent's parser, with three real jobs on a two-node cluster (4 GPUs
+//! --json`, whole and for one node as the agent asks it, parsed by the agent's parser, with three real jobs on a two-node cluster (4 GPUs
 //! each): a placeholder job of the tenant's Slurm user (`daemon`) holding one GPU of c1; a job of an unprivileged
 //! user (`nobody`) on both nodes whose comment carries `\n`, `\x1f`, a `JobId=424242 JobState=RUNNING` line, a
 //! `Nodes=c1 … GRES=gpu:2(IDX:0-1)` line and a placeholder's comment on a line of its own; and a second job of
@@ -92,8 +92,22 @@ fn the_plugin_holds_what_real_jobs_hold_and_a_forged_placeholder_is_a_plain_job(
     assert_eq!(job(&c, forgery).map(|j| j.comment), Some(forged()));
     assert_eq!(job(&c, copy).map(|j| j.comment).as_deref(), Some(PLACEHOLDER));
 
-    let out = c.run("squeue", &slurm_poll::SQUEUE_ARGS);
+    // The whole list (two nodes' jobs) for the fixture, and each node's as the agent asks for it.
+    let out = c.run("squeue", &["--all", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let asked = |node: &str| {
+        let args = slurm_poll::squeue_args(node);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = c.run("squeue", &args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        slurm_json::parse_jobs(&out.stdout, node).unwrap_or_else(|e| panic!("{node}: {e}"))
+    };
+    let unknown = c.run("squeue", &slurm_poll::squeue_args("c9").each_ref().map(String::as_str));
+    assert!(
+        !unknown.status.success()
+            && String::from_utf8_lossy(&unknown.stderr).contains("Invalid node name c9"),
+        "what the agent takes for a node Slurm does not know yet"
+    );
     if std::env::var_os("ISTHMUS_RECORD_FIXTURES").is_some() {
         let path = isthmus_tests::fixtures()
             .join(format!("slurm-protocol/squeue-json-{}.json", release.version()));
@@ -103,6 +117,7 @@ fn the_plugin_holds_what_real_jobs_hold_and_a_forged_placeholder_is_a_plain_job(
         slurm_json::parse_jobs(&out.stdout, node).unwrap_or_else(|e| panic!("{node}: {e}"))
     };
     let (c1, c2) = (on("c1"), on("c2"));
+    assert_eq!((asked("c1"), asked("c2")), (c1.clone(), c2.clone()));
     let ids = |jobs: &[HeldJob]| jobs.iter().map(|j| j.job_id).collect::<BTreeSet<u64>>();
     assert_eq!(ids(&c1), [placeholder, forgery, copy].into(), "{c1:?}");
     assert_eq!(ids(&c2), [forgery].into(), "{c2:?}");

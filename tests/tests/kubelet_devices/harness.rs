@@ -95,14 +95,15 @@ pub(crate) fn start_agent() -> Agent {
     }
 }
 
-/// The GPU indexes Slurm's job `job` holds on the node, as the agent reads them (`squeue --all --json`).
+/// The GPU indexes Slurm's job `job` holds on the node, as the agent reads them (its `squeue` question).
 pub(crate) fn job_gpus(
     s: &super::site::Site,
     job: &str,
 ) -> Option<std::collections::BTreeSet<u32>> {
     use isthmus_agent::k8s::deviceplugin::{slurm_json, slurm_poll};
+    let node = slurm_poll::squeue_args(NODE_NAME);
     let mut args = vec!["squeue"];
-    args.extend(slurm_poll::SQUEUE_ARGS);
+    args.extend(node.iter().map(String::as_str));
     let out = s.slurm_ok(&args);
     let jobs = slurm_json::parse_jobs(out.as_bytes(), NODE_NAME).ok()?;
     let job = jobs.into_iter().find(|j| j.job_id.to_string() == job)?;

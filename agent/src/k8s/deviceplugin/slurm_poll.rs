@@ -1,5 +1,6 @@
 //! Which devices Slurm's jobs hold on this node, asked every [`PERIOD`] and out of turn when the plugin asks
-//! ([`Refresh`]): `squeue --all --json` (bounded in time and size), parsed strictly ([`super::slurm_json`]), mapped
+//! ([`Refresh`]): `squeue --all --json --nodelist=<node>` (bounded in time and size), parsed strictly
+//! ([`super::slurm_json`]), mapped
 //! through the gres.conf records the agent renders for this discovery, each job that claims a pod checked against
 //! the placement owners ([`super::owners`]; again at once when they change), and published on a `watch` channel the
 //! plugin's `Allocate` and `GetPreferredAllocation` read. A failed or unparsable answer is a warning; the last good
@@ -21,8 +22,19 @@ use super::slurm_json;
 pub const PERIOD: Duration = Duration::from_secs(5);
 /// How long one `squeue` may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// The question: every job, hidden partitions' too, as JSON.
-pub const SQUEUE_ARGS: [&str; 2] = ["--all", "--json"];
+/// The question about node `node`: its jobs, hidden partitions' too, as JSON. 24.11 and later list only the jobs
+/// allocated `node` (a pending job's record, the bulk of a busy cluster's list, has no devices); 22.05 ignores
+/// `--nodelist` with `--json` and lists every job, which the parser sorts out.
+pub fn squeue_args(node: &str) -> [String; 3] {
+    [
+        "--all".to_owned(),
+        "--json".to_owned(),
+        format!("--nodelist={node}"),
+    ]
+}
+
+/// What squeue says of a node slurmctld does not know (a dynamic node not registered yet): no job holds its devices.
+const UNKNOWN_NODE: &str = "Invalid node name";
 /// The largest answer read.
 const MAX_OUTPUT: usize = 64 * 1024 * 1024;
 
@@ -50,7 +62,7 @@ pub enum PollError {
 
 async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError> {
     let mut cmd = tokio::process::Command::new("squeue");
-    cmd.args(SQUEUE_ARGS).kill_on_drop(true);
+    cmd.args(squeue_args(&source.node)).kill_on_drop(true);
     if let Some(conf) = &source.slurm_conf {
         cmd.env("SLURM_CONF", conf);
     }
@@ -60,6 +72,13 @@ async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError
         .map_err(|e| PollError::Run(e.to_string()))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
+        if err
+            .lines()
+            .any(|l| l.ends_with(&format!("{UNKNOWN_NODE} {}", source.node)))
+        {
+            tracing::debug!(node = %source.node, "device plugin: Slurm does not know the node (yet): no job holds its devices");
+            return Ok(Vec::new());
+        }
         return Err(PollError::Run(format!(
             "{}: {}",
             out.status,
@@ -70,6 +89,13 @@ async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError
         return Err(PollError::Run(format!("answer over {MAX_OUTPUT} bytes")));
     }
     Ok(slurm_json::parse_jobs(&out.stdout, &source.node)?)
+}
+
+/// Whether squeue's `stderr` says slurmctld does not know `node` (`squeue: error: Invalid node name <node>`).
+pub fn names_unknown_node(stderr: &str, node: &str) -> bool {
+    stderr
+        .lines()
+        .any(|l| l.trim_end().ends_with(&format!(": {UNKNOWN_NODE} {node}")))
 }
 
 /// The holds for `jobs` on this discovery, under `owners`.

@@ -435,3 +435,25 @@ fn held(job_id: u64, user: &str, comment: Option<&str>, idx: &[u32]) -> HeldJob 
         indexes: BTreeMap::from([("gpu".into(), idx.iter().copied().collect())]),
     }
 }
+
+#[test]
+fn only_squeues_word_for_this_node_means_slurm_does_not_know_it() {
+    use super::slurm_poll::names_unknown_node;
+    // As 22.05, 24.11 and 26.05 print it (tests/tests/deviceplugin_slurm.rs asks them).
+    assert!(names_unknown_node(
+        "squeue: error: Invalid node name c1\n",
+        "c1"
+    ));
+    assert!(!names_unknown_node(
+        "squeue: error: Invalid node name c10\n",
+        "c1"
+    ));
+    assert!(!names_unknown_node(
+        "squeue: error: Invalid node name c1x\n",
+        "c1"
+    ));
+    assert!(!names_unknown_node(
+        "squeue: error: Unable to contact slurm controller (connect failure)\n",
+        "c1"
+    ));
+}
