@@ -132,6 +132,8 @@ impl Placement {
                 enabled: true,
                 scheduler_name: format!("isthmus-slurm-{ns}"),
                 policy,
+                // The owners too: tests sharing the API server must not write one another's.
+                owners: format!("owners-{ns}"),
                 submit_as: submit_as(release),
                 ..PlacementArgs::default()
             },
