@@ -351,6 +351,14 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             .clone()
             .zip(publish_as.clone())
             .map(|(client, node)| crate::k8s::deviceplugin::report::Publisher { client, node });
+        let owners = client.clone().map(|client| {
+            let (namespace, name) = role.owners.clone();
+            crate::k8s::deviceplugin::owners::OwnersSource {
+                client,
+                namespace,
+                name,
+            }
+        });
         crate::k8s::deviceplugin::spawn(
             role,
             config
@@ -362,6 +370,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                         slurm_conf: s.node.slurm_conf.clone(),
                         gres: s.node.options.gres.clone(),
                     },
+                    owners,
                     publish,
                 }),
             isthmus_topology::HostRoot::new(&config.host.host_root),

@@ -13,3 +13,19 @@ pub struct ApiAccess {
     /// What the caller does with it.
     pub why: &'static str,
 }
+
+/// Verbs on named objects of a resource (RBAC `resourceNames`): `get`, `update`, `patch` and `delete` name the object
+/// in the request's path, `list` and `watch` in a field selector on `metadata.name`; `create` cannot be narrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedAccess {
+    /// API group (`""` is the core group).
+    pub group: &'static str,
+    /// Resource (plural).
+    pub resource: &'static str,
+    /// The objects.
+    pub names: &'static [&'static str],
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+    /// What the caller does with it.
+    pub why: &'static str,
+}

@@ -163,8 +163,9 @@ pub fn agent_image(tag: &str, out: &Path) -> String {
 }
 
 /// The agent's Slurm image `isthmus.local/isthmus-slurm:<tag>` (what the `kubernetes-slurm` overlay runs): the
-/// agent, and from Debian's packages on this machine slurmd, slurmstepd, munged, scontrol with Slurm's plugins, plus
-/// `cp` for the overlay's init container and busybox for test jobs, with every library they load; its name.
+/// agent, and from Debian's packages on this machine slurmd, slurmstepd, munged, scontrol and squeue with Slurm's
+/// plugins, plus `cp` for the overlay's init container and busybox for test jobs, with every library they load; its
+/// name.
 pub fn slurm_agent_image(tag: &str, out: &Path) -> String {
     let name = format!("isthmus.local/isthmus-slurm:{tag}");
     Rootfs::default()
@@ -173,6 +174,7 @@ pub fn slurm_agent_image(tag: &str, out: &Path) -> String {
         .path("/usr/sbin/slurmstepd")
         .path("/usr/sbin/munged")
         .path("/usr/bin/scontrol")
+        .path("/usr/bin/squeue")
         .path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
         .path("/bin/cp")
         .file_at(Path::new("/bin/busybox"), "/bin/busybox")

@@ -132,6 +132,8 @@ impl Placement {
                 enabled: true,
                 scheduler_name: format!("isthmus-slurm-{ns}"),
                 policy,
+                // The owners too: tests sharing the API server must not write one another's.
+                owners: format!("owners-{ns}"),
                 submit_as: submit_as(release),
                 ..PlacementArgs::default()
             },
@@ -477,12 +479,31 @@ pub fn job(cluster: &Cluster, id: u64) -> Option<Job> {
 
 /// Submit a plain batch job (`sbatch --parsable ARGS --wrap='sleep 600'`) as an ordinary Slurm user would.
 pub fn sbatch(cluster: &Cluster, args: &[&str]) -> u64 {
+    submit(cluster, None, args)
+}
+
+/// [`sbatch`] run as Unix user `user` (group `group`) itself ([`Cluster::run_as`]), as a Slurm user submits.
+pub fn sbatch_as(cluster: &Cluster, user: &str, group: &str, args: &[&str]) -> u64 {
+    submit(cluster, Some((user, group)), args)
+}
+
+fn submit(cluster: &Cluster, user: Option<(&str, &str)>, args: &[&str]) -> u64 {
     let mut all = vec!["--parsable", "--output=/dev/null", "--chdir=/tmp"];
     all.extend(args);
     all.push("--wrap=exec sleep 600");
-    let out = cluster.run_ok("sbatch", &all);
-    isthmus_controller::slurm::jobs::parse_parsable(&out)
-        .unwrap_or_else(|| panic!("sbatch said {out:?}"))
+    let out = match user {
+        None => cluster.run("sbatch", &all),
+        Some((u, g)) => cluster.run_as(u, g, "sbatch", &all),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} sbatch {all:?} as {user:?}: {stdout}{}",
+        cluster.release(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    isthmus_controller::slurm::jobs::parse_parsable(&stdout)
+        .unwrap_or_else(|| panic!("sbatch said {stdout:?}"))
 }
 
 /// Submit a plain batch job as `user` (sbatch run as that user through `setpriv`, on every release), with

@@ -118,6 +118,8 @@ impl Placement {
             &a.scheduler_name,
             "--placement-policy",
             &a.policy,
+            "--placement-owners",
+            &a.owners,
             "--placement-submit-as",
             match crate::placement::submit_as(self.release()) {
                 SubmitAs::UidOption => "uid-option",

@@ -192,6 +192,22 @@ impl Cluster {
         self.ctld.run(program, args)
     }
 
+    /// [`Self::run`] as Unix user `user` and group `group`, as that user would run it: the release's `setpriv`
+    /// switches before the program starts (inside the release's root for 24.11 and later), so that munge vouches for
+    /// the user's own uid.
+    pub fn run_as(&self, user: &str, group: &str, program: &str, args: &[&str]) -> Output {
+        let program = self.release().program(program).display().to_string();
+        let mut all = vec![
+            format!("--reuid={user}"),
+            format!("--regid={group}"),
+            "--clear-groups".to_owned(),
+            program,
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        self.run("setpriv", &all)
+    }
+
     /// Like [`Self::run`], asserting success; returns stdout.
     pub fn run_ok(&self, program: &str, args: &[&str]) -> String {
         let out = self.run(program, args);

@@ -248,10 +248,61 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     assert!(ok(&["get", "node", "rbac-node", "-o", "name"]).contains("rbac-node"));
     refused(&["get", "secrets", "-n", "isthmus-system"]);
     refused(&["get", "secrets", "--all-namespaces"]);
+    // The placement owners, by a field selector on their name only; nothing else of the namespace, never a write.
+    let owners = isthmus_api::placement_owners::CONFIGMAP;
+    api.apply_yaml(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {owners}\n  namespace: isthmus-system\ndata:\n  team-a: alice\n"
+    ));
+    let selector = format!("metadata.name={owners}");
+    assert!(
+        ok(&[
+            "get",
+            "configmaps",
+            "-n",
+            "isthmus-system",
+            "--field-selector",
+            &selector,
+            "-o",
+            "name"
+        ])
+        .contains(owners)
+    );
+    refused(&["get", "configmaps", "-n", "isthmus-system"]);
+    refused(&["get", "configmaps", "-n", "isthmus-system", owners]);
+    refused(&[
+        "get",
+        "configmaps",
+        "-n",
+        "isthmus-system",
+        "--field-selector",
+        "metadata.name=slurm-config",
+    ]);
+    refused(&[
+        "get",
+        "configmaps",
+        "-n",
+        "default",
+        "--field-selector",
+        &selector,
+    ]);
+    // Events in `default` (the Node's) and nowhere else.
+    for (ns, yes) in [
+        ("default", "yes"),
+        ("isthmus-system", "no"),
+        ("team-a", "no"),
+    ] {
+        let out = kubectl_with(&kc, &["auth", "can-i", "create", "events", "-n", ns]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            yes,
+            "events in {ns}: {}",
+            describe(&out)
+        );
+    }
     refused(&["get", NRT_CRD, "rbac-node"]);
     refused(&["delete", NRT_CRD, "rbac-node"]);
     refused(&["get", "nodes"]);
-    // What the server says the token may do: exactly the agent's list of calls.
+    // What the server says the token may do cluster-wide: exactly the agent's list of calls.
     let access = isthmus_agent::k8s::access::API_ACCESS;
     for (group, resource, name) in [
         ("topology.node.k8s.io", "noderesourcetopologies", NRT_CRD),

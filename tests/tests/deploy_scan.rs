@@ -185,11 +185,25 @@ fn the_runtime_images_hold_what_the_binary_links_and_runs() {
         ("runtime-prebuilt", &["smpquery"][..]),
         (
             "runtime-slurm",
-            &["smpquery", "slurmd", "slurmstepd", "munged", "scontrol"][..],
+            &[
+                "smpquery",
+                "slurmd",
+                "slurmstepd",
+                "munged",
+                "scontrol",
+                "squeue",
+            ][..],
         ),
         (
             "runtime-slurm-prebuilt",
-            &["smpquery", "slurmd", "slurmstepd", "munged", "scontrol"][..],
+            &[
+                "smpquery",
+                "slurmd",
+                "slurmstepd",
+                "munged",
+                "scontrol",
+                "squeue",
+            ][..],
         ),
     ] {
         let packages = installed(target);

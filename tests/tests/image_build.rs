@@ -165,7 +165,14 @@ fn run_checks(engine: &str, k8s: &str, slurm: &str) {
         (k8s, &["smpquery"][..]),
         (
             slurm,
-            &["smpquery", "slurmd", "slurmstepd", "munged", "scontrol"][..],
+            &[
+                "smpquery",
+                "slurmd",
+                "slurmstepd",
+                "munged",
+                "scontrol",
+                "squeue",
+            ][..],
         ),
     ] {
         let script = format!(

@@ -1,8 +1,10 @@
-//! The Kubernetes API calls the agent makes: one list, used by the code's tests and by the deploy test that checks
-//! the ClusterRole in `deploy/daemonset` grants exactly this and nothing more; plus the API discovery documents it
-//! reads, which need no RBAC of its own.
+//! The Kubernetes API calls the agent makes, used by the code's tests and by the deploy test that checks the roles in
+//! `deploy/daemonset` grant exactly these and nothing more: cluster-wide ([`API_ACCESS`], the ClusterRole), Events in
+//! the `default` namespace only ([`EVENTS_ACCESS`], a Role there), and the one ConfigMap it reads in its own
+//! namespace ([`NAMESPACE_NAMED_ACCESS`], a Role there); plus the API discovery documents it reads, which need no
+//! RBAC of its own.
 
-pub use isthmus_api::access::ApiAccess;
+pub use isthmus_api::access::{ApiAccess, NamedAccess};
 
 /// Everything the agent asks of the API server.
 pub const API_ACCESS: &[ApiAccess] = &[
@@ -37,15 +39,30 @@ pub const API_ACCESS: &[ApiAccess] = &[
               InfinibandHealthy) and, with the device plugin beside Slurm, DeviceAllocationConsistent; the admission \
               webhook holds the agent to its own Node and to these conditions",
     },
-    ApiAccess {
-        group: "",
-        resource: "events",
-        verbs: &["create"],
-        why: "an Event on the Node when a device health class fails or recovers (in the default namespace, as the \
-              kubelet's Node Events); with the device plugin beside Slurm, an Event on a pod (in its namespace) whose \
-              accelerators disagree with Slurm's jobs",
-    },
 ];
+
+/// The namespace of the agent's Events: the Node's, where the kubelet's Node Events go.
+pub const EVENTS_NAMESPACE: &str = isthmus_api::events::CLUSTER_SCOPED_NAMESPACE;
+
+/// In [`EVENTS_NAMESPACE`] only (Role `isthmus-node-agent-events`).
+pub const EVENTS_ACCESS: &[ApiAccess] = &[ApiAccess {
+    group: "",
+    resource: "events",
+    verbs: &["create"],
+    why: "an Event on the Node when a device health class fails or recovers; with the device plugin beside Slurm, \
+          an Event on the Node naming a pod whose accelerators disagree with Slurm's jobs (never an Event in a \
+          tenant's namespace)",
+}];
+
+/// Named objects in the agent's own namespace (Role `isthmus-node-agent`).
+pub const NAMESPACE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
+    group: "",
+    resource: "configmaps",
+    names: &[isthmus_api::placement_owners::CONFIGMAP],
+    verbs: &["list", "watch"],
+    why: "the placement owners the controller publishes (the device plugin beside Slurm counts a job as a pod's \
+          placeholder only when it runs as its namespace's owner): a watch with a field selector on its name",
+}];
 
 /// Non-resource URLs the agent reads (GET): the API discovery documents that tell whether Volcano's Numatopology
 /// CRD is installed. The `system:discovery` ClusterRole lets every authenticated client read them, so the
@@ -89,18 +106,60 @@ pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'stat
     Some((group.to_owned(), resource, verb))
 }
 
-/// Whether [`API_ACCESS`] (or, for a GET, [`DISCOVERY_READS`]) covers the request. A server-side apply (PATCH)
-/// may create the object, which the API server authorises as `create` as well; the list has both.
+/// Whether the agent's roles cover the request: [`API_ACCESS`] anywhere, [`EVENTS_ACCESS`] in [`EVENTS_NAMESPACE`],
+/// [`NAMESPACE_NAMED_ACCESS`] for its objects by name (in the path, or a field selector on `metadata.name`), or, for a
+/// GET, [`DISCOVERY_READS`]. A server-side apply (PATCH) may create the object, which the API server authorises as
+/// `create` as well; the lists have both.
 pub fn allowed(method: &str, path: &str) -> bool {
-    let bare = path.split_once('?').map_or(path, |(p, _)| p);
+    let (bare, query) = path.split_once('?').unwrap_or((path, ""));
     if method == "GET" && DISCOVERY_READS.contains(&bare) {
         return true;
     }
-    authorised_as(method, path).is_some_and(|(g, r, v)| {
-        API_ACCESS
-            .iter()
+    let Some((g, r, v)) = authorised_as(method, path) else {
+        return false;
+    };
+    let covers = |list: &[ApiAccess]| {
+        list.iter()
             .any(|a| a.group == g && a.resource == r && a.verbs.contains(&v))
-    })
+    };
+    let parts: Vec<&str> = bare.trim_start_matches('/').split('/').collect();
+    let namespace = parts
+        .iter()
+        .position(|p| *p == "namespaces")
+        .filter(|i| parts.len() > i + 2)
+        .map(|i| parts[i + 1]);
+    let name = match v {
+        "list" | "watch" => query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name%3D"))
+            .or_else(|| {
+                query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name="))
+            }),
+        _ if parts.len() >= 2 && namespace.is_some() => parts.last().copied(),
+        _ => None,
+    };
+    covers(API_ACCESS)
+        || (namespace == Some(EVENTS_NAMESPACE) && covers(EVENTS_ACCESS))
+        || (namespace.is_some()
+            && NAMESPACE_NAMED_ACCESS.iter().any(|a| {
+                a.group == g
+                    && a.resource == r
+                    && a.verbs.contains(&v)
+                    && name.is_some_and(|n| a.names.contains(&n))
+            }))
+}
+
+/// Whether any of the agent's roles grants `verb` on `resource` of `group` (in some namespace, for some object).
+pub fn grants(group: &str, resource: &str, verb: &str) -> bool {
+    API_ACCESS
+        .iter()
+        .chain(EVENTS_ACCESS)
+        .any(|a| a.group == group && a.resource == resource && a.verbs.contains(&verb))
+        || NAMESPACE_NAMED_ACCESS
+            .iter()
+            .any(|a| a.group == group && a.resource == resource && a.verbs.contains(&verb))
 }
 
 #[cfg(test)]
@@ -138,7 +197,35 @@ mod tests {
             "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies/node1"
         ));
         assert!(allowed("POST", "/api/v1/namespaces/default/events"));
+        assert!(
+            !allowed("POST", "/api/v1/namespaces/team-a/events"),
+            "Events in the default namespace only"
+        );
         assert!(!allowed("DELETE", "/api/v1/namespaces/default/events/n.1"));
+        assert!(allowed(
+            "GET",
+            "/api/v1/namespaces/isthmus-system/configmaps?&watch=true&fieldSelector=metadata.name%3Disthmus-placement-owners"
+        ));
+        assert!(allowed(
+            "GET",
+            "/api/v1/namespaces/isthmus-system/configmaps?fieldSelector=metadata.name%3Disthmus-placement-owners"
+        ));
+        assert!(!allowed(
+            "GET",
+            "/api/v1/namespaces/isthmus-system/configmaps"
+        ));
+        assert!(!allowed(
+            "GET",
+            "/api/v1/namespaces/isthmus-system/configmaps?fieldSelector=metadata.name%3Dslurm-config"
+        ));
+        assert!(
+            !allowed(
+                "GET",
+                "/api/v1/namespaces/isthmus-system/configmaps/isthmus-placement-owners"
+            ),
+            "no get: the watch lists"
+        );
+        assert!(grants("", "configmaps", "watch") && !grants("", "configmaps", "get"));
         assert!(!allowed("GET", "/api/v1/namespaces/default/pods"));
         assert_eq!(
             authorised_as("GET", "/api/v1/namespaces/default"),

@@ -14,6 +14,7 @@ pub mod decide;
 pub mod execute;
 pub mod lock;
 mod lock_exec;
+pub mod owners;
 mod passes;
 pub mod policy;
 pub mod policy_watch;
@@ -94,13 +95,15 @@ pub const API_ACCESS: &[ApiAccess] = &[
 ];
 
 /// What placement asks of the API server in the controller's own namespace: the policy ConfigMap (a watch with a
-/// field selector on its name, and its status annotation). Granted by the controller's Role
-/// (`crate::run::NAMESPACE_ACCESS`).
+/// field selector on its name, and its status annotation) and the placement owners ConfigMap (a watch with a field
+/// selector on its name, and server-side apply, which creates it when it does not exist). Granted by the
+/// controller's Role (`crate::run::NAMESPACE_ACCESS`).
 pub const NAMESPACE_ACCESS: &[ApiAccess] = &[ApiAccess {
     group: "",
     resource: "configmaps",
-    verbs: &["list", "patch", "watch"],
-    why: "the tenancy policy ConfigMap: watched, and its status annotation written",
+    verbs: &["create", "list", "patch", "watch"],
+    why: "the tenancy policy ConfigMap: watched, and its status annotation written; the placement owners \
+          ConfigMap: watched, and applied when it differs from the policy's resolution",
 }];
 
 /// Placement flags.
@@ -132,6 +135,14 @@ pub struct PlacementArgs {
         value_name = "CONFIGMAP"
     )]
     pub policy: String,
+    /// The ConfigMap (in the controller's namespace) where the Slurm user of each namespace the policy gives a
+    /// tenant is published for the nodes' agents (`docs/placement.md`, "Placement owners").
+    #[arg(
+        long = "placement-owners",
+        default_value = isthmus_api::placement_owners::CONFIGMAP,
+        value_name = "CONFIGMAP"
+    )]
+    pub owners: String,
     /// The GPU part of the MIG GRES types the agents write (`isthmus render gres` shows them, e.g. `nvidia_a100`):
     /// `nvidia.com/mig-<profile>` becomes `gpu:<type>_<profile>`.
     #[arg(long = "placement-mig-gpu-type", value_name = "TYPE")]
@@ -152,6 +163,7 @@ impl Default for PlacementArgs {
             poll_interval: Duration::from_millis(500),
             parallelism: 16,
             policy: "isthmus-placement-policy".to_owned(),
+            owners: isthmus_api::placement_owners::CONFIGMAP.to_owned(),
             mig_gpu_type: None,
             submit_as: SubmitAs::UidOption,
         }
@@ -240,16 +252,23 @@ pub async fn run(
     .map_ok(drop)
     .for_each(notify("nodes", false));
     let (ns_store, writer) = reflector::store::<PartialObjectMeta<Namespace>>();
-    let ns_watch = reflector::reflector(
-        writer,
-        watcher(
-            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .map_ok(drop)
-    .for_each(notify("namespaces", false));
+    let ns_changed = Arc::new(Notify::new());
+    let ns_watch = {
+        let (seen, ns_changed) = (notify("namespaces", false), ns_changed.clone());
+        reflector::reflector(
+            writer,
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .map_ok(drop)
+        .for_each(move |r| {
+            ns_changed.notify_one();
+            seen(r)
+        })
+    };
     let policy = PolicyCell::new("the placement policy has not been read yet".to_owned());
     let policy_ready = Arc::new(Notify::new());
     let policy_watch = policy_watch::watch(
@@ -260,6 +279,16 @@ pub async fn run(
         env.guard.clone(),
         policy_ready.clone(),
     );
+    let owners = owners::Publisher {
+        client: client.clone(),
+        namespace: env.namespace.clone(),
+        name: args.owners.clone(),
+        policy: policy.clone(),
+        namespaces: ns_store.clone(),
+        namespaces_changed: ns_changed,
+        guard: env.guard.clone(),
+    }
+    .run(shutdown.clone());
     let exec = Executor {
         client,
         slurm,
@@ -303,6 +332,7 @@ pub async fn run(
         _ = node_watch => tracing::warn!("placement: the Node watch ended"),
         _ = ns_watch => tracing::warn!("placement: the Namespace watch ended"),
         _ = policy_watch => tracing::warn!("placement: the policy watch ended"),
+        _ = owners => {}
         _ = slurm_work => {}
         _ = api_work => {}
         _ = main => {}

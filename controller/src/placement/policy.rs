@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use isthmus_api::placement_owners::{is_root, is_unix_id};
 use serde::Deserialize;
 
 use super::annotations::{MAX_GANG, Requested, format_time, is_slurm_name, parse_time};
@@ -150,23 +151,6 @@ pub struct SubmitSpec {
     pub switches: Option<String>,
     /// Shares its nodes (no `--exclusive`): the pod asked for it and the tenant allows it.
     pub shared: bool,
-}
-
-/// A Unix user or group: a POSIX name (lower-case letters, digits, `_`, `-`; at most 32) or a number.
-fn is_unix_id(s: &str) -> bool {
-    let b = s.as_bytes();
-    if !b.is_empty() && b.len() <= 10 && b.iter().all(u8::is_ascii_digit) {
-        return true;
-    }
-    !b.is_empty()
-        && b.len() <= 32
-        && (b[0].is_ascii_lowercase() || b[0] == b'_')
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-'))
-}
-
-fn is_root(s: &str) -> bool {
-    s == "root" || s.parse::<u64>().ok() == Some(0)
 }
 
 /// An extended resource name: `domain/name`, letters, digits, `.`, `-`, `_`, one `/`.
@@ -451,7 +435,7 @@ impl Tenant {
 
     /// Whether Slurm job user `user` (name) / `uid` is this tenant's.
     pub fn runs_as(&self, user: &str, uid: &str) -> bool {
-        self.user == user || self.user == uid
+        isthmus_api::placement_owners::runs_as(&self.user, user, uid)
     }
 }
 

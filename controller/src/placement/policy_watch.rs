@@ -23,6 +23,8 @@ pub const STATUS_ANNOTATION: &str = "placement.isthmus.io/policy-status";
 #[derive(Debug, Clone)]
 pub struct PolicyCell {
     inner: Arc<RwLock<Result<Arc<Policy>, String>>>,
+    /// Counts the changes, for the tasks that follow them ([`Self::changes`]).
+    version: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl PolicyCell {
@@ -30,6 +32,7 @@ impl PolicyCell {
     pub fn new(why: String) -> Self {
         Self {
             inner: Arc::new(RwLock::new(Err(why))),
+            version: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -38,8 +41,14 @@ impl PolicyCell {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// A receiver that sees every change of the policy in force.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
     fn set(&self, v: Result<Arc<Policy>, String>) {
         *self.inner.write().unwrap_or_else(|e| e.into_inner()) = v;
+        self.version.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the webhook asks of the API server, for the deploy test to compare with the shipped roles
 //! (`crate::run::access` lists them beside the leader tasks'). Rules limited to named objects are
-//! [`NamedAccess`]: RBAC can narrow `get`, `update` and `patch` to one name, never `create` or `list`.
+//! [`NamedAccess`]: RBAC can narrow `get`, `update` and `patch` to one name (`list` and `watch` too, with a field
+//! selector on the name), never `create`.
 
 use isthmus_api::access::ApiAccess;
 
@@ -11,20 +12,7 @@ pub const SLURM_CONFIGURATION: &str = "isthmus-controller-slurm";
 /// The Secret with the webhook's CA and serving certificate (shipped empty, filled by the first replica).
 pub const SECRET: &str = "isthmus-controller-webhook-tls";
 
-/// Verbs on named objects of a resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NamedAccess {
-    /// API group (`""` is the core group).
-    pub group: &'static str,
-    /// Resource (plural).
-    pub resource: &'static str,
-    /// The objects.
-    pub names: &'static [&'static str],
-    /// Verbs.
-    pub verbs: &'static [&'static str],
-    /// What the caller does with it.
-    pub why: &'static str,
-}
+pub use isthmus_api::access::NamedAccess;
 
 const CA_BUNDLE_WHY: &str = "keep the webhook configuration's caBundle equal to the CA in the certificate Secret (read, \
                              then a strategic merge patch of each webhook's clientConfig.caBundle)";

@@ -77,7 +77,16 @@ fn check_references(variant: &str, docs: &[Value]) {
             "ClusterRole",
             "ClusterRoleBinding",
         ];
-        if !cluster_scoped.contains(&kind) {
+        // The agent's Events go where Events about Nodes go: its one Role outside its namespace.
+        let events_role = ["Role", "RoleBinding"].contains(&kind)
+            && s(at(d, "metadata/name")) == "isthmus-node-agent-events";
+        if events_role {
+            assert_eq!(
+                s(at(d, "metadata/namespace")),
+                "default",
+                "{variant}: {kind}"
+            );
+        } else if !cluster_scoped.contains(&kind) {
             assert_eq!(s(at(d, "metadata/namespace")), ns, "{variant}: {kind}");
         }
     }
@@ -153,7 +162,7 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
         .collect();
     for (name, sub) in VARIANTS {
         let docs = render(sub);
-        assert!(of_kind(&docs, "Role").is_empty() && of_kind(&docs, "RoleBinding").is_empty());
+        check_roles(name, &docs);
         let role = one(&docs, "ClusterRole");
         let mut granted = BTreeSet::new();
         for rule in at(role, "rules").as_sequence().into_iter().flatten() {
@@ -186,6 +195,74 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
             "{name}: ClusterRole vs agent/src/k8s/access.rs"
         );
     }
+}
+
+/// The agent's two Roles grant exactly its Events in `default` and its one ConfigMap by name in its namespace, and
+/// are bound to its ServiceAccount.
+fn check_roles(variant: &str, docs: &[Value]) {
+    use isthmus_agent::k8s::access::{EVENTS_ACCESS, EVENTS_NAMESPACE, NAMESPACE_NAMED_ACCESS};
+    let ns = s(at(one(docs, "Namespace"), "metadata/name"));
+    let sa = s(at(
+        one(docs, "DaemonSet"),
+        "spec/template/spec/serviceAccountName",
+    ));
+    let roles = of_kind(docs, "Role");
+    assert_eq!(roles.len(), 2, "{variant}");
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|x| s(x).to_owned())
+            .collect()
+    };
+    // (namespace, group, resource, names, verbs) of every rule.
+    let mut granted = BTreeSet::new();
+    for role in &roles {
+        for rule in at(role, "rules").as_sequence().into_iter().flatten() {
+            for g in strings(at(rule, "apiGroups")) {
+                for r in strings(at(rule, "resources")) {
+                    granted.insert((
+                        s(at(role, "metadata/namespace")).to_owned(),
+                        s(at(role, "metadata/name")).to_owned(),
+                        g.clone(),
+                        r,
+                        strings(at(rule, "resourceNames")),
+                        strings(at(rule, "verbs")),
+                    ));
+                }
+            }
+        }
+        let bound = of_kind(docs, "RoleBinding").into_iter().any(|b| {
+            s(at(b, "metadata/namespace")) == s(at(role, "metadata/namespace"))
+                && s(at(b, "roleRef/name")) == s(at(role, "metadata/name"))
+                && s(at(b, "subjects/0/name")) == sa
+                && s(at(b, "subjects/0/namespace")) == ns
+        });
+        assert!(bound, "{variant}: {role:?} is not bound to the agent");
+    }
+    let mut want = BTreeSet::new();
+    for a in EVENTS_ACCESS {
+        let verbs = a.verbs.iter().map(|v| (*v).to_owned()).collect();
+        want.insert((
+            EVENTS_NAMESPACE.to_owned(),
+            "isthmus-node-agent-events".to_owned(),
+            a.group.to_owned(),
+            a.resource.to_owned(),
+            Vec::new(),
+            verbs,
+        ));
+    }
+    for a in NAMESPACE_NAMED_ACCESS {
+        want.insert((
+            ns.to_owned(),
+            "isthmus-node-agent".to_owned(),
+            a.group.to_owned(),
+            a.resource.to_owned(),
+            a.names.iter().map(|n| (*n).to_owned()).collect(),
+            a.verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ));
+    }
+    assert_eq!(granted, want, "{variant}: Roles vs agent/src/k8s/access.rs");
 }
 
 #[test]

@@ -95,6 +95,35 @@ pub(crate) fn start_agent() -> Agent {
     }
 }
 
+/// The GPU indexes Slurm's job `job` holds on the node, as the agent reads them (its `squeue` question).
+pub(crate) fn job_gpus(
+    s: &super::site::Site,
+    job: &str,
+) -> Option<std::collections::BTreeSet<u32>> {
+    use isthmus_agent::k8s::deviceplugin::{slurm_json, slurm_poll};
+    let node = slurm_poll::squeue_args(NODE_NAME);
+    let mut args = vec!["squeue"];
+    args.extend(node.iter().map(String::as_str));
+    let out = s.slurm_ok(&args);
+    let jobs = slurm_json::parse_jobs(out.as_bytes(), NODE_NAME).ok()?;
+    let job = jobs.into_iter().find(|j| j.job_id.to_string() == job)?;
+    job.indexes.get("gpu").cloned()
+}
+
+/// Publish the placement owners (namespace → Slurm user) as the controller does, as the administrator.
+pub(crate) fn publish_owners(node: &KubeNode, owners: &[(&str, &str)]) {
+    let owners: isthmus_api::placement_owners::Owners = owners
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let cm = isthmus_api::placement_owners::configmap(
+        isthmus_api::placement_owners::CONFIGMAP,
+        "isthmus-system",
+        &owners,
+    );
+    node.apply(&cm.to_string());
+}
+
 /// The kubelet's log lines about device plugins, for a failure message.
 pub(crate) fn kubelet_device_log() -> String {
     std::fs::read_to_string("/tmp/isthmus-kubenode/run/kubelet.log")

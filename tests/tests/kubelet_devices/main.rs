@@ -19,10 +19,11 @@
 //! With the node also a Slurm node (real slurmctld; slurmd, munged and the plugin under one agent): a pod asking one
 //! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
 //! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
-//! devices), another pod's placeholder job, makes the agent's `isthmus_device_allocation_mismatches` 1, its Node condition
-//! `DeviceAllocationConsistent` False naming the pod and the job, and an Event on the pod; the controller's node
-//! sync then evicts the pod, and the condition is True again while the job keeps its GPUs. Separately, with real
-//! slurmctld and slurmd, the parser reads which GPU indexes each running job holds on a node.
+//! devices), another pod's placeholder job (run as its namespace's published owner), makes the agent's
+//! `isthmus_device_allocation_mismatches` 1, its Node condition `DeviceAllocationConsistent` False naming the pod and
+//! the job, and a Warning Event on the Node naming the pod; the controller's node sync then evicts the pod, and the
+//! condition is True again while the job keeps its GPUs. (How the agent reads which GPU indexes each job holds, on
+//! every Slurm release: `tests/tests/deviceplugin_slurm.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -168,57 +169,6 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
     ]);
 }
 
-/// The agent's reading of `scontrol show job -d` against real slurmctld and slurmd 22.05 (a node with two GPUs,
-/// device nodes made with `mknod`): a placeholder job (comment `k8s:…`) and a user's job, one GPU each, are read as
-/// holding different indexes of the node's two, the placeholder recognised by its comment.
-#[test]
-fn real_slurm_jobs_gpu_indexes_are_read_per_node() {
-    use isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job;
-    use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
-    let c = Cluster::start(&[NodeSpec::new("c1", 4, 2)], "");
-    let submit = |extra: &[&str]| {
-        let mut args = vec![
-            "--parsable",
-            "-N1",
-            "-n1",
-            "--mem=1",
-            "--gres=gpu:1",
-            "--chdir=/tmp",
-        ];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["--wrap", "sleep 300"]);
-        c.run_ok("sbatch", &args).trim().to_owned()
-    };
-    let placeholder = submit(&["--comment=k8s:ns/p/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d"]);
-    let user = submit(&[]);
-    let mut text = String::new();
-    wait_until("both jobs run", WAIT, || {
-        text = c.run_ok("scontrol", &["show", "job", "-d"]);
-        text.matches("JobState=RUNNING").count() == 2
-    });
-    let jobs = parse_show_job(&text, "c1").unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(jobs.len(), 2, "{text}");
-    let by_id = |id: &str| {
-        jobs.iter()
-            .find(|j| j.job_id.to_string() == id)
-            .unwrap_or_else(|| panic!("job {id} not read: {text}"))
-    };
-    let (p, u) = (by_id(&placeholder), by_id(&user));
-    assert_eq!(
-        p.placeholder
-            .as_ref()
-            .map(|r| (r.namespace.as_str(), r.name.as_str())),
-        Some(("ns", "p"))
-    );
-    assert_eq!(u.placeholder, None);
-    let all: std::collections::BTreeSet<u32> =
-        p.indexes["gpu"].union(&u.indexes["gpu"]).copied().collect();
-    assert_eq!(all, [0, 1].into_iter().collect(), "{text}");
-    assert_eq!(p.indexes["gpu"].len(), 1);
-    assert!(parse_show_job(&text, "c2").is_ok_and(|j| j.is_empty()));
-    c.run_ok("scancel", &[&placeholder, &user]);
-}
-
 /// The node as a Slurm node of its own site (slurmctld; slurmd and munged under an agent on `root` that also serves
 /// the device plugin), idle. The Kubernetes side is on, as the shipped ServiceAccount with the shipped RBAC: the check
 /// reports to the Node's condition and the pods' Events.
@@ -260,7 +210,7 @@ fn mismatches_metric(listen: &str) -> Option<String> {
 /// The node is also a Slurm node (real slurmctld, and slurmd under the agent, which also serves the device plugin):
 /// a Slurm job's GPU is never a pod's — the pod gets the other served GPU — and a Slurm job that Slurm then puts on
 /// the pod's GPU (Slurm does not know the pod holds it: the pod is not placed through Slurm) is reported as a
-/// mismatch on the agent's gauge, the Node's condition and the pod's Events, and the node sync evicts the pod.
+/// mismatch on the agent's gauge, the Node's condition and the Node's Events, and the node sync evicts the pod.
 #[test]
 fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -274,12 +224,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     wait_allocatable(node, &|| s.log());
     let slurm = |args: &[&str]| s.slurm_ok(args);
     let sbatch = |gres: &str| s.sbatch_sleep(gres);
-    let gpu_indexes = |job: &str| -> Option<std::collections::BTreeSet<u32>> {
-        let text = slurm(&["scontrol", "show", "job", "-d", job]);
-        let jobs =
-            isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job(&text, NODE_NAME).ok()?;
-        jobs.first()?.indexes.get("gpu").cloned()
-    };
+    let gpu_indexes = |job: &str| job_gpus(&s, job);
     // gres.conf lists the GPUs in PCI order: index 0 is 0000:19:00.0 (/dev/nvidia0), 1 is 0000:3b:00.0.
     let first = sbatch("--gres=gpu:1");
     let mut held = None;
@@ -310,11 +255,15 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     });
 
     // Slurm does not know the pod holds index 1 and gives it, with every other free GPU, to the next job, here
-    // another pod's placeholder job (its comment as the placement controller writes it): the agent reports the
-    // clash once Slurm, asked again, still says so.
+    // another pod's placeholder job (its comment as the placement controller writes it, run as the Slurm user the
+    // controller publishes for the namespace): the agent reports the clash once Slurm, asked again, still says so.
+    publish_owners(node, &[(NS, "daemon")]);
+    let events_before = node_events(node, "DeviceAllocationMismatch");
     let second = slurm(&[
         "sbatch",
         "--parsable",
+        "--uid=daemon",
+        "--gid=daemon",
         "-N1",
         "-n1",
         "--mem=1",
@@ -351,13 +300,15 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
         "{}",
         s.log()
     );
-    // One Warning Event on the pod, in its namespace, recorded by the agent.
-    let events = pod_events(node, "beside-slurm", "DeviceAllocationMismatch");
-    let events: Vec<&str> = events.lines().collect();
+    // One Warning Event on the Node, in `default`, naming the pod, recorded by the agent.
+    let events: Vec<String> = node_events(node, "DeviceAllocationMismatch")
+        .into_iter()
+        .filter(|e| !events_before.contains(e))
+        .collect();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
-        events[0].starts_with(&format!(
-            "Warning isthmus-agent the pod's accelerators disagree with Slurm's jobs on node {NODE_NAME}: it holds devices Slurm jobs hold: 0000:3b:00.0"
+        events[0].contains(&format!(
+            "Warning isthmus-agent pod {NS}/beside-slurm: its accelerators disagree with Slurm's jobs on this node: it holds devices Slurm jobs hold: 0000:3b:00.0"
         )),
         "{events:?}"
     );
@@ -389,6 +340,30 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     );
     drop(sync);
     slurm(&["scancel", &first, &second]);
+    node.kubectl_ok(&[
+        "delete",
+        "configmap",
+        "-n",
+        "isthmus-system",
+        isthmus_api::placement_owners::CONFIGMAP,
+    ]);
+}
+
+/// The Node's Events with `reason`, one line each: `<uid> <type> <component> <message>`.
+fn node_events(node: &KubeNode, reason: &str) -> Vec<String> {
+    node.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        &format!("involvedObject.kind=Node,involvedObject.name={NODE_NAME},reason={reason}"),
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.uid} {.type} {.source.component} {.message}{\"\\n\"}{end}",
+    ])
+    .lines()
+    .map(str::to_owned)
+    .collect()
 }
 
 /// The Events with `reason` on pod `pod` of [`NS`], one line each: `<type> <component> <message>`.

@@ -53,6 +53,8 @@ fn two_placed_pods_on_one_node_each_get_their_own_jobs_gpu() {
     let mut p = Placement::on_slurm(node, s.conf(), s.release, &[NODE_NAME], "placed-gpus");
     let ns = p.ns.clone();
     p.allow_sharing(node);
+    // The owners where the agent reads them (the shipped name; one kubelet test runs at a time).
+    p.args_mut().owners = isthmus_api::placement_owners::CONFIGMAP.to_owned();
     p.start();
     let shared = [("slurm.isthmus.io/node-sharing", "shared")];
     for name in ["pa", "pb"] {
@@ -80,14 +82,9 @@ fn two_placed_pods_on_one_node_each_get_their_own_jobs_gpu() {
         let job = p
             .job_id_of(name)
             .unwrap_or_else(|| panic!("pod {name} has no job id"));
-        let text = s.slurm_ok(&["scontrol", "show", "job", "-d", &job.to_string()]);
-        let jobs = isthmus_agent::k8s::deviceplugin::slurm_jobs::parse_show_job(&text, NODE_NAME)
-            .unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let index = jobs
-            .first()
-            .and_then(|j| j.indexes.get("gpu"))
+        let index = job_gpus(&s, &job.to_string())
             .and_then(|i| (i.len() == 1).then(|| i.iter().next().copied()).flatten())
-            .unwrap_or_else(|| panic!("job {job} holds not one GPU:\n{text}"));
+            .unwrap_or_else(|| panic!("job {job} holds not one GPU"));
         let (id, dev) = GPUS[usize::try_from(index).unwrap_or(usize::MAX)];
         assert_eq!(
             pod_devices_in(node, &ns, name),

@@ -16,6 +16,18 @@ pub struct DevicePluginArgs {
     /// (`/` on a node; a recorded host root when the node's devices are stand-ins).
     #[arg(long, default_value = "/", value_name = "DIR")]
     pub device_plugin_runtime_root: PathBuf,
+    /// The ConfigMap where the placement controller publishes each placement namespace's Slurm user (beside Slurm,
+    /// a job counts as a pod's placeholder only when it runs as that user); in `--namespace`.
+    #[arg(long = "placement-owners", default_value = isthmus_api::placement_owners::CONFIGMAP, value_name = "CONFIGMAP")]
+    pub placement_owners: String,
+    /// The agent's namespace (the controller's too), where the placement owners are read.
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "isthmus-system",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: String,
 }
 
 impl DevicePluginArgs {
@@ -25,6 +37,7 @@ impl DevicePluginArgs {
             dir: self.device_plugin_dir.clone(),
             runtime_root: self.device_plugin_runtime_root.clone(),
             pod_resources: pod_resources.to_path_buf(),
+            owners: (self.namespace.clone(), self.placement_owners.clone()),
         })
     }
 }

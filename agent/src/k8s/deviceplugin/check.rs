@@ -2,7 +2,8 @@
 //! job holds. Compared every [`PERIOD`] (on the daemon's time grid) from the kubelet's PodResources, and at once
 //! when Slurm's holds change; a disagreement is a warning naming the pod and the devices, the gauge
 //! `isthmus_device_allocation_mismatches`, and, with the Kubernetes side on, the Node condition
-//! `DeviceAllocationConsistent` and an Event on the pod ([`super::report`]).
+//! `DeviceAllocationConsistent` and an Event on the Node naming the pod ([`super::report`]). A pod on a device of a
+//! job whose comment names a pod while the placement owners are unknown is not reported: it may be that job's pod.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -207,6 +208,8 @@ pub async fn run(
     // The condition as last applied; `None` until the first write succeeds (a failed write is tried again at the
     // next comparison).
     let mut written: Option<k8s_openapi::api::core::v1::NodeCondition> = None;
+    // The Node's UID, from the condition writes' answers (the Events name it).
+    let mut node_uid: Option<String> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -240,21 +243,25 @@ pub async fn run(
             }
         }
         if let Some(p) = &publish {
-            if changed {
-                p.record(&super::report::new_ones(&last, &now)).await;
-            }
             if written.is_none() || changed {
                 let stamp = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     k8s_openapi::jiff::Timestamp::now(),
                 );
                 let cond = super::report::condition(&now, written.as_ref(), &stamp);
                 match p.apply(&cond).await {
-                    Ok(()) => written = Some(cond),
+                    Ok(uid) => {
+                        written = Some(cond);
+                        node_uid = uid.or(node_uid);
+                    }
                     Err(e) => {
                         written = None;
                         tracing::warn!(error = %e, "the DeviceAllocationConsistent condition could not be written; retrying");
                     }
                 }
+            }
+            if changed {
+                p.record(&super::report::new_ones(&last, &now), node_uid.as_deref())
+                    .await;
             }
         }
         if changed {

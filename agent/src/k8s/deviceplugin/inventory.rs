@@ -177,7 +177,7 @@ pub enum AllocateError {
     /// The same device twice in one container's request.
     #[error("device {0} is requested twice for one container")]
     Duplicate(String),
-    /// A device a running Slurm job (not a placeholder job) holds.
+    /// A device a running Slurm job holds that is not a checked placeholder job's.
     #[error("device {id} of {resource} is held by Slurm job {job} on this node")]
     HeldBySlurm {
         /// The resource name.
@@ -218,11 +218,11 @@ pub fn container_allocation(
                 id: id.clone(),
             });
         }
-        if let Some(job) = holds.slurm.get(id) {
+        if let Some(job) = holds.refusing(id) {
             return Err(AllocateError::HeldBySlurm {
                 resource: resource.to_owned(),
                 id: id.clone(),
-                job: *job,
+                job,
             });
         }
         chosen.push(d);
@@ -280,7 +280,7 @@ pub fn preferred(
     admitting: &BTreeSet<String>,
 ) -> Vec<String> {
     let usable = |id: &String| {
-        devices.get(id).is_some_and(ServedDevice::healthy) && !holds.slurm.contains_key(id)
+        devices.get(id).is_some_and(ServedDevice::healthy) && holds.refusing(id).is_none()
     };
     let mut out: Vec<String> = Vec::new();
     for id in must_include {

@@ -14,10 +14,12 @@ pub mod check;
 #[cfg(test)]
 mod check_tests;
 pub mod inventory;
+pub mod owners;
 pub mod registration;
 pub mod report;
 pub mod service;
 pub mod slurm_jobs;
+pub mod slurm_json;
 pub mod slurm_poll;
 #[cfg(test)]
 mod slurm_tests;
@@ -66,6 +68,8 @@ pub struct DevicePluginRole {
     pub runtime_root: PathBuf,
     /// The kubelet's PodResources socket, for the check after admission.
     pub pod_resources: PathBuf,
+    /// The namespace and name of the placement owners ConfigMap.
+    pub owners: (String, String),
 }
 
 /// What the plugin reads.
@@ -100,12 +104,15 @@ fn current(inputs: &mut Inputs) -> BTreeMap<String, Devices> {
     inv
 }
 
-/// The plugin's Slurm side: where Slurm is asked about its jobs' devices, and where the check of the pods' devices
-/// against them reports (the Node's condition and the pods' Events; `None`: the Kubernetes side is off).
+/// The plugin's Slurm side: where Slurm is asked about its jobs' devices, where the placement owners are read that
+/// tell a placeholder job from a forgery, and where the check of the pods' devices against them reports (the Node's
+/// condition and Events; `None`: the Kubernetes side is off, and no Slurm job is a placeholder).
 #[derive(Debug, Clone)]
 pub struct SlurmSide {
     /// Where and as which node Slurm is asked.
     pub source: slurm_poll::SlurmSource,
+    /// Where the placement owners are read.
+    pub owners: Option<owners::OwnersSource>,
     /// Where the check reports.
     pub publish: Option<report::Publisher>,
 }
@@ -124,9 +131,19 @@ pub fn spawn(
     let (holds_tx, holds) = watch::channel(slurm_jobs::Holds::default());
     let refresh = slurm.as_ref().map(|_| slurm_poll::Refresh::new());
     if let (Some(side), Some(refresh)) = (slurm, refresh.clone()) {
+        let (owners_tx, owners_rx) = watch::channel(None);
+        match side.owners {
+            Some(source) => {
+                tokio::spawn(owners::run(source, owners_tx, shutdown.clone()));
+            }
+            None => tracing::warn!(
+                "device plugin: no Kubernetes client, so no placement owners: no Slurm job is a placeholder"
+            ),
+        }
         tokio::spawn(slurm_poll::run(
             side.source,
             topo.clone(),
+            owners_rx,
             holds_tx,
             refresh.clone(),
             shutdown.clone(),

@@ -1,12 +1,13 @@
 //! What the check after admission tells the cluster: the Node condition `DeviceAllocationConsistent` (`True` while
 //! every pod's devices agree with Slurm's jobs, `False` with reason `DeviceAllocationMismatch` and a message naming
 //! each pod and its devices), applied with server-side apply on `nodes/status` under its own field manager, and a
-//! `Warning` Event `DeviceAllocationMismatch` on each pod when its mismatch is first seen.
+//! `Warning` Event `DeviceAllocationMismatch` on the Node for each pod whose mismatch is first seen, naming the pod.
 //!
-//! The Event names the pod by namespace and name: the kubelet's PodResources gives no UID and the agent may not
-//! read pods, so `kubectl get events -n <namespace>` shows it and `kubectl describe pod` (which matches Events by
-//! UID) does not. Events are best effort (a warning in the log when one cannot be created, never retried); a
-//! condition write that fails is tried again at the next comparison.
+//! The Events are the Node's, in the `default` namespace, where the kubelet's and the health Events go (`kubectl
+//! describe node` shows them beside the condition): the agent creates Events there only, never in a tenant's
+//! namespace (its Role grants `create` on Events in `default` alone), so a node's credentials cannot put words on
+//! another namespace's pods. Events are best effort (a warning in the log when one cannot be created, never
+//! retried); a condition write that fails is tried again at the next comparison.
 
 use isthmus_api::conditions::DEVICE_ALLOCATION;
 use isthmus_api::events::{self, EventType, Involved, Reporter};
@@ -92,8 +93,8 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// Apply `cond` on the Node's status.
-    pub async fn apply(&self, cond: &NodeCondition) -> Result<(), kube::Error> {
+    /// Apply `cond` on the Node's status; the Node's UID (for the Events).
+    pub async fn apply(&self, cond: &NodeCondition) -> Result<Option<String>, kube::Error> {
         let api: Api<Node> = Api::all(self.client.clone());
         let patch = serde_json::json!({
             "apiVersion": "v1",
@@ -107,27 +108,29 @@ impl Publisher {
             &Patch::Apply(&patch),
         )
         .await
-        .map(|_| ())
+        .map(|n| n.metadata.uid)
     }
 
-    /// A `Warning` Event on each pod of `mismatches`, in its namespace.
-    pub async fn record(&self, mismatches: &[&Mismatch]) {
+    /// A `Warning` Event on the Node (UID `uid`, when known) for each pod of `mismatches`.
+    pub async fn record(&self, mismatches: &[&Mismatch], uid: Option<&str>) {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let reporter = Reporter {
             component: COMPONENT,
             instance: &self.node,
             host: Some(&self.node),
         };
+        let involved = Involved {
+            kind: "Node",
+            name: &self.node,
+            namespace: None,
+            uid,
+        };
+        let api: Api<Event> =
+            Api::namespaced(self.client.clone(), events::CLUSTER_SCOPED_NAMESPACE);
         for m in mismatches {
-            let involved = Involved {
-                kind: "Pod",
-                name: &m.name,
-                namespace: Some(&m.namespace),
-                uid: None,
-            };
             let message = format!(
-                "the pod's accelerators disagree with Slurm's jobs on node {}: it {}",
-                self.node, m.message
+                "pod {}/{}: its accelerators disagree with Slurm's jobs on this node: it {}",
+                m.namespace, m.name, m.message
             );
             let e = events::event(
                 &involved,
@@ -137,7 +140,6 @@ impl Publisher {
                 &message,
                 &now,
             );
-            let api: Api<Event> = Api::namespaced(self.client.clone(), &m.namespace);
             if let Err(err) = api.create(&PostParams::default(), &e).await {
                 tracing::warn!(namespace = %m.namespace, pod = %m.name, error = %err, "the mismatch Event could not be recorded");
             }

@@ -1,119 +1,61 @@
-//! Which of the node's devices Slurm's jobs hold: `scontrol show job -d` parsed strictly (a record or a field that
-//! does not fit the grammar fails the whole answer, so a job is never silently missed), its per-node
-//! `GRES=gpu[:type]:N(IDX:…)` indexes mapped through the node's gres.conf records (the file the agent writes, whose
-//! order is slurmd's index order) to device IDs (PCI addresses). Placeholder jobs (comment `k8s:…`, the placement
-//! controller's) hold devices for their pods; every other job's devices are Slurm's alone. Pure.
+//! Which of the node's devices Slurm's jobs hold: each running job's per-node `gpu[:type]:N(IDX:…)` indexes
+//! ([`super::slurm_json`] reads them from Slurm's job list) mapped through the node's gres.conf records (the file
+//! the agent writes, whose order is slurmd's index order) to device IDs (PCI addresses). A job holds devices for a
+//! pod (a placeholder job) only when its comment names a pod the placement controller's way (`k8s:…`) *and* the job
+//! runs as the Slurm user the controller published for that namespace ([`isthmus_api::placement_owners`]): a
+//! comment is any Slurm user's text, the owner is the controller's word. Every other job's devices are Slurm's
+//! alone. While the owners are not known, a job whose comment names a pod is neither: its devices are refused to
+//! pods like a Slurm job's, and a pod found on them is not reported (its pod cannot be told from a forgery). Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use isthmus_controller::placement::comment::{JobRef, parse_comment};
+use isthmus_api::placement_owners::{Owners, runs_as};
+use isthmus_controller::placement::comment::JobRef;
 
 /// The devices one running job holds on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldJob {
     /// The job id.
     pub job_id: u64,
-    /// The pod(s) it holds the devices for, when it is a placeholder job.
+    /// The user it runs as (name).
+    pub user: String,
+    /// The user's uid.
+    pub uid: u64,
+    /// The pod(s) its comment names, when the comment has the placement controller's form (not yet a sign that it
+    /// is one: [`holds`] checks its user).
     pub placeholder: Option<JobRef>,
     /// GRES name → Slurm's device indexes on this node.
     pub indexes: BTreeMap<String, BTreeSet<u32>>,
 }
 
-/// Why `scontrol show job -d` could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ParseError {
-    /// A field does not fit its grammar.
-    #[error("job record {record}: {field} {value:?} does not fit its grammar")]
-    Field {
-        /// Which record (1-based).
-        record: usize,
-        /// The field.
-        field: &'static str,
-        /// The value (bounded).
-        value: String,
-    },
-    /// A record without `JobId=` or `JobState=`.
-    #[error("job record {0} has no {1}")]
-    Missing(usize, &'static str),
+/// The placement owners as the agent knows them: `None` while they are not known (not published, not readable).
+pub type KnownOwners = Option<Arc<Owners>>;
+
+/// What a job is to the device plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// A Slurm job: its devices are never a pod's.
+    Slurm,
+    /// A placeholder job, checked: its devices are its pods'.
+    Placeholder(JobRef),
+    /// Its comment names a pod, and the owners are not known.
+    Unverified,
 }
 
-/// Job states in which a job holds its GRES on its nodes.
-const HOLDING: [&str; 4] = ["RUNNING", "SUSPENDED", "COMPLETING", "STAGE_OUT"];
-
-/// The jobs holding GRES on `node`, from `scontrol show job -d` output.
-pub fn parse_show_job(text: &str, node: &str) -> Result<Vec<HeldJob>, ParseError> {
-    let mut out = Vec::new();
-    let mut records: Vec<Vec<&str>> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("JobId=") {
-            records.push(Vec::new());
+fn kind(job: &HeldJob, owners: &KnownOwners) -> Kind {
+    let Some(r) = &job.placeholder else {
+        return Kind::Slurm;
+    };
+    let Some(owners) = owners else {
+        return Kind::Unverified;
+    };
+    match owners.get(&r.namespace) {
+        Some(owner) if runs_as(owner, &job.user, &job.uid.to_string()) => {
+            Kind::Placeholder(r.clone())
         }
-        if let Some(r) = records.last_mut() {
-            r.push(line);
-        }
+        _ => Kind::Slurm,
     }
-    for (i, lines) in records.iter().enumerate() {
-        let record = i + 1;
-        let bad = |field: &'static str, value: &str| ParseError::Field {
-            record,
-            field,
-            value: value.chars().take(80).collect(),
-        };
-        let mut job_id = None;
-        let mut state = None;
-        let mut comment = None;
-        let mut indexes: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-        for line in lines {
-            let trimmed = line.trim_start();
-            // The comment is the rest of its line (it may hold spaces); nothing else is read from it.
-            if let Some(c) = trimmed.strip_prefix("Comment=") {
-                comment = Some(c.trim_end());
-                continue;
-            }
-            let on_node_line = trimmed.starts_with("Nodes=");
-            let mut this_node = false;
-            for token in trimmed.split_whitespace() {
-                let Some((key, value)) = token.split_once('=') else {
-                    continue;
-                };
-                match key {
-                    "JobId" if job_id.is_none() => {
-                        job_id = Some(value.parse::<u64>().map_err(|_| bad("JobId", value))?);
-                    }
-                    "JobState" => {
-                        if value.is_empty()
-                            || !value.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
-                        {
-                            return Err(bad("JobState", value));
-                        }
-                        state = Some(value);
-                    }
-                    "Nodes" if on_node_line => {
-                        let names = isthmus_controller::hostlist::expand(value)
-                            .map_err(|_| bad("Nodes", value))?;
-                        this_node = names.iter().any(|n| n == node);
-                    }
-                    "GRES" if on_node_line && this_node => {
-                        for (name, idx) in parse_gres(value).ok_or_else(|| bad("GRES", value))? {
-                            indexes.entry(name).or_default().extend(idx);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let job_id = job_id.ok_or(ParseError::Missing(record, "JobId"))?;
-        let state = state.ok_or(ParseError::Missing(record, "JobState"))?;
-        if !HOLDING.contains(&state) || indexes.is_empty() {
-            continue;
-        }
-        out.push(HeldJob {
-            job_id,
-            placeholder: comment.and_then(parse_comment),
-            indexes,
-        });
-    }
-    Ok(out)
 }
 
 /// `gpu:1(IDX:0)`, `gpu:h100:2(IDX:0,2)`, `gpu:2(IDX:0-1),nic:1(IDX:0)`, `gpu(IDX:0)`: each GRES name with its
@@ -200,21 +142,52 @@ pub fn index_map(
 pub struct Holds {
     /// Devices of jobs that are not placeholders: never for a pod. ID → job id.
     pub slurm: BTreeMap<String, u64>,
-    /// Devices of placeholder jobs: for their pods. ID → the pods' reference.
+    /// Devices of placeholder jobs (comment and user checked): for their pods. ID → the pods' reference.
     pub placeholders: BTreeMap<String, JobRef>,
+    /// Devices of jobs whose comment names a pod while the owners are not known: refused to pods, and a pod on
+    /// one is not reported. ID → job id.
+    pub unverified: BTreeMap<String, u64>,
     /// Indexes that name no served device (a gres.conf that changed under a running job): sentences.
     pub unmapped: Vec<String>,
-    /// The placement reference's id (a pod's UID, or a gang's id) → the Slurm jobs whose comment names it: more
-    /// than one means some job's comment copies the placement controller's.
-    pub claims: BTreeMap<String, std::collections::BTreeSet<u64>>,
+    /// The placement reference's id (a pod's UID, or a gang's id) → the placeholder jobs whose comment names it:
+    /// more than one means a second job of the namespace's own user copies the controller's comment.
+    pub claims: BTreeMap<String, BTreeSet<u64>>,
+    /// Jobs whose comment names a pod of a placement namespace but which do not run as its owner (a copied or
+    /// forged comment): plain Slurm jobs, listed for the log.
+    pub impostors: BTreeSet<u64>,
 }
 
-/// Map the jobs' indexes to device IDs.
-pub fn holds(jobs: &[HeldJob], map: &BTreeMap<String, Vec<Option<String>>>) -> Holds {
+impl Holds {
+    /// The job that holds `id` and keeps it from pods: a Slurm job's, or one whose comment cannot be checked.
+    pub fn refusing(&self, id: &str) -> Option<u64> {
+        self.slurm
+            .get(id)
+            .or_else(|| self.unverified.get(id))
+            .copied()
+    }
+}
+
+/// Map the jobs' indexes to device IDs, checking each job that claims to hold devices for a pod against `owners`.
+pub fn holds(
+    jobs: &[HeldJob],
+    map: &BTreeMap<String, Vec<Option<String>>>,
+    owners: &KnownOwners,
+) -> Holds {
     let mut h = Holds::default();
     for j in jobs {
-        if let Some(r) = &j.placeholder {
-            h.claims.entry(r.id.clone()).or_default().insert(j.job_id);
+        let kind = kind(j, owners);
+        match (&kind, &j.placeholder) {
+            (Kind::Placeholder(r), _) => {
+                h.claims.entry(r.id.clone()).or_default().insert(j.job_id);
+            }
+            (Kind::Slurm, Some(r))
+                if owners
+                    .as_ref()
+                    .is_some_and(|o| o.contains_key(&r.namespace)) =>
+            {
+                h.impostors.insert(j.job_id);
+            }
+            _ => {}
         }
         for (name, idx) in &j.indexes {
             for i in idx {
@@ -229,12 +202,15 @@ pub fn holds(jobs: &[HeldJob], map: &BTreeMap<String, Vec<Option<String>>>) -> H
                     ));
                     continue;
                 };
-                match &j.placeholder {
-                    Some(r) => {
+                match &kind {
+                    Kind::Placeholder(r) => {
                         h.placeholders.insert(id, r.clone());
                     }
-                    None => {
+                    Kind::Slurm => {
                         h.slurm.insert(id, j.job_id);
+                    }
+                    Kind::Unverified => {
+                        h.unverified.insert(id, j.job_id);
                     }
                 }
             }

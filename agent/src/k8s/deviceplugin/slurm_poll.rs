@@ -1,9 +1,10 @@
 //! Which devices Slurm's jobs hold on this node, asked every [`PERIOD`] and out of turn when the plugin asks
-//! ([`Refresh`]): `scontrol show job -d` (bounded in time
-//! and size), parsed strictly ([`super::slurm_jobs`]), mapped through the gres.conf records the agent renders for
-//! this discovery, and published on a `watch` channel the plugin's `Allocate` and `GetPreferredAllocation` read. A
-//! failed or unparsable answer is a warning; the last good answer stays and the question is asked again with the
-//! project's retry policy.
+//! ([`Refresh`]): `squeue --all --json --nodelist=<node>` (bounded in time and size), parsed strictly
+//! ([`super::slurm_json`]), mapped
+//! through the gres.conf records the agent renders for this discovery, each job that claims a pod checked against
+//! the placement owners ([`super::owners`]; again at once when they change), and published on a `watch` channel the
+//! plugin's `Allocate` and `GetPreferredAllocation` read. A failed or unparsable answer is a warning; the last good
+//! answer stays and the question is asked again with the project's retry policy.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,12 +15,26 @@ use isthmus_topology::NodeTopology;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::slurm_jobs::{self, Holds};
+use super::slurm_jobs::{self, Holds, KnownOwners};
+use super::slurm_json;
 
 /// How often Slurm is asked.
 pub const PERIOD: Duration = Duration::from_secs(5);
-/// How long one `scontrol` may take.
+/// How long one `squeue` may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// The question about node `node`: its jobs, hidden partitions' too, as JSON. 24.11 and later list only the jobs
+/// allocated `node` (a pending job's record, the bulk of a busy cluster's list, has no devices); 22.05 ignores
+/// `--nodelist` with `--json` and lists every job, which the parser sorts out.
+pub fn squeue_args(node: &str) -> [String; 3] {
+    [
+        "--all".to_owned(),
+        "--json".to_owned(),
+        format!("--nodelist={node}"),
+    ]
+}
+
+/// What squeue says of a node slurmctld does not know (a dynamic node not registered yet): no job holds its devices.
+const UNKNOWN_NODE: &str = "Invalid node name";
 /// The largest answer read.
 const MAX_OUTPUT: usize = 64 * 1024 * 1024;
 
@@ -37,17 +52,17 @@ pub struct SlurmSource {
 /// Why Slurm could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum PollError {
-    /// scontrol could not run or failed.
-    #[error("scontrol show job -d: {0}")]
+    /// squeue could not run or failed.
+    #[error("squeue --all --json: {0}")]
     Run(String),
     /// Its answer does not fit the grammar.
     #[error(transparent)]
-    Parse(#[from] slurm_jobs::ParseError),
+    Parse(#[from] slurm_json::ParseError),
 }
 
 async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError> {
-    let mut cmd = tokio::process::Command::new("scontrol");
-    cmd.args(["show", "job", "-d"]).kill_on_drop(true);
+    let mut cmd = tokio::process::Command::new("squeue");
+    cmd.args(squeue_args(&source.node)).kill_on_drop(true);
     if let Some(conf) = &source.slurm_conf {
         cmd.env("SLURM_CONF", conf);
     }
@@ -57,6 +72,13 @@ async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError
         .map_err(|e| PollError::Run(e.to_string()))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
+        if err
+            .lines()
+            .any(|l| l.ends_with(&format!("{UNKNOWN_NODE} {}", source.node)))
+        {
+            tracing::debug!(node = %source.node, "device plugin: Slurm does not know the node (yet): no job holds its devices");
+            return Ok(Vec::new());
+        }
         return Err(PollError::Run(format!(
             "{}: {}",
             out.status,
@@ -66,16 +88,22 @@ async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError
     if out.stdout.len() > MAX_OUTPUT {
         return Err(PollError::Run(format!("answer over {MAX_OUTPUT} bytes")));
     }
-    // `scontrol` prints "No jobs in the system" when there are none.
-    let text = String::from_utf8_lossy(&out.stdout);
-    Ok(slurm_jobs::parse_show_job(&text, &source.node)?)
+    Ok(slurm_json::parse_jobs(&out.stdout, &source.node)?)
 }
 
-/// The holds for `jobs` on this discovery.
+/// Whether squeue's `stderr` says slurmctld does not know `node` (`squeue: error: Invalid node name <node>`).
+pub fn names_unknown_node(stderr: &str, node: &str) -> bool {
+    stderr
+        .lines()
+        .any(|l| l.trim_end().ends_with(&format!(": {UNKNOWN_NODE} {node}")))
+}
+
+/// The holds for `jobs` on this discovery, under `owners`.
 pub fn holds_for(
     topo: &NodeTopology,
     gres: &isthmus_gres::GresOptions,
     jobs: &[slurm_jobs::HeldJob],
+    owners: &KnownOwners,
 ) -> Holds {
     let (records, _) = isthmus_gres::gres_conf::records(topo, gres);
     // gres.conf names the device nodes where slurmd sees them (`--dev-dir`, e.g. `/host/dev` in a pod).
@@ -92,7 +120,7 @@ pub fn holds_for(
             .map(|d| d.pci_address.clone())
     };
     let map = slurm_jobs::index_map(&records, &id_of_file);
-    slurm_jobs::holds(jobs, &map)
+    slurm_jobs::holds(jobs, &map, owners)
 }
 
 /// A question to Slurm out of turn: the plugin asks for one when a pod is being admitted whose placeholder job it
@@ -123,33 +151,43 @@ impl Refresh {
     }
 }
 
-/// Ask until `shutdown`, and whenever `refresh` asks.
+/// Ask until `shutdown`, and whenever `refresh` asks; the last answer is checked again when `owners` change.
 pub async fn run(
     source: SlurmSource,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
+    mut owners: watch::Receiver<KnownOwners>,
     out: watch::Sender<Holds>,
     refresh: Arc<Refresh>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = RetryPolicy::slurm_device_poll().backoff();
+    let mut last: Option<Vec<slurm_jobs::HeldJob>> = None;
+    let mut owners_open = true;
+    let mut delay = Duration::ZERO;
     loop {
-        let delay = match ask(&source).await {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+            () = refresh.ask.notified() => {}
+            r = owners.changed(), if owners_open => {
+                owners_open = r.is_ok();
+                if let Some(jobs) = &last {
+                    publish(&source, &mut topo, &owners.borrow_and_update().clone(), jobs, &out);
+                }
+                continue;
+            }
+        }
+        delay = match ask(&source).await {
             Ok(jobs) => {
                 backoff.reset();
-                if let Some(t) = topo.borrow_and_update().clone() {
-                    let holds = holds_for(&t, &source.gres, &jobs);
-                    for u in &holds.unmapped {
-                        tracing::warn!("device plugin: {u}");
-                    }
-                    out.send_if_modified(|cur| {
-                        if *cur == holds {
-                            return false;
-                        }
-                        tracing::info!(slurm = ?holds.slurm, placeholders = holds.placeholders.len(), "device plugin: Slurm's devices changed");
-                        *cur = holds;
-                        true
-                    });
-                }
+                publish(
+                    &source,
+                    &mut topo,
+                    &owners.borrow_and_update().clone(),
+                    &jobs,
+                    &out,
+                );
+                last = Some(jobs);
                 refresh.answered.send_modify(|n| *n = n.wrapping_add(1));
                 PERIOD
             }
@@ -159,10 +197,33 @@ pub async fn run(
                 d
             }
         };
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
-            () = refresh.ask.notified() => {}
-        }
     }
+}
+
+/// Publish the holds of `jobs` under `owners` when they differ from the current ones.
+fn publish(
+    source: &SlurmSource,
+    topo: &mut watch::Receiver<Option<Arc<NodeTopology>>>,
+    owners: &KnownOwners,
+    jobs: &[slurm_jobs::HeldJob],
+    out: &watch::Sender<Holds>,
+) {
+    let Some(t) = topo.borrow_and_update().clone() else {
+        return;
+    };
+    let holds = holds_for(&t, &source.gres, jobs, owners);
+    for u in &holds.unmapped {
+        tracing::warn!("device plugin: {u}");
+    }
+    out.send_if_modified(|cur| {
+        if *cur == holds {
+            return false;
+        }
+        tracing::info!(slurm = ?holds.slurm, placeholders = holds.placeholders.len(), unverified = ?holds.unverified, "device plugin: Slurm's devices changed");
+        if !holds.impostors.is_empty() {
+            tracing::warn!(jobs = ?holds.impostors, "device plugin: Slurm jobs whose comment names a placed pod but which do not run as its namespace's Slurm user are plain Slurm jobs");
+        }
+        *cur = holds;
+        true
+    });
 }

@@ -309,6 +309,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
             dir: dir.clone(),
             runtime_root: PathBuf::from("/"),
             pod_resources: PathBuf::from("/nonexistent"),
+            owners: ("isthmus-system".into(), "isthmus-placement-owners".into()),
         },
         super::Inputs {
             host_root: root,
