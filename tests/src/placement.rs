@@ -506,26 +506,6 @@ fn submit(cluster: &Cluster, user: Option<(&str, &str)>, args: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("sbatch said {stdout:?}"))
 }
 
-/// Submit a plain batch job as `user` (sbatch run as that user through `setpriv`, on every release), with
-/// `args` and a `sleep`.
-pub fn sbatch_as(cluster: &Cluster, user: &str, args: &[&str]) -> u64 {
-    let (reuid, regid) = (format!("--reuid={user}"), format!("--regid={user}"));
-    let mut all = vec![
-        reuid.as_str(),
-        &regid,
-        "--clear-groups",
-        "sbatch",
-        "--parsable",
-        "--output=/dev/null",
-        "--chdir=/tmp",
-    ];
-    all.extend(args);
-    all.push("--wrap=exec sleep 600");
-    let out = cluster.run_ok("setpriv", &all);
-    isthmus_controller::slurm::jobs::parse_parsable(&out)
-        .unwrap_or_else(|| panic!("sbatch as {user} said {out:?}"))
-}
-
 /// slurm.conf lines for preemption by partition priority: partitions `low` (default) and `high` over every node.
 pub const PREEMPTION: &str = "PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n\
     PartitionName=low Nodes=ALL Default=YES PriorityTier=1\nPartitionName=high Nodes=ALL PriorityTier=10\n";

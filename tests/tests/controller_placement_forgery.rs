@@ -39,7 +39,7 @@ fn forged_record(id: u64, user: &str, uid: u32, node: &str, comment: &str) -> St
 
 /// Submit a held job as the unprivileged user `bin` with `comment`.
 fn attack(cluster: &Cluster, comment: &str) -> u64 {
-    sbatch_as(cluster, "bin", &["--hold", &format!("--comment={comment}")])
+    sbatch_as(cluster, "bin", "bin", &["--hold", &format!("--comment={comment}")])
 }
 
 fn state(cluster: &Cluster, id: u64) -> String {
@@ -74,7 +74,7 @@ fn forged_comments_change_nothing_of_anyone_else(release) {
     });
     let j2 = jobs_of(&cluster, &a2)[0].clone();
     // Another user's plain job on fa2.
-    let victim = sbatch_as(&cluster, "daemon", &["-w", "fa2"]);
+    let victim = sbatch_as(&cluster, "daemon", "daemon", &["-w", "fa2"]);
     wait_until("the victim's job running", WAIT, || state(&cluster, victim) == "RUNNING");
     let node_before = p.node_annotations("fa1");
 
