@@ -60,6 +60,11 @@ fn every_claim_names_a_test_that_exists() {
         rows += 1;
         assert!(!names.is_empty(), "a claim names no test: {line}");
         for n in names {
+            // A test target's name (`deploy_manifests`) says where the named tests are.
+            let target = root.join("tests/tests").join(n);
+            if target.is_dir() || target.with_extension("rs").is_file() {
+                continue;
+            }
             if !code.contains(&format!("fn {n}(")) {
                 missing.insert(n.to_owned());
             }
