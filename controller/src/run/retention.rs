@@ -16,6 +16,13 @@ use crate::model::ClusterModel;
 use crate::render::gres_conf::SlurmLines;
 use crate::slurm::nodes::SlurmNode;
 
+/// How many kept nodes the status ConfigMap lists by name (a ConfigMap holds at most 1 MiB, and a CRD reinstall
+/// makes every node missing at once).
+pub const STATUS_LINES: usize = 500;
+
+/// How many nodes a warning names one by one; beyond that, one warning counts them.
+const LOG_EACH: usize = 10;
+
 /// What Slurm says of its nodes in this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlurmView {
@@ -171,6 +178,7 @@ impl Retention {
         let unread = SlurmView::Unreadable("not read".to_owned());
         let slurm = slurm.unwrap_or(&unread);
         let mut kept = BTreeMap::new();
+        let (mut started, mut left) = (Vec::new(), Vec::new());
         for name in missing {
             let Some(lines) = previous.get(&name) else {
                 continue;
@@ -182,29 +190,27 @@ impl Retention {
                         slurm: shows,
                     };
                     if !self.kept.contains_key(&name) {
-                        tracing::warn!(
-                            node = %name,
-                            missing = %k.missing,
-                            slurm = %k.slurm,
-                            "keeping the node's last good lines in nodes.conf and gres.conf until Slurm shows it \
-                             drained and idle"
-                        );
+                        started.push((name.clone(), format!("{}; {}", k.missing, k.slurm)));
                     }
                     current.insert(name.clone(), lines.clone());
                     kept.insert(name, k);
                 }
-                Verdict::Leave(why) => tracing::warn!(
-                    node = %name,
-                    why,
-                    "the node leaves nodes.conf and gres.conf"
-                ),
+                Verdict::Leave(why) => left.push((name, why.to_owned())),
             }
         }
-        for name in self.kept.keys().filter(|n| !kept.contains_key(*n)) {
-            if current.get(name).is_some_and(|l| l.definition.is_some()) {
-                tracing::warn!(node = %name, "no longer kept: its report gives its lines again");
-            }
-        }
+        let back: Vec<(String, String)> = self
+            .kept
+            .keys()
+            .filter(|n| !kept.contains_key(*n))
+            .filter(|n| current.get(*n).is_some_and(|l| l.definition.is_some()))
+            .map(|n| (n.clone(), "its report gives its lines again".to_owned()))
+            .collect();
+        warn_nodes(
+            &started,
+            "keeping the node's last good lines in nodes.conf and gres.conf until Slurm shows it drained and idle",
+        );
+        warn_nodes(&left, "the node leaves nodes.conf and gres.conf");
+        warn_nodes(&back, "the node is no longer kept");
         let settled = Settled {
             lines: current != previous,
             kept: kept != self.kept,
@@ -216,17 +222,46 @@ impl Retention {
     }
 
     /// The status ConfigMap's `retained` key: one `node: kept from its last good report (why); Slurm shows STATE`
-    /// line per kept node.
+    /// line per kept node, at most [`STATUS_LINES`] of them and then how many more.
     pub fn status(&self) -> String {
-        self.kept
+        let mut text: String = self
+            .kept
             .iter()
+            .take(STATUS_LINES)
             .map(|(name, k)| {
                 format!(
                     "{name}: kept from its last good report ({}); {}\n",
                     k.missing, k.slurm
                 )
             })
-            .collect()
+            .collect();
+        if self.kept.len() > STATUS_LINES {
+            text.push_str(&format!(
+                "… and {} more (isthmus_controller_slurm_nodes_retained counts them all)\n",
+                self.kept.len() - STATUS_LINES
+            ));
+        }
+        text
+    }
+}
+
+/// Log one warning per node (`detail` beside it), or a single one for all beyond [`LOG_EACH`] nodes.
+fn warn_nodes(nodes: &[(String, String)], what: &str) {
+    if nodes.len() <= LOG_EACH {
+        for (node, detail) in nodes {
+            tracing::warn!(node = %node, detail = %detail, "{what}");
+        }
+    } else {
+        let first: Vec<&str> = nodes
+            .iter()
+            .take(LOG_EACH)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        tracing::warn!(
+            count = nodes.len(),
+            ?first,
+            "{what} (the status ConfigMap's `retained` says why)"
+        );
     }
 }
 

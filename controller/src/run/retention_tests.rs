@@ -215,3 +215,37 @@ fn a_fresh_leader_keeps_what_its_predecessor_rendered() {
     let rendered = r.lines().map(nodes_conf).unwrap_or_default();
     assert!(rendered.ends_with("NodeName=a,b CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000\n"), "{rendered}");
 }
+
+#[test]
+fn a_crd_reinstall_keeps_every_node_and_the_status_stays_small() {
+    // Every NRT deleted at once: 10,000 nodes missing, Slurm cannot be read.
+    let names: Vec<String> = (0..10_000).map(|i| format!("gpu{i:05}")).collect();
+    let all: SlurmLines = names.iter().map(|n| (n.clone(), lines(8))).collect();
+    let mut r = Retention::default();
+    r.seed(all.clone());
+    let down = SlurmView::Unreadable("timeout".to_owned());
+    let s = r.settle(SlurmLines::new(), &ClusterModel::default(), Some(&down));
+    assert_eq!(
+        s,
+        Settled {
+            lines: false,
+            kept: true
+        }
+    );
+    assert_eq!(r.lines(), Some(&all));
+    assert_eq!(r.kept().len(), 10_000);
+    let status = r.status();
+    assert_eq!(status.lines().count(), STATUS_LINES + 1);
+    assert!(
+        status.ends_with(
+            "… and 9500 more (isthmus_controller_slurm_nodes_retained counts them all)\n"
+        )
+    );
+    assert!(status.len() < 100 * 1024, "{}", status.len());
+    // The files render every node once, in one group.
+    assert!(
+        nodes_conf(&all).contains("NodeName=gpu[00000-09999] CPUs=8"),
+        "{}",
+        nodes_conf(&all)
+    );
+}
