@@ -5,7 +5,8 @@
 //! node's report refused, then its NRT deleted, leave its line in the ConfigMap byte for byte (the status
 //! ConfigMap and the metric say so), and slurmctld, reconfigured with that file, keeps the job running; the job
 //! cancelled, the node idle but not drained, the line stays; drained in Slurm, it leaves; its report back, it is
-//! rendered again.
+//! rendered again. And the threat itself on the same harness: the node's line gone, the reconfigure ends the job
+//! (24.11, 26.05: `NODE_FAIL`) or slurmctld (22.05).
 
 use std::time::Duration;
 
@@ -216,4 +217,61 @@ fn run(release: SlurmRelease) {
     wait_for("the line back", Duration::from_secs(60), &[&c], || {
         nodes_conf(&api) == written && status_key(&api, "rejected").is_empty()
     });
+}
+
+isthmus_tests::each_release! {
+    fn a_node_that_leaves_nodes_conf_under_a_running_job_takes_the_job_with_it(release) {
+        threat(release);
+    }
+}
+
+/// What the kept line prevents, on the same harness: a `nodes.conf` without the node of a running job, then
+/// `scontrol reconfigure`. 24.11 and 26.05 end the job `NODE_FAIL`; 22.05 cannot change its node names on a
+/// reconfigure and slurmctld exits (`node names changed before reconfiguration. You have to restart slurmctld`).
+fn threat(release: SlurmRelease) {
+    let name = "localhost";
+    let mut slurm = Cluster::start_included(release, &[NodeSpec::new(name, 2, 0)], "");
+    let id = slurm
+        .run_ok(
+            "sbatch",
+            &[
+                "--parsable",
+                &format!("--nodelist={name}"),
+                "--output=/dev/null",
+                "--chdir=/tmp",
+                "--wrap=sleep 600",
+            ],
+        )
+        .trim()
+        .to_owned();
+    slurm.wait_state(name, "running the job", |s| {
+        s.starts_with("MIXED") || s.starts_with("ALLOCATED")
+    });
+    slurm.write_nodes_conf("NodeName=other State=FUTURE CPUs=1 RealMemory=1\n");
+    let out = slurm.run("scontrol", &["reconfigure"]);
+    if release == SlurmRelease::V22_05 {
+        wait_until("slurmctld to exit", Duration::from_secs(30), || {
+            !slurm.run("scontrol", &["ping"]).status.success()
+        });
+        let log = slurm.controller().log();
+        assert!(
+            log.contains("node names changed before reconfiguration"),
+            "{}\n{log}",
+            describe(&out)
+        );
+        return;
+    }
+    wait_until(
+        "slurmctld after the reconfigure",
+        Duration::from_secs(60),
+        || slurm.run("scontrol", &["ping"]).status.success(),
+    );
+    wait_until(
+        "the job to fail with its node",
+        Duration::from_secs(30),
+        || {
+            let job = slurm.run("scontrol", &["show", "job", &id]);
+            String::from_utf8_lossy(&job.stdout).contains("JobState=NODE_FAIL")
+        },
+    );
 }
