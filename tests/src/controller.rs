@@ -264,6 +264,13 @@ impl ControllerProcess {
     }
 }
 
+/// Set attribute `name` of a node's report to `value` (replacing any of that name).
+pub fn set_attribute(o: &mut NodeResourceTopology, name: &str, value: impl Into<String>) {
+    o.attributes.retain(|a| a.name != name);
+    o.attributes
+        .push(isthmus_api::nrt::Attribute::new(name, value.into()));
+}
+
 /// Change the `RealMemory=` of the Slurm node line in a node's report (a change the controller must follow).
 pub fn set_real_memory(o: &mut NodeResourceTopology, memory: u64) {
     for a in &mut o.attributes {

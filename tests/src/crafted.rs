@@ -10,6 +10,7 @@ use isthmus_api::fabric::{PORT_PREFIX, SLURM_GRES, SLURM_NODE};
 use isthmus_api::nrt::{Attribute, NodeResourceTopology};
 
 use crate::cluster_gen::{self, Template};
+use crate::controller::set_attribute as set;
 
 /// The mapping label (`isthmus.io/slurm-node-name`).
 pub const SLURM_NAME_LABEL: &str = "isthmus.io/slurm-node-name";
@@ -27,11 +28,6 @@ pub struct Crafted {
     pub slurm_names: Vec<String>,
     /// Object name → the reason label of its status entry.
     pub rejected: BTreeMap<String, &'static str>,
-}
-
-fn set(o: &mut NodeResourceTopology, name: &str, value: String) {
-    o.attributes.retain(|a| a.name != name);
-    o.attributes.push(Attribute::new(name, value));
 }
 
 fn get(o: &NodeResourceTopology, name: &str) -> String {

@@ -87,14 +87,48 @@ impl Cluster {
         settings: &str,
         files: &[(&str, &str)],
     ) -> Self {
+        Self::build(release, auth, nodes, settings, files, false)
+    }
+
+    /// [`Self::start_on`] with the node definitions in `nodes.conf` beside slurm.conf, read through
+    /// `Include nodes.conf` after `NodeName=DEFAULT Port=<port>`, as a site that includes a generated nodes.conf
+    /// has them (no address on the lines: Slurm refuses `NodeAddr` on `NodeName=DEFAULT`, so a node is found by
+    /// its name, which must resolve here: `localhost`); [`Self::write_nodes_conf`] replaces that file. The nodes
+    /// share the port, so at most one of them runs slurmd.
+    pub fn start_included(release: SlurmRelease, nodes: &[NodeSpec], settings: &str) -> Self {
+        assert!(
+            nodes.iter().filter(|n| n.slurmd).count() <= 1,
+            "the included nodes share one slurmd port"
+        );
+        Self::build(release, Auth::Munge, nodes, settings, &[], true)
+    }
+
+    /// Replace the `nodes.conf` of a cluster started with [`Self::start_included`] (slurmctld reads it at the
+    /// next `scontrol reconfigure`).
+    pub fn write_nodes_conf(&self, text: &str) {
+        std::fs::write(self.ctld.path().join("nodes.conf"), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn build(
+        release: SlurmRelease,
+        auth: Auth,
+        nodes: &[NodeSpec],
+        settings: &str,
+        files: &[(&str, &str)],
+        included: bool,
+    ) -> Self {
         let mut node_lines = String::new();
         let mut gres = String::new();
         for n in nodes {
             assert!(n.gpus <= 8, "at most 8 fake GPUs per node");
+            let address = if included {
+                String::new()
+            } else {
+                format!(" NodeAddr=127.0.0.1 Port={}", free_port())
+            };
             node_lines.push_str(&format!(
-                "NodeName={} NodeAddr=127.0.0.1 Port={} CPUs={} RealMemory={}{}\n",
+                "NodeName={}{address} CPUs={} RealMemory={}{}\n",
                 n.name,
-                free_port(),
                 n.cpus,
                 n.memory_mib,
                 if n.gpus > 0 {
@@ -108,7 +142,19 @@ impl Cluster {
         let settings = format!(
             "GresTypes=gpu\nReturnToService=2\nSlurmdTimeout=30\nSlurmdParameters=config_overrides\n{settings}"
         );
-        let ctld = Controller::start_on(release, auth, &settings, &node_lines, files);
+        let mut files = files.to_vec();
+        if included {
+            files.push(("nodes.conf", &node_lines));
+        }
+        let node_lines = if included {
+            format!(
+                "NodeName=DEFAULT Port={}\nInclude nodes.conf\n",
+                free_port()
+            )
+        } else {
+            node_lines.clone()
+        };
+        let ctld = Controller::start_on(release, auth, &settings, &node_lines, &files);
         let dev = ctld.path().join("dev");
         for n in nodes.iter().filter(|n| n.gpus > 0) {
             gres.push_str(&format!(

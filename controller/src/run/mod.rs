@@ -2,8 +2,9 @@
 //! (see [`leader`]); only the leader runs the [`leader_tasks`] (one entry point each in [`tasks`]), each under a
 //! child [`CancellationToken`] that is cancelled when the lease is lost, while the process keeps campaigning. A task
 //! that fails is restarted with backoff as long as the replica leads. The topology task's parts are here too: its
-//! watches ([`inputs`], [`reports`]), its state ([`topology`]), one pass ([`pass`]), what it renders ([`outputs`])
-//! and its sinks ([`objects`], [`node_labels`]).
+//! watches ([`inputs`], [`reports`]), its state ([`topology`]), one pass ([`pass`]), what it renders ([`outputs`]),
+//! the nodes it keeps in Slurm's files until Slurm lets them go ([`retention`]) and its sinks ([`objects`],
+//! [`node_labels`]).
 //!
 //! To add a task: a file in [`tasks`] with its [`LeaderTask`], one line in [`leader_tasks`], its `clap::Args`
 //! flattened into [`RunArgs`].
@@ -21,6 +22,7 @@ pub mod outputs;
 pub mod pass;
 pub mod rejections;
 pub mod reports;
+pub mod retention;
 pub mod tasks;
 pub mod topology;
 

@@ -8,10 +8,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::objects::Desired;
+use super::retention::Retention;
 use super::topology::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
 use crate::model::ClusterModel;
 use crate::offline::{self, OutputKind};
 use crate::render;
+use crate::render::gres_conf::{self, SlurmLines};
 use crate::render::hypernodes::HyperNode;
 use crate::render::kueue::Topology;
 
@@ -24,6 +26,16 @@ pub fn slurm_files(
     model: &ClusterModel,
     args: &TopologyArgs,
 ) -> Result<BTreeMap<String, String>, TopologyError> {
+    slurm_files_of(model, args, &gres_conf::node_lines(model))
+}
+
+/// [`slurm_files`] with gres.conf and nodes.conf rendered from `lines` (the model's plus the nodes kept until
+/// Slurm lets them go, see [`super::retention`]).
+pub fn slurm_files_of(
+    model: &ClusterModel,
+    args: &TopologyArgs,
+    lines: &SlurmLines,
+) -> Result<BTreeMap<String, String>, TopologyError> {
     let opts = args.render_options();
     let topo = match args.slurm_topology {
         SlurmTopology::Tree => OutputKind::TopologyConf,
@@ -34,14 +46,8 @@ pub fn slurm_files(
             "topology.conf".to_owned(),
             offline::render_output(model, topo, &opts)?,
         ),
-        (
-            "gres.conf".to_owned(),
-            offline::render_output(model, OutputKind::GresConf, &opts)?,
-        ),
-        (
-            "nodes.conf".to_owned(),
-            offline::render_output(model, OutputKind::NodeConf, &opts)?,
-        ),
+        ("gres.conf".to_owned(), gres_conf::gres_conf(lines)),
+        ("nodes.conf".to_owned(), gres_conf::nodes_conf(lines)),
     ]);
     if args.slurm_topology_yaml {
         files.insert(
@@ -54,8 +60,10 @@ pub fn slurm_files(
 
 /// The status ConfigMap's data: `unplaced` (one `node: reason` line per node no source placed), `rejected` (one
 /// `node: reason: details` line per report left out: refused, without a Node, or of a node without a usable Slurm
-/// name) and `nodes` (how many nodes the model holds, how many are placed, how many reports are left out).
-pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
+/// name), `retained` (one `node: kept from its last good report (why); Slurm shows STATE` line per node kept in
+/// the Slurm files, see [`Retention::status`]) and `nodes` (how many nodes the model holds, how many are placed,
+/// how many reports are left out).
+pub fn status_data(model: &ClusterModel, retained: String) -> BTreeMap<String, String> {
     let mut unplaced = String::new();
     for (n, why) in model.unplaced() {
         unplaced.push_str(&format!("{}: {why}\n", n.name));
@@ -76,6 +84,7 @@ pub fn status_data(model: &ClusterModel) -> BTreeMap<String, String> {
         ),
         ("unplaced".to_owned(), unplaced),
         ("rejected".to_owned(), rejected),
+        ("retained".to_owned(), retained),
     ])
 }
 
@@ -113,7 +122,7 @@ pub struct Rendered {
     pub status: Option<BTreeMap<String, Desired<ConfigMap>>>,
     /// The Slurm files, to refresh nodes.conf and gres.conf alone.
     files: BTreeMap<String, String>,
-    /// The status data, to refresh the left-out reports alone.
+    /// The status data, to refresh the left-out reports and the kept nodes alone.
     status_data: BTreeMap<String, String>,
     namespace: String,
 }
@@ -134,11 +143,13 @@ fn share(labels: BTreeMap<String, BTreeMap<String, String>>) -> Labels {
 }
 
 impl Rendered {
-    /// Render what `args` enables.
+    /// Render what `args` enables; the Slurm files hold the lines `retention` settled on (the model's when it
+    /// holds none).
     pub fn new(
         model: &ClusterModel,
         args: &TopologyArgs,
         namespace: &str,
+        retention: &Retention,
     ) -> Result<Self, TopologyError> {
         let opts = args.render_options();
         let mut out = Self {
@@ -164,11 +175,14 @@ impl Rendered {
             )]));
         }
         if args.slurm_configmap {
-            out.files = slurm_files(model, args)?;
+            out.files = match retention.lines() {
+                Some(lines) => slurm_files_of(model, args, lines)?,
+                None => slurm_files(model, args)?,
+            };
             out.slurm_object(args)?;
         }
         if args.status_configmap {
-            out.status_data = status_data(model);
+            out.status_data = status_data(model, retention.status());
             out.status_object(args)?;
         }
         Ok(out)
@@ -196,35 +210,35 @@ impl Rendered {
         Ok(())
     }
 
-    /// Render nodes.conf and gres.conf again (a node's Slurm facts changed, nothing placed it elsewhere).
+    /// Render nodes.conf and gres.conf again from `lines` (a node's Slurm facts changed, nothing placed it
+    /// elsewhere; or a kept node left).
     pub fn refresh_slurm(
         &mut self,
-        model: &ClusterModel,
         args: &TopologyArgs,
+        lines: &SlurmLines,
     ) -> Result<(), TopologyError> {
         if !args.slurm_configmap {
             return Ok(());
         }
         self.files
-            .insert("gres.conf".into(), render::gres_conf::central(model));
-        self.files.insert(
-            "nodes.conf".into(),
-            render::gres_conf::node_definitions(model),
-        );
+            .insert("gres.conf".into(), gres_conf::gres_conf(lines));
+        self.files
+            .insert("nodes.conf".into(), gres_conf::nodes_conf(lines));
         self.slurm_object(args)
     }
 
-    /// Render the left-out reports again.
-    pub fn refresh_rejected(
+    /// Render the left-out reports and the kept nodes again.
+    pub fn refresh_status(
         &mut self,
         model: &ClusterModel,
         args: &TopologyArgs,
+        retention: &Retention,
     ) -> Result<(), TopologyError> {
         if !args.status_configmap {
             return Ok(());
         }
-        let full = status_data(model);
-        for key in ["rejected", "nodes"] {
+        let full = status_data(model, retention.status());
+        for key in ["rejected", "nodes", "retained"] {
             if let Some(v) = full.get(key) {
                 self.status_data.insert(key.to_owned(), v.clone());
             }

@@ -1,23 +1,30 @@
 //! One pass of the topology task: hand what changed since the last pass (reports read as they arrived, Nodes that
 //! changed, a new dump) to the [`Engine`], refresh only the outputs the change can touch, and write what differs
 //! from what the server holds. A change to one node's Slurm facts re-renders `nodes.conf` and `gres.conf` and
-//! checks that node's labels; a change that moves the fabric tree renders and checks everything.
+//! checks that node's labels; a change that moves the fabric tree renders and checks everything. A node whose line
+//! the model no longer gives stays in `nodes.conf` and `gres.conf` until Slurm lets it go ([`super::retention`]):
+//! the pass reads the Slurm ConfigMap back once per leader term and Slurm's nodes (one `sinfo`) while one is
+//! missing.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 
 use super::inputs::{Changed, Inputs};
 use super::objects::Writes;
 use super::outputs::Rendered;
+use super::retention::{Settled, SlurmView};
 use super::topology::{State, TopologyError};
 use crate::model::engine::Engine;
+use crate::render::gres_conf;
 use crate::render::hypernodes::HyperNode;
 use crate::render::kueue::Topology;
+use crate::slurm::SlurmClient;
+use crate::slurm::nodes::NodeReader;
 
 /// Feed the engine the Nodes that changed; returns the Nodes whose labels to check (`None`: all of them).
 fn feed_nodes(inputs: &Inputs, engine: &mut Engine) -> Option<BTreeSet<String>> {
@@ -55,10 +62,59 @@ fn feed_nodes(inputs: &Inputs, engine: &mut Engine) -> Option<BTreeSet<String>> 
     }
 }
 
+/// Read the Slurm ConfigMap the server holds and seed the retention with its nodes (see
+/// [`super::retention`]); a ConfigMap that is not there seeds nothing. Lines that do not read are skipped with a
+/// warning.
+async fn seed_retention(state: &mut State) -> Result<(), TopologyError> {
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(state.client.clone(), &state.namespace);
+    let held = api
+        .get_opt(&state.args.slurm_configmap_name)
+        .await
+        .map_err(TopologyError::api("slurm configmap"))?;
+    let data = held.and_then(|cm| cm.data).unwrap_or_default();
+    let file = |key: &str| data.get(key).map_or("", String::as_str);
+    let (lines, problems) = gres_conf::read_lines(
+        file("nodes.conf"),
+        file("gres.conf"),
+        &state.args.model.gres_device_dir,
+    );
+    if !problems.is_empty() {
+        tracing::warn!(
+            count = problems.len(),
+            first = ?problems.iter().take(5).collect::<Vec<_>>(),
+            "lines of the Slurm ConfigMap that do not read were not taken as its nodes' last lines"
+        );
+    }
+    tracing::info!(
+        nodes = lines.len(),
+        "the Slurm ConfigMap's nodes read back: none leaves before Slurm lets it go"
+    );
+    state.retention.seed(lines);
+    Ok(())
+}
+
+/// Slurm's nodes, one `sinfo`; a failure is the reason in the view (cut short), not an error of the pass.
+async fn read_slurm(slurm: &SlurmClient) -> SlurmView {
+    let read = NodeReader::new(slurm.clone()).nodes().await.map_err(|e| {
+        tracing::debug!(error = %e, "reading Slurm's nodes failed: every missing node is kept");
+        let text = e.to_string();
+        let mut cut: String = text.chars().take(160).collect();
+        if cut.len() < text.len() {
+            cut.push('…');
+        }
+        cut
+    });
+    SlurmView::from_read(read)
+}
+
 /// One pass: bring the model up to date, refresh the outputs the change touches, write what differs. Every output
 /// is tried even when one fails; the first error is returned (and the pass retried by the caller).
 pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
     let started = Instant::now();
+    // A fresh leader first reads back what its predecessor rendered: no node leaves the Slurm files by a restart.
+    if state.args.slurm_configmap && !state.retention.seeded() {
+        seed_retention(state).await?;
+    }
     if state.update_fabric(inputs) {
         state.engine.force_rebuild();
     }
@@ -69,13 +125,25 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
     let update = state.engine.update(state.fabric.as_ref().map(|(_, f)| f));
     let args = state.args.clone();
     let model = state.engine.model();
+    // The Slurm files' nodes: the model's, plus those missing now that Slurm does not let go yet.
+    let mut settled = Settled::default();
+    let slurm_due = update.slurm || update.rebuilt || state.out.is_none();
+    if args.slurm_configmap && (slurm_due || state.retention.keeps_any()) {
+        let current = gres_conf::node_lines(model);
+        let slurm = if state.retention.missing(&current).is_empty() {
+            None
+        } else {
+            Some(read_slurm(&state.slurm).await)
+        };
+        settled = state.retention.settle(current, model, slurm.as_ref());
+    }
     match &mut state.out {
         Some(out) if !update.rebuilt => {
-            if update.slurm {
-                out.refresh_slurm(model, &args)?;
+            if let Some(lines) = state.retention.lines().filter(|_| settled.lines) {
+                out.refresh_slurm(&args, lines)?;
             }
-            if update.rejected {
-                out.refresh_rejected(model, &args)?;
+            if update.rejected || settled.kept {
+                out.refresh_status(model, &args, &state.retention)?;
             }
         }
         _ => {
@@ -90,7 +158,12 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
                     "nodes whose leaf no source gives: no topology label for them"
                 );
             }
-            state.out = Some(Rendered::new(model, &args, &state.namespace)?);
+            state.out = Some(Rendered::new(
+                model,
+                &args,
+                &state.namespace,
+                &state.retention,
+            )?);
         }
     }
     if update.rejected {

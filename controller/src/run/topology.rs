@@ -1,6 +1,7 @@
 //! The topology task's configuration and state: its arguments (inputs, outputs, render options), its error, and
 //! the [`State`] its passes share: the sinks, the dump in use, which optional CRDs are served, the model kept up to
-//! date change by change ([`Engine`]) and the outputs rendered from it. The task's entry point, which waits for the
+//! date change by change ([`Engine`]), the outputs rendered from it and the nodes kept in the Slurm files
+//! ([`Retention`]). The task's entry point, which waits for the
 //! first lists and runs one [`super::pass::reconcile`] per (debounced) change with capped exponential backoff after
 //! a failure, is [`super::tasks::topology`]; API errors never end the task.
 
@@ -15,6 +16,7 @@ use super::node_labels::LabelSink;
 use super::objects::ObjectSink;
 use super::outputs::Rendered;
 use super::rejections::RejectionLog;
+use super::retention::Retention;
 use crate::fabric::{Fabric, ibnetdiscover};
 use crate::model::ModelOptions;
 use crate::model::engine::Engine;
@@ -87,6 +89,10 @@ pub struct TopologyArgs {
     /// How long to wait after a change for more changes before recomputing.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub debounce: Duration,
+    /// While nodes.conf keeps a node whose report no longer gives its line (until Slurm shows it drained and idle),
+    /// how often Slurm is asked again.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub retained_recheck: Duration,
 }
 
 impl TopologyArgs {
@@ -141,7 +147,7 @@ pub struct State {
     pub(super) args: TopologyArgs,
     pub(super) namespace: String,
     pub(super) slurm: SlurmClient,
-    client: kube::Client,
+    pub(super) client: kube::Client,
     pub(super) labels: LabelSink,
     pub(super) hypernodes: ObjectSink<HyperNode>,
     pub(super) kueue: ObjectSink<Topology>,
@@ -162,6 +168,8 @@ pub struct State {
     pub(super) out: Option<Rendered>,
     /// Every Node's labels must be checked at the next pass (after a failed label write).
     pub(super) labels_due: bool,
+    /// The Slurm files' nodes as last rendered, and those kept until Slurm lets them go.
+    pub(super) retention: Retention,
 }
 
 impl std::fmt::Debug for State {
@@ -202,7 +210,16 @@ impl State {
             engine,
             out: None,
             labels_due: true,
+            retention: Retention::default(),
         }
+    }
+
+    /// When to run a pass again without a change: while a node is kept in the Slurm files, so that one Slurm
+    /// drained meanwhile leaves.
+    pub fn recheck_in(&self) -> Option<Duration> {
+        self.retention
+            .keeps_any()
+            .then_some(self.args.retained_recheck)
     }
 
     /// Whether the API server serves `K` (its group/version lists its plural); asked until it does, a read, never
@@ -310,11 +327,14 @@ mod tests {
             "--slurm-configmap=false",
             "--slurm-topology=block",
             "--debounce=50ms",
+            "--retained-recheck=2s",
         ])
         .args;
         assert!(!a.node_labels && !a.hypernodes && a.kueue_topology && !a.slurm_configmap);
         assert_eq!(a.slurm_topology, SlurmTopology::Block);
         assert_eq!(a.debounce, Duration::from_millis(50));
+        assert_eq!(a.retained_recheck, Duration::from_secs(2));
+        assert_eq!(d.retained_recheck, Duration::from_secs(30));
     }
 
     #[test]

@@ -4,15 +4,19 @@
 //!
 //! - node labels (SSA), HyperNodes and the Kueue Topology (accepted by the server's schema) and the Slurm ConfigMap
 //!   equal what `isthmus controller render` prints for the same NRTs; a label another field manager owns is kept;
-//! - one NRT changed → the outputs follow; reports removed → their HyperNodes deleted and their labels removed; 30 s idle → no write by the ServiceAccount (audit log) except the
-//!   leader's Lease renewals;
+//! - one NRT changed → the outputs follow; reports removed → their HyperNodes deleted and their labels removed,
+//!   their lines kept in nodes.conf (Slurm cannot be read there); 30 s idle → no write by the ServiceAccount (audit
+//!   log) except the leader's Lease renewals;
 //! - two replicas: only the leader writes; killing it hands over to the other;
 //! - a node no source places gets no label, a status entry and the metric;
 //! - an ibnetdiscover dump in a ConfigMap is used (outputs equal the offline render with the same dump); a
 //!   degenerate dump put in its place is refused and the topology stays;
 //! - a kube-apiserver restart: the controller keeps running and converges after it;
 //! - `--scontrol-reconfigure` against a real slurmctld: one reconfigure per ConfigMap change, none while idle, a
-//!   failed one (slurmctld stopped) owed and made once slurmctld is back.
+//!   failed one (slurmctld stopped) owed and made once slurmctld is back;
+//! - a node whose report is refused or deleted while a job runs on it keeps its line in nodes.conf, through a
+//!   reconfigure of a real slurmctld (22.05, 24.11, 26.05) that includes it, until Slurm shows it drained and idle
+//!   (`retention.rs`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -24,6 +28,7 @@ use isthmus_tests::slurm::wait_until;
 use serde_json::Value;
 
 mod outputs;
+mod retention;
 
 use outputs::*;
 
@@ -114,7 +119,10 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     assert!(writes[0].contains("/configmaps/"), "{writes:#?}");
 
     // The second unit's 32 reports go away: their leaves' HyperNodes are deleted, their labels removed (the Nodes
-    // stay), and everything again equals the offline render of the remaining reports.
+    // stay), and everything again equals the offline render of the remaining reports, but for nodes.conf and
+    // gres.conf: they keep the 32 nodes' last lines, as Slurm (not reachable here) cannot show them drained and
+    // idle, and the status ConfigMap says so.
+    let last_lines = want.data;
     for o in &nrts[32..] {
         let name = o.metadata.name.clone().unwrap_or_default();
         let out = api.kubectl(&["delete", controller::NRT_CRD, &name]);
@@ -124,16 +132,29 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     }
     let want = expected(dir.path());
     let want_labels = with_hand_label(&want, &hand, &key0);
+    let mut want_data = want.data.clone();
+    for key in ["nodes.conf", "gres.conf"] {
+        want_data.insert(key.to_owned(), last_lines[key].clone());
+    }
     wait_for(
         "the outputs of 32 nodes",
         Duration::from_secs(60),
         &[&c],
         || {
-            configmap_data(&api).as_ref() == Some(&want.data)
+            configmap_data(&api).as_ref() == Some(&want_data)
                 && node_labels(&api) == want_labels
                 && hypernodes(&api) == want.hypernodes
         },
     );
+    let retained = status_key(&api, "retained");
+    assert_eq!(retained.lines().count(), 32, "{retained}");
+    assert!(
+        retained.lines().all(|l| l.contains(
+            ": kept from its last good report (no report with a node definition); Slurm cannot be read ("
+        )),
+        "{retained}"
+    );
+    assert_eq!(c.metric("isthmus_controller_slurm_nodes_retained"), 32.0);
     assert!(
         c.metric_with(
             "isthmus_controller_topology_writes_total",
@@ -250,14 +271,9 @@ fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
     let labels = node_labels(&api);
     assert_eq!(labels.len(), 8, "{labels:?}");
     assert!(!labels.contains_key("lonely"));
-    let status = get_json(
-        &api,
-        &["configmap", "isthmus-topology-status", "-n", NAMESPACE],
-    )
-    .unwrap_or(Value::Null);
-    let unplaced = status["data"]["unplaced"].as_str().unwrap_or_default();
-    assert!(unplaced.starts_with("lonely: "), "{status}");
-    assert_eq!(unplaced.lines().count(), 1, "{status}");
+    let unplaced = status_key(&api, "unplaced");
+    assert!(unplaced.starts_with("lonely: "), "{unplaced}");
+    assert_eq!(unplaced.lines().count(), 1, "{unplaced}");
     assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 1.0);
     api.stop();
     std::thread::sleep(Duration::from_secs(5));

@@ -30,6 +30,16 @@ pub(crate) fn configmap_data(api: &ApiServer) -> Option<BTreeMap<String, String>
     serde_json::from_value(cm["data"].clone()).ok()
 }
 
+/// One key of the status ConfigMap (empty when absent).
+pub(crate) fn status_key(api: &ApiServer, key: &str) -> String {
+    get_json(
+        api,
+        &["configmap", "isthmus-topology-status", "-n", NAMESPACE],
+    )
+    .and_then(|cm| cm["data"][key].as_str().map(str::to_owned))
+    .unwrap_or_default()
+}
+
 /// Node → the labels under `topology.isthmus.io/`.
 pub(crate) fn node_labels(api: &ApiServer) -> BTreeMap<String, BTreeMap<String, String>> {
     let list = get_json(api, &["nodes"]).unwrap_or(Value::Null);

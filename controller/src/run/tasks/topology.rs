@@ -1,6 +1,7 @@
 //! The topology task's entry point: start the watches, wait for every first list (a stop or a watch that ended
 //! before its list writes nothing), then run one [`reconcile`] per change, debounced, until cancelled. A failed pass
-//! is retried after [`error_policy`]'s capped exponential backoff; API errors never end the task. The task itself
+//! is retried after [`error_policy`]'s capped exponential backoff; API errors never end the task. While a node is
+//! kept in the Slurm files until Slurm lets it go, a pass also runs every `--retained-recheck`. The task itself
 //! (inputs, model, renderers, sinks) lives in [`crate::run`]'s other modules.
 
 use std::sync::Arc;
@@ -83,8 +84,10 @@ pub async fn run(
                 Some(d)
             }
         };
-        let retry_sleep = async {
-            match retry {
+        // After a failure, the retry; while a node is kept in the Slurm files, the next look at Slurm.
+        let wake = retry.or(state.recheck_in());
+        let timer = async {
+            match wake {
                 Some(d) => tokio::time::sleep(d).await,
                 None => std::future::pending().await,
             }
@@ -92,7 +95,7 @@ pub async fn run(
         tokio::select! {
             () = cancel.cancelled() => return Ok(()),
             () = notify.notified() => {}
-            () = retry_sleep => {}
+            () = timer => {}
         }
         if !sleep_or_cancel(debounce, &cancel).await {
             return Ok(());
