@@ -90,7 +90,7 @@ fn forged_comments_change_nothing_of_anyone_else(release) {
         // The attacker's own record made whole first, then a copy of it.
         format!("z{SEP}1\n{}", forged_record(1, "nobody", 65534, "fa1", &j1.comment)),
         format!("k8s:{NS}/a1/{a1}{SEP}RUNNING"),
-        format!("JobId=424242 JobState=RUNNING\n   Nodes=fa1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)"),
+        "JobId=424242 JobState=RUNNING\n   Nodes=fa1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)".to_owned(),
         // A copy of the live placeholder's comment.
         j1.comment.clone(),
     ];
