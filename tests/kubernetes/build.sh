@@ -19,8 +19,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dir=${1:-${ISTHMUS_KUBE_DIR:-$HOME/.cache/isthmus/kubernetes/v1.20.2}}
 version=1.20.5+really1.20.2-1.1+deb12u1
-# Changes whenever what this script produces changes, so a cached directory of an older recipe is rebuilt.
-stamp="$version $(sha256sum "$here/build.sh" "$here/mkimage.py" | sha256sum | cut -c1-16)"
+# Changes whenever what this script produces changes, so a cached directory of an older recipe is rebuilt. The files'
+# contents only, not where the checkout is: two checkouts of one recipe share the cache.
+stamp="$version $(cat "$here/build.sh" "$here/mkimage.py" | sha256sum | cut -c1-16)"
 all="kube-apiserver kube-controller-manager kube-scheduler kubelet etcd images/pause.tar images/busybox.tar"
 
 complete() { for f in $all; do [ -e "$dir/$f" ] || return 1; done; }
