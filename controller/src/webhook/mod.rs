@@ -19,6 +19,7 @@ pub mod review;
 pub mod rotation;
 pub mod rules;
 pub mod server;
+pub mod tolerations;
 
 use std::sync::Arc;
 use std::time::Duration;
