@@ -7,6 +7,7 @@
 //! | `slurm-job-id` | pods CREATE, UPDATE; pods/status UPDATE; pods/binding and bindings CREATE | all but administrators and the controller | setting, changing or removing the `slurm.isthmus.io/job-id` annotation |
 //! | `slurm-tolerations` | pods CREATE, UPDATE | all but administrators, the controller and a node's kubelet for its own mirror pods | a toleration of a taint isthmus sets, or one with no key and operator `Exists` ([`super::tolerations`]); on UPDATE only those added |
 //! | `slurm-node-mapping` | nodes CREATE, UPDATE; nodes/status UPDATE | all but administrators | setting, changing or removing `isthmus.io/slurm-node-name`; removing or changing the Slurm-managed label or taint |
+//! | `review-size` | any review longer than the webhook reads whole | whoever another rule would hold to it, but the controller for pods | everything ([`too_long`]) |
 //!
 //! The handler runs [`first_step`], looks up what it asks for (the requester's pod, the target Node) and finishes
 //! with [`with_requester_node`] or [`with_target_node`].
@@ -36,6 +37,8 @@ pub enum Rule {
     Tolerations,
     /// A Node's Slurm identity is the administrators'.
     NodeMapping,
+    /// A review longer than the webhook reads, from anyone a rule would hold to it.
+    Size,
     /// No rule applies to this request.
     None,
 }
@@ -49,6 +52,7 @@ impl Rule {
             Rule::JobId => "slurm-job-id",
             Rule::Tolerations => "slurm-tolerations",
             Rule::NodeMapping => "slurm-node-mapping",
+            Rule::Size => "review-size",
             Rule::None => "none",
         }
     }
@@ -348,6 +352,32 @@ fn pod_step(policy: &Policy, req: &Request) -> Step {
         return Step::Done(Verdict::exempt(Rule::PodNodeName));
     }
     Step::TargetNode(node.to_owned())
+}
+
+/// Decide a review of `length` bytes, longer than the `max` the webhook reads whole, from its head: what no rule
+/// judges is allowed as ever; anyone a rule would hold to it is refused (the rule cannot be shown to hold, and an
+/// object padded past the limit must not pass a webhook whose failure policy is Ignore), but administrators, and the
+/// controller for pods. The API server stores no object larger than etcd's 1.5 MiB, so only JSON far larger than
+/// its stored form (huge annotations of characters JSON escapes) gets here.
+pub fn too_long(policy: &Policy, req: &Request, length: u64, max: usize) -> Verdict {
+    let user = &req.user_info;
+    let t = target(req);
+    let pod = matches!(t, Target::Pod | Target::PodStatus | Target::PodBinding);
+    match t {
+        Target::Other => Verdict::allowed(Rule::None),
+        Target::NodeReport if !policy.is_agent(user) => Verdict::allowed(Rule::None),
+        _ if policy.is_admin(user) || (pod && policy.is_controller(user)) => {
+            Verdict::exempt(Rule::Size)
+        }
+        _ => Verdict::denied(
+            Rule::Size,
+            format!(
+                "the review is {length} bytes, more than the {max} this webhook reads: {} may not write a {} this \
+                 large",
+                user.username, req.resource.resource
+            ),
+        ),
+    }
 }
 
 /// Finish a pod placed on a Node by name once it is known whether that Node is Slurm-managed.

@@ -8,6 +8,8 @@ use super::*;
 use crate::webhook::identity::{NODE_NAME_EXTRA, NODES_GROUP, POD_NAME_EXTRA, POD_UID_EXTRA};
 use crate::webhook::review::{Resource, UserInfo};
 
+#[path = "rules_more_tests.rs"]
+mod more;
 #[path = "rules_node_tests.rs"]
 mod nodes;
 
@@ -451,107 +453,4 @@ fn other_resources_are_not_judged() {
         None,
     );
     assert_eq!(target(&exec), Target::Other);
-}
-
-#[test]
-fn a_tenant_pod_may_not_tolerate_isthmus_taints_or_every_taint() {
-    let with = |ts: Value, node: Option<&str>, mirror: bool| {
-        let mut p = pod(node, None, mirror);
-        p["spec"]["tolerations"] = ts;
-        p
-    };
-    let all = json!([{"operator": "Exists"}]);
-    let lock = json!([{"key": "slurm.isthmus.io/lock", "operator": "Exists", "effect": "NoSchedule"}]);
-    let fine = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
-    let tenant = user(TENANT, &["system:serviceaccounts"], &[]);
-    let rs = user(
-        "system:serviceaccount:kube-system:replicaset-controller",
-        &[],
-        &[],
-    );
-    for who in [tenant.clone(), rs] {
-        for ts in [&all, &lock] {
-            let create = request(
-                "",
-                "pods",
-                None,
-                "CREATE",
-                who.clone(),
-                Some(with(ts.clone(), None, false)),
-                None,
-            );
-            let (rule, outcome, msg) = decided(&create);
-            assert_eq!((rule, outcome), ("slurm-tolerations", "denied"), "{ts}");
-            assert!(
-                msg.starts_with("isthmus admission rule slurm-tolerations: ")
-                    && msg.contains(&who.username),
-                "{msg}"
-            );
-        }
-        let ok = request(
-            "",
-            "pods",
-            None,
-            "CREATE",
-            who.clone(),
-            Some(with(fine.clone(), None, false)),
-            None,
-        );
-        assert_eq!(decided(&ok), ("slurm-job-id", "allowed", String::new()));
-    }
-    // An update that adds one is refused; one that keeps an old one is not.
-    let old = with(all.clone(), None, false);
-    let mut relabelled = old.clone();
-    relabelled["metadata"]["labels"] = json!({"a": "b"});
-    let keep = request(
-        "",
-        "pods",
-        None,
-        "UPDATE",
-        tenant.clone(),
-        Some(relabelled),
-        Some(with(all.clone(), None, false)),
-    );
-    assert_eq!(decided(&keep).1, "allowed");
-    let add = request(
-        "",
-        "pods",
-        None,
-        "UPDATE",
-        tenant.clone(),
-        Some(with(json!([{"operator": "Exists"}, lock[0].clone()]), None, false)),
-        Some(old),
-    );
-    assert_eq!(decided(&add).0, "slurm-tolerations");
-    // Administrators, the controller and a kubelet's own mirror pods are not held to it; another node's are.
-    let kubelet = user("system:node:n1", &[NODES_GROUP], &[]);
-    for (who, node, mirror, want) in [
-        (admin(), None, false, "exempt"),
-        (user(CONTROLLER, &[], &[]), None, false, "exempt"),
-        (kubelet.clone(), Some("n1"), true, "exempt"),
-        (kubelet.clone(), Some("n2"), true, "denied"),
-        (kubelet, Some("n1"), false, "denied"),
-    ] {
-        let r = request(
-            "",
-            "pods",
-            None,
-            "CREATE",
-            who,
-            Some(with(all.clone(), node, mirror)),
-            None,
-        );
-        assert_eq!(decided(&r).1, want, "{node:?} {mirror}");
-    }
-    // Status writes and bindings carry no tolerations to judge.
-    let status = request(
-        "",
-        "pods",
-        Some("status"),
-        "UPDATE",
-        tenant,
-        Some(with(all.clone(), None, false)),
-        Some(with(json!([]), None, false)),
-    );
-    assert_eq!(decided(&status).1, "allowed");
 }

@@ -125,7 +125,10 @@ mod tests {
         assert!(first_refused(&pod(json!([gpu.clone(), all.clone()])), None).is_some());
         assert_eq!(first_refused(&pod(json!([gpu.clone()])), None), None);
         assert_eq!(first_refused(&json!({"spec": {}}), None), None);
-        assert_eq!(first_refused(&json!({"spec": {"tolerations": "x"}}), None), None);
+        assert_eq!(
+            first_refused(&json!({"spec": {"tolerations": "x"}}), None),
+            None
+        );
         // Kept from before the rule: allowed; added: refused.
         let before = pod(json!([all.clone()]));
         assert_eq!(
