@@ -70,6 +70,10 @@ struct Entry {
 struct Registry {
     next: u64,
     entries: BTreeMap<u64, Entry>,
+    /// Bytes held by connections closed for others, not returned yet.
+    closing: usize,
+    /// Those connections, with what each still holds.
+    closed: BTreeMap<u64, usize>,
 }
 
 impl Registry {
@@ -87,6 +91,10 @@ impl Registry {
             return 0;
         };
         e.cancel.cancel();
+        if e.held > 0 {
+            self.closing += e.held;
+            self.closed.insert(id, e.held);
+        }
         metrics::counter!("isthmus_controller_webhook_connections_closed_total", "why" => "evicted")
             .increment(1);
         e.held
@@ -206,8 +214,16 @@ pub struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(e) = self.gate.registry().entries.get_mut(&self.id) {
+        let mut r = self.gate.registry();
+        if let Some(e) = r.entries.get_mut(&self.id) {
             e.held = e.held.saturating_sub(self.n);
+        } else if let Some(left) = r.closed.get_mut(&self.id) {
+            *left = left.saturating_sub(self.n);
+            let done = *left == 0;
+            r.closing = r.closing.saturating_sub(self.n);
+            if done {
+                r.closed.remove(&self.id);
+            }
         }
     }
 }
@@ -247,47 +263,51 @@ impl Conn {
     }
 
     /// Reserve `n` bytes: at once if they are free; otherwise the slowest other callers that hold bytes are closed
-    /// until enough would be, and the request waits up to [`Limits::reserve_wait`] for them.
+    /// until enough would be, and the request takes the bytes as they are returned, for up to
+    /// [`Limits::reserve_wait`]. It does not queue: a small request is not kept waiting behind large ones, which
+    /// is what a caller holding bodies open asks for.
     pub async fn reserve(&self, n: usize) -> Result<Reservation, Busy> {
         let gate = &self.gate;
         let n = n.min(gate.limits.bytes);
-        let make = |permit| {
-            if let Some(e) = gate.registry().entries.get_mut(&self.id) {
-                e.held += n;
-            }
-            Reservation {
-                _permit: permit,
-                n,
-                id: self.id,
-                gate: gate.clone(),
-            }
-        };
-        if let Ok(p) = gate.bytes.clone().try_acquire_many_owned(permits(n)) {
-            return Ok(make(p));
-        }
-        {
-            let mut r = gate.registry();
-            let mut freed = gate.bytes.available_permits();
-            while freed < n {
-                let Some(victim) = r.oldest(Some(self.id), 1) else {
-                    break;
-                };
-                freed += r.evict(victim);
-            }
-        }
         let wait = gate.limits.reserve_wait;
-        match tokio::time::timeout(wait, gate.bytes.clone().acquire_many_owned(permits(n))).await {
-            Ok(Ok(p)) => Ok(make(p)),
-            _ => {
+        let started = Instant::now();
+        loop {
+            if let Ok(permit) = gate.bytes.clone().try_acquire_many_owned(permits(n)) {
+                if let Some(e) = gate.registry().entries.get_mut(&self.id) {
+                    e.held += n;
+                }
+                return Ok(Reservation {
+                    _permit: permit,
+                    n,
+                    id: self.id,
+                    gate: gate.clone(),
+                });
+            }
+            if started.elapsed() >= wait {
                 metrics::counter!("isthmus_controller_webhook_busy_total").increment(1);
-                Err(Busy {
+                return Err(Busy {
                     wanted: n,
                     waited: wait,
-                })
+                });
             }
+            {
+                let mut r = gate.registry();
+                // What is free, plus what the connections already closed are about to return.
+                let mut freed = gate.bytes.available_permits() + r.closing;
+                while freed < n {
+                    let Some(victim) = r.oldest(Some(self.id), 1) else {
+                        break;
+                    };
+                    freed += r.evict(victim);
+                }
+            }
+            tokio::time::sleep(RETRY).await;
         }
     }
 }
+
+/// How often a request that could not reserve its bytes tries again.
+const RETRY: Duration = Duration::from_millis(2);
 
 #[cfg(test)]
 mod tests {
