@@ -275,4 +275,24 @@ mod tests {
         let text = format!("{{\"a\":\"{}\"}}", "x".repeat(10_000));
         assert!(decode_cost(text.as_bytes()) < text.len() + 4 * VALUE_COST);
     }
+
+    proptest::proptest! {
+        /// Any bytes, and any prefix of a real review with any bytes after it: no panic, and a cost at least the
+        /// length.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+            cut in 0usize..800,
+        ) {
+            let _ = parse(&bytes);
+            let _ = from_prefix(&bytes);
+            proptest::prop_assert!(decode_cost(&bytes) >= bytes.len());
+            let mut mixed = REVIEW.as_bytes()[..cut.min(REVIEW.len())].to_vec();
+            mixed.extend_from_slice(&bytes);
+            let _ = parse(&mixed);
+            if let Some(head) = from_prefix(&mixed) {
+                proptest::prop_assert!(head.request.is_some_and(|r| !r.uid.is_empty()));
+            }
+        }
+    }
 }
