@@ -159,18 +159,13 @@ pub async fn serve(
             tracing::debug!(%peer, "webhook: connection refused, every connection is deciding a request");
             continue;
         };
-        let (acceptor, handler, gate, stop) = (
-            acceptor.clone(),
-            handler.clone(),
-            gate.clone(),
-            shutdown.clone(),
-        );
+        let (acceptor, handler, stop) = (acceptor.clone(), handler.clone(), shutdown.clone());
         tokio::spawn(async move {
             let closed = conn.closed().clone();
             tokio::select! {
                 () = closed.cancelled() => tracing::debug!(%peer, "webhook: closed for a newer caller"),
                 () = stop.cancelled() => {}
-                () = connection(stream, peer, acceptor, conn, gate, handler) => {}
+                () = connection(stream, peer, acceptor, conn, handler) => {}
             }
         });
     }
@@ -181,21 +176,17 @@ async fn connection(
     peer: std::net::SocketAddr,
     acceptor: TlsAcceptor,
     conn: Conn,
-    gate: Arc<Gate>,
     handler: Arc<Handler>,
 ) {
-    let limits = *gate.limits();
+    let limits = *conn.limits();
     let tls = match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
+        failed => {
             metrics::counter!("isthmus_controller_webhook_connections_closed_total", "why" => "handshake")
                 .increment(1);
-            tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            metrics::counter!("isthmus_controller_webhook_connections_closed_total", "why" => "handshake")
-                .increment(1);
+            if let Ok(Err(e)) = failed {
+                tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed");
+            }
             return;
         }
     };
