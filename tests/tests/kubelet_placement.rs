@@ -231,7 +231,6 @@ fn an_exclusive_placed_pod_locks_its_node_and_lives_no_longer_than_its_job() {
         "{events:?}"
     );
     p.stop();
-    node.kubectl_ok(&["delete", "-n", &ns, "pod", "tolerant", "--wait=true"]);
 }
 
 #[test]
