@@ -12,6 +12,7 @@ use serde_yaml_ng::Value;
 
 use crate::apiserver::{ApiServer, describe, kubectl_with};
 use crate::repo_root;
+pub use isthmus_controller::placement::policy::TENANT_LABEL;
 
 /// The controller's and the agent's namespace.
 pub const NAMESPACE: &str = "isthmus-system";
@@ -281,11 +282,13 @@ pub fn numatopology(name: &str) -> String {
     )
 }
 
-/// The tenant: namespace [`TENANT_NS`], ServiceAccount [`TENANT_SA`] allowed to create, read, change and delete
-/// pods there (nothing else); returns a kubeconfig with its token.
+/// The tenant: namespace [`TENANT_NS`] (labelled as a namespace Slurm places pods of, so that the Slurm pod
+/// rules fail closed there), ServiceAccount [`TENANT_SA`] allowed to create, read, change and delete pods there
+/// (nothing else); returns a kubeconfig with its token.
 pub fn tenant(api: &ApiServer) -> PathBuf {
     let text = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {TENANT_NS}\n---\napiVersion: v1\nkind: ServiceAccount\n\
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {TENANT_NS}\n  labels:\n    {TENANT_LABEL}: {TENANT_NS}\n\
+         ---\napiVersion: v1\nkind: ServiceAccount\n\
          metadata:\n  name: {TENANT_SA}\n  namespace: {TENANT_NS}\n---\napiVersion: rbac.authorization.k8s.io/v1\n\
          kind: Role\nmetadata:\n  name: pods\n  namespace: {TENANT_NS}\nrules:\n  - apiGroups: [\"\"]\n    \
          resources: [\"pods\"]\n    verbs: [\"create\", \"delete\", \"get\", \"list\", \"patch\", \"update\"]\n---\n\
@@ -295,6 +298,15 @@ pub fn tenant(api: &ApiServer) -> PathBuf {
     );
     api.apply_yaml(&text);
     api.kubeconfig_for_token(&api.token_for(TENANT_NS, TENANT_SA))
+}
+
+/// [`tenant_pod`] with `tolerations` (YAML flow sequences, one per toleration).
+pub fn tenant_pod_tolerating(name: &str, tolerations: &[&str]) -> String {
+    let list: String = tolerations.iter().map(|t| format!("    - {t}\n")).collect();
+    tenant_pod(name, None, &[]).replace(
+        "  containers:",
+        &format!("  tolerations:\n{list}  containers:"),
+    )
 }
 
 /// A pod in [`TENANT_NS`] of the tenant's ServiceAccount, as YAML.

@@ -38,9 +38,9 @@ mod kubectl;
 mod pki;
 mod process;
 mod static_users;
+mod webhook_client;
 
 use std::ffi::OsString;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -52,6 +52,7 @@ pub use assets::{DEBIAN_KUBERNETES, assets, version};
 pub use audit::{AuditEvent, WRITE_VERBS};
 pub use kubectl::{describe, kubectl_with};
 pub use static_users::KUBELET_NODE;
+pub use webhook_client::Ca;
 
 use admin::{block_on, try_client_for};
 use assets::assets_dir;
@@ -77,6 +78,8 @@ pub struct ApiServer {
     etcd: Option<std::process::Child>,
     apiserver: Option<std::process::Child>,
     kubeconfigs: AtomicUsize,
+    /// More kube-apiserver arguments (a restart keeps them).
+    extra_args: Vec<OsString>,
 }
 
 impl ApiServer {
@@ -97,10 +100,15 @@ impl ApiServer {
     }
 
     fn try_start() -> Result<ApiServer, String> {
+        Self::try_start_with(false)
+    }
+
+    /// Start, with `webhook_client`: presenting a client certificate to admission webhooks.
+    fn try_start_with(webhook_client: bool) -> Result<ApiServer, String> {
         // A port probed free can still be taken before etcd or kube-apiserver binds it: start again on new ports.
         let mut attempt = 1;
         loop {
-            match Self::try_start_once() {
+            match Self::try_start_once(webhook_client) {
                 Err(e) if attempt < 3 && e.contains("address already in use") => {
                     eprintln!(
                         "test API server: a port was taken before it bound (attempt {attempt}), retrying"
@@ -112,7 +120,7 @@ impl ApiServer {
         }
     }
 
-    fn try_start_once() -> Result<ApiServer, String> {
+    fn try_start_once(webhook_client: bool) -> Result<ApiServer, String> {
         let assets = assets_dir()?;
         let dir = process::new_dir().map_err(|e| format!("creating the server directory: {e}"))?;
         // Never the same port twice (`free_port` remembers what it handed out).
@@ -128,9 +136,13 @@ impl ApiServer {
             etcd: None,
             apiserver: None,
             kubeconfigs: AtomicUsize::new(0),
+            extra_args: Vec::new(),
         };
         // From here on, dropping `server` on an error stops what was started and removes the directory.
         server.write_config()?;
+        if webhook_client {
+            server.extra_args = webhook_client::configure(&server.dir)?;
+        }
         server.start_etcd()?;
         server.start_apiserver()?;
         Ok(server)
@@ -283,7 +295,7 @@ impl ApiServer {
     fn write_config(&self) -> Result<(), String> {
         let err = |what: &Path, e: std::io::Error| format!("writing {}: {e}", what.display());
         pki::generate(&self.dir.join("pki"))?;
-        let token = random_token()?;
+        let token = static_users::random_token()?;
         let tokens = self.dir.join("tokens.csv");
         let users = static_users::write(&self.dir)?;
         std::fs::write(
@@ -389,7 +401,8 @@ impl ApiServer {
         ))
         .arg("--service-cluster-ip-range=10.0.0.0/24")
         .arg(arg("audit-policy-file", d.join("audit-policy.yaml")))
-        .arg(arg("audit-log-path", d.join("audit.log")));
+        .arg(arg("audit-log-path", d.join("audit.log")))
+        .args(&self.extra_args);
         let log = self.dir.join("kube-apiserver.log");
         self.apiserver = Some(self.spawn_logged(cmd, &log)?);
         let logs = |dir: &Path| {
@@ -487,12 +500,4 @@ fn exited(child: &mut Option<std::process::Child>) -> Option<std::process::ExitS
         process::kill(&mut c);
     }
     Some(status)
-}
-
-fn random_token() -> Result<String, String> {
-    let mut bytes = [0u8; 24];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

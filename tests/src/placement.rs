@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use isthmus_controller::placement::policy::TENANT_LABEL;
 use isthmus_controller::placement::submit::SubmitAs;
 use isthmus_controller::placement::{self, CancellationToken, Env, Guard, PlacementArgs};
 use isthmus_controller::slurm::jobs::{Job, parse_jobs};
@@ -450,11 +451,21 @@ impl Drop for Placement {
     }
 }
 
-/// Create namespace `ns` (and its `default` ServiceAccount) if absent.
+/// Create namespace `ns` (and its `default` ServiceAccount) if absent, labelled as the administrator labels a
+/// namespace whose pods Slurm places (`slurm.isthmus.io/tenant`, docs/placement.md).
 pub fn add_namespace(api: &impl TestApi, ns: &str) {
+    namespace_with(api, ns, &format!("\n  labels:\n    {TENANT_LABEL}: {ns}"));
+}
+
+/// [`add_namespace`] without the tenant label: a namespace the policy may name but whose pods are not placed.
+pub fn add_namespace_without_tenant_label(api: &impl TestApi, ns: &str) {
+    namespace_with(api, ns, "");
+}
+
+fn namespace_with(api: &impl TestApi, ns: &str, labels: &str) {
     api.apply_objects(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
-         metadata:\n  name: default\n  namespace: {ns}\n"
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}{labels}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {ns}\n"
     ));
 }
 

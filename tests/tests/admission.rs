@@ -7,7 +7,7 @@
 //! agent's ServiceAccount, a tenant's ServiceAccount token, a static kubelet token in group `system:nodes`, the
 //! administrator. `policy.rs` beside it holds the ValidatingAdmissionPolicy variant's tests.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use isthmus_tests::admission::*;
@@ -22,6 +22,11 @@ mod slurm;
 
 #[path = "admission/health.rs"]
 mod health;
+
+#[path = "admission/client_cert.rs"]
+mod client_cert;
+#[path = "admission/held_bodies.rs"]
+mod held_bodies;
 
 use slurm::{kubelets, tenants};
 
@@ -38,26 +43,51 @@ pub(crate) fn s(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// The CRDs and the agent's manifests, then `deploy/controller/<sub>` through the test overlay whose webhooks call
+/// a new loopback port: that port, and a kubeconfig of the controller's ServiceAccount.
+pub(crate) fn site(api: &ApiServer, sub: &str) -> (u16, PathBuf) {
+    install_report_crds(api);
+    // The agent's shipped manifests (its ServiceAccount and ClusterRole), then the controller's with the test
+    // overlay.
+    api.apply_kustomize(&deploy::deploy_dir());
+    let port = free_port();
+    let url = format!("https://127.0.0.1:{port}/validate");
+    let overlay = overlay(sub, &[], Some(&url));
+    api.apply_kustomize(overlay.path());
+    let kc = api.kubeconfig_for_token(&api.token_for(NAMESPACE, controller::SERVICE_ACCOUNT));
+    (port, kc)
+}
+
 /// The controller with its webhook on `port`, ready: `/readyz` (it has loaded the certificate) and every webhook
 /// of `configurations` carries a caBundle.
-fn start_controller(
+pub(crate) fn start_controller(
     api: &ApiServer,
     identity: &str,
     kc: &Path,
     port: u16,
     configurations: &[&str],
 ) -> ControllerProcess {
+    start_controller_with(api, identity, kc, port, configurations, &[])
+}
+
+/// [`start_controller`] with more arguments.
+pub(crate) fn start_controller_with(
+    api: &ApiServer,
+    identity: &str,
+    kc: &Path,
+    port: u16,
+    configurations: &[&str],
+    more: &[&str],
+) -> ControllerProcess {
     let listen = format!("127.0.0.1:{port}");
-    let ctl = ControllerProcess::start(
-        identity,
-        kc,
-        &[
-            "--webhook-listen",
-            &listen,
-            "--webhook-extra-names",
-            "127.0.0.1",
-        ],
-    );
+    let mut args = vec![
+        "--webhook-listen",
+        &listen,
+        "--webhook-extra-names",
+        "127.0.0.1",
+    ];
+    args.extend_from_slice(more);
+    let ctl = ControllerProcess::start(identity, kc, &args);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !http_get(&ctl.listen, "/readyz").is_ok_and(|(code, _)| code == 200) {
         assert!(
@@ -92,7 +122,37 @@ fn start_controller(
     ctl
 }
 
-const BOTH: [&str; 2] = ["isthmus-controller-nrt", "isthmus-controller-slurm"];
+pub(crate) const BOTH: [&str; 2] = ["isthmus-controller-nrt", "isthmus-controller-slurm"];
+
+/// The webhook's CA (from the certificate Secret), written to a file in `d`.
+pub(crate) fn webhook_ca(api: &ApiServer, d: &Path) -> PathBuf {
+    let ca = d.join("webhook-ca.crt");
+    let decoded = api.kubectl(&[
+        "get",
+        "secret",
+        "-n",
+        NAMESPACE,
+        "isthmus-controller-webhook-tls",
+        "-o",
+        "go-template={{index .data \"ca.crt\" | base64decode}}",
+    ]);
+    assert_ok(&decoded, "reading the CA");
+    std::fs::write(&ca, &decoded.stdout).unwrap_or_else(|e| panic!("{e}"));
+    ca
+}
+
+/// `curl GET /validate` of the webhook on `port`, trusting `ca`, plus `more` arguments: prints the HTTP status.
+pub(crate) fn curl_webhook(ca: &Path, port: u16, more: &[&Path]) -> std::process::Output {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+        .arg(ca);
+    if let [cert, key] = more {
+        cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
+    cmd.arg(format!("https://127.0.0.1:{port}/validate"))
+        .output()
+        .unwrap_or_else(|e| panic!("curl: {e}"))
+}
 
 fn secret_field(api: &ApiServer, field: &str) -> String {
     s(&api.kubectl(&[
@@ -111,15 +171,7 @@ fn the_webhook_enforces_every_rule_on_the_real_api_server() {
     let api = ApiServer::start();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let d = dir.path();
-    install_report_crds(&api);
-    // The agent's shipped manifests (its ServiceAccount and ClusterRole), then the controller's with the test
-    // overlay.
-    api.apply_kustomize(&deploy::deploy_dir());
-    let port = free_port();
-    let url = format!("https://127.0.0.1:{port}/validate");
-    let overlay = overlay("overlays/slurm", &[], Some(&url));
-    api.apply_kustomize(overlay.path());
-    let kc = api.kubeconfig_for_token(&api.token_for(NAMESPACE, controller::SERVICE_ACCOUNT));
+    let (port, kc) = site(&api, "overlays/slurm");
     let mut first = start_controller(&api, "admission-1", &kc, port, &BOTH);
     // The first replica filled the shipped Secret.
     for key in ["ca\\.crt", "ca\\.key", "tls\\.crt", "tls\\.key"] {
@@ -157,24 +209,8 @@ fn the_webhook_enforces_every_rule_on_the_real_api_server() {
     let port2 = free_port();
     let mut second = start_controller(&api, "admission-2", &kc, port2, &BOTH);
     assert_eq!(secret_field(&api, ".metadata.resourceVersion"), version);
-    let ca = d.join("ca.crt");
-    let decoded = api.kubectl(&[
-        "get",
-        "secret",
-        "-n",
-        NAMESPACE,
-        "isthmus-controller-webhook-tls",
-        "-o",
-        "go-template={{index .data \"ca.crt\" | base64decode}}",
-    ]);
-    assert_ok(&decoded, "reading the CA");
-    std::fs::write(&ca, &decoded.stdout).unwrap_or_else(|e| panic!("{e}"));
-    let curl = std::process::Command::new("curl")
-        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
-        .arg(&ca)
-        .arg(format!("https://127.0.0.1:{port2}/validate"))
-        .output()
-        .unwrap_or_else(|e| panic!("curl: {e}"));
+    let ca = webhook_ca(&api, d);
+    let curl = curl_webhook(&ca, port2, &[]);
     assert_eq!(s(&curl), "405", "{}", describe(&curl));
 
     webhook_down(&api, d, &mut [&mut first, &mut second]);
@@ -187,13 +223,7 @@ fn the_base_alone_guards_node_reports_and_leaves_pods_alone() {
     let api = ApiServer::start();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let d = dir.path();
-    install_report_crds(&api);
-    api.apply_kustomize(&deploy::deploy_dir());
-    let port = free_port();
-    let url = format!("https://127.0.0.1:{port}/validate");
-    let overlay = overlay(".", &[], Some(&url));
-    api.apply_kustomize(overlay.path());
-    let kc = api.kubeconfig_for_token(&api.token_for(NAMESPACE, controller::SERVICE_ACCOUNT));
+    let (port, kc) = site(&api, ".");
     let ctl = start_controller(&api, "base-1", &kc, port, &BOTH[..1]);
     node(&api, d, "node-a", &[], &[(MANAGED, "true", "NoSchedule")]);
     let uid = agent_pod(&api, d, "isthmus-a", "node-a");
@@ -369,8 +399,9 @@ fn agents(api: &ApiServer, d: &Path) {
     );
 }
 
-/// With no replica answering, what each failure policy says: Fail for node reports and tenant pods (refused for
-/// everyone), the excluded namespaces unaffected, Ignore for Nodes and status subresources (allowed).
+/// With no replica answering, what each failure policy says: Fail for node reports and pods of the namespaces Slurm
+/// places pods of (refused for everyone), the excluded namespaces unaffected, Ignore for pods elsewhere, Nodes and
+/// status subresources (allowed).
 fn webhook_down(api: &ApiServer, d: &Path, replicas: &mut [&mut ControllerProcess]) {
     for r in replicas.iter_mut() {
         r.kill();
@@ -408,8 +439,20 @@ fn webhook_down(api: &ApiServer, d: &Path, replicas: &mut [&mut ControllerProces
         "{}",
         describe(&out)
     );
-    // The controller's namespace is never sent to the webhook.
+    // The controller's namespace is never sent to the webhook, and outside the namespaces Slurm places pods of the
+    // pod rules fail open.
     agent_pod(api, d, "isthmus-c", "node-c");
+    let elsewhere = tenant_pod("down-elsewhere", None, &[])
+        .replace(&format!("namespace: {TENANT_NS}"), "namespace: not-slurm")
+        .replace(
+            &format!("serviceAccountName: {TENANT_SA}"),
+            "serviceAccountName: default",
+        );
+    let path = file(d, "down-elsewhere.yaml", &elsewhere);
+    assert_ok(
+        &api.kubectl(&["create", "-f", &path.to_string_lossy()]),
+        "a pod outside the Slurm tenants' namespaces with the webhook down",
+    );
     // Ignore: status writes and Node writes go on; a kubelet can then change its mapping (docs/deploy.md).
     let status = r#"{"status":{"message":"still written"}}"#;
     let out = api.kubectl(&[

@@ -11,6 +11,9 @@ use isthmus_tests::apiserver::{ApiServer, describe, kubectl_with};
 use isthmus_tests::controller::{self, NAMESPACE, SERVICE_ACCOUNT};
 use serde_yaml_ng::Value;
 
+#[path = "controller_deploy/network.rs"]
+mod network;
+
 fn docs(file: &str) -> Vec<Value> {
     let path = controller::deploy_dir().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -440,85 +443,4 @@ fn the_controller_runs_only_on_nodes_no_kubelet_can_label_as_such() {
             .all(|t| t["key"].as_str().is_some()),
         "a key-less toleration runs the controller on every tainted node"
     );
-}
-
-/// The NetworkPolicy selects the controller's pods and lets in only the ports the Deployment names (metrics and the
-/// admission webhook, each with its Service); the Slurm overlay's patch keeps the API server's ports and adds
-/// slurmctld's and DNS.
-#[test]
-fn the_network_policy_admits_the_metrics_port_and_the_slurm_overlay_reaches_slurmctld() {
-    let policy = &docs("base/networkpolicy.yaml")[0];
-    let deployment = &docs("base/deployment.yaml")[0];
-    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
-    let selector = policy["spec"]["podSelector"]["matchLabels"]
-        .as_mapping()
-        .unwrap_or_else(|| panic!("no podSelector.matchLabels"));
-    assert!(!selector.is_empty());
-    for (k, v) in selector {
-        assert_eq!(
-            &labels[k], v,
-            "the policy selects {k:?}={v:?}, the pod has not"
-        );
-    }
-    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-    let port = container["ports"][0]["containerPort"].as_u64();
-    let mut container_ports: Vec<u64> = container["ports"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["containerPort"].as_u64())
-        .collect();
-    container_ports.sort_unstable();
-    let mut ingress: Vec<u64> = policy["spec"]["ingress"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r["ports"].as_sequence().into_iter().flatten())
-        .filter_map(|p| p["port"].as_u64())
-        .collect();
-    ingress.sort_unstable();
-    // The metrics port, and the admission webhook's (the API server calls it from no pod a selector could name).
-    assert_eq!(ingress, container_ports);
-    assert_eq!(container_ports.len(), 2);
-    let service = &docs("base/service.yaml")[0];
-    assert_eq!(service["spec"]["ports"][0]["port"].as_u64(), port);
-    let webhook = &docs("base/webhook-service.yaml")[0];
-    let target = webhook["spec"]["ports"][0]["targetPort"].as_str();
-    assert!(
-        container["ports"]
-            .as_sequence()
-            .into_iter()
-            .flatten()
-            .any(|p| p["name"].as_str() == target),
-        "the webhook Service targets {target:?}, which the container does not name"
-    );
-
-    let egress = |v: &Value| -> Vec<(u64, String)> {
-        let mut out: Vec<(u64, String)> = v["spec"]["egress"]
-            .as_sequence()
-            .into_iter()
-            .flatten()
-            .flat_map(|r| r["ports"].as_sequence().into_iter().flatten())
-            .map(|p| {
-                (
-                    p["port"].as_u64().unwrap_or_default(),
-                    p["protocol"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect();
-        out.sort();
-        out
-    };
-    let base = egress(policy);
-    assert_eq!(base, vec![(443, "TCP".into()), (6443, "TCP".into())]);
-    let slurm = egress(&docs("overlays/slurm/networkpolicy-slurm.yaml")[0]);
-    for p in &base {
-        assert!(slurm.contains(p), "the Slurm overlay drops {p:?}");
-    }
-    for p in [(53, "UDP"), (53, "TCP"), (6817, "TCP")] {
-        assert!(
-            slurm.contains(&(p.0, p.1.to_owned())),
-            "the Slurm overlay lacks {p:?}"
-        );
-    }
 }

@@ -1,12 +1,15 @@
 //! Placement serves many tenants (real Slurm, the real API server, the placement loop as the controller's
-//! ServiceAccount with its shipped RBAC; each test on 22.05, 24.11 and 26.05, `NAME::on_22_05`, `on_24_11`, `on_26_05`): the tenancy policy decides which namespaces may use Slurm and as whom;
+//! ServiceAccount with its shipped RBAC; each test on 22.05, 24.11 and 26.05, `NAME::on_22_05`, `on_24_11`, `on_26_05`): the tenancy policy decides which namespaces may use Slurm and as whom
+//! (only those also labelled `slurm.isthmus.io/tenant`);
 //! a tenant in another namespace cannot cancel, adopt or delay a job by annotation or `nodeName`; bad annotation
 //! values are messages, never submissions; a gang of 64 pods is one job.
 
 use std::time::Duration;
 
 use isthmus_tests::each_release;
-use isthmus_tests::placement::{Placement, PodOpts, add_namespace, job, jobs, jobs_of};
+use isthmus_tests::placement::{
+    Placement, PodOpts, add_namespace, add_namespace_without_tenant_label, job, jobs, jobs_of,
+};
 use isthmus_tests::release_api::api_for;
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
@@ -15,6 +18,8 @@ const WAIT: Duration = Duration::from_secs(30);
 const A: &str = "tenancy-a";
 const B: &str = "tenancy-b";
 const NONE: &str = "tenancy-none";
+/// Named by the policy, without the label `slurm.isthmus.io/tenant`.
+const UNLABELLED: &str = "tenancy-unlabelled";
 
 /// `scontrol show job ID` as key → value.
 fn show_job(cluster: &Cluster, id: u64) -> std::collections::BTreeMap<String, String> {
@@ -42,12 +47,14 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account(release) {
     for ns in [B, NONE] {
         add_namespace(api, ns);
     }
+    add_namespace_without_tenant_label(api, UNLABELLED);
     p.set_policy(
         api,
         &format!(
             "tenants:\n\
              - {{name: a, namespaces: [{A}], user: nobody, group: nogroup, accounts: [proj-a]}}\n\
-             - {{name: b, namespaces: [{B}], user: daemon, group: daemon, partitions: [all]}}\n"
+             - {{name: b, namespaces: [{B}], user: daemon, group: daemon, partitions: [all]}}\n\
+             - {{name: c, namespaces: [{UNLABELLED}], user: nobody, group: nogroup}}\n"
         ),
     );
     p.use_tools();
@@ -138,6 +145,16 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account(release) {
             .any(|(r, m)| r == "FailedScheduling" && m.contains("no tenant"))
     });
     assert!(jobs_of(&cluster, &n1).is_empty());
+    // A namespace the policy names but that lacks the tenant label (its pods would not be under the fail-closed
+    // webhook): no job, and a message saying which label an administrator sets.
+    let u1 = p.create(&PodOpts {
+        namespace: Some(UNLABELLED),
+        ..PodOpts::new("u1")
+    });
+    wait_until("u1's message", WAIT, || {
+        message(UNLABELLED, "u1").is_some_and(|m| m.contains("lacks the label slurm.isthmus.io/tenant"))
+    });
+    assert!(jobs_of(&cluster, &u1).is_empty());
 
     // A newline in a gang name: a message, no job, no sbatch at all.
     let g1 = p.create_pod(

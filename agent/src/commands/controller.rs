@@ -100,16 +100,19 @@ async fn serve(
         .await
         .context("building the Kubernetes client (in-cluster or KUBECONFIG)")?;
     // Every replica serves the admission webhook, the leader or not.
-    let webhook = webhook_listener.map(|l| {
-        tracing::info!(address = ?l.local_addr().ok(), "serving the admission webhook");
-        isthmus_controller::webhook::start(
-            client.clone(),
-            &args.webhook,
-            &args.namespace,
-            l,
-            shutdown.clone(),
-        )
-    });
+    let webhook = webhook_listener
+        .map(|l| {
+            tracing::info!(address = ?l.local_addr().ok(), "serving the admission webhook");
+            isthmus_controller::webhook::start(
+                client.clone(),
+                &args.webhook,
+                &args.namespace,
+                l,
+                shutdown.clone(),
+            )
+        })
+        .transpose()
+        .context("starting the admission webhook")?;
     let controller = tokio::spawn(isthmus_controller::run::run(client, args, shutdown.clone()));
     // Ready once the client exists (a standby replica is ready too: it takes over without a restart) and the
     // webhook, when served, has its certificate.

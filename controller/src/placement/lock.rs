@@ -3,9 +3,11 @@
 //!
 //! - **The node lock.** Before a pod of an exclusive job is bound, its Node gets the taint
 //!   `slurm.isthmus.io/lock=<job>:NoSchedule` (and the annotation of the same name, which the controller's
-//!   metadata-only Node watch sees), and every pod on the Node that does not tolerate the taint is evicted through
-//!   the Eviction API (so PodDisruptionBudgets apply) — never a DaemonSet's pod, a static (mirror) pod or the pod
-//!   being placed. The pod is bound only once those pods are gone. The lock is lifted when its job no longer runs
+//!   metadata-only Node watch sees), and every other pod on the Node is evicted through the Eviction API (so
+//!   PodDisruptionBudgets apply), whatever it tolerates — never a DaemonSet's pod, a static (mirror) pod, a pod that
+//!   has ended or the pod being placed. The taint only keeps kube-scheduler from placing more; a pod that
+//!   tolerates it (admission refuses that in tenant namespaces, `webhook::tolerations`) is still evicted. The pod is
+//!   bound only once those pods are gone. The lock is lifted when its job no longer runs
 //!   on the Node ([`holds`]), after the second read every destructive action needs.
 //! - **Lifetimes.** A pod the controller deletes because its job ended is deleted with a grace period that ends
 //!   before Slurm's `KillWait` does ([`deletion_grace`]); `KillWait` is read from slurmctld
@@ -13,7 +15,7 @@
 //!
 //! The decisions here are pure; the writes are [`super::execute::Executor`]'s.
 
-use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use crate::slurm::jobs::Job;
 
@@ -70,26 +72,10 @@ pub fn parse_lock(value: &str) -> Option<u64> {
         .flatten()
 }
 
-/// Whether `t` tolerates `taint` (the Kubernetes rule: key, operator `Exists`/`Equal`, effect).
-pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = t
-        .effect
-        .as_deref()
-        .is_none_or(|e| e.is_empty() || e == taint.effect);
-    let exists = t.operator.as_deref() == Some("Exists");
-    let key_ok = match t.key.as_deref() {
-        None | Some("") => exists,
-        Some(k) => k == taint.key,
-    };
-    let value_ok =
-        exists || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
-    effect_ok && key_ok && value_ok
-}
-
 /// What the lock does with a pod found on the Node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnLock {
-    /// Stays: the pod being placed, a DaemonSet's or static pod, one that tolerates the lock, or one that ended.
+    /// Stays: the pod being placed, a DaemonSet's or static pod, or one that ended.
     Stays,
     /// Already being deleted: waited for.
     Leaving,
@@ -97,8 +83,9 @@ pub enum OnLock {
     Evict,
 }
 
-/// What the lock of `job` does with `pod` (on the Node), `placed` being the UID of the pod being bound.
-pub fn on_lock(pod: &Pod, placed: &str, job: u64) -> OnLock {
+/// What the lock does with `pod` (on the Node), `placed` being the UID of the pod being bound. What the pod
+/// tolerates does not count: a pod that tolerates the lock (or every taint) is evicted like any other.
+pub fn on_lock(pod: &Pod, placed: &str) -> OnLock {
     let meta = &pod.metadata;
     if meta.uid.as_deref() == Some(placed) {
         return OnLock::Stays;
@@ -113,13 +100,7 @@ pub fn on_lock(pod: &Pod, placed: &str, job: u64) -> OnLock {
         .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let ended = matches!(phase, Some("Succeeded" | "Failed"));
-    let taint = lock_taint(job);
-    let tolerant = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| tolerates(t, &taint)));
-    if daemon || mirror || ended || tolerant {
+    if daemon || mirror || ended {
         OnLock::Stays
     } else if meta.deletion_timestamp.is_some() {
         OnLock::Leaving
@@ -221,8 +202,8 @@ mod tests {
         op: Option<&str>,
         value: Option<&str>,
         effect: Option<&str>,
-    ) -> Toleration {
-        Toleration {
+    ) -> k8s_openapi::api::core::v1::Toleration {
+        k8s_openapi::api::core::v1::Toleration {
             key: key.map(Into::into),
             operator: op.map(Into::into),
             value: value.map(Into::into),
@@ -232,41 +213,14 @@ mod tests {
     }
 
     #[test]
-    fn tolerations_follow_the_kubernetes_rule() {
-        let t = lock_taint(7);
-        assert!(tolerates(&toleration(None, Some("Exists"), None, None), &t));
-        assert!(tolerates(
-            &toleration(Some(LOCK), Some("Exists"), None, Some("NoSchedule")),
-            &t
-        ));
-        assert!(tolerates(
-            &toleration(Some(LOCK), None, Some("7"), None),
-            &t
-        ));
-        assert!(!tolerates(
-            &toleration(Some(LOCK), Some("Equal"), Some("8"), None),
-            &t
-        ));
-        assert!(!tolerates(
-            &toleration(Some(LOCK), Some("Exists"), None, Some("NoExecute")),
-            &t
-        ));
-        assert!(!tolerates(
-            &toleration(Some("slurm.isthmus.io/managed"), Some("Exists"), None, None),
-            &t
-        ));
-        assert!(!tolerates(&toleration(None, Some("Equal"), None, None), &t));
-    }
-
-    #[test]
     fn what_the_lock_evicts() {
         let pod = |uid: &str| {
             let mut p = Pod::default();
             p.metadata.uid = Some(uid.into());
             p
         };
-        assert_eq!(on_lock(&pod("me"), "me", 1), OnLock::Stays);
-        assert_eq!(on_lock(&pod("other"), "me", 1), OnLock::Evict);
+        assert_eq!(on_lock(&pod("me"), "me"), OnLock::Stays);
+        assert_eq!(on_lock(&pod("other"), "me"), OnLock::Evict);
         let mut ds = pod("ds");
         ds.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "apps/v1".into(),
@@ -276,30 +230,37 @@ mod tests {
             controller: Some(true),
             block_owner_deletion: None,
         }]);
-        assert_eq!(on_lock(&ds, "me", 1), OnLock::Stays);
+        assert_eq!(on_lock(&ds, "me"), OnLock::Stays);
         let mut rs = ds.clone();
         if let Some(o) = rs.metadata.owner_references.as_mut() {
             o[0].kind = "ReplicaSet".into();
         }
-        assert_eq!(on_lock(&rs, "me", 1), OnLock::Evict);
+        assert_eq!(on_lock(&rs, "me"), OnLock::Evict);
         let mut mirror = pod("static");
         mirror.metadata.annotations =
             Some([("kubernetes.io/config.mirror".to_owned(), "h".to_owned())].into());
-        assert_eq!(on_lock(&mirror, "me", 1), OnLock::Stays);
-        let mut tolerant = pod("t");
-        tolerant.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-            tolerations: Some(vec![toleration(None, Some("Exists"), None, None)]),
-            ..Default::default()
-        });
-        assert_eq!(on_lock(&tolerant, "me", 1), OnLock::Stays);
+        assert_eq!(on_lock(&mirror, "me"), OnLock::Stays);
+        // Tolerating the lock, or every taint, does not keep a pod there.
+        for t in [
+            toleration(None, Some("Exists"), None, None),
+            toleration(Some(LOCK), Some("Exists"), None, Some("NoSchedule")),
+            toleration(Some(LOCK), None, Some("1"), None),
+        ] {
+            let mut tolerant = pod("t");
+            tolerant.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+                tolerations: Some(vec![t.clone()]),
+                ..Default::default()
+            });
+            assert_eq!(on_lock(&tolerant, "me"), OnLock::Evict, "{t:?}");
+        }
         let mut leaving = pod("l");
         leaving.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert_eq!(on_lock(&leaving, "me", 1), OnLock::Leaving);
+        assert_eq!(on_lock(&leaving, "me"), OnLock::Leaving);
         let mut done = pod("d");
         done.status = Some(k8s_openapi::api::core::v1::PodStatus {
             phase: Some("Succeeded".into()),
             ..Default::default()
         });
-        assert_eq!(on_lock(&done, "me", 1), OnLock::Stays);
+        assert_eq!(on_lock(&done, "me"), OnLock::Stays);
     }
 }

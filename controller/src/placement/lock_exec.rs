@@ -17,8 +17,9 @@ impl Executor {
         }
     }
 
-    /// Lock `node` for `job` before `placed` is bound there: the taint, then the evictions. `Ok` once nothing that
-    /// must leave is left on the Node; [`ActionError::Locking`] while pods are leaving.
+    /// Lock `node` for `job` before `placed` is bound there: the taint, then the evictions of every pod
+    /// [`on_lock`] says must leave, whatever it tolerates. `Ok` once nothing that must leave is left on the Node;
+    /// [`ActionError::Locking`] while pods are leaving.
     pub(super) async fn lock_node(
         &self,
         node: &str,
@@ -71,7 +72,7 @@ impl Executor {
             .await?;
         let mut leaving = 0usize;
         for p in &on_node.items {
-            match on_lock(p, &placed.uid, job) {
+            match on_lock(p, &placed.uid) {
                 OnLock::Stays => {}
                 OnLock::Leaving => leaving += 1,
                 OnLock::Evict => {
@@ -82,7 +83,7 @@ impl Executor {
         }
         if leaving > 0 {
             return Err(ActionError::Locking(format!(
-                "Node {node} is locked for Slurm job {job}: {leaving} pod(s) that do not tolerate {LOCK} are leaving"
+                "Node {node} is locked for Slurm job {job}: {leaving} other pod(s) are leaving"
             )));
         }
         Ok(())

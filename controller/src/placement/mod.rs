@@ -58,7 +58,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "pods/eviction",
         verbs: &["create"],
-        why: "evict the pods that do not tolerate the node lock of an exclusive job",
+        why: "evict every other pod (not a DaemonSet's, static or ended one) from a Node locked for an exclusive job",
     },
     ApiAccess {
         group: "",

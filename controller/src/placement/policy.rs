@@ -32,6 +32,12 @@ use super::resources::is_gres;
 
 /// The ConfigMap key holding the policy.
 pub const POLICY_KEY: &str = "policy.yaml";
+/// The Namespace label every namespace whose pods Slurm places must carry (any value; the tenant's name by
+/// convention). Administrators set it beside the policy: it is what the Slurm pod webhook's fail-closed
+/// `namespaceSelector` selects (`deploy/controller/overlays/slurm/webhook-slurm.yaml`), so a namespace is placed
+/// only while its pods cannot be created or changed unjudged. Tenants cannot change Namespace objects; a namespace
+/// without it is not placed ([`super::view`]).
+pub const TENANT_LABEL: &str = "slurm.isthmus.io/tenant";
 /// The most tenants one policy may hold.
 pub const MAX_TENANTS: usize = 1000;
 

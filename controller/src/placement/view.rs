@@ -1,5 +1,6 @@
 //! What the decisions need of one pod, read from the pod, its namespace's tenant in the placement policy and the
-//! policy's resource translation. Only the pod's identity (namespace, name, UID), `spec.nodeName` (which only a
+//! policy's resource translation. A namespace is a tenant's only while it also carries the label
+//! [`TENANT_LABEL`]. Only the pod's identity (namespace, name, UID), `spec.nodeName` (which only a
 //! binding sets on a pod this scheduler owns, and whose truth the decisions check against the jobs), its phase and
 //! its requests are read; never which job it claims to belong to. Pure.
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::annotations::{self, Gang, Requested};
-use super::policy::{Policy, Tenant};
+use super::policy::{Policy, TENANT_LABEL, Tenant};
 use super::resources::{self, Resources, Translation};
 
 /// A pod, by name and UID.
@@ -66,6 +67,23 @@ pub struct Context<'a> {
     pub mig_gpu_type: Option<&'a str>,
 }
 
+/// `tenant`, when namespace `ns` carries [`TENANT_LABEL`]; why not otherwise.
+fn labelled<'a>(
+    ns: &str,
+    tenant: &'a Arc<Tenant>,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<&'a Arc<Tenant>, String> {
+    if labels.is_some_and(|l| l.contains_key(TENANT_LABEL)) {
+        return Ok(tenant);
+    }
+    Err(format!(
+        "namespace {ns} is tenant {}'s in the placement policy but lacks the label {TENANT_LABEL}, which puts its \
+         pods under the fail-closed admission rules: an administrator sets it (kubectl label namespace {ns} \
+         {TENANT_LABEL}={})",
+        tenant.name, tenant.name
+    ))
+}
+
 impl PodView {
     /// Read a pod (`None` when it lacks a namespace, name or UID).
     pub fn from_pod(pod: &Pod, cx: &Context<'_>) -> Option<PodView> {
@@ -81,9 +99,11 @@ impl PodView {
             })
             .map(|c| c.message.clone().unwrap_or_default());
         let namespace = meta.namespace.clone()?;
+        let labels = cx.namespace_labels.get(&namespace);
         let tenant = match cx.policy {
             Ok(p) => p
-                .tenant_for(&namespace, cx.namespace_labels.get(&namespace))
+                .tenant_for(&namespace, labels)
+                .and_then(|t| labelled(&namespace, t, labels))
                 .cloned(),
             Err(e) => Err(format!("namespace {namespace} may not use Slurm: {e}")),
         };
@@ -152,5 +172,47 @@ mod tests {
         let refused =
             view(serde_json::json!({"phase": "Failed", "reason": "UnexpectedAdmissionError"}));
         assert!(refused.admitted && !refused.active);
+    }
+
+    #[test]
+    fn a_namespace_the_policy_names_is_placed_only_with_the_tenant_label() {
+        let policy = super::super::policy::parse(
+            "tenants: [{name: a, namespaces: [ns], user: nobody, group: nogroup}]",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": []},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let tenant_of = |labels: &[(&str, &str)]| {
+            let mut all = BTreeMap::new();
+            if !labels.is_empty() {
+                let l = labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect();
+                all.insert("ns".to_owned(), l);
+            }
+            let cx = Context {
+                policy: Ok(&policy),
+                namespace_labels: &all,
+                mig_gpu_type: None,
+            };
+            PodView::from_pod(&pod, &cx)
+                .unwrap_or_else(|| panic!("no view"))
+                .tenant
+                .map(|t| t.name.clone())
+        };
+        assert_eq!(tenant_of(&[(TENANT_LABEL, "a")]), Ok("a".to_owned()));
+        assert_eq!(tenant_of(&[(TENANT_LABEL, "")]), Ok("a".to_owned()));
+        for labels in [&[][..], &[("other", "x")][..]] {
+            let e = tenant_of(labels).expect_err("unlabelled");
+            assert!(
+                e.contains("lacks the label slurm.isthmus.io/tenant")
+                    && e.contains("kubectl label namespace ns slurm.isthmus.io/tenant=a"),
+                "{e}"
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@ use kube::api::GetParams;
 use kube::{Api, Client};
 
 use super::facts;
+use super::head::Head;
 use super::health_status;
 use super::identity::{Claim, Policy, node_of_pod};
 use super::review::{self, Request, ReviewOut};
@@ -60,17 +61,38 @@ impl Handler {
         }
     }
 
+    /// A body that is not an AdmissionReview this webhook answers: counted, logged, and the message for the
+    /// HTTP 400 that says so.
+    pub fn invalid(&self, why: &str) -> String {
+        count(rules::Rule::None.name(), "invalid");
+        tracing::warn!(error = %why, "webhook: a request that is not an AdmissionReview");
+        why.to_owned()
+    }
+
+    /// The answer to a review no rule judges, from its head alone (its objects never decoded); `None` when a rule
+    /// does.
+    pub fn without_objects(&self, req: &Request) -> Option<Result<Vec<u8>, String>> {
+        (rules::target(req) == rules::Target::Other)
+            .then(|| self.answer(req, Verdict::allowed(rules::Rule::None)))
+    }
+
+    /// The answer to a review of `length` bytes, longer than the `max` read whole, from its head
+    /// ([`rules::too_long`]).
+    pub fn long(&self, head: Head, length: u64, max: usize) -> Result<Vec<u8>, String> {
+        let req = head.check().map_err(|e| self.invalid(&e.to_string()))?;
+        let verdict = rules::too_long(&self.policy, &req, length, max);
+        self.answer(&req, verdict)
+    }
+
     /// Answer one review body: the AdmissionReview JSON, or why the body is not one (HTTP 400).
     pub async fn review(&self, body: &[u8]) -> Result<Vec<u8>, String> {
-        let req = match review::parse(body) {
-            Ok(r) => r,
-            Err(e) => {
-                count(rules::Rule::None.name(), "invalid");
-                tracing::warn!(error = %e, "webhook: a request that is not an AdmissionReview");
-                return Err(e.to_string());
-            }
-        };
+        let req = review::parse(body).map_err(|e| self.invalid(&e.to_string()))?;
         let verdict = self.decide(&req).await;
+        self.answer(&req, verdict)
+    }
+
+    /// Count, log a denial, and write the answer.
+    fn answer(&self, req: &Request, verdict: Verdict) -> Result<Vec<u8>, String> {
         count(verdict.rule.name(), verdict.outcome.label());
         let out = match verdict.message() {
             Some(message) => {

@@ -3,22 +3,27 @@
 //! HTTPS ([`server`]) with a certificate the replicas keep in a Secret and whose CA they publish in their
 //! ValidatingWebhookConfigurations ([`rotation`]).
 //!
-//! - [`review`]: the AdmissionReview wire format; [`facts`]: what the rules read from objects; [`identity`]: who
-//!   is asking and which node a token belongs to; [`rules`]: the decisions, pure; [`handler`]: the lookups a
-//!   decision needs; [`certs`]: the PKI, pure apart from key generation.
+//! - [`review`]: the AdmissionReview wire format; [`head`]: its bounded pre-parse; [`facts`]: what the rules read
+//!   from objects; [`identity`]: who is asking and which node a token belongs to; [`rules`] and [`tolerations`]:
+//!   the decisions, pure; [`handler`]: the lookups a decision needs; [`certs`]: the PKI, pure apart from key
+//!   generation; [`gate`] and [`body`]: what a caller can make a replica hold, bounded.
 //!
 //! Off unless `--webhook-listen` is given (the shipped Deployment sets it).
 
 pub mod access;
+pub mod body;
 pub mod certs;
 pub mod facts;
+pub mod gate;
 pub mod handler;
+pub mod head;
 pub mod health_status;
 pub mod identity;
 pub mod review;
 pub mod rotation;
 pub mod rules;
 pub mod server;
+pub mod tolerations;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +90,16 @@ pub struct WebhookArgs {
         default_value = identity::DEFAULT_SCHEDULER_USER
     )]
     pub scheduler_users: Vec<String>,
+    /// A PEM bundle of the CAs whose client certificates may call the webhook: with it, a caller must present one
+    /// (the API server does so through its `--admission-control-config-file`, docs/deploy.md); without it, anyone
+    /// that reaches the port may call.
+    #[arg(
+        id = "webhook-client-ca",
+        long = "webhook-client-ca",
+        env = "ISTHMUS_WEBHOOK_CLIENT_CA",
+        value_name = "FILE"
+    )]
+    pub client_ca: Option<std::path::PathBuf>,
     /// How often each replica re-reads the certificate Secret (renewal, another replica's renewal, caBundle).
     #[arg(id = "webhook-cert-check-interval", long = "webhook-cert-check-interval", default_value = "10m", value_parser = parse_duration)]
     pub cert_check_interval: Duration,
@@ -129,16 +144,50 @@ impl Webhook {
     }
 }
 
+/// Why the webhook could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The client CA bundle could not be read.
+    #[error("reading the webhook client CA {path}: {error}")]
+    ClientCa {
+        /// The file.
+        path: String,
+        /// Why.
+        error: String,
+    },
+    /// The TLS configuration could not be built.
+    #[error("the webhook's TLS configuration: {0}")]
+    Tls(#[from] certs::CertError),
+}
+
+/// Who may call, from `--webhook-client-ca`.
+fn client_auth(args: &WebhookArgs) -> Result<server::ClientAuth, StartError> {
+    let Some(path) = &args.client_ca else {
+        return Ok(server::ClientAuth::None);
+    };
+    let err = |error: String| StartError::ClientCa {
+        path: path.display().to_string(),
+        error,
+    };
+    let pem = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    server::ClientAuth::from_pem(&pem).map_err(|e| err(e.to_string()))
+}
+
 /// Start the webhook on `listener` (bound by the caller, so that a taken port fails at startup): the server and
-/// the certificate rotation, until `shutdown`.
+/// the certificate rotation, until `shutdown`. A client CA that cannot be read stops it from starting.
 pub fn start(
     client: kube::Client,
     args: &WebhookArgs,
     namespace: &str,
     listener: std::net::TcpListener,
     shutdown: CancellationToken,
-) -> Webhook {
+) -> Result<Webhook, StartError> {
     let slot = Arc::new(server::CertSlot::default());
+    let auth = client_auth(args)?;
+    let config = server::tls_config(slot.clone(), &auth)?;
+    if let server::ClientAuth::Required(_) = auth {
+        tracing::info!("webhook: callers must present a client certificate of the configured CA");
+    }
     let rotation = rotation::Rotation {
         client: client.clone(),
         namespace: namespace.to_owned(),
@@ -155,11 +204,11 @@ pub fn start(
     };
     tokio::spawn(rotation.run(shutdown.clone()));
     let handler = Arc::new(handler::Handler::new(client, args.policy(namespace)));
-    let (server_slot, token) = (slot.clone(), shutdown);
+    let gate = gate::Gate::new(gate::Limits::default());
     tokio::spawn(async move {
-        if let Err(e) = server::serve(listener, server_slot, handler, token).await {
+        if let Err(e) = server::serve(listener, config, gate, handler, shutdown).await {
             tracing::error!(error = %e, "webhook: the server stopped");
         }
     });
-    Webhook { slot }
+    Ok(Webhook { slot })
 }

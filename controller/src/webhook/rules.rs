@@ -5,7 +5,9 @@
 //! | `own-node-report` | NodeResourceTopology, Numatopology: CREATE, UPDATE, DELETE; nodes/status UPDATE | the node agent's ServiceAccount | an object whose name is not the node its token is bound to; a token bound to no pod or node; on nodes/status, any change but the device health conditions ([`super::health_status`]) |
 //! | `slurm-pod-node-name` | pods CREATE, pods/binding and bindings CREATE | all but administrators, the controller, a node's kubelet for its own mirror pods (and, for bindings, the schedulers) | `spec.nodeName` / a binding target that is a Slurm-managed Node (or a Node that does not exist) |
 //! | `slurm-job-id` | pods CREATE, UPDATE; pods/status UPDATE; pods/binding and bindings CREATE | all but administrators and the controller | setting, changing or removing the `slurm.isthmus.io/job-id` annotation |
+//! | `slurm-tolerations` | pods CREATE, UPDATE | all but administrators, the controller and a node's kubelet for its own mirror pods | a toleration of a taint isthmus sets, or one with no key and operator `Exists` ([`super::tolerations`]); on UPDATE only those added |
 //! | `slurm-node-mapping` | nodes CREATE, UPDATE; nodes/status UPDATE | all but administrators | setting, changing or removing `isthmus.io/slurm-node-name`; removing or changing the Slurm-managed label or taint |
+//! | `review-size` | any review longer than the webhook reads whole | whoever another rule would hold to it, but the controller for pods | everything ([`too_long`]) |
 //!
 //! The handler runs [`first_step`], looks up what it asks for (the requester's pod, the target Node) and finishes
 //! with [`with_requester_node`] or [`with_target_node`].
@@ -15,6 +17,7 @@ use serde_json::Value;
 use super::facts;
 use super::identity::{self, Claim, Policy};
 use super::review::Request;
+use super::tolerations;
 
 /// Annotation of the Slurm job a pod runs in (set by the controller's binding).
 pub const JOB_ID: &str = crate::placement::annotations::JOB_ID;
@@ -30,8 +33,12 @@ pub enum Rule {
     PodNodeName,
     /// The job-id annotation is the controller's.
     JobId,
+    /// No pod tolerates isthmus's taints (or every taint).
+    Tolerations,
     /// A Node's Slurm identity is the administrators'.
     NodeMapping,
+    /// A review longer than the webhook reads, from anyone a rule would hold to it.
+    Size,
     /// No rule applies to this request.
     None,
 }
@@ -43,7 +50,9 @@ impl Rule {
             Rule::NodeReport => "own-node-report",
             Rule::PodNodeName => "slurm-pod-node-name",
             Rule::JobId => "slurm-job-id",
+            Rule::Tolerations => "slurm-tolerations",
             Rule::NodeMapping => "slurm-node-mapping",
+            Rule::Size => "review-size",
             Rule::None => "none",
         }
     }
@@ -309,20 +318,66 @@ fn pod_step(policy: &Policy, req: &Request) -> Step {
             ),
         ));
     }
+    // A kubelet's mirror pod on its own Node: the static pod runs whatever admission says.
+    let own_mirror = |node: &str| {
+        target(req) == Target::Pod
+            && identity::kubelet_node(user) == Some(node)
+            && req
+                .object
+                .as_ref()
+                .and_then(|o| facts::annotation(o, facts::MIRROR_POD))
+                .is_some()
+    };
+    if let (Target::Pod, Some(pod)) = (target(req), req.object.as_ref()) {
+        let mirror = facts::pod_node_name(pod).is_some_and(own_mirror);
+        let added = match req.operation.as_str() {
+            "CREATE" | "UPDATE" => tolerations::first_refused(pod, req.old_object.as_ref()),
+            _ => None,
+        };
+        if let (Some(why), false) = (added, mirror) {
+            return Step::Done(Verdict::denied(
+                Rule::Tolerations,
+                format!(
+                    "pods get Slurm-managed Nodes from Slurm's scheduler (schedulerName isthmus-slurm) and need no \
+                     toleration: {} may not give a pod {why}",
+                    user.username
+                ),
+            ));
+        }
+    }
     let Some(node) = placed else {
         return Step::Done(Verdict::allowed(Rule::JobId));
     };
-    let mirror_of_own_node = target(req) == Target::Pod
-        && identity::kubelet_node(user) == Some(node)
-        && req
-            .object
-            .as_ref()
-            .and_then(|o| facts::annotation(o, facts::MIRROR_POD))
-            .is_some();
-    if mirror_of_own_node || (target(req) == Target::PodBinding && policy.is_scheduler(user)) {
+    if own_mirror(node) || (target(req) == Target::PodBinding && policy.is_scheduler(user)) {
         return Step::Done(Verdict::exempt(Rule::PodNodeName));
     }
     Step::TargetNode(node.to_owned())
+}
+
+/// Decide a review of `length` bytes, longer than the `max` the webhook reads whole, from its head: what no rule
+/// judges is allowed as ever; anyone a rule would hold to it is refused (the rule cannot be shown to hold, and an
+/// object padded past the limit must not pass a webhook whose failure policy is Ignore), but administrators, and the
+/// controller for pods. The API server stores no object larger than etcd's 1.5 MiB, so only JSON far larger than
+/// its stored form (huge annotations of characters JSON escapes) gets here.
+pub fn too_long(policy: &Policy, req: &Request, length: u64, max: usize) -> Verdict {
+    let user = &req.user_info;
+    let t = target(req);
+    let pod = matches!(t, Target::Pod | Target::PodStatus | Target::PodBinding);
+    match t {
+        Target::Other => Verdict::allowed(Rule::None),
+        Target::NodeReport if !policy.is_agent(user) => Verdict::allowed(Rule::None),
+        _ if policy.is_admin(user) || (pod && policy.is_controller(user)) => {
+            Verdict::exempt(Rule::Size)
+        }
+        _ => Verdict::denied(
+            Rule::Size,
+            format!(
+                "the review is {length} bytes, more than the {max} this webhook reads: {} may not write a {} this \
+                 large",
+                user.username, req.resource.resource
+            ),
+        ),
+    }
 }
 
 /// Finish a pod placed on a Node by name once it is known whether that Node is Slurm-managed.

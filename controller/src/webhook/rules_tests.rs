@@ -8,6 +8,8 @@ use super::*;
 use crate::webhook::identity::{NODE_NAME_EXTRA, NODES_GROUP, POD_NAME_EXTRA, POD_UID_EXTRA};
 use crate::webhook::review::{Resource, UserInfo};
 
+#[path = "rules_more_tests.rs"]
+mod more;
 #[path = "rules_node_tests.rs"]
 mod nodes;
 

@@ -1,33 +1,39 @@
 //! The webhook's HTTPS endpoint: rustls (ring) with a certificate that can be replaced while serving
-//! ([`CertSlot`]), HTTP/1.1 on hyper, `POST /validate` only. Bodies are bounded; a connection that does not finish
-//! its TLS handshake or its request headers in time is dropped.
+//! ([`CertSlot`]), and, with a client CA ([`ClientAuth`]), only callers that present a certificate it signed (the API
+//! server, through its `--admission-control-config-file`); HTTP/1.1 on hyper, `POST /validate` only. Everything a
+//! caller can make it hold is bounded ([`super::gate`]): connections, bytes of bodies and of their decoding, the
+//! time for a handshake, for headers and for a whole body; a review is pre-parsed ([`super::head`]) before its
+//! objects are decoded, and one longer than [`Limits::max_body`](super::gate::Limits) is answered from its head.
 
 use std::convert::Infallible;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
+use hyper::body::Body as _;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::body::{self, Body};
 use super::certs::{CertError, Material, pem_certificates};
+use super::gate::{Conn, Gate};
 use super::handler::Handler;
+use super::head;
 
 /// The path the webhook configurations call.
 pub const PATH: &str = "/validate";
-/// Largest AdmissionReview accepted: an object and its old version, each at most etcd's 1.5 MiB, plus the review.
-pub const MAX_BODY: usize = 8 << 20;
-/// Time for a TLS handshake, and for a request's headers.
-const HANDSHAKE: Duration = Duration::from_secs(10);
+/// Largest buffer hyper keeps for one connection (request headers must fit in it).
+const READ_BUFFER: usize = 64 << 10;
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -75,19 +81,64 @@ impl CertSlot {
     }
 }
 
-/// Serve on `listener` until `shutdown`.
+/// Who may call the webhook: anyone that completes a TLS handshake (the API server verifies the webhook, the
+/// webhook does not verify it), or only callers that present a certificate signed by one of the CAs in a bundle.
+#[derive(Debug, Clone)]
+pub enum ClientAuth {
+    /// No client certificate asked for.
+    None,
+    /// A client certificate signed by one of these CAs is required.
+    Required(Arc<RootCertStore>),
+}
+
+impl ClientAuth {
+    /// Require a certificate signed by a CA of `pem` (a bundle of one or more PEM certificates).
+    pub fn from_pem(pem: &str) -> Result<Self, CertError> {
+        let mut roots = RootCertStore::empty();
+        for der in pem_certificates(pem) {
+            roots
+                .add(CertificateDer::from(der))
+                .map_err(|e| CertError::Parse(format!("client CA: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(CertError::Parse(
+                "client CA: no PEM certificate in it".to_owned(),
+            ));
+        }
+        Ok(Self::Required(Arc::new(roots)))
+    }
+}
+
+/// The TLS configuration: the certificate of `slot`, and client certificates as `auth` says.
+pub fn tls_config(
+    slot: Arc<CertSlot>,
+    auth: &ClientAuth,
+) -> Result<rustls::ServerConfig, CertError> {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CertError::Parse(e.to_string()))?;
+    let builder = match auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::Required(roots) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+                .build()
+                .map_err(|e| CertError::Parse(format!("client CA: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_cert_resolver(slot);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Serve on `listener` with `config` until `shutdown`, within the bounds of `gate`.
 pub async fn serve(
     listener: std::net::TcpListener,
-    slot: Arc<CertSlot>,
+    config: rustls::ServerConfig,
+    gate: Arc<Gate>,
     handler: Arc<Handler>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(std::io::Error::other)?
-        .with_no_client_auth()
-        .with_cert_resolver(slot);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::from_std(listener)?;
     loop {
@@ -102,29 +153,57 @@ pub async fn serve(
                 }
             },
         };
-        let (acceptor, handler) = (acceptor.clone(), handler.clone());
+        // Past the connection cap the longest-waiting connection is closed for this one; when every connection is
+        // deciding a request, this one is closed at once.
+        let Some(conn) = gate.admit() else {
+            tracing::debug!(%peer, "webhook: connection refused, every connection is deciding a request");
+            continue;
+        };
+        let (acceptor, handler, stop) = (acceptor.clone(), handler.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let service = hyper::service::service_fn(move |req| {
-                let handler = handler.clone();
-                async move { Ok::<_, Infallible>(respond(&handler, req).await) }
-            });
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HANDSHAKE)
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
-            if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "webhook: connection ended with an error");
+            let closed = conn.closed().clone();
+            tokio::select! {
+                () = closed.cancelled() => tracing::debug!(%peer, "webhook: closed for a newer caller"),
+                () = stop.cancelled() => {}
+                () = connection(stream, peer, acceptor, conn, handler) => {}
             }
         });
+    }
+}
+
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    acceptor: TlsAcceptor,
+    conn: Conn,
+    handler: Arc<Handler>,
+) {
+    let limits = *conn.limits();
+    let tls = match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        failed => {
+            metrics::counter!("isthmus_controller_webhook_connections_closed_total", "why" => "handshake")
+                .increment(1);
+            if let Ok(Err(e)) = failed {
+                tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed");
+            }
+            return;
+        }
+    };
+    conn.waiting();
+    let conn = Arc::new(conn);
+    let service = hyper::service::service_fn(move |req| {
+        let (handler, conn) = (handler.clone(), conn.clone());
+        async move { Ok::<_, Infallible>(respond(&handler, &conn, req).await) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(READ_BUFFER)
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "webhook: connection ended with an error");
     }
 }
 
@@ -138,31 +217,88 @@ fn answer(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Resp
     resp
 }
 
-async fn respond(handler: &Handler, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
-    const TEXT: &str = "text/plain; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+fn text(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
+    answer(status, TEXT, format!("{msg}\n").into_bytes())
+}
+
+async fn respond(
+    handler: &Handler,
+    conn: &Conn,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    conn.waiting();
     if req.uri().path() != PATH {
-        return answer(StatusCode::NOT_FOUND, TEXT, b"not found\n".to_vec());
+        return text(StatusCode::NOT_FOUND, "not found".into());
     }
     if req.method() != Method::POST {
-        return answer(
+        return text(
             StatusCode::METHOD_NOT_ALLOWED,
-            TEXT,
-            b"POST an AdmissionReview\n".to_vec(),
+            "POST an AdmissionReview".into(),
         );
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
+    let limits = *conn.limits();
+    let deadline = tokio::time::Instant::now() + limits.body_timeout;
+    let incoming = req.into_body();
+    let length = incoming.size_hint().exact();
+    let read = body::read(
+        incoming,
+        length,
+        limits.max_body,
+        conn,
+        deadline,
+        limits.body_timeout,
+    )
+    .await;
+    conn.deciding();
+    let out = match read {
         Err(e) => {
-            let msg = format!("cannot read the request body (at most {MAX_BODY} bytes): {e}\n");
-            return answer(StatusCode::PAYLOAD_TOO_LARGE, TEXT, msg.into_bytes());
+            tracing::debug!(error = %e, "webhook: request body not read");
+            text(e.status(), e.to_string())
         }
+        Ok(Body::Long { prefix, length, .. }) => match head::from_prefix(&prefix) {
+            Some(head) => json_or_400(handler.long(head, length, limits.max_body)),
+            None => text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the review is {length} bytes, more than the {} read whole, and its first {} bytes hold no \
+                     AdmissionReview head",
+                    limits.max_body,
+                    prefix.len()
+                ),
+            ),
+        },
+        Ok(Body::Whole(bytes, _reservation)) => decide(handler, conn, &bytes).await,
     };
-    match handler.review(&body).await {
+    conn.answered(out.status() == StatusCode::OK);
+    out
+}
+
+fn json_or_400(r: Result<Vec<u8>, String>) -> Response<Full<Bytes>> {
+    match r {
         Ok(json) => answer(StatusCode::OK, "application/json", json),
-        Err(msg) => answer(
-            StatusCode::BAD_REQUEST,
-            TEXT,
-            format!("{msg}\n").into_bytes(),
-        ),
+        Err(msg) => text(StatusCode::BAD_REQUEST, msg),
     }
+}
+
+/// A whole body: its head first; the objects are decoded only when a rule reads them, and only once what that costs
+/// is reserved.
+async fn decide(handler: &Handler, conn: &Conn, body: &[u8]) -> Response<Full<Bytes>> {
+    let head = match head::parse(body) {
+        Ok(h) => h,
+        Err(e) => return json_or_400(Err(handler.invalid(&e.to_string()))),
+    };
+    let req = match head.check() {
+        Ok(r) => r,
+        Err(e) => return json_or_400(Err(handler.invalid(&e.to_string()))),
+    };
+    if let Some(json) = handler.without_objects(&req) {
+        return json_or_400(json);
+    }
+    let _decoding = match conn.reserve(head::decode_cost(body)).await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    json_or_400(handler.review(body).await)
 }

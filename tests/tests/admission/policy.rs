@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
+use isthmus_controller::placement::policy::TENANT_LABEL;
 use isthmus_controller::webhook::identity::{
     DEFAULT_ADMIN_GROUP, DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_CONTROLLER_SERVICE_ACCOUNT,
     DEFAULT_SCHEDULER_USER, service_account_user,
@@ -98,9 +99,12 @@ fn the_policy_components_cover_the_webhooks_requests_with_the_same_exemptions() 
         });
     assert!(out.status.success(), "{}", describe(&out));
 
-    // The same requests.
+    // The same requests. The webhook's pod rules are split between the namespaces Slurm places pods of (label
+    // slurm.isthmus.io/tenant: Fail) and the others (Ignore), two selectors that differ only in that label; without
+    // it they select what the policies select.
     let mut webhook_requests = BTreeSet::new();
     let mut webhook_selectors = Vec::new();
+    let mut split = BTreeSet::new();
     for config in of_kind(&webhook_docs, "ValidatingWebhookConfiguration") {
         for w in config["webhooks"].as_sequence().into_iter().flatten() {
             let reqs = requests(&w["rules"]);
@@ -108,13 +112,38 @@ fn the_policy_components_cover_the_webhooks_requests_with_the_same_exemptions() 
                 .iter()
                 .any(|(_, r, _)| r.starts_with("pods") || r == "bindings")
             {
-                webhook_selectors.push(w["namespaceSelector"].clone());
+                let mut selector = w["namespaceSelector"].clone();
+                if let Some(exprs) = selector["matchExpressions"].as_sequence_mut() {
+                    exprs.retain(|e| {
+                        let tenant = e["key"].as_str() == Some(TENANT_LABEL);
+                        if tenant {
+                            split.insert((
+                                e["operator"].as_str().unwrap_or_default().to_owned(),
+                                w["failurePolicy"].as_str().unwrap_or_default().to_owned(),
+                                reqs.clone(),
+                            ));
+                        }
+                        !tenant
+                    });
+                }
+                webhook_selectors.push(selector);
             } else {
                 assert!(w["namespaceSelector"].is_null(), "{w:?}");
             }
             webhook_requests.extend(reqs);
         }
     }
+    let split: Vec<_> = split.into_iter().collect();
+    assert_eq!(split.len(), 2, "{split:?}");
+    assert_eq!(
+        (split[0].0.as_str(), split[0].1.as_str()),
+        ("DoesNotExist", "Ignore")
+    );
+    assert_eq!(
+        (split[1].0.as_str(), split[1].1.as_str()),
+        ("Exists", "Fail")
+    );
+    assert_eq!(split[0].2, split[1].2, "the same requests on both sides");
     let policies = of_kind(&policy_docs, "ValidatingAdmissionPolicy");
     let mut policy_requests = BTreeSet::new();
     let mut messages = String::new();
@@ -178,6 +207,7 @@ fn the_policy_components_cover_the_webhooks_requests_with_the_same_exemptions() 
         Rule::NodeReport,
         Rule::PodNodeName,
         Rule::JobId,
+        Rule::Tolerations,
         Rule::NodeMapping,
     ] {
         assert!(
@@ -189,6 +219,12 @@ fn the_policy_components_cover_the_webhooks_requests_with_the_same_exemptions() 
     for key in [RULE_JOB_ID, SLURM_NODE_NAME, "slurm.isthmus.io/managed"] {
         assert!(messages.contains(&format!("'{key}'")), "{key}");
     }
+    // The tolerations rule matches the taint keys of isthmus's domains as the webhook does.
+    assert!(messages.contains(r"t.key.matches('^([^/]*\\.)?isthmus\\.io/')"));
+    assert_eq!(
+        isthmus_controller::webhook::tolerations::DOMAIN,
+        "isthmus.io"
+    );
 }
 
 /// A denial by a policy names its rule the way the webhook's does.
@@ -296,6 +332,13 @@ fn the_admission_policies_enforce_the_rules_on_kubernetes_1_30_and_later() {
         "a job id",
     );
     assert_ok(&create("p1", None, &[]), "an ordinary pod");
+    let tolerant = tenant_pod_tolerating("tolerant", &["{operator: Exists}"]);
+    let path = file(d, "tolerant.yaml", &tolerant);
+    denied(
+        &kubectl(&t, &["create", "-f", &path.to_string_lossy()]),
+        "slurm-tolerations",
+        "tolerating every taint",
+    );
     let job_set = format!("{JOB_ID}=7");
     denied(
         &kubectl(&t, &["annotate", "pod", "-n", TENANT_NS, "p1", &job_set]),

@@ -44,6 +44,7 @@ pub fn tenants(api: &ApiServer, d: &Path, controller_kc: &Path) {
     for p in ["p1", "p2", "p3", "p4"] {
         assert_ok(&create(p, None, &[]), "an ordinary pod");
     }
+    tolerations(api, d, &t);
     // The controller binds p1 (pods/binding, as placement does) and records the job id with it.
     let binding = |pod: &str, node: &str, job: Option<&str>| {
         let annotations = job.map_or(String::new(), |j| {
@@ -169,6 +170,85 @@ pub fn tenants(api: &ApiServer, d: &Path, controller_kc: &Path) {
         "system:kube-scheduler",
     ]);
     assert_ok(&out, "kube-scheduler binds");
+}
+
+/// A tolerate-all pod, and one tolerating an isthmus taint, are refused in the tenant's namespace (fail closed) and
+/// in any other namespace the webhook judges (fail open); other tolerations are not; a toleration cannot be added
+/// by an update either.
+fn tolerations(api: &ApiServer, d: &Path, t: &Path) {
+    let create = |name: &str, tolerations: &[&str]| {
+        let path = file(
+            d,
+            &format!("tolerating-{name}.yaml"),
+            &tenant_pod_tolerating(name, tolerations),
+        );
+        kubectl(t, &["create", "-f", &path.to_string_lossy()])
+    };
+    let msg = assert_denied(
+        &create("all", &["{operator: Exists}"]),
+        "slurm-tolerations",
+        "a tolerate-all pod in the tenant's namespace",
+    );
+    assert!(msg.contains("tolerates every taint"), "{msg}");
+    for (name, t) in [
+        (
+            "lock",
+            "{key: slurm.isthmus.io/lock, operator: Exists, effect: NoSchedule}",
+        ),
+        (
+            "managed",
+            "{key: slurm.isthmus.io/managed, value: \"true\", effect: NoSchedule}",
+        ),
+        ("drained", "{key: isthmus.io/slurm-drain, operator: Exists}"),
+        (
+            "unhealthy",
+            "{key: isthmus.io/health-gpu, operator: Exists}",
+        ),
+    ] {
+        assert_denied(&create(name, &[t]), "slurm-tolerations", name);
+    }
+    assert_ok(
+        &create(
+            "gpu",
+            &["{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}"],
+        ),
+        "a toleration of another taint",
+    );
+    // Appended (the stored list also holds the not-ready and unreachable tolerations the API server added).
+    let added = r#"[{"op":"add","path":"/spec/tolerations/-","value":{"operator":"Exists"}}]"#;
+    assert_denied(
+        &kubectl(
+            t,
+            &[
+                "patch", "pod", "-n", TENANT_NS, "gpu", "--type", "json", "-p", added,
+            ],
+        ),
+        "slurm-tolerations",
+        "adding a tolerate-all toleration",
+    );
+    // A namespace whose pods Slurm does not place: the same rule, under the fail-open webhook.
+    let other = "not-slurm";
+    api.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {other}\n---\napiVersion: v1\nkind: ServiceAccount\n\
+         metadata:\n  name: default\n  namespace: {other}\n"
+    ));
+    let pod = tenant_pod_tolerating("all-elsewhere", &["{operator: Exists}"])
+        .replace(
+            &format!("namespace: {TENANT_NS}"),
+            &format!("namespace: {other}"),
+        )
+        .replace(
+            &format!("serviceAccountName: {TENANT_SA}"),
+            "serviceAccountName: default",
+        );
+    let path = file(d, "tolerating-elsewhere.yaml", &pod);
+    // As a ReplicaSet's pods are created (the bootstrap role of the replicaset controller grants it).
+    let rs = "system:serviceaccount:kube-system:replicaset-controller";
+    assert_denied(
+        &api.kubectl(&["create", "-f", &path.to_string_lossy(), "--as", rs]),
+        "slurm-tolerations",
+        "a tolerate-all pod in a namespace Slurm does not place",
+    );
 }
 
 /// A kubelet cannot give its Node a Slurm identity or take the Slurm-managed mark off it; an administrator can.
