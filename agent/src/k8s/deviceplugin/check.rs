@@ -204,8 +204,7 @@ pub async fn run(
     let mut last: Vec<Mismatch> = Vec::new();
     let mut tick = crate::cadence::ticker(PERIOD);
     let mut holds_open = true;
-    // The condition as last applied; `None` until the first write succeeds (a failed write is tried again at the
-    // next comparison).
+    // The condition as last reported; `None` before the first comparison.
     let mut written: Option<k8s_openapi::api::core::v1::NodeCondition> = None;
     loop {
         tokio::select! {
@@ -248,13 +247,8 @@ pub async fn run(
                     k8s_openapi::jiff::Timestamp::now(),
                 );
                 let cond = super::report::condition(&now, written.as_ref(), &stamp);
-                match p.apply(&cond).await {
-                    Ok(()) => written = Some(cond),
-                    Err(e) => {
-                        written = None;
-                        tracing::warn!(error = %e, "the DeviceAllocationConsistent condition could not be written; retrying");
-                    }
-                }
+                p.report(&cond);
+                written = Some(cond);
             }
         }
         if changed {
