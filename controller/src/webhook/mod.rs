@@ -13,7 +13,6 @@ pub mod access;
 pub mod certs;
 pub mod facts;
 pub mod handler;
-pub mod health_status;
 pub mod identity;
 pub mod review;
 pub mod rotation;
