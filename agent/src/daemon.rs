@@ -365,13 +365,13 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
 
     if let Some(role) = config.device_plugin.clone() {
         let publish =
-            report_to
-                .clone()
-                .map(|(client, node)| crate::k8s::deviceplugin::report::Publisher {
+            report_to.clone().map(
+                |(client, node)| crate::k8s::deviceplugin::report::Publisher {
                     client,
                     node,
                     reported: reported.clone(),
-                });
+                },
+            );
         crate::k8s::deviceplugin::spawn(
             role,
             config

@@ -77,7 +77,10 @@ pub fn attribute(c: &NodeCondition, now: &Time) -> Attribute {
         status: c.status.clone(),
         reason: c.reason.clone().unwrap_or_default(),
         message: c.message.clone().unwrap_or_default(),
-        last_transition_time: c.last_transition_time.clone().unwrap_or_else(|| now.clone()),
+        last_transition_time: c
+            .last_transition_time
+            .clone()
+            .unwrap_or_else(|| now.clone()),
         last_heartbeat_time: c.last_heartbeat_time.clone(),
     };
     // A struct of strings and times always serialises.
@@ -224,7 +227,8 @@ mod tests {
             ),
             (
                 v("isthmus.io/condition.NvlinkHealthy"),
-                good.value.replace("failed: x.", &"m".repeat(MAX_MESSAGE + 1)),
+                good.value
+                    .replace("failed: x.", &"m".repeat(MAX_MESSAGE + 1)),
             ),
         ];
         for (name, value) in bad {

@@ -60,9 +60,11 @@ mod tests {
             status: status.into(),
             reason: Some("R".into()),
             message: Some("m".into()),
-            last_transition_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap_or_else(
-                |e| panic!("{e}"),
-            ))),
+            last_transition_time: Some(Time(
+                "2026-01-01T00:00:00Z"
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )),
             last_heartbeat_time: None,
         }
     }
