@@ -50,29 +50,9 @@ impl SyncSite {
             reason: Some(reason.to_owned()),
             message: Some(message.to_owned()),
             last_transition_time: Some(now.clone()),
-            last_heartbeat_time: Some(now.clone()),
+            last_heartbeat_time: Some(now),
         };
-        let attribute = isthmus_api::conditions::attribute(&condition, &now);
-        let out = self
-            .api
-            .kubectl(&["get", "noderesourcetopology", node, "-o", "json"]);
-        let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        let mut attributes: Vec<serde_json::Value> = live["attributes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|a| a["name"].as_str() != Some(attribute.name.as_str()))
-            .collect();
-        attributes.push(serde_json::json!({"name": attribute.name, "value": attribute.value}));
-        let nrt = serde_json::json!({
-            "apiVersion": isthmus_api::nrt::API_VERSION,
-            "kind": isthmus_api::nrt::KIND,
-            "metadata": {"name": node},
-            "zones": [],
-            "attributes": attributes,
-        });
-        self.api.apply_yaml(&nrt.to_string());
+        crate::controller::report_condition(&self.api, node, &condition);
     }
 
     /// The node sync's record of Node `node` (the entry in its ConfigMaps `isthmus-nodesync-drains-NN`), as JSON.

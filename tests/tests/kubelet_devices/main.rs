@@ -413,12 +413,7 @@ fn pod_events(node: &KubeNode, pod: &str, reason: &str) -> String {
 fn allocation_condition(node: &KubeNode) -> (String, String, String) {
     let out = node.kubectl(&["get", "noderesourcetopology", NODE_NAME, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let attrs: Vec<isthmus_api::nrt::Attribute> =
-        serde_json::from_value(v["attributes"].clone()).unwrap_or_default();
-    isthmus_api::conditions::read(&attrs)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.type_ == isthmus_api::conditions::DEVICE_ALLOCATION)
+    isthmus_tests::reported_condition(&v, isthmus_api::conditions::DEVICE_ALLOCATION)
         .map(|c| {
             (
                 c.status,
