@@ -19,7 +19,7 @@ use super::NodeSyncArgs;
 use super::decide::{self, Action, Policy};
 use super::hold::Holds;
 use super::mapping::NodeMap;
-use super::ownership::{self, DrainRecord, NodeRecord};
+use super::ownership;
 use super::records::Records;
 use crate::run::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
@@ -30,6 +30,8 @@ use isthmus_api::retry::{Backoff, RetryPolicy};
 mod breaker;
 #[path = "shell_clash.rs"]
 mod clash_io;
+#[path = "shell_records.rs"]
+mod records_io;
 
 const FOLLOW_UP: Duration = Duration::from_millis(200);
 
@@ -263,59 +265,6 @@ impl Shell {
             FOLLOW_UP.min(self.interval)
         } else {
             self.interval
-        }
-    }
-
-    /// Whether a lift of `record` must wait: a job ended under the drain (the drain is kept, its record removed), or
-    /// the node's last busy time could not be read (retried).
-    async fn keep_drain(&mut self, record: &DrainRecord, t: &Target<'_>) -> bool {
-        let last_busy = match self.reader.last_busy(&t.slurm.name).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(node = t.slurm.name, error = %e, "cannot read when the node was last busy; not lifting its drain yet");
-                return true;
-            }
-        };
-        let at_record = self.alloc_at_record.get(&t.slurm.name).copied();
-        if !ownership::jobs_ended_under(record, last_busy.as_deref(), at_record, t.slurm.alloc_cpus)
-        {
-            return false;
-        }
-        tracing::warn!(
-            node = t.slurm.name,
-            reason = record.reason,
-            since = record.since,
-            last_busy = last_busy.as_deref().unwrap_or("?"),
-            "keeping the drain: a job ended on the node while it was drained, and Slurm keeps the reason of a drain \
-             it adds then (Epilog or health-check failure); lift it with `scontrol update NodeName=<node> \
-             State=UNDRAIN` once checked"
-        );
-        metrics::counter!("isthmus_controller_nodesync_kept_drains_total").increment(1);
-        let forget = Action::Record {
-            node: t.node.to_owned(),
-            record: NodeRecord {
-                slurm: Some(t.slurm.name.clone()),
-                ..NodeRecord::default()
-            },
-        };
-        Box::pin(self.execute(forget, t)).await;
-        true
-    }
-
-    /// The records of Nodes that no longer exist are removed (each shard written once).
-    async fn forget_gone(
-        &mut self,
-        records: &std::collections::BTreeMap<String, NodeRecord>,
-        names: &BTreeSet<&str>,
-    ) {
-        for node in records.keys().filter(|n| !names.contains(n.as_str())) {
-            if let Err(e) = self
-                .records
-                .set(&self.guard, node, &NodeRecord::default())
-                .await
-            {
-                tracing::warn!(node, error = %e, "node sync: the record of a deleted Node could not be removed");
-            }
         }
     }
 
