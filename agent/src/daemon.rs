@@ -242,6 +242,17 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let live_xids = nvml.xid_queue();
     let (memory_tx, memory_rx) = watch::channel(Vec::new());
     let (findings_tx, findings_rx) = watch::channel(Vec::new());
+    // The conditions the node reports about itself travel in its NodeResourceTopology: none without it.
+    let (reported, reported_rx) = crate::k8s::reported::Reported::new();
+    let report_to = client
+        .clone()
+        .zip(publish_as.clone())
+        .filter(|_| publish_nrt);
+    if publish_as.is_some() && !publish_nrt {
+        tracing::info!(
+            "the NodeResourceTopology is not published: the node's device health conditions are not reported"
+        );
+    }
     let triggers = crate::discovery::spawn_worker(
         config.host.clone(),
         nvml,
@@ -337,7 +348,13 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             findings: findings_tx,
             host_root: Some(config.host.host_root.clone()),
             flap: config.health.flap,
-            publish: client.clone().zip(publish_as.clone()),
+            publish: report_to
+                .clone()
+                .map(|(client, node)| crate::health::Publish {
+                    client,
+                    node,
+                    reported: reported.clone(),
+                }),
             heartbeat: config.health.heartbeat,
             out_of_slurm,
         },
@@ -347,10 +364,14 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     ));
 
     if let Some(role) = config.device_plugin.clone() {
-        let publish = client
-            .clone()
-            .zip(publish_as.clone())
-            .map(|(client, node)| crate::k8s::deviceplugin::report::Publisher { client, node });
+        let publish =
+            report_to.clone().map(
+                |(client, node)| crate::k8s::deviceplugin::report::Publisher {
+                    client,
+                    node,
+                    reported: reported.clone(),
+                },
+            );
         let owners = client.clone().map(|client| {
             let (namespace, name) = role.owners.clone();
             crate::k8s::deviceplugin::owners::OwnersSource {
@@ -399,6 +420,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 numatopology_recheck: config.kube.numatopology_recheck,
                 kubelet: config.kube.kubelet.clone(),
                 health: findings_rx,
+                reported: reported_rx,
             },
             topo_rx.clone(),
             metrics.clone(),

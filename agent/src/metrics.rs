@@ -180,7 +180,7 @@ fn describe() {
     );
     describe_counter!(
         "isthmus_health_condition_writes_total",
-        "Writes of the node's health conditions (nodes/status), by result (ok, error)."
+        "Reports of changed or heartbeat health conditions to the node's NodeResourceTopology (result ok; the object's writes: isthmus_nrt_writes_total, isthmus_nrt_failures_total)."
     );
     describe_gauge!(
         "isthmus_supervised_child_up",

@@ -4,10 +4,12 @@
 //! renderers ([`render`]) turn into what Slurm (`topology.conf`, central `gres.conf`, `NodeName=` lines), Volcano
 //! (`HyperNode`s), Kueue (`Topology`) and Kubernetes node labels need; [`offline`] runs that from files. The pure
 //! part talks to no API server. The running controller ([`run`]) campaigns for leadership and, while it leads, runs
-//! three tasks side by side ([`run::tasks`]): topology (feeds the model from watches and writes its outputs through
-//! typed sinks), node state sync ([`nodesync`]) and Slurm placement ([`placement`]); every replica serves the
-//! admission webhook ([`webhook`]).
+//! its tasks side by side ([`run::tasks`]): topology (feeds the model from watches and writes its outputs through
+//! typed sinks), the projection of the conditions each node reports about itself onto its Node ([`conditions`],
+//! read by [`reported`]), node state sync ([`nodesync`]) and Slurm placement ([`placement`]); every replica serves
+//! the admission webhook ([`webhook`]).
 
+pub mod conditions;
 pub mod fabric;
 pub mod facts;
 pub mod hostlist;
@@ -18,6 +20,7 @@ pub mod nodesync;
 pub mod offline;
 pub mod placement;
 pub mod render;
+pub mod reported;
 pub mod run;
 pub mod slurm;
 pub mod webhook;

@@ -7,8 +7,10 @@
 //!   it ([`ApiServer::stop`], [`ApiServer::restart`]); dropped, it stops and its directory is removed.
 //! - Identities: the administrator is a static token in `system:masters` ([`ApiServer::kubectl`],
 //!   [`ApiServer::admin_kubeconfig`]); anything else runs as a real ServiceAccount through a TokenRequest token
-//!   ([`ApiServer::token_for`], [`ApiServer::kubeconfig_for_token`]), authorized by RBAC
-//!   (`--authorization-mode=RBAC`) exactly as a cluster would.
+//!   ([`ApiServer::token_for`], [`ApiServer::kubeconfig_for_token`]), authorized by RBAC exactly as a cluster
+//!   would; a Node's kubelet through a client certificate ([`ApiServer::node_kubeconfig`]), authorized by the Node
+//!   authorizer and held to its own Node by NodeRestriction (`--authorization-mode=Node,RBAC`,
+//!   `--enable-admission-plugins=NodeRestriction`).
 //! - Audit: every write, and every request of a ServiceAccount, is logged (level Metadata);
 //!   [`ApiServer::writes_by`] lists one identity's writes, [`ApiServer::requests_by`] a ServiceAccount's calls.
 //! - There is no kubelet, scheduler or controller-manager: Nodes are objects ([`ApiServer::create_node`]), pods
@@ -388,8 +390,11 @@ impl ApiServer {
         .arg(arg("tls-private-key-file", d.join("pki/serving.key")))
         .arg(arg("client-ca-file", d.join("pki/ca.crt")))
         .arg(arg("token-auth-file", d.join("tokens.csv")))
+        // As a cluster runs: kubelets authorized by the Node authorizer and held to their own Node by
+        // NodeRestriction, everyone else by RBAC.
         .args([
-            "--authorization-mode=RBAC",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             "--profiling=false",
         ])

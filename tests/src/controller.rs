@@ -271,6 +271,36 @@ pub fn set_attribute(o: &mut NodeResourceTopology, name: &str, value: impl Into<
         .push(isthmus_api::nrt::Attribute::new(name, value.into()));
 }
 
+/// Put `condition` in Node `node`'s NodeResourceTopology as its agent reports it (here written by the
+/// administrator; the object is made when missing, its other reported conditions stay).
+pub fn report_condition(
+    api: &ApiServer,
+    node: &str,
+    condition: &k8s_openapi::api::core::v1::NodeCondition,
+) {
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let attribute = isthmus_api::conditions::attribute(condition, &now);
+    let out = api.kubectl(&["get", "noderesourcetopology", node, "-o", "json"]);
+    let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut attributes: Vec<serde_json::Value> = live["attributes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a["name"].as_str() != Some(attribute.name.as_str()))
+        .collect();
+    attributes.push(serde_json::json!({"name": attribute.name, "value": attribute.value}));
+    let nrt = serde_json::json!({
+        "apiVersion": isthmus_api::nrt::API_VERSION,
+        "kind": isthmus_api::nrt::KIND,
+        "metadata": {"name": node},
+        "zones": live["zones"].as_array().cloned().unwrap_or_default(),
+        "attributes": attributes,
+    });
+    api.apply_yaml(&nrt.to_string());
+}
+
 /// Change the `RealMemory=` of the Slurm node line in a node's report (a change the controller must follow).
 pub fn set_real_memory(o: &mut NodeResourceTopology, memory: u64) {
     for a in &mut o.attributes {

@@ -1,7 +1,8 @@
-//! A site for the node sync: a private real API server (with the shipped `rbac-nodesync.yaml` applied and the
-//! controller's ServiceAccount), a real Slurm cluster whose nodes have a Node object of the same name, and the
-//! controller's node sync running in-process under the ServiceAccount's token. The Slurm tools are reached through
-//! wrapper scripts that log every call, so a test can count `scontrol update`s.
+//! A site for the node sync: a private real API server (with the NodeResourceTopology CRD, the shipped
+//! `rbac-nodesync.yaml` and the controller's namespaced Role applied, and the controller's ServiceAccount), a real
+//! Slurm cluster whose nodes have a Node object of the same name, and the controller's node sync running in-process
+//! under the ServiceAccount's token. The Slurm tools are reached through wrapper scripts that log every call, so a
+//! test can count `scontrol update`s.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -29,6 +30,57 @@ pub struct SyncSite {
 }
 
 impl SyncSite {
+    /// Report condition `type_` in Node `node`'s NodeResourceTopology, as its agent does (here written by the
+    /// administrator; the other reported conditions stay): what the node sync believes of the node's device health
+    /// and device clashes.
+    pub fn report_condition(
+        &self,
+        node: &str,
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        use k8s_openapi::api::core::v1::NodeCondition;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let condition = NodeCondition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            last_transition_time: Some(now.clone()),
+            last_heartbeat_time: Some(now),
+        };
+        crate::controller::report_condition(&self.api, node, &condition);
+    }
+
+    /// The node sync's record of Node `node` (the entry in its ConfigMaps `isthmus-nodesync-drains-NN`), as JSON.
+    pub fn record(&self, node: &str) -> Option<serde_json::Value> {
+        let out = self.api.kubectl(&[
+            "get",
+            "configmaps",
+            "-n",
+            SA.0,
+            "-l",
+            "app.kubernetes.io/component=nodesync-drains",
+            "-o",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|cm| cm["data"][node].as_str().map(str::to_owned))
+            .and_then(|text| serde_json::from_str(&text).ok())
+    }
+
+    /// Whether the node sync has recorded a drain of Node `node` as its own.
+    pub fn drain_recorded(&self, node: &str) -> bool {
+        self.record(node).is_some_and(|r| r["drain"].is_object())
+    }
+
     /// Set condition `type_` on Node `node` as the administrator (a strategic patch of `nodes/status`).
     pub fn set_condition(
         &self,
@@ -81,10 +133,17 @@ impl SyncSite {
             ns = SA.0,
             sa = SA.1
         ));
-        let rbac = crate::repo_root().join("deploy/controller/overlays/slurm/rbac-nodesync.yaml");
-        api.apply_yaml(
-            &std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{}: {e}", rbac.display())),
-        );
+        crate::controller::install_nrt_crd(&api);
+        for rbac in [
+            "deploy/controller/overlays/slurm/rbac-nodesync.yaml",
+            "deploy/controller/base/role.yaml",
+        ] {
+            let path = crate::repo_root().join(rbac);
+            api.apply_yaml(
+                &std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+            );
+        }
         for n in names {
             api.create_node(n);
         }
@@ -127,6 +186,7 @@ impl SyncSite {
             client,
             slurm_client,
             args,
+            SA.0.to_owned(),
             guard,
             shutdown.clone(),
         ));
@@ -146,6 +206,36 @@ impl SyncSite {
             );
         }
         site
+    }
+
+    /// A pod bound to Node `node` in namespace `clash` (made with its default ServiceAccount the first time), with
+    /// `limits` (e.g. `{nvidia.com/gpu: "1"}`).
+    pub fn bound_pod(&self, name: &str, node: &str, limits: &str) {
+        // No controller-manager here: the namespace's default ServiceAccount is made by hand.
+        self.api.apply_yaml(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: clash\n---\napiVersion: v1\nkind: ServiceAccount\n\
+             metadata:\n  name: default\n  namespace: clash\n",
+        );
+        self.api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: clash\nspec:\n  nodeName: {node}\n  \
+             automountServiceAccountToken: false\n  containers:\n  - name: c\n    image: busybox\n    resources:\n      \
+             limits: {limits}\n"
+        ));
+    }
+
+    /// Whether pod `clash/name` is terminating (an eviction sets `deletionTimestamp`; these Nodes have no kubelet to
+    /// finish it).
+    pub fn terminating(&self, name: &str) -> bool {
+        let out = self.kubectl_ok(&[
+            "get",
+            "pod",
+            "-n",
+            "clash",
+            name,
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp}",
+        ]);
+        !out.trim().is_empty()
     }
 
     /// The node sync's ServiceAccount as the audit log names it.

@@ -1,4 +1,5 @@
-//! `isthmus agent` detecting failed devices on a recorded host and saying so on its Node, against the real
+//! `isthmus agent` detecting failed devices on a recorded host and saying so in its node's NodeResourceTopology (the
+//! conditions the controller projects onto the Node; the agent holds no right on Node status), against the real
 //! kube-apiserver as the shipped ServiceAccount: the 8×H100 fixture through the NVML seam (`--nvml-replay`), XID
 //! events replayed from the kernel-log recordings of `fixtures/xid/kmsg` as they are appended (`--xid-replay`), an
 //! InfiniBand port leaving ACTIVE/LinkUp in the copied sysfs tree and a GPU vanishing from it, and a row remap that
@@ -38,17 +39,17 @@ fn metric(listen: &str, name: &str, labels: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// The Node's condition `type_`: (status, reason, message).
+/// The condition `type_` the node reports in its NodeResourceTopology, read as the controller reads it: (status,
+/// reason, message).
 fn condition(api: &ApiServer, node: &str, type_: &str) -> Option<(String, String, String)> {
-    let out = api.kubectl(&["get", "node", node, "-o", "json"]);
+    let out = api.kubectl(&["get", "noderesourcetopology", node, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    let c = v["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .clone();
-    let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
-    Some((s("status"), s("reason"), s("message")))
+    let c = isthmus_tests::reported_condition(&v, type_)?;
+    Some((
+        c.status,
+        c.reason.unwrap_or_default(),
+        c.message.unwrap_or_default(),
+    ))
 }
 
 /// The NodeResourceTopology's zone holding device `pci`: (allocatable `nvidia.com/gpu`, the device's attribute).

@@ -170,7 +170,11 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
     check_apply(
         &api,
         &controller::deploy_dir(),
-        &["base/rbac-topology.yaml", "base/rbac-webhook.yaml"],
+        &[
+            "base/rbac-topology.yaml",
+            "base/rbac-conditions.yaml",
+            "base/rbac-webhook.yaml",
+        ],
     );
     // The Slurm overlay adds the node sync's and the placement's.
     let all: Vec<&str> = TASK_ACCESS.iter().map(|(f, _)| *f).collect();

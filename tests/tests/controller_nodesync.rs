@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use isthmus_controller::nodesync::{API_ACCESS, NodeSyncArgs};
+use isthmus_controller::nodesync::{API_ACCESS, NAMESPACE_ACCESS, NodeSyncArgs};
 use isthmus_tests::each_release;
 use isthmus_tests::nodesync::SyncSite;
 
@@ -189,7 +189,8 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
         .filter(|e| e.code == 403)
         .collect();
     assert!(denied.is_empty(), "{denied:#?}");
-    // ... and it asked for exactly what API_ACCESS lists (the ClusterRole's content), every item of it used.
+    // ... and it asked for exactly what API_ACCESS lists (the ClusterRole's content) and, in its namespace, what
+    // NAMESPACE_ACCESS lists (its drain records), every item of it used.
     let used: std::collections::BTreeSet<(String, String)> = site
         .api
         .requests_by(&site.user(), SystemTime::UNIX_EPOCH)
@@ -209,6 +210,7 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
     // sees them made as this ServiceAccount).
     let listed: std::collections::BTreeSet<(String, String)> = API_ACCESS
         .iter()
+        .chain(NAMESPACE_ACCESS)
         .flat_map(|a| {
             a.verbs
                 .iter()
@@ -346,10 +348,7 @@ fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon(release) {
     std::fs::write(&flag, "").unwrap_or_else(|e| panic!("{e}"));
     site.kubectl_ok(&["cordon", "ep1"]);
     site.wait("ep1 drained by the cordon, recorded", CROSS * 2, || {
-        site.slurm.state("ep1").contains("DRAIN")
-            && site
-                .annotation("ep1", "isthmus.io/slurm-drain-record")
-                .is_some()
+        site.slurm.state("ep1").contains("DRAIN") && site.drain_recorded("ep1")
     });
     site.wait("the job to end", CROSS * 10, || {
         site.slurm.state("ep1") == "IDLE+DRAIN"
@@ -365,10 +364,7 @@ fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon(release) {
     // Uncordon: the drain is kept (a job ended under it), reported by the taint, its record removed.
     site.kubectl_ok(&["uncordon", "ep1"]);
     site.wait("ep1's kept drain tainted", CROSS * 2, || {
-        site.tainted("ep1")
-            && site
-                .annotation("ep1", "isthmus.io/slurm-drain-record")
-                .is_none()
+        site.tainted("ep1") && !site.drain_recorded("ep1")
     });
     assert_eq!(site.slurm.state("ep1"), "IDLE+DRAIN");
     let undrains: Vec<String> = site
@@ -380,8 +376,7 @@ fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon(release) {
     // The same on an idle node, where no job ended under the drain: lifted.
     site.kubectl_ok(&["cordon", "ep2"]);
     site.wait("ep2 drained and recorded", CROSS * 2, || {
-        site.annotation("ep2", "isthmus.io/slurm-drain-record")
-            .is_some()
+        site.drain_recorded("ep2")
     });
     site.kubectl_ok(&["uncordon", "ep2"]);
     site.wait("ep2 undrained", CROSS, || {
@@ -391,20 +386,25 @@ fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon(release) {
 }
 
 each_release! {
-fn two_nodes_claiming_one_slurm_node_are_reported_and_nothing_flaps(release) {
+fn a_node_labelled_with_another_nodes_slurm_name_is_refused_and_nothing_flaps(release) {
     let site = SyncSite::start_on(release, &["cf1", "cf2"], args());
+    // A second Node claims cf1 by its label (copied by mistake, or set by a kubelet on its own Node): cf1 keeps its
+    // Slurm node, which is its own name; the impostor is told why it is left alone.
     site.api.apply_yaml(
         "apiVersion: v1\nkind: Node\nmetadata:\n  name: impostor\n  labels:\n    \
          isthmus.io/slurm-node-name: cf1\n",
     );
-    for node in ["cf1", "impostor"] {
-        site.wait(&format!("{node}'s conflict condition"), CROSS * 2, || {
-            site.condition(node).is_some_and(|c| {
-                c.0 == "Unknown" && c.1 == "SlurmNodeConflict" && c.2.contains("cf1, impostor")
-            })
-        });
-    }
-    // A cordon of either changes nothing in Slurm; nothing is written while the conflict lasts.
+    site.wait("the impostor's conflict condition", CROSS * 2, || {
+        site.condition("impostor").is_some_and(|c| {
+            c.0 == "Unknown" && c.1 == "SlurmNodeConflict" && c.2.contains("Node cf1's (its own name)")
+        })
+    });
+    assert!(
+        site.condition("cf1").is_some_and(|c| c.0 == "True" && c.1 == "Idle"),
+        "{:?}",
+        site.condition("cf1")
+    );
+    // A cordon of the impostor changes nothing in Slurm; nothing is written while the claim lasts.
     site.kubectl_ok(&["cordon", "impostor"]);
     std::thread::sleep(Duration::from_millis(500));
     let since = SystemTime::now();
@@ -424,11 +424,14 @@ fn two_nodes_claiming_one_slurm_node_are_reported_and_nothing_flaps(release) {
     assert_eq!(site.condition("cf1").map(|c| c.3), ltt, "no flap");
     let writes = site.writes_since(since);
     assert!(writes.is_empty(), "{writes:#?}");
-    // The label goes: cf1 is cf1's again.
-    site.kubectl_ok(&["label", "node", "impostor", "isthmus.io/slurm-node-name-"]);
-    site.wait("cf1's condition back", CROSS * 2, || {
-        site.condition("cf1")
-            .is_some_and(|c| c.0 == "True" && c.1 == "Idle")
+    // cf1 is still cf1's: its cordon drains it, its uncordon lifts the drain.
+    site.kubectl_ok(&["cordon", "cf1"]);
+    site.wait("cf1 drained by its own cordon", CROSS, || {
+        site.slurm.state("cf1").contains("DRAIN")
+    });
+    site.kubectl_ok(&["uncordon", "cf1"]);
+    site.wait("cf1 undrained", CROSS, || {
+        !site.slurm.state("cf1").contains("DRAIN")
     });
 }
 }

@@ -1,7 +1,9 @@
 //! Device health through the node sync against a real API server (the controller's ServiceAccount and shipped RBAC)
-//! and a real two-node Slurm cluster: a failed class drains the Slurm node with `isthmus: health: <class>
-//! <devices>` and taints the Node; recovery lifts exactly the drain and taint the node sync set, and leaves an
-//! administrator's drain and taints alone; the circuit breaker holds new drains while too many Nodes fail at once.
+//! and a real two-node Slurm cluster: a failed class, as the node's agent reports it in its NodeResourceTopology,
+//! drains the Slurm node with `isthmus: health: <class> <devices>` and taints the Node; recovery lifts exactly the
+//! drain and taint the node sync set, and leaves an administrator's drain and taints alone; the circuit breaker holds
+//! new drains while too many Nodes fail at once. `node_security.rs` shows that the same conditions written on a
+//! Node's status by anyone but the node's report change nothing.
 
 use std::time::Duration;
 
@@ -55,14 +57,15 @@ fn held_events(site: &SyncSite, node: &str) -> Vec<serde_json::Value> {
     site.api.node_events(node, "reason=HealthDrainHeld")
 }
 
-/// Set a health condition as the agent reports one (here written by the administrator).
+/// Report a health condition as the agent does, in the node's NodeResourceTopology (here written by the
+/// administrator).
 fn set_health(site: &SyncSite, node: &str, type_: &str, status: &str, message: &str) {
     let reason = if status == "True" {
         "DevicesHealthy"
     } else {
         "Xid79"
     };
-    site.set_condition(node, type_, status, reason, message);
+    site.report_condition(node, type_, status, reason, message);
 }
 
 #[test]
@@ -253,31 +256,10 @@ fn the_circuit_breaker_holds_new_drains_while_too_many_nodes_fail_at_once() {
     site.stop().unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// A pod bound to `node` in namespace `clash`, with `limits` (e.g. `{nvidia.com/gpu: "1"}`).
-fn bound_pod(site: &SyncSite, name: &str, node: &str, limits: &str) {
-    site.api.apply_yaml(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: clash\nspec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n  \
-         containers:\n  - name: c\n    image: busybox\n    resources:\n      limits: {limits}\n"
-    ));
-}
-
-/// The pod's `metadata.deletionTimestamp` (set by an eviction; these Nodes have no kubelet to finish it).
-fn terminating(site: &SyncSite, name: &str) -> bool {
-    let out = site.kubectl_ok(&[
-        "get",
-        "pod",
-        "-n",
-        "clash",
-        name,
-        "-o",
-        "jsonpath={.metadata.deletionTimestamp}",
-    ]);
-    !out.trim().is_empty()
-}
-
-/// A Node's agent reports a pod holding a Slurm job's device (`DeviceAllocationConsistent` False): the node sync
-/// evicts that pod, as its ServiceAccount, with a Warning Event on it — and not a pod bound to another Node, a pod
-/// that asks for no accelerator, or a name that does not parse, even when the condition names them.
+/// A Node's agent reports a pod holding a Slurm job's device (`DeviceAllocationConsistent` False, in its
+/// NodeResourceTopology): the node sync evicts that pod, as its ServiceAccount, with a Warning Event on it — and not
+/// a pod bound to another Node, a pod that asks for no accelerator, or a name that does not parse, even when the
+/// condition names them.
 #[test]
 fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
     let site = SyncSite::start(
@@ -287,14 +269,9 @@ fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
             ..NodeSyncArgs::default()
         },
     );
-    // No controller-manager here: the namespace's default ServiceAccount is made by hand.
-    site.api.apply_yaml(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: clash\n---\napiVersion: v1\nkind: ServiceAccount\n\
-         metadata:\n  name: default\n  namespace: clash\n",
-    );
-    bound_pod(&site, "on-the-jobs-gpu", "dc1", "{nvidia.com/gpu: \"1\"}");
-    bound_pod(&site, "on-dc2", "dc2", "{nvidia.com/gpu: \"1\"}");
-    bound_pod(&site, "no-gpu", "dc1", "{cpu: \"1\"}");
+    site.bound_pod("on-the-jobs-gpu", "dc1", "{nvidia.com/gpu: \"1\"}");
+    site.bound_pod("on-dc2", "dc2", "{nvidia.com/gpu: \"1\"}");
+    site.bound_pod("no-gpu", "dc1", "{cpu: \"1\"}");
     let clash = |pod: &str| {
         format!("pod clash/{pod} holds devices Slurm jobs hold: 0000:3b:00.0 (Slurm job 12)")
     };
@@ -307,7 +284,7 @@ fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
     ]
     .join("; ");
     let since = std::time::SystemTime::now();
-    site.set_condition(
+    site.report_condition(
         "dc1",
         "DeviceAllocationConsistent",
         "False",
@@ -315,7 +292,7 @@ fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
         &message,
     );
     let took = site.wait("the clashing pod is evicted", CROSS, || {
-        terminating(&site, "on-the-jobs-gpu")
+        site.terminating("on-the-jobs-gpu")
     });
     println!("evicted {took:?} after the condition was set");
     // One eviction, made as the node sync's ServiceAccount; a pass more changes nothing.
@@ -333,8 +310,8 @@ fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
         vec!["create /api/v1/namespaces/clash/pods/on-the-jobs-gpu/eviction 201"],
         "{evictions:#?}"
     );
-    assert!(!terminating(&site, "on-dc2"), "a pod on another Node");
-    assert!(!terminating(&site, "no-gpu"), "a pod without accelerators");
+    assert!(!site.terminating("on-dc2"), "a pod on another Node");
+    assert!(!site.terminating("no-gpu"), "a pod without accelerators");
     let uid = site.kubectl_ok(&[
         "get",
         "pod",

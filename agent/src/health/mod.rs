@@ -1,6 +1,7 @@
 //! Device health on the node: every discovery and every XID event goes through [`state::HealthState`]; the
-//! findings become the `isthmus_device_health` metric and, when the Kubernetes side is on, the Node's health
-//! conditions ([`conditions`]), applied with server-side apply on `nodes/status` under their own field manager.
+//! findings become the `isthmus_device_health` metric and, when the Kubernetes side is on, the node's health
+//! conditions ([`conditions`]), reported in the node's own NodeResourceTopology ([`crate::k8s::reported`]), from
+//! which the controller projects them onto the Node (the agent writes nothing on Node status).
 //!
 //! XID events come from the live NVML's event watcher (with the recovery action NVML reports after each) and, for
 //! tests and offline analysis, from a kernel-log recording replayed with `--xid-replay` (read as it grows).
@@ -14,7 +15,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use isthmus_api::retry::RetryPolicy;
 use isthmus_topology::HostRoot;
 use isthmus_topology::NodeTopology;
 use isthmus_topology::health::detect::{Finding, HealthClass};
@@ -23,15 +23,11 @@ use isthmus_topology::health::xid::XidTable;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use state::HealthState;
-
-/// The field manager of the health conditions (it owns only those condition entries).
-pub const FIELD_MANAGER: &str = "isthmus-health";
 
 /// How often the InfiniBand ports' state files are read between discoveries: 1536 ms on the daemon's time grid,
 /// a multiple of the kubelet polls' 512 ms and 768 ms, so the reads ride on their wake-ups.
@@ -72,7 +68,8 @@ pub struct HealthArgs {
     /// A flapping port is sound again after this long without going down.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub ib_flap_quiet_seconds: u64,
-    /// Seconds between writes of unchanged health conditions (their `lastHeartbeatTime`); 0: only on change.
+    /// Seconds between reports of unchanged health conditions (their `lastHeartbeatTime`, in the node's
+    /// NodeResourceTopology); 0: only on change.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub health_heartbeat_seconds: u64,
 }
@@ -94,9 +91,10 @@ pub struct HealthOptions {
     pub host_root: Option<PathBuf>,
     /// When a port flaps.
     pub flap: FlapPolicy,
-    /// Where the conditions go: the client and the Node's name; `None`: metric only.
-    pub publish: Option<(kube::Client, String)>,
-    /// Re-write unchanged conditions this often (their heartbeat); zero: only on change.
+    /// Where the conditions go (the node's NodeResourceTopology), with the client and the Node's name for the
+    /// Node's previous conditions and the Events; `None`: metric only.
+    pub publish: Option<Publish>,
+    /// Report unchanged conditions again this often (their heartbeat); zero: only on change.
     pub heartbeat: Duration,
     /// The failed GPUs the node's Slurm definition leaves out (`--slurm-failed-gpus remove`): the `GpuHealthy`
     /// message says so, and the node sync then drains nothing for them.
@@ -111,10 +109,30 @@ impl std::fmt::Debug for HealthOptions {
             .field("live_xids", &self.live_xids.is_some())
             .field("host_root", &self.host_root)
             .field("flap", &self.flap)
-            .field("node", &self.publish.as_ref().map(|(_, n)| n))
+            .field("node", &self.publish.as_ref().map(|p| &p.node))
             .field("heartbeat", &self.heartbeat)
             .field("out_of_slurm", &*self.out_of_slurm.borrow())
             .finish()
+    }
+}
+
+/// Where the health conditions go.
+#[derive(Clone)]
+pub struct Publish {
+    /// The agent's client: the Node's conditions as the controller projected them (their transition times) and
+    /// UID are read at start, and the Events recorded.
+    pub client: kube::Client,
+    /// The Node's name.
+    pub node: String,
+    /// The conditions the node's NodeResourceTopology carries.
+    pub reported: crate::k8s::reported::Reported,
+}
+
+impl std::fmt::Debug for Publish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publish")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
     }
 }
 
@@ -173,10 +191,6 @@ pub async fn run(
     // A change the select below has seen (its `changed()` marks the value seen, so `has_changed` no longer says so).
     let mut out_of_slurm_pending = false;
     let mut topo_changed = true;
-    let mut retry_write = false;
-    // After a failed write: not again before this, and the wait doubles (1 s to 60 s, jittered) while writes fail.
-    let mut retry_at = Instant::now();
-    let mut backoff = RetryPolicy::api_write().backoff();
     loop {
         let mut changed = false;
         if topo_changed {
@@ -229,8 +243,7 @@ pub async fn run(
         }
         let metric_due = last_metric.is_none_or(|t| t.elapsed() >= METRIC_REFRESH);
         let heartbeat_due = !opts.heartbeat.is_zero() && last_write.elapsed() >= opts.heartbeat;
-        let write_due = retry_write && Instant::now() >= retry_at;
-        if changed || metric_due || heartbeat_due || write_due {
+        if changed || metric_due || heartbeat_due {
             let findings = state.findings();
             record_metric(&metrics, &state, &findings);
             opts.findings.send_if_modified(|cur| {
@@ -241,9 +254,7 @@ pub async fn run(
                 changed
             });
             last_metric = Some(Instant::now());
-            if let Some((client, node)) =
-                opts.publish.as_ref().filter(|_| Instant::now() >= retry_at)
-            {
+            if let Some(p) = &opts.publish {
                 let states = conditions::class_states(
                     &state.classes(),
                     &findings,
@@ -251,41 +262,32 @@ pub async fn run(
                 );
                 let now = Time(k8s_openapi::jiff::Timestamp::now());
                 if written.is_none() {
-                    let (conds, uid) = read_conditions(client, node).await;
+                    let (conds, uid) = match read_conditions(&p.client, &p.node).await {
+                        Ok(read) => read,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the Node's health conditions could not be read");
+                            (Vec::new(), None)
+                        }
+                    };
                     written = Some(conds);
                     node_uid = uid;
                 }
                 let previous = written.clone().unwrap_or_default();
                 let want = conditions::conditions(&states, &previous, &now);
-                retry_write = false;
                 if !want.is_empty() && (!conditions::same(&previous, &want) || heartbeat_due) {
-                    match apply(client, node, &want).await {
-                        Ok(()) => {
-                            for c in want.iter().filter(|c| c.status == "False") {
-                                tracing::warn!(condition = %c.type_, reason = ?c.reason, message = ?c.message, "device health");
-                            }
-                            metrics.record_health_event(
-                                "isthmus_health_condition_writes_total",
-                                "result",
-                                "ok",
-                            );
-                            let news = events::changes(&previous, &want);
-                            events::record(client, node, node_uid.as_deref(), &news).await;
-                            written = Some(want);
-                            last_write = Instant::now();
-                            backoff.reset();
-                        }
-                        Err(e) => {
-                            metrics.record_health_event(
-                                "isthmus_health_condition_writes_total",
-                                "result",
-                                "error",
-                            );
-                            tracing::warn!(error = %e, "the health conditions could not be written; retrying");
-                            retry_write = true;
-                            retry_at = Instant::now() + backoff.next_delay();
-                        }
+                    p.reported.set(&want);
+                    for c in want.iter().filter(|c| c.status == "False") {
+                        tracing::warn!(condition = %c.type_, reason = ?c.reason, message = ?c.message, "device health");
                     }
+                    metrics.record_health_event(
+                        "isthmus_health_condition_writes_total",
+                        "result",
+                        "ok",
+                    );
+                    let news = events::changes(&previous, &want);
+                    events::record(&p.client, &p.node, node_uid.as_deref(), &news).await;
+                    written = Some(want);
+                    last_write = Instant::now();
                 }
             }
         }
@@ -331,47 +333,21 @@ fn record_metric(
     metrics.record_health(&devices);
 }
 
-/// The health conditions the Node has now (their transition times are kept) and its UID (for Events); none when
-/// it cannot be read.
+/// The health conditions the Node has now (as the controller projected them: their transition times are kept) and
+/// its UID (for Events).
 async fn read_conditions(
     client: &kube::Client,
     node: &str,
-) -> (Vec<NodeCondition>, Option<String>) {
+) -> Result<(Vec<NodeCondition>, Option<String>), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
-    match api.get(node).await {
-        Ok(n) => (
-            n.status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|c| HealthClass::from_condition_type(&c.type_).is_some())
-                .collect(),
-            n.metadata.uid,
-        ),
-        Err(e) => {
-            tracing::warn!(error = %e, "the Node's health conditions could not be read");
-            (Vec::new(), None)
-        }
-    }
-}
-
-async fn apply(
-    client: &kube::Client,
-    node: &str,
-    conds: &[NodeCondition],
-) -> Result<(), kube::Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let patch = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": node},
-        "status": {"conditions": conds},
-    });
-    api.patch_status(
-        node,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(|_| ())
+    let n = api.get(node).await?;
+    Ok((
+        n.status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| HealthClass::from_condition_type(&c.type_).is_some())
+            .collect(),
+        n.metadata.uid,
+    ))
 }

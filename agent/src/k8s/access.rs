@@ -29,15 +29,9 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "nodes",
         verbs: &["get"],
         why: "the Node's UID for the owner reference of the node's objects (garbage collection with the Node); read \
-              at start and after an object was deleted; the Node's health conditions, read at start",
-    },
-    ApiAccess {
-        group: "",
-        resource: "nodes/status",
-        verbs: &["patch"],
-        why: "server-side apply of the node's device health conditions (GpuHealthy, NvlinkHealthy, \
-              InfinibandHealthy) and, with the device plugin beside Slurm, DeviceAllocationConsistent; the admission \
-              webhook holds the agent to its own Node and to these conditions",
+              at start and after an object was deleted; the Node's health conditions as the controller projected \
+              them (their transition times), read at start. The agent writes nothing on the Node: the conditions it \
+              reports travel in its NodeResourceTopology",
     },
 ];
 
@@ -245,10 +239,13 @@ mod tests {
             "watch is not granted"
         );
         assert!(!allowed("PATCH", "/api/v1/nodes/node1"));
-        assert!(allowed(
-            "PATCH",
-            "/api/v1/nodes/node1/status?&force=true&fieldManager=isthmus-health"
-        ));
+        assert!(
+            !allowed(
+                "PATCH",
+                "/api/v1/nodes/node1/status?&force=true&fieldManager=isthmus-health"
+            ),
+            "the agent writes nothing on Node status: its conditions travel in its NRT"
+        );
         assert!(!allowed("PUT", "/api/v1/nodes/node1/status"));
         assert!(!allowed("GET", "/api/v1/nodes/node1/status"));
         assert!(!allowed("GET", "/api/v1/namespaces/default/pods/p"));

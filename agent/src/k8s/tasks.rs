@@ -32,6 +32,8 @@ pub struct Publishing {
     pub kubelet: kubelet_view::Source,
     /// The device health findings (the health task's), which the NRT shows.
     pub health: watch::Receiver<Vec<Finding>>,
+    /// The conditions the node reports about itself, which the NRT carries.
+    pub reported: watch::Receiver<super::reported::Conditions>,
 }
 
 impl std::fmt::Debug for Publishing {
@@ -63,11 +65,16 @@ pub fn spawn(
             topo.clone(),
             view_rx.clone(),
             p.health.clone(),
-            move |topo, view, health| match topo.require_cpus() {
+            p.reported.clone(),
+            move |topo, view, health, reported| match topo.require_cpus() {
                 Ok(()) => {
                     let keep_existing = kubelet_says(view)?;
+                    let mut object = super::nrt_for(&name, topo, view, health, &options);
+                    object
+                        .attributes
+                        .extend(super::reported::attributes(reported));
                     Some(publisher::Desired {
-                        object: super::nrt_for(&name, topo, view, health, &options),
+                        object,
                         keep_existing,
                     })
                 }
@@ -97,6 +104,7 @@ pub fn spawn(
         topo,
         view_rx,
         p.health,
+        p.reported,
         numatopology_renderer(p.node.clone()),
         numa_tx,
         shutdown.clone(),
@@ -140,10 +148,15 @@ fn kubelet_says(view: &KubeletView) -> Option<bool> {
 /// The Numatopology renderer of the node `name`; warnings are logged when they change.
 fn numatopology_renderer(
     name: String,
-) -> impl Fn(&NodeTopology, &KubeletView, &[Finding]) -> Option<publisher::Desired<Numatopology>> {
+) -> impl Fn(
+    &NodeTopology,
+    &KubeletView,
+    &[Finding],
+    &super::reported::Conditions,
+) -> Option<publisher::Desired<Numatopology>> {
     let last_warnings = Mutex::new(Vec::<String>::new());
-    // Volcano's Numatopology describes CPUs only: device health does not change it.
-    move |topo, view, _health| {
+    // Volcano's Numatopology describes CPUs only: device health and the node's conditions do not change it.
+    move |topo, view, _health, _reported| {
         if let Err(e) = topo.require_cpus() {
             tracing::error!(error = %e, "the Numatopology is not published");
             return None;

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 pub use super::mapping::SLURM_NODE_NAME_LABEL;
-use super::ownership::{self, DrainRecord};
+use super::ownership::{self, DrainRecord, NodeRecord};
 use crate::slurm::nodes::SlurmNode;
 
 /// Prefix of every drain reason this controller sets in Slurm; a drain whose reason lacks it is never lifted here.
@@ -60,12 +60,18 @@ pub enum Action {
         /// The drain, exactly as Slurm shows it now.
         record: DrainRecord,
     },
-    /// Set (or, `None`, remove) the Node's [`ownership::RECORD_ANNOTATION`].
+    /// Replace the Node's record in the controller's namespace ([`super::records`]); an empty one removes it. A
+    /// record of intent comes before the drain it announces, and the drain is not sent when it cannot be written.
     Record {
         /// Node name.
         node: String,
-        /// The drain Slurm shows, which the node sync set.
-        record: Option<DrainRecord>,
+        /// The new record.
+        record: NodeRecord,
+    },
+    /// Remove the Node annotation that held the record before ([`ownership::LEGACY_ANNOTATION`]; never read).
+    ForgetLegacyRecord {
+        /// Node name.
+        node: String,
     },
     /// Server-side apply of the `SlurmNodeState` condition on the Node's status.
     SetCondition {
@@ -174,8 +180,8 @@ pub fn fingerprint(node: &Node) -> u64 {
         .and_then(|l| l.get(SLURM_NODE_NAME_LABEL));
     let annotations = node.metadata.annotations.as_ref();
     let note = annotations.and_then(|a| a.get(DRAIN_REASON_ANNOTATION));
-    let record = annotations.and_then(|a| a.get(ownership::RECORD_ANNOTATION));
-    (label, note, record).hash(&mut h);
+    let legacy = annotations.is_some_and(|a| a.contains_key(ownership::LEGACY_ANNOTATION));
+    (label, note, legacy).hash(&mut h);
     if let Some(spec) = &node.spec {
         spec.unschedulable.hash(&mut h);
         for t in spec.taints.iter().flatten() {
@@ -276,12 +282,14 @@ pub fn shows(node: &Node, desired: &NodeCondition) -> bool {
 }
 
 /// Everything to do for one Node and its Slurm node, given the drain reason the Node asks for (`wanted`, after
-/// hysteresis): the Slurm write if one is needed (the Node is then left for the next pass, which sees Slurm's new
-/// state), else the Node's record, taint and condition writes. A drain is replaced or lifted only when Slurm shows
-/// exactly the drain recorded on the Node ([`ownership`]). Slurm is not touched while it does not know the node's
+/// hysteresis) and the node sync's record of the Node's drain (`record`, from the controller's namespace): the Slurm
+/// write if one is needed, announced in the record first (the Node is then left for the next pass, which sees
+/// Slurm's new state), else the Node's record, taint and condition writes. A drain is replaced or lifted only when
+/// Slurm shows exactly the recorded drain ([`ownership`]). Slurm is not touched while it does not know the node's
 /// state (`UNKNOWN`, `FUTURE`, right after a slurmctld restart).
 pub fn decide(
     node: &Node,
+    record: &NodeRecord,
     slurm: &SlurmNode,
     policy: &Policy,
     wanted: Option<&str>,
@@ -293,24 +301,34 @@ pub fn decide(
     };
     let known = !matches!(slurm.state.as_str(), "" | "UNKNOWN" | "FUTURE");
     let drained = slurm.is_drained();
-    let record = ownership::record_of(node);
     let exact = record
+        .drain
         .as_ref()
         .filter(|r| ownership::is_exactly(slurm, r))
         .cloned();
 
     // Kubernetes → Slurm.
     if known {
-        match (wanted, &exact) {
-            (Some(reason), _) if !drained => actions.push(Action::Drain {
+        let drain_with = |reason: &str, actions: &mut Vec<Action>| {
+            if record.sent.as_deref() != Some(reason) {
+                actions.push(Action::Record {
+                    node: name.clone(),
+                    record: NodeRecord {
+                        sent: Some(reason.to_owned()),
+                        drain: record.drain.clone(),
+                        slurm: Some(slurm.name.clone()),
+                    },
+                });
+            }
+            actions.push(Action::Drain {
                 node: slurm.name.clone(),
                 reason: reason.to_owned(),
-            }),
+            });
+        };
+        match (wanted, &exact) {
+            (Some(reason), _) if !drained => drain_with(reason, &mut actions),
             (Some(reason), Some(_)) if slurm.reason.trim() != reason => {
-                actions.push(Action::Drain {
-                    node: slurm.name.clone(),
-                    reason: reason.to_owned(),
-                })
+                drain_with(reason, &mut actions);
             }
             (None, Some(record)) => actions.push(Action::Undrain {
                 node: slurm.name.clone(),
@@ -326,11 +344,8 @@ pub fn decide(
         return actions;
     }
 
-    // The record: Slurm's drain when it is the one the Node asks for; nothing otherwise.
-    let want_record = match wanted {
-        Some(reason) => ownership::current(slurm, reason),
-        None => None,
-    };
+    // The record: Slurm's drain when it is the one the node sync sent for what the Node asks for; nothing otherwise.
+    let want_record = ownership::next(record, slurm, wanted);
     // Slurm → Kubernetes: the taint (before the condition: its patch is conditional on the resourceVersion the
     // condition's apply would move). A drain is the Node's own while it asks for it; any other drain is tainted.
     let taints = node
@@ -364,12 +379,21 @@ pub fn decide(
         });
     }
 
-    // The record after the taint (whose patch is conditional on the resourceVersion this write moves).
-    if want_record != record {
+    if want_record != *record {
         actions.push(Action::Record {
             node: name.clone(),
             record: want_record,
         });
+    }
+    // The annotation that held the record before: never read, removed (after the taint, whose patch is
+    // conditional on the resourceVersion this write moves).
+    if node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ownership::LEGACY_ANNOTATION))
+    {
+        actions.push(Action::ForgetLegacyRecord { node: name.clone() });
     }
 
     let observed = observed_condition(node);

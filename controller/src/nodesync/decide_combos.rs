@@ -2,9 +2,9 @@
 
 use super::*;
 
-/// Every combination of both sides converges in at most three passes, each write at most once, and then
-/// nothing more is written: our own writes never cause further writes. A foreign drain is never lifted and no
-/// action ever touches a DOWN.
+/// Every combination of both sides converges in at most three passes, each write at most once (the record twice:
+/// the intent before a drain, then the drain Slurm shows), and then nothing more is written: our own writes never
+/// cause further writes. A foreign drain is never lifted and no action ever touches a DOWN.
 #[test]
 fn every_combination_converges_and_our_writes_cause_no_more_writes() {
     let states = ["IDLE", "MIXED", "ALLOCATED", "DOWN", "UNKNOWN"];
@@ -64,9 +64,11 @@ fn every_combination_converges_and_our_writes_cause_no_more_writes() {
                                                 .next()
                                                 .unwrap_or("")
                                                 .to_owned();
+                                            let most = if kind == "Record" { 2 } else { 1 };
                                             assert!(
-                                                !writes.contains(&kind),
-                                                "{kind} twice for {before:?} cordon={cordon} gpu={gpu:?}"
+                                                writes.iter().filter(|w| **w == kind).count()
+                                                    < most,
+                                                "{kind} again for {before:?} cordon={cordon} gpu={gpu:?}"
                                             );
                                             writes.push(kind);
                                         }

@@ -76,13 +76,13 @@ fn a_failed_gpu_drains_and_taints_and_recovery_lifts_only_ours() {
         taint_keys(&n),
         ["team:NoSchedule", "isthmus.io/health-gpu:NoSchedule"]
     );
-    assert!(ownership::record_of(&n).is_some());
+    assert!(rec(&n).drain.is_some());
     // Recovery: our drain and our taint go; the other taint stays.
     set_condition(&mut n, "GpuHealthy", "True", "no failed gpu device");
     converge(&mut n, &mut s, &p);
     assert!(!s.is_drained());
     assert_eq!(taint_keys(&n), ["team:NoSchedule"]);
-    assert!(ownership::record_of(&n).is_none());
+    assert!(rec(&n).drain.is_none());
 }
 
 #[test]

@@ -5,7 +5,30 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::nodesync::ownership::{self, DrainRecord};
+use crate::nodesync::ownership::{DrainRecord, NodeRecord};
+
+/// Where these tests keep the node sync's record beside their Node (the decision takes it as an argument; in the
+/// controller it lives in ConfigMaps of its namespace, never on the Node).
+const TEST_RECORD: &str = "test.isthmus.io/record";
+
+/// The record kept beside `n`.
+fn rec(n: &Node) -> NodeRecord {
+    n.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TEST_RECORD))
+        .map(|v| NodeRecord::from_value(v).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_default()
+}
+
+fn keep(n: &mut Node, r: &NodeRecord) {
+    let a = n.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if r.is_empty() {
+        a.remove(TEST_RECORD);
+    } else {
+        a.insert(TEST_RECORD.to_owned(), r.to_value());
+    }
+}
 
 fn time(secs: i64) -> Time {
     Time(Timestamp::from_second(secs).unwrap_or_else(|e| panic!("{e}")))
@@ -70,24 +93,22 @@ fn policy() -> Policy {
     }
 }
 
-/// [`decide`] with what the Node asks for now (no hysteresis).
+/// [`decide`] with what the Node asks for now (no hysteresis) and its record.
 fn d(n: &Node, s: &SlurmNode, p: &Policy, t: &Time) -> Vec<Action> {
-    decide(n, s, p, wanted_drain(n, p).as_deref(), t)
+    decide(n, &rec(n), s, p, wanted_drain(n, p).as_deref(), t)
 }
 
 /// `n` with the record of Slurm's drain `reason` set at `since`.
 fn recorded(mut n: Node, reason: &str, since: &str) -> Node {
-    let r = DrainRecord {
-        reason: reason.to_owned(),
-        since: since.to_owned(),
+    let r = NodeRecord {
+        drain: Some(DrainRecord {
+            reason: reason.to_owned(),
+            since: since.to_owned(),
+        }),
+        slurm: Some("n1".to_owned()),
+        ..NodeRecord::default()
     };
-    n.metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(
-            ownership::RECORD_ANNOTATION.to_owned(),
-            r.to_annotation().expect("a drain record serialises"),
-        );
+    keep(&mut n, &r);
     n
 }
 
@@ -116,18 +137,10 @@ fn apply(actions: &[Action], n: &mut Node, s: &mut SlurmNode) {
                     s.reason_time = None;
                 }
             }
-            Action::Record { record, .. } => {
-                let a = n.metadata.annotations.get_or_insert_with(BTreeMap::new);
-                match record {
-                    Some(r) => {
-                        a.insert(
-                            ownership::RECORD_ANNOTATION.to_owned(),
-                            r.to_annotation().expect("a drain record serialises"),
-                        );
-                    }
-                    None => {
-                        a.remove(ownership::RECORD_ANNOTATION);
-                    }
+            Action::Record { record, .. } => keep(n, record),
+            Action::ForgetLegacyRecord { .. } => {
+                if let Some(a) = n.metadata.annotations.as_mut() {
+                    a.remove(crate::nodesync::ownership::LEGACY_ANNOTATION);
                 }
             }
             Action::SetCondition { condition, .. } => {
@@ -163,6 +176,18 @@ fn cordon_drains_with_our_prefix_and_the_annotation() {
             node: "n1".to_owned(),
             reason: "isthmus: cordoned in Kubernetes".to_owned()
         }]
+    );
+    // The intent is recorded first: the drain is sent only once it is.
+    assert_eq!(
+        a[0],
+        Action::Record {
+            node: "n1".to_owned(),
+            record: NodeRecord {
+                sent: Some("isthmus: cordoned in Kubernetes".to_owned()),
+                slurm: Some("n1".to_owned()),
+                ..NodeRecord::default()
+            }
+        }
     );
     n.metadata.annotations = Some(BTreeMap::from([(
         DRAIN_REASON_ANNOTATION.to_owned(),
@@ -210,12 +235,16 @@ fn uncordon_undrains_only_the_recorded_drain() {
             a.iter()
                 .any(|a| matches!(a, Action::SetTaints { taints, .. } if taints.len() == 1))
         );
-        let had_record = ownership::record_of(&n).is_some();
-        assert_eq!(
-            a.iter()
-                .any(|a| matches!(a, Action::Record { record: None, .. })),
-            had_record
-        );
+        let had_record = rec(&n).drain.is_some();
+        let records: Vec<&NodeRecord> = a
+            .iter()
+            .filter_map(|a| match a {
+                Action::Record { record, .. } => Some(record),
+                _ => None,
+            })
+            .collect();
+        assert!(records.iter().all(|r| r.drain.is_none()), "{a:?}");
+        assert!(!had_record || !records.is_empty(), "the stale record goes");
     }
     for foreign in [
         "maintenance",
@@ -233,33 +262,71 @@ fn uncordon_undrains_only_the_recorded_drain() {
 }
 
 #[test]
-fn our_drain_seen_in_slurm_is_recorded_once() {
+fn our_drain_seen_in_slurm_is_recorded_once_and_only_when_we_sent_it() {
     const OURS: &str = "isthmus: cordoned in Kubernetes";
-    let n = cordoned(node("n1"));
-    let s = slurm("MIXED", &["DRAIN"], OURS);
-    let a = d(&n, &s, &policy(), &time(1));
-    assert_eq!(
+    let records = |a: &[Action]| -> Vec<NodeRecord> {
         a.iter()
-            .filter(|a| matches!(a, Action::Record { .. }))
-            .collect::<Vec<_>>(),
-        [&Action::Record {
-            node: "n1".to_owned(),
-            record: Some(DrainRecord {
-                reason: OURS.to_owned(),
-                since: T0.to_owned()
+            .filter_map(|a| match a {
+                Action::Record { record, .. } => Some(record.clone()),
+                _ => None,
             })
-        }]
+            .collect()
+    };
+    let s = slurm("MIXED", &["DRAIN"], OURS);
+    // Sent by the node sync: recorded with Slurm's time.
+    let mut n = cordoned(node("n1"));
+    keep(
+        &mut n,
+        &NodeRecord {
+            sent: Some(OURS.to_owned()),
+            ..NodeRecord::default()
+        },
     );
+    let a = d(&n, &s, &policy(), &time(1));
+    let want = NodeRecord {
+        drain: Some(DrainRecord {
+            reason: OURS.to_owned(),
+            since: T0.to_owned(),
+        }),
+        slurm: Some("n1".to_owned()),
+        ..NodeRecord::default()
+    };
+    assert_eq!(records(&a), std::slice::from_ref(&want));
     assert!(
         !a.iter().any(|a| matches!(a, Action::SetTaints { .. })),
         "ours: no taint"
     );
-    let n = recorded(n, OURS, T0);
+    keep(&mut n, &want);
+    assert!(records(&d(&n, &s, &policy(), &time(1))).is_empty());
+    // The same reason, never sent (set before, by hand, or by an older release): not ours, never lifted.
+    let mut n = cordoned(node("n1"));
+    let mut s = s;
+    let a = d(&n, &s, &policy(), &time(1));
+    assert!(records(&a).iter().all(|r| r.drain.is_none()), "{a:?}");
+    apply(&a, &mut n, &mut s);
+    n.spec.get_or_insert_with(Default::default).unschedulable = Some(false);
+    assert!(slurm_actions(&d(&n, &s, &policy(), &time(2))).is_empty());
+}
+
+#[test]
+fn the_old_annotation_is_never_read_and_is_removed() {
+    const OURS: &str = "isthmus: cordoned in Kubernetes";
+    let s = slurm("IDLE", &["DRAIN"], OURS);
+    let mut n = node("n1");
+    n.metadata.annotations = Some(BTreeMap::from([(
+        crate::nodesync::ownership::LEGACY_ANNOTATION.to_owned(),
+        format!(r#"{{"reason":"{OURS}","since":"{T0}"}}"#),
+    )]));
+    let a = d(&n, &s, &policy(), &time(1));
     assert!(
-        !d(&n, &s, &policy(), &time(1))
-            .iter()
-            .any(|a| matches!(a, Action::Record { .. }))
+        slurm_actions(&a).is_empty(),
+        "a forged record lifts nothing"
     );
+    assert!(a.contains(&Action::ForgetLegacyRecord {
+        node: "n1".to_owned()
+    }));
+    apply(&a, &mut n, &mut s.clone());
+    assert!(d(&n, &s, &policy(), &time(2)).is_empty());
 }
 
 #[test]

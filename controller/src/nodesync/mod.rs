@@ -5,10 +5,15 @@
 //! - Slurm → Kubernetes: the Node condition `SlurmNodeState` (server-side apply on `nodes/status`) and, for drains
 //!   that did not come from us, the `NoSchedule` taint `isthmus.io/slurm-drain`.
 //!
-//! Nodes come from a watch (reflector); Slurm is read every poll interval with one `sinfo` of fixed fields (text,
-//! the same on every release: [`crate::slurm::nodes`]) and also right after a Node changed in what the decision
-//! reads. [`decide::decide`] compares both sides and returns the writes; this shell only reads, calls it and sends
-//! what it returned.
+//! Nodes come from a watch (reflector); the conditions each node's agent reports about itself (device health,
+//! device clashes) from its NodeResourceTopology ([`crate::reported`]), never from the Node; the node sync's own
+//! drain records from ConfigMaps in the controller's namespace ([`records`]). Slurm is read every poll interval with
+//! one `sinfo` of fixed fields (text, the same on every release: [`crate::slurm::nodes`]) and also right after a
+//! Node, a report or a record changed. [`decide::decide`] compares both sides and returns the writes; this shell
+//! only reads, calls it and sends what it returned.
+//!
+//! What a node's own kubelet may write about its own Node (its cordon, annotations, labels, conditions) is that
+//! node's claim about itself: it drains, taints or evicts on that Node's Slurm node alone, never on another.
 
 pub mod clash;
 pub mod clash_limit;
@@ -17,6 +22,7 @@ pub mod health;
 pub mod hold;
 pub mod mapping;
 pub mod ownership;
+pub mod records;
 mod shell;
 
 use std::collections::HashMap;
@@ -68,8 +74,8 @@ pub struct NodeSyncArgs {
     /// How long a condition-driven drain outlasts its condition (a condition that flaps drains once).
     #[arg(long = "node-sync-condition-hold", default_value = "60s", value_parser = parse_duration)]
     pub condition_hold: Duration,
-    /// Device health condition types (written by the node agent) that drain the Slurm node while `False`, with
-    /// the reason `isthmus: health: <class> <devices>` (comma-separated; empty: none).
+    /// Device health condition types (reported by the node agent in its NodeResourceTopology) that drain the Slurm
+    /// node while `False`, with the reason `isthmus: health: <class> <devices>` (comma-separated; empty: none).
     #[arg(
         long = "node-sync-health-conditions",
         value_delimiter = ',',
@@ -85,7 +91,7 @@ pub struct NodeSyncArgs {
     /// health drain or taint is made (0 to 1; 1 turns it off).
     #[arg(long = "node-sync-health-breaker", default_value_t = 0.5, value_parser = parse_share, value_name = "SHARE")]
     pub health_breaker: f64,
-    /// Evict a pod that its node's agent reports holding an accelerator a Slurm job holds (the Node condition
+    /// Evict a pod that its node's agent reports holding an accelerator a Slurm job holds (the reported condition
     /// `DeviceAllocationConsistent`; [`clash`]). `false`: the condition, the agent's Event and metric only.
     #[arg(long = "node-sync-evict-device-clashes", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub evict_device_clashes: bool,
@@ -168,7 +174,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         verbs: &["list", "patch", "watch"],
         why: "the Node reflector (list, watch: cordons, conditions, taints, the drain-reason annotation and the \
               Slurm node name label), the isthmus.io/slurm-drain taint (patch of spec.taints, conditional on \
-              the resourceVersion) and the record of the drain the sync set (patch of one annotation)",
+              the resourceVersion) and the removal of the annotation that held the drain records before (patch)",
+    },
+    ApiAccess {
+        group: "topology.node.k8s.io",
+        resource: "noderesourcetopologies",
+        verbs: &["list", "watch"],
+        why: "the conditions each node's agent reports about itself (device health, DeviceAllocationConsistent), \
+              read from its NodeResourceTopology (admission-checked), never from the Node",
     },
     ApiAccess {
         group: "",
@@ -199,21 +212,32 @@ pub const API_ACCESS: &[ApiAccess] = &[
     },
 ];
 
+/// What the node sync asks of the API server in the controller's own namespace (granted by the controller's Role,
+/// [`crate::run::access::NAMESPACE_ACCESS`]).
+pub const NAMESPACE_ACCESS: &[ApiAccess] = &[ApiAccess {
+    group: "",
+    resource: "configmaps",
+    verbs: &["list", "patch", "watch"],
+    why: "its drain records (ConfigMaps isthmus-nodesync-drains-NN): the watch with a label selector, and \
+          server-side apply of a shard when one of its entries changes (which creates it the first time)",
+}];
+
 /// Why the node sync stopped before it was cancelled.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeSyncError {
-    /// The Node watch ended (the reflector's store was dropped); never expected while running.
-    #[error("the Node watch ended")]
+    /// A watch (Nodes, reports, records) ended before its first list; never expected while running.
+    #[error("a watch of the node sync ended")]
     WatchEnded,
 }
 
-/// Run the node sync until `shutdown` is cancelled. Failures of slurmctld or the API server are logged, counted
-/// and retried with backoff; they never end the loop. Every write is asked of `guard`'s fence first; no pass runs
-/// while it says this replica does not lead.
+/// Run the node sync until `shutdown` is cancelled; its drain records are kept in `namespace` (the controller's).
+/// Failures of slurmctld or the API server are logged, counted and retried with backoff; they never end the loop.
+/// Every write is asked of `guard`'s fence first; no pass runs while it says this replica does not lead.
 pub async fn run(
     client: Client,
     slurm: SlurmClient,
     args: NodeSyncArgs,
+    namespace: String,
     guard: Guard,
     shutdown: CancellationToken,
 ) -> Result<(), NodeSyncError> {
@@ -221,7 +245,7 @@ pub async fn run(
         shutdown.cancelled().await;
         return Ok(());
     }
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Node> = Api::all(client.clone());
     let (store, writer) = reflector::store();
     let changed = Arc::new(Notify::new());
     let watch = {
@@ -257,16 +281,25 @@ pub async fn run(
         }
     };
     let watch_task = tokio::spawn(watch);
+    let (reports, reports_task) = crate::reported::Reports::watch(client.clone(), changed.clone());
+    let (records, records_task) = records::Records::watch(client, &namespace, changed.clone());
+    let stop = || {
+        watch_task.abort();
+        reports_task.abort();
+        records_task.abort();
+    };
+    // Nothing is decided before every first list: a pass without the reports would see no failure and lift health
+    // drains, one without the records would own no drain.
     let ready = tokio::select! {
         biased;
-        () = shutdown.cancelled() => { watch_task.abort(); return Ok(()); }
-        r = store.wait_until_ready() => r,
+        () = shutdown.cancelled() => { stop(); return Ok(()); }
+        r = async { (store.wait_until_ready().await, reports.ready().await, records.ready().await) } => r,
     };
-    if ready.is_err() {
-        watch_task.abort();
+    if ready.0.is_err() || ready.1.is_err() || ready.2.is_err() {
+        stop();
         return Err(NodeSyncError::WatchEnded);
     }
-    let mut shell = Shell::new(nodes, NodeReader::new(slurm), &args, guard);
+    let mut shell = Shell::new(nodes, NodeReader::new(slurm), records, &args, guard);
     let mut next = Instant::now();
     loop {
         let wait = next.saturating_duration_since(Instant::now());
@@ -285,14 +318,22 @@ pub async fn run(
             next = Instant::now() + args.interval;
             continue;
         }
-        let store_nodes = store.state();
+        // What isthmus believes of each Node: the reported condition types from the node's own report.
+        let believed: Vec<Arc<Node>> = store
+            .state()
+            .iter()
+            .map(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                Arc::new(crate::reported::view(n, reports.of(name).as_deref()))
+            })
+            .collect();
         let delay = tokio::select! {
             () = shutdown.cancelled() => break,
-            d = shell.pass(&store_nodes) => d,
+            d = shell.pass(&believed) => d,
         };
         next = Instant::now() + delay;
     }
-    watch_task.abort();
+    stop();
     Ok(())
 }
 
@@ -330,6 +371,21 @@ mod tests {
             cli.sync.policy().drain_conditions,
             ["GpuUnhealthy", "NicDown"]
         );
+    }
+
+    #[test]
+    fn the_controllers_role_grants_what_the_node_sync_asks_in_its_namespace() {
+        for a in NAMESPACE_ACCESS {
+            let role = crate::run::access::NAMESPACE_ACCESS
+                .iter()
+                .find(|r| r.group == a.group && r.resource == a.resource)
+                .unwrap_or_else(|| panic!("{} not in the Role", a.resource));
+            assert!(
+                a.verbs.iter().all(|v| role.verbs.contains(v)),
+                "{}",
+                a.resource
+            );
+        }
     }
 
     #[test]

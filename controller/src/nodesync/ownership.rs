@@ -1,23 +1,32 @@
 //! Which Slurm drains are the node sync's own. A drain reason starting `isthmus:` says who set it, but not that
 //! Slurm does not want the node drained too: Slurm adds its own drains (an Epilog or health-check failure, `Kill
 //! task failed`) to a node that is already drained by keeping the existing reason and time, so the node's state
-//! is exactly what it was. So:
+//! is exactly what it was. And a reason is only text: an administrator's drain must never become the node sync's
+//! because something claims it. So:
 //!
-//! - when Slurm shows the drain the node sync asked for, it records the drain's reason and time (Slurm's, as
-//!   `sinfo` prints them) in the Node annotation [`RECORD_ANNOTATION`];
+//! - before it sends a drain, the node sync records its intent ([`NodeRecord::sent`]: the reason it is about to
+//!   send); only a drain Slurm then shows with exactly that reason becomes its own ([`next`]), recorded with
+//!   Slurm's reason and time ([`NodeRecord::drain`], as `sinfo` prints them);
 //! - it lifts a drain only when Slurm's state is exactly the recorded drain ([`is_exactly`]: same reason, same
 //!   time, no flag but DRAIN) and no job ended on the node since the drain was set ([`jobs_ended_under`]: the
 //!   node's `LastBusyTime` is not later than the drain, and no CPUs were freed meanwhile): an Epilog failure of a
 //!   job that ended under the drain would be invisible otherwise. Such a drain is kept, reported, and tainted like
 //!   any drain the node sync does not own; an administrator lifts it (`scontrol update NodeName=… State=UNDRAIN`).
+//!
+//! The records live in ConfigMaps of the controller's own namespace that only the controller writes
+//! ([`super::records`]), out of reach of a node's kubelet, which may write its own Node's annotations. The Node
+//! annotation [`LEGACY_ANNOTATION`] that held them before is never read: the node sync removes it.
 
-use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
 use crate::slurm::nodes::SlurmNode;
 
-/// Node annotation holding the drain the node sync set and saw in Slurm (JSON `{"reason":…,"since":…}`).
-pub const RECORD_ANNOTATION: &str = "isthmus.io/slurm-drain-record";
+/// The Node annotation that held the drain record before it moved into the controller's namespace. Never trusted
+/// (a node's kubelet may write its own Node's annotations); the node sync removes it.
+pub const LEGACY_ANNOTATION: &str = "isthmus.io/slurm-drain-record";
+
+/// Longest reason a record holds (the longest the node sync sends).
+const MAX_REASON: usize = 200;
 
 /// A drain the node sync set, as Slurm reported it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,28 +38,106 @@ pub struct DrainRecord {
     pub since: String,
 }
 
-impl DrainRecord {
-    /// The annotation's value.
-    pub fn to_annotation(&self) -> Result<String, serde_json::Error> {
-        serde_json::to_string(self)
+/// What the node sync keeps about one Node's Slurm drain.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRecord {
+    /// The reason of a drain the node sync is sending (written before the drain is sent); cleared once Slurm shows
+    /// it or the Node no longer asks for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent: Option<String>,
+    /// The drain the node sync set and saw in Slurm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainRecord>,
+    /// The Slurm node the node sync last paired the Node with alone: of several Nodes that claim one Slurm node by
+    /// label, this one keeps it ([`super::mapping::NodeMap::for_sync`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<String>,
+}
+
+impl NodeRecord {
+    /// Nothing recorded.
+    pub fn is_empty(&self) -> bool {
+        self.sent.is_none() && self.drain.is_none() && self.slurm.is_none()
+    }
+
+    /// Only the pairing kept (what remains when the node sync forgets a drain).
+    pub fn pairing(&self) -> Self {
+        Self {
+            slurm: self.slurm.clone(),
+            ..Self::default()
+        }
+    }
+
+    /// The stored form (JSON).
+    pub fn to_value(&self) -> String {
+        // Strings only: always serialises.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Read a stored record strictly: known fields only, reasons of the node sync's shape and length, Slurm's
+    /// civil time.
+    pub fn from_value(text: &str) -> Result<Self, String> {
+        let r: NodeRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let reason_ok = |s: &str| {
+            super::decide::is_ours(s)
+                && s.chars().count() <= MAX_REASON
+                && !s.chars().any(char::is_control)
+        };
+        if r.sent.as_deref().is_some_and(|s| !reason_ok(s)) {
+            return Err("the sent reason is not one the node sync sends".into());
+        }
+        if let Some(d) = &r.drain {
+            if !reason_ok(&d.reason) || crate::slurm::nodes::civil_time(&d.since).is_none() {
+                return Err("the drain is not one the node sync records".into());
+            }
+        }
+        if r.slurm
+            .as_deref()
+            .is_some_and(|s| !isthmus_gres::grammar::is_slurm_hostname(s))
+        {
+            return Err("the Slurm node is not a Slurm host name".into());
+        }
+        Ok(r)
     }
 }
 
-/// The record on `node`, if it has a readable one.
-pub fn record_of(node: &Node) -> Option<DrainRecord> {
-    let text = node.metadata.annotations.as_ref()?.get(RECORD_ANNOTATION)?;
-    let r: DrainRecord = serde_json::from_str(text).ok()?;
-    crate::slurm::nodes::civil_time(&r.since).map(|_| r)
-}
-
-/// The record of Slurm's current drain, if it is one the node sync can own: drained with reason `wanted`.
-pub fn current(slurm: &SlurmNode, wanted: &str) -> Option<DrainRecord> {
-    match &slurm.reason_time {
-        Some(since) if slurm.is_drained() && slurm.reason.trim() == wanted => Some(DrainRecord {
-            reason: wanted.to_owned(),
-            since: since.clone(),
+/// The record after this pass of a Node paired with `slurm`, for the drain reason the Node asks for (`wanted`): a
+/// drain Slurm shows with exactly that reason is the node sync's only when it sent it ([`NodeRecord::sent`]) or had
+/// recorded that very drain (same time); an intent is kept while the Node still asks for its reason; no drain is
+/// kept when the Node asks for none (an exact drain is lifted first, see [`super::decide::decide`]). The pairing is
+/// this one.
+pub fn next(record: &NodeRecord, slurm: &SlurmNode, wanted: Option<&str>) -> NodeRecord {
+    let paired = |r: NodeRecord| NodeRecord {
+        slurm: Some(slurm.name.clone()),
+        ..r
+    };
+    let Some(reason) = wanted else {
+        return paired(NodeRecord::default());
+    };
+    let shown = slurm
+        .reason_time
+        .as_ref()
+        .filter(|_| slurm.is_drained() && slurm.reason.trim() == reason);
+    match shown {
+        Some(since) => {
+            let seen = DrainRecord {
+                reason: reason.to_owned(),
+                since: since.clone(),
+            };
+            if record.drain.as_ref() == Some(&seen) || record.sent.as_deref() == Some(reason) {
+                paired(NodeRecord {
+                    drain: Some(seen),
+                    ..NodeRecord::default()
+                })
+            } else {
+                paired(NodeRecord::default())
+            }
+        }
+        None => paired(NodeRecord {
+            sent: record.sent.clone().filter(|s| s == reason),
+            ..NodeRecord::default()
         }),
-        _ => None,
     }
 }
 
@@ -153,31 +240,53 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_through_the_annotation() {
-        let mut node = Node::default();
-        assert_eq!(record_of(&node), None);
-        node.metadata.annotations = Some(
-            [(
-                RECORD_ANNOTATION.to_owned(),
-                record().to_annotation().expect("a drain record serialises"),
-            )]
-            .into(),
-        );
-        assert_eq!(record_of(&node), Some(record()));
+    fn records_round_trip_and_are_read_strictly() {
+        let full = NodeRecord {
+            sent: Some("isthmus: health: gpu 0000:9b:00.0".into()),
+            drain: Some(record()),
+            slurm: Some("n1".into()),
+        };
+        assert_eq!(NodeRecord::from_value(&full.to_value()), Ok(full));
+        assert_eq!(NodeRecord::default().to_value(), "{}");
         for bad in [
             "{",
-            r#"{"reason":"x","since":"yesterday"}"#,
-            r#"{"reason":"x","since":"2026-11-24T05:13:54","x":1}"#,
+            r#"{"drain":{"reason":"isthmus: x","since":"yesterday"}}"#,
+            r#"{"drain":{"reason":"isthmus: x","since":"2026-11-24T05:13:54","x":1}}"#,
+            r#"{"drain":{"reason":"maintenance","since":"2026-11-24T05:13:54"}}"#,
+            r#"{"sent":"quarantine"}"#,
+            r#"{"reason":"isthmus: x","since":"2026-11-24T05:13:54"}"#,
+            r#"{"slurm":"n[1-2]"}"#,
         ] {
-            node.metadata.annotations =
-                Some([(RECORD_ANNOTATION.to_owned(), bad.to_owned())].into());
-            assert_eq!(record_of(&node), None, "{bad}");
+            assert!(NodeRecord::from_value(bad).is_err(), "{bad}");
         }
-        assert_eq!(
-            current(&slurm("IDLE", &["DRAIN"], R, Some(T)), R),
-            Some(record())
-        );
-        assert_eq!(current(&slurm("IDLE", &["DRAIN"], R, None), R), None);
-        assert_eq!(current(&slurm("IDLE", &[], R, Some(T)), R), None);
+    }
+
+    #[test]
+    fn a_drain_is_ours_only_when_we_sent_it() {
+        let drained = slurm("IDLE", &["DRAIN"], R, Some(T));
+        let rec = |sent: Option<&str>, drain: Option<DrainRecord>| NodeRecord {
+            sent: sent.map(str::to_owned),
+            drain,
+            slurm: Some("n1".into()),
+        };
+        let sent = rec(Some(R), None);
+        let ours = rec(None, Some(record()));
+        let none = rec(None, None);
+        // Sent, then shown: ours, with Slurm's time; recorded already: kept as it is.
+        assert_eq!(next(&sent, &drained, Some(R)), ours);
+        assert_eq!(next(&ours, &drained, Some(R)), ours);
+        // Shown with the reason the Node asks for, but never sent (an administrator's or an earlier drain with
+        // that text), or drained again since (another time): not ours.
+        assert_eq!(next(&NodeRecord::default(), &drained, Some(R)), none);
+        let again = slurm("IDLE", &["DRAIN"], R, Some("2026-11-24T05:14:00"));
+        assert_eq!(next(&ours, &again, Some(R)), none);
+        // Not shown yet: the intent waits while the Node asks for its reason, and goes when it asks for another
+        // or none.
+        let idle = slurm("IDLE", &[], "", None);
+        assert_eq!(next(&sent, &idle, Some(R)), sent);
+        assert_eq!(next(&sent, &idle, Some("isthmus: other")), none);
+        assert_eq!(next(&sent, &idle, None), none);
+        assert_eq!(next(&ours, &drained, None), none);
+        assert_eq!(ours.pairing(), none);
     }
 }

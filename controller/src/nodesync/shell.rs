@@ -1,7 +1,8 @@
 //! The I/O around [`super::decide::decide`]: a pass reads Slurm's nodes, maps them to Nodes ([`super::mapping`]:
-//! a Slurm node claimed by several Nodes is reported on those Nodes and left alone), decides for each pair and
-//! sends the writes. Every write is asked of the fence first and has a timeout; a lift of a drain first reads when
-//! the node last became idle ([`super::ownership::jobs_ended_under`]).
+//! a Slurm node claimed by several Nodes is reported on those Nodes and left alone), decides for each pair with the
+//! pair's drain record ([`super::records`]) and sends the writes. Every write is asked of the fence first and has a
+//! timeout; a drain is sent only once its record of intent is written; a lift of a drain first reads when the node
+//! last became idle ([`super::ownership::jobs_ended_under`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -18,7 +19,8 @@ use super::NodeSyncArgs;
 use super::decide::{self, Action, Policy};
 use super::hold::Holds;
 use super::mapping::NodeMap;
-use super::ownership::{self, DrainRecord};
+use super::ownership;
+use super::records::Records;
 use crate::run::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
 use isthmus_api::retry::{Backoff, RetryPolicy};
@@ -28,6 +30,8 @@ use isthmus_api::retry::{Backoff, RetryPolicy};
 mod breaker;
 #[path = "shell_clash.rs"]
 mod clash_io;
+#[path = "shell_records.rs"]
+mod records_io;
 
 const FOLLOW_UP: Duration = Duration::from_millis(200);
 
@@ -36,6 +40,7 @@ pub(super) struct Shell {
     nodes: Api<Node>,
     events: Api<Event>,
     reader: NodeReader,
+    records: Records,
     policy: Policy,
     interval: Duration,
     guard: Guard,
@@ -74,6 +79,7 @@ impl Shell {
     pub(super) fn new(
         nodes: Api<Node>,
         reader: NodeReader,
+        records: Records,
         args: &NodeSyncArgs,
         guard: Guard,
     ) -> Self {
@@ -85,6 +91,7 @@ impl Shell {
             nodes,
             events,
             reader,
+            records,
             policy: args.policy(),
             interval: args.interval,
             guard,
@@ -118,6 +125,14 @@ impl Shell {
         for (slurm, nodes) in map.conflicts() {
             now.insert(super::mapping::Unmapped::Conflict(nodes.to_vec()).describe(slurm));
         }
+        for (slurm, holder, refused) in map.refused() {
+            for node in refused {
+                now.insert(format!(
+                    "Node {node}: {}",
+                    super::mapping::refusal(slurm, holder)
+                ));
+            }
+        }
         now.extend(map.invalid().iter().cloned());
         for problem in now.difference(&self.reported) {
             tracing::warn!(
@@ -126,7 +141,7 @@ impl Shell {
             );
         }
         metrics::gauge!("isthmus_controller_nodesync_conflicts")
-            .set(map.conflicts().count() as f64);
+            .set((map.conflicts().count() + map.refused().count()) as f64);
         self.reported = now;
     }
 
@@ -153,18 +168,19 @@ impl Shell {
         };
         let by_slurm_name: BTreeMap<&str, &SlurmNode> =
             slurm_nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-        let map = NodeMap::build(
-            kube_nodes
-                .iter()
-                .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()))),
-        );
+        let records = self.records.all();
+        let map = NodeMap::for_sync(kube_nodes.iter().filter_map(|n| {
+            let name = n.metadata.name.as_deref()?;
+            let pinned = records.get(name).and_then(|r| r.slurm.as_deref());
+            Some((name, n.metadata.labels.as_ref(), pinned))
+        }));
         self.report(&map);
         let names: BTreeSet<&str> = kube_nodes
             .iter()
             .filter_map(|n| n.metadata.name.as_deref())
             .collect();
         self.holds.retain(|n| names.contains(n));
-        let breaker = self.breaker(kube_nodes, &by_slurm_name);
+        let breaker = self.breaker(kube_nodes, &by_slurm_name, &map, &records);
         self.record_held(kube_nodes, &breaker).await;
         let mut paired = BTreeSet::new();
         let mut unpaired_kube = 0u32;
@@ -195,13 +211,15 @@ impl Shell {
                 resource_version: node.metadata.resource_version.as_deref(),
                 slurm,
             };
-            // Several Nodes claim this Slurm node: say so on each, and touch nothing else.
-            if let Err(unmapped) = map.node_for(slurm_name) {
-                let condition = decide::conflict_condition(
-                    decide::observed_condition(node),
-                    &unmapped.describe(slurm_name),
-                    &now,
-                );
+            // Several Nodes claim this Slurm node and this one does not hold it: say so on it, and touch nothing else.
+            let refused = match map.node_for(slurm_name) {
+                Ok(holder) if holder == name => None,
+                Ok(holder) => Some(super::mapping::refusal(slurm_name, holder)),
+                Err(unmapped) => Some(unmapped.describe(slurm_name)),
+            };
+            if let Some(message) = refused {
+                let condition =
+                    decide::conflict_condition(decide::observed_condition(node), &message, &now);
                 if !decide::shows(node, &condition) {
                     disagreements += 1;
                     let action = Action::SetCondition {
@@ -221,7 +239,9 @@ impl Shell {
                 node
             };
             let wanted = self.holds.wanted(seen, &self.policy, Instant::now());
-            let actions = decide::decide(seen, slurm, &self.policy, wanted.as_deref(), &now);
+            let record = records.get(name).cloned().unwrap_or_default();
+            let actions =
+                decide::decide(seen, &record, slurm, &self.policy, wanted.as_deref(), &now);
             if !actions.is_empty() {
                 disagreements += 1;
             }
@@ -229,9 +249,14 @@ impl Shell {
                 .iter()
                 .any(|a| matches!(a, Action::Drain { .. } | Action::Undrain { .. }));
             for action in actions {
-                self.execute(action, &target).await;
+                let is_record = matches!(action, Action::Record { .. });
+                // No drain is sent whose intent could not be recorded.
+                if !self.execute(action, &target).await && is_record {
+                    break;
+                }
             }
         }
+        self.forget_gone(&records, &names).await;
         let unpaired_slurm = slurm_nodes.len().saturating_sub(paired.len());
         metrics::gauge!("isthmus_controller_nodesync_disagreements").set(f64::from(disagreements));
         metrics::gauge!("isthmus_controller_nodesync_unpaired_nodes", "side" => "kubernetes")
@@ -246,40 +271,8 @@ impl Shell {
         }
     }
 
-    /// Whether a lift of `record` must wait: a job ended under the drain (the drain is kept, its record removed), or
-    /// the node's last busy time could not be read (retried).
-    async fn keep_drain(&mut self, record: &DrainRecord, t: &Target<'_>) -> bool {
-        let last_busy = match self.reader.last_busy(&t.slurm.name).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(node = t.slurm.name, error = %e, "cannot read when the node was last busy; not lifting its drain yet");
-                return true;
-            }
-        };
-        let at_record = self.alloc_at_record.get(&t.slurm.name).copied();
-        if !ownership::jobs_ended_under(record, last_busy.as_deref(), at_record, t.slurm.alloc_cpus)
-        {
-            return false;
-        }
-        tracing::warn!(
-            node = t.slurm.name,
-            reason = record.reason,
-            since = record.since,
-            last_busy = last_busy.as_deref().unwrap_or("?"),
-            "keeping the drain: a job ended on the node while it was drained, and Slurm keeps the reason of a drain \
-             it adds then (Epilog or health-check failure); lift it with `scontrol update NodeName=<node> \
-             State=UNDRAIN` once checked"
-        );
-        metrics::counter!("isthmus_controller_nodesync_kept_drains_total").increment(1);
-        let forget = Action::Record {
-            node: t.node.to_owned(),
-            record: None,
-        };
-        Box::pin(self.execute(forget, t)).await;
-        true
-    }
-
-    async fn execute(&mut self, action: Action, t: &Target<'_>) {
+    /// Send one write; `false` when it was not done (failed, or still backing off after a failure).
+    async fn execute(&mut self, action: Action, t: &Target<'_>) -> bool {
         let (target, direction, kind) = match &action {
             Action::Drain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "drain"),
             Action::Undrain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "undrain"),
@@ -287,11 +280,14 @@ impl Shell {
             Action::SetCondition { node, .. } => {
                 (format!("node/{node}"), "slurm_to_kube", "condition")
             }
-            Action::Record { node, .. } => (format!("node/{node}"), "slurm_to_kube", "record"),
+            Action::Record { node, .. } => (format!("record/{node}"), "slurm_to_kube", "record"),
+            Action::ForgetLegacyRecord { node } => {
+                (format!("node/{node}"), "slurm_to_kube", "record")
+            }
         };
         if let Some((_, at)) = self.write_backoff.get(&target) {
             if Instant::now() < *at {
-                return;
+                return false;
             }
         }
         let result: Result<Option<String>, String> = match action {
@@ -302,7 +298,7 @@ impl Shell {
             }
             Action::Undrain { node, record } => {
                 if self.keep_drain(&record, t).await {
-                    return;
+                    return false;
                 }
                 tracing::info!(
                     node,
@@ -333,7 +329,7 @@ impl Shell {
                 }
             }
             Action::Record { node, record } => {
-                match &record {
+                match &record.drain {
                     Some(_) => {
                         if let Some(a) = t.slurm.alloc_cpus {
                             self.alloc_at_record.insert(t.slurm.name.clone(), a);
@@ -343,15 +339,18 @@ impl Shell {
                         self.alloc_at_record.remove(&t.slurm.name);
                     }
                 }
-                match record.map(|r| r.to_annotation()).transpose() {
-                    Err(e) => Err(format!("the drain record cannot be serialised: {e}")),
-                    Ok(value) => {
-                        let patch = serde_json::json!({
-                            "metadata": {"annotations": {ownership::RECORD_ANNOTATION: value}},
-                        });
-                        self.merge_patch(&node, "the drain record", &patch).await
-                    }
-                }
+                // The ConfigMap's resourceVersion is no Node's: nothing for `stale`.
+                self.records
+                    .set(&self.guard, &node, &record)
+                    .await
+                    .map(|_| None)
+            }
+            Action::ForgetLegacyRecord { node } => {
+                let patch = serde_json::json!({
+                    "metadata": {"annotations": {ownership::LEGACY_ANNOTATION: null}},
+                });
+                self.merge_patch(&node, "the old drain record annotation", &patch)
+                    .await
             }
             Action::SetCondition { node, condition } => {
                 let patch = serde_json::json!({
@@ -371,7 +370,8 @@ impl Shell {
                     .map_err(|e| e.to_string())
             }
         };
-        let outcome = if result.is_ok() { "ok" } else { "error" };
+        let done = result.is_ok();
+        let outcome = if done { "ok" } else { "error" };
         metrics::counter!("isthmus_controller_nodesync_syncs_total",
             "direction" => direction, "action" => kind, "result" => outcome)
         .increment(1);
@@ -398,6 +398,7 @@ impl Shell {
                 tracing::warn!(target, action = kind, error = %e, retry_in = ?delay, "node sync write failed");
             }
         }
+        done
     }
 
     async fn merge_patch(

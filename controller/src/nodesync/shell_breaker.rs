@@ -18,6 +18,8 @@ impl Shell {
         &mut self,
         kube_nodes: &[Arc<Node>],
         by_slurm_name: &BTreeMap<&str, &SlurmNode>,
+        map: &super::super::mapping::NodeMap,
+        records: &BTreeMap<String, ownership::NodeRecord>,
     ) -> health::Breaker {
         use health::BreakerInput;
         let inputs: Vec<BreakerInput<'_>> = kube_nodes
@@ -25,12 +27,16 @@ impl Shell {
             .filter_map(|n| {
                 let name = n.metadata.name.as_deref()?;
                 let slurm = decide::slurm_name(n)?;
-                by_slurm_name.contains_key(slurm).then(|| BreakerInput {
+                // Each paired Node counts once, by the Node that holds its Slurm node.
+                let paired = by_slurm_name.contains_key(slurm) && map.is_node_of(slurm, name);
+                paired.then(|| BreakerInput {
                     node: name,
                     failing: health::drain_reason(n, &self.policy).is_some(),
-                    // Drained for health: by the record on the Node, or by Slurm's own word (the record may
-                    // not be in the Node store yet right after the drain).
-                    drained: ownership::record_of(n)
+                    // Drained for health: by the node sync's record, or by Slurm's own word (the record may
+                    // not be written yet right after the drain).
+                    drained: records
+                        .get(name)
+                        .and_then(|r| r.drain.as_ref())
                         .is_some_and(|r| health::is_health_reason(&r.reason))
                         || by_slurm_name
                             .get(slurm)

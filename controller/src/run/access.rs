@@ -44,6 +44,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
 /// (the Slurm tasks' come with `overlays/slurm`, which turns them on).
 pub const TASK_ACCESS: &[(&str, &[ApiAccess])] = &[
     ("base/rbac-topology.yaml", API_ACCESS),
+    ("base/rbac-conditions.yaml", crate::conditions::API_ACCESS),
     (
         "overlays/slurm/rbac-nodesync.yaml",
         crate::nodesync::API_ACCESS,
@@ -96,7 +97,9 @@ pub const NAMESPACE_ACCESS: &[ApiAccess] = &[
         resource: "configmaps",
         verbs: &["create", "get", "list", "patch", "watch"],
         why: "the Slurm and status ConfigMaps: read, then server-side apply (patch; create when new); the watch on the \
-              ibnetdiscover ConfigMap (list, watch with a field selector on its name)",
+              ibnetdiscover ConfigMap (list, watch with a field selector on its name); the node sync's drain records \
+              (ConfigMaps isthmus-nodesync-drains-NN: a watch with a label selector, server-side apply, created by \
+              the first write)",
     },
     ApiAccess {
         group: "",

@@ -12,8 +12,7 @@ use kube::{Api, Client};
 
 use super::facts;
 use super::head::Head;
-use super::health_status;
-use super::identity::{Claim, Policy, node_of_pod};
+use super::identity::{Policy, node_of_pod};
 use super::review::{self, Request, ReviewOut};
 use super::rules::{self, NodeLookup, Step, Verdict};
 
@@ -128,18 +127,6 @@ impl Handler {
             Step::StoredNode(node) => {
                 let stored = self.stored_node(&node, old_version(req)).await;
                 rules::with_stored_node(req, stored)
-            }
-            Step::AgentNodeStatus { claim, node } => {
-                let requester = match &claim {
-                    Claim::Node(n) => Ok(n.clone()),
-                    Claim::Pod { name, uid } => self.node_of_agent_pod(name, uid).await,
-                };
-                // Only the agent's own Node is worth reading.
-                let stored = match &requester {
-                    Ok(n) if *n == node => self.stored_node(&node, old_version(req)).await,
-                    _ => Err("not read".to_owned()),
-                };
-                health_status::verdict(req, requester, stored)
             }
         }
     }

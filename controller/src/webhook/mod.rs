@@ -17,7 +17,6 @@ pub mod facts;
 pub mod gate;
 pub mod handler;
 pub mod head;
-pub mod health_status;
 pub mod identity;
 pub mod review;
 pub mod rotation;

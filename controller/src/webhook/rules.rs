@@ -2,7 +2,7 @@
 //!
 //! | rule | requests | who is held to it | refused |
 //! |---|---|---|---|
-//! | `own-node-report` | NodeResourceTopology, Numatopology: CREATE, UPDATE, DELETE; nodes/status UPDATE | the node agent's ServiceAccount | an object whose name is not the node its token is bound to; a token bound to no pod or node; on nodes/status, any change but the device health conditions ([`super::health_status`]) |
+//! | `own-node-report` | NodeResourceTopology, Numatopology: CREATE, UPDATE, DELETE | the node agent's ServiceAccount | an object whose name is not the node its token is bound to; a token bound to no pod or node |
 //! | `slurm-pod-node-name` | pods CREATE, pods/binding and bindings CREATE | all but administrators, the controller, a node's kubelet for its own mirror pods (and, for bindings, the schedulers) | `spec.nodeName` / a binding target that is a Slurm-managed Node (or a Node that does not exist) |
 //! | `slurm-job-id` | pods CREATE, UPDATE; pods/status UPDATE; pods/binding and bindings CREATE | all but administrators and the controller | setting, changing or removing the `slurm.isthmus.io/job-id` annotation |
 //! | `slurm-tolerations` | pods CREATE, UPDATE | all but administrators, the controller and a node's kubelet for its own mirror pods | a toleration of a taint isthmus sets, or one with no key and operator `Exists` ([`super::tolerations`]); on UPDATE only those added |
@@ -176,14 +176,6 @@ pub enum Step {
     /// The request changes this Node: read it as stored (with the review's old `resourceVersion`), then
     /// [`with_stored_node`].
     StoredNode(String),
-    /// The agent writes a Node's status: find out the node its token proves (a lookup for a pod-bound token) and
-    /// read the Node as stored, then [`super::health_status::verdict`].
-    AgentNodeStatus {
-        /// What the token claims.
-        claim: Claim,
-        /// The Node written.
-        node: String,
-    },
 }
 
 /// What the handler found out about a Node.
@@ -230,9 +222,6 @@ pub fn first_step(policy: &Policy, req: &Request) -> Step {
         },
         Target::NodeReport | Target::Other => Step::Done(Verdict::allowed(Rule::None)),
         Target::Pod | Target::PodStatus | Target::PodBinding => pod_step(policy, req),
-        Target::Node if policy.is_agent(user) && req.sub_resource.as_deref() == Some("status") => {
-            super::health_status::first_step(req)
-        }
         Target::Node if policy.is_admin(user) => Step::Done(Verdict::exempt(Rule::NodeMapping)),
         // The Node as stored, not the review's oldObject: kube-apiserver 1.20 sends a Node PATCH's result as its
         // oldObject too (seen on the test server), which would hide every change.

@@ -79,7 +79,6 @@ fn decided(req: &Request) -> (&'static str, &'static str, String) {
         Step::RequesterPod { name, uid } => ("lookup", "pod", format!("{name}/{uid}")),
         Step::TargetNode(n) => ("lookup", "node", n),
         Step::StoredNode(n) => ("lookup", "stored", n),
-        Step::AgentNodeStatus { node, .. } => ("lookup", "agent-status", node),
     }
 }
 

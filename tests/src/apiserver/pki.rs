@@ -1,5 +1,6 @@
 //! The test server's PKI, made with `rcgen` (ring): a CA, a serving certificate for `127.0.0.1`/`localhost`
-//! signed by it, and the key pair that signs and verifies service-account tokens. All ECDSA P-256.
+//! signed by it, and the key pair that signs and verifies service-account tokens; client certificates signed by the
+//! same CA on demand ([`client_cert`]: a kubelet's `system:node:<name>` in `system:nodes`). All ECDSA P-256.
 
 use std::path::{Path, PathBuf};
 
@@ -27,16 +28,9 @@ pub(super) fn generate(dir: &Path) -> Result<Pki, String> {
     std::fs::create_dir_all(dir).map_err(|e| err("creating the directory", &e))?;
 
     let ca_key = KeyPair::generate().map_err(|e| err("CA key", &e))?;
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(|e| err("CA", &e))?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "isthmus test CA");
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    let ca = ca_params().map_err(|e| err("CA", &e))?;
     let ca_cert = ca.self_signed(&ca_key).map_err(|e| err("CA", &e))?;
+    std::fs::write(dir.join("ca.key"), ca_key.serialize_pem()).map_err(|e| err("ca.key", &e))?;
     let issuer = Issuer::new(ca, ca_key);
 
     let serving_key = KeyPair::generate().map_err(|e| err("serving key", &e))?;
@@ -77,4 +71,53 @@ pub(super) fn generate(dir: &Path) -> Result<Pki, String> {
         std::fs::write(path, pem).map_err(|e| err(&path.display().to_string(), &e))?;
     }
     Ok(pki)
+}
+
+/// The CA's parameters: the same each time, so that an issuer made again from them and the saved key signs as the CA.
+fn ca_params() -> Result<CertificateParams, rcgen::Error> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "isthmus test CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(ca)
+}
+
+/// A client certificate for user `cn` in group `org` (the API server reads the user from the common name and the
+/// groups from the organisations), signed by the CA of `dir`; written as `<stem>.crt` and `<stem>.key` there.
+pub(super) fn client_cert(
+    dir: &Path,
+    stem: &str,
+    cn: &str,
+    org: &str,
+) -> Result<(PathBuf, PathBuf), String> {
+    let err = |what: &str, e: &dyn std::fmt::Display| format!("test PKI: {what}: {e}");
+    let ca_pem =
+        std::fs::read_to_string(dir.join("ca.key")).map_err(|e| err("reading ca.key", &e))?;
+    let ca_key = KeyPair::from_pem(&ca_pem).map_err(|e| err("ca.key", &e))?;
+    let issuer = Issuer::new(ca_params().map_err(|e| err("CA", &e))?, ca_key);
+    let key = KeyPair::generate().map_err(|e| err("client key", &e))?;
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(|e| err("client certificate", &e))?;
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, org);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|e| err("client certificate", &e))?;
+    let (crt, key_path) = (
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    );
+    for (path, pem) in [(&crt, cert.pem()), (&key_path, key.serialize_pem())] {
+        std::fs::write(path, pem).map_err(|e| err(&path.display().to_string(), &e))?;
+    }
+    Ok((crt, key_path))
 }

@@ -1,6 +1,8 @@
-//! Static-token users besides the administrator: a kubelet (user `system:node:<KUBELET_NODE>` in group
-//! `system:nodes`), as a real kubelet authenticates with its client certificate. Authorization is still RBAC only
-//! (no Node authorizer): a test that lets the kubelet write its Node binds the `system:node` ClusterRole itself.
+//! Users besides the administrator: a kubelet with a static token (user `system:node:<KUBELET_NODE>` in group
+//! `system:nodes`), and the kubelet of any Node with a client certificate of the server's CA
+//! ([`ApiServer::node_kubeconfig`]), as a real kubelet authenticates. The server authorizes them as a cluster does:
+//! the Node authorizer, then RBAC, with the NodeRestriction admission plugin, which holds a kubelet to its own
+//! Node (a test that lets the static kubelet do more binds a ClusterRole itself).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,6 +26,34 @@ pub(super) fn write(dir: &Path) -> Result<String, String> {
 }
 
 impl ApiServer {
+    /// A kubeconfig for the kubelet of Node `node`: a client certificate for `system:node:<node>` in group
+    /// `system:nodes`, signed by the server's CA (a new file each call).
+    pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        let n = self
+            .kubeconfigs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stem = format!("kubelet-{n}");
+        let (crt, key) = super::pki::client_cert(
+            &self.dir.join("pki"),
+            &stem,
+            &format!("system:node:{node}"),
+            "system:nodes",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let path = self.dir.join(format!("{stem}.kubeconfig"));
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {
+                "server": self.url(), "certificate-authority": self.dir.join("pki/ca.crt")}}],
+            "users": [{"name": stem, "user": {"client-certificate": crt, "client-key": key}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": stem}}],
+            "current-context": "test",
+        });
+        std::fs::write(&path, config.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
     /// A kubeconfig for the kubelet of [`KUBELET_NODE`] (static token, group `system:nodes`).
     pub fn kubelet_kubeconfig(&self) -> PathBuf {
         let token = std::fs::read_to_string(token_file(&self.dir))

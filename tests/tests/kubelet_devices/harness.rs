@@ -233,7 +233,8 @@ pub(crate) fn wait_allocatable(node: &KubeNode, agent_log: &dyn Fn() -> String) 
 }
 
 /// The controller's node sync, in-process, as the controller's ServiceAccount with the shipped
-/// `rbac-nodesync.yaml`, against the node's API server and a Slurm site's slurmctld; stopped when dropped.
+/// `rbac-nodesync.yaml` and namespaced Role, against the node's API server and a Slurm site's slurmctld; stopped
+/// when dropped.
 pub(crate) struct NodeSync {
     rt: tokio::runtime::Runtime,
     shutdown: isthmus_controller::nodesync::CancellationToken,
@@ -263,9 +264,13 @@ pub(crate) fn start_node_sync(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
          metadata:\n  name: {sa}\n  namespace: {ns}\n"
     ));
-    let rbac =
-        isthmus_tests::repo_root().join("deploy/controller/overlays/slurm/rbac-nodesync.yaml");
-    node.apply(&std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{e}")));
+    for rbac in [
+        "deploy/controller/overlays/slurm/rbac-nodesync.yaml",
+        "deploy/controller/base/role.yaml",
+    ] {
+        let path = isthmus_tests::repo_root().join(rbac);
+        node.apply(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")));
+    }
     let kubeconfig = node.kubeconfig_for_token(&node.token_for(ns, sa));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -288,6 +293,7 @@ pub(crate) fn start_node_sync(
             health_taint: false,
             ..NodeSyncArgs::default()
         },
+        ns.to_owned(),
         nodesync::Guard::unfenced(Duration::from_secs(5)),
         shutdown.clone(),
     ));

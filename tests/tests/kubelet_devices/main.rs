@@ -20,10 +20,10 @@
 //! GPU beside a Slurm job holding index 0 (`0000:19:00.0`) gets `/dev/nvidia1`, never the job's GPU, and no
 //! mismatch is counted; a second Slurm job that Slurm puts on the pod's GPU (Slurm does not know an unplaced pod's
 //! devices), another pod's placeholder job (run as its namespace's published owner), makes the agent's
-//! `isthmus_device_allocation_mismatches` 1, its Node condition `DeviceAllocationConsistent` False naming the pod and
-//! the job, and a Warning Event on the Node naming the pod; the controller's node sync then evicts the pod, and the
-//! condition is True again while the job keeps its GPUs. (How the agent reads which GPU indexes each job holds, on
-//! every Slurm release: `tests/tests/deviceplugin_slurm.rs`.)
+//! `isthmus_device_allocation_mismatches` 1, its reported condition `DeviceAllocationConsistent` (in its
+//! NodeResourceTopology) False naming the pod and the job, and a Warning Event on the Node naming the pod; the
+//! controller's node sync then evicts the pod, and the condition is True again while the job keeps its GPUs. (How the
+//! agent reads which GPU indexes each job holds, on every Slurm release: `tests/tests/deviceplugin_slurm.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -171,7 +171,7 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
 
 /// The node as a Slurm node of its own site (slurmctld; slurmd and munged under an agent on `root` that also serves
 /// the device plugin), idle. The Kubernetes side is on, as the shipped ServiceAccount with the shipped RBAC: the check
-/// reports to the Node's condition and the pods' Events.
+/// reports in the node's NodeResourceTopology and to the pods' Events.
 fn slurm_site(node: &KubeNode, root: &Path) -> site::Site {
     let mut s = site::Site::new(NODE_NAME, root, site::Mode::Configured);
     s.start_slurmctld();
@@ -382,16 +382,18 @@ fn pod_events(node: &KubeNode, pod: &str, reason: &str) -> String {
     .to_owned()
 }
 
-/// The Node's `DeviceAllocationConsistent` condition: (status, reason, message); empty strings when absent.
+/// The `DeviceAllocationConsistent` condition the node's agent reports in its NodeResourceTopology (what the node
+/// sync reads; the controller projects it onto the Node): (status, reason, message); empty strings when absent.
 fn allocation_condition(node: &KubeNode) -> (String, String, String) {
-    let out = node.kubectl(&["get", "node", NODE_NAME, "-o", "json"]);
+    let out = node.kubectl(&["get", "noderesourcetopology", NODE_NAME, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let field = |c: &serde_json::Value, k: &str| c[k].as_str().unwrap_or_default().to_owned();
-    v["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "DeviceAllocationConsistent")
-        .map(|c| (field(c, "status"), field(c, "reason"), field(c, "message")))
+    isthmus_tests::reported_condition(&v, isthmus_api::conditions::DEVICE_ALLOCATION)
+        .map(|c| {
+            (
+                c.status,
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default(),
+            )
+        })
         .unwrap_or_default()
 }

@@ -359,20 +359,23 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
     assert!(node.container_pid(uid, "isthmus").is_some());
     // The device plugin component's check ran in the pod: Slurm's jobs read with the image's scontrol, the pods'
-    // devices from the kubelet's PodResources, the agreement on the Node as the agent's ServiceAccount.
+    // devices from the kubelet's PodResources, the agreement reported in the node's NodeResourceTopology as the
+    // agent's ServiceAccount.
     wait_until_ok(
-        "the pod's DeviceAllocationConsistent on the Node",
+        "the pod's DeviceAllocationConsistent in the node's report",
         Duration::from_secs(60),
         || {
-            let v: serde_json::Value =
-                serde_json::from_str(&node.kubectl_ok(&["get", "node", NODE_NAME, "-o", "json"]))
-                    .ok()?;
-            let c = v["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .find(|c| c["type"] == "DeviceAllocationConsistent")?
-                .clone();
-            (c["status"] == "True" && c["reason"] == "DevicesAgreeWithSlurm").then_some(c)
+            let v: serde_json::Value = serde_json::from_str(&node.kubectl_ok(&[
+                "get",
+                "noderesourcetopology",
+                NODE_NAME,
+                "-o",
+                "json",
+            ]))
+            .ok()?;
+            let c = isthmus_tests::reported_condition(&v, "DeviceAllocationConsistent")?;
+            (c.status == "True" && c.reason.as_deref() == Some("DevicesAgreeWithSlurm"))
+                .then_some(c)
         },
     );
 }

@@ -205,11 +205,9 @@ pub async fn run(
     let mut last: Vec<Mismatch> = Vec::new();
     let mut tick = crate::cadence::ticker(PERIOD);
     let mut holds_open = true;
-    // The condition as last applied; `None` until the first write succeeds (a failed write is tried again at the
-    // next comparison).
+    // The condition as last reported; `None` before the first comparison.
     let mut written: Option<k8s_openapi::api::core::v1::NodeCondition> = None;
     // The Node's UID, from the condition writes' answers (the Events name it).
-    let mut node_uid: Option<String> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -248,19 +246,11 @@ pub async fn run(
                     k8s_openapi::jiff::Timestamp::now(),
                 );
                 let cond = super::report::condition(&now, written.as_ref(), &stamp);
-                match p.apply(&cond).await {
-                    Ok(uid) => {
-                        written = Some(cond);
-                        node_uid = uid.or(node_uid);
-                    }
-                    Err(e) => {
-                        written = None;
-                        tracing::warn!(error = %e, "the DeviceAllocationConsistent condition could not be written; retrying");
-                    }
-                }
+                p.report(&cond);
+                written = Some(cond);
             }
             if changed {
-                p.record(&super::report::new_ones(&last, &now), node_uid.as_deref())
+                p.record(&super::report::new_ones(&last, &now), None)
                     .await;
             }
         }

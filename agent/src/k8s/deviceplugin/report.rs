@@ -1,25 +1,24 @@
-//! What the check after admission tells the cluster: the Node condition `DeviceAllocationConsistent` (`True` while
+//! What the check after admission tells the cluster: the condition `DeviceAllocationConsistent` (`True` while
 //! every pod's devices agree with Slurm's jobs, `False` with reason `DeviceAllocationMismatch` and a message naming
-//! each pod and its devices), applied with server-side apply on `nodes/status` under its own field manager, and a
-//! `Warning` Event `DeviceAllocationMismatch` on the Node for each pod whose mismatch is first seen, naming the pod.
+//! each pod and its devices), reported in the node's own NodeResourceTopology ([`crate::k8s::reported`]; the
+//! controller projects it onto the Node and its node sync evicts the pods it names), and a `Warning` Event
+//! `DeviceAllocationMismatch` on the Node for each pod whose mismatch is first seen, naming the pod.
 //!
 //! The Events are the Node's, in the `default` namespace, where the kubelet's and the health Events go (`kubectl
 //! describe node` shows them beside the condition): the agent creates Events there only, never in a tenant's
 //! namespace (its Role grants `create` on Events in `default` alone), so a node's credentials cannot put words on
 //! another namespace's pods. Events are best effort (a warning in the log when one cannot be created, never
-//! retried); a condition write that fails is tried again at the next comparison.
+//! retried).
 
 use isthmus_api::conditions::DEVICE_ALLOCATION;
 use isthmus_api::events::{self, EventType, Involved, Reporter};
-use k8s_openapi::api::core::v1::{Event, Node, NodeCondition};
+use k8s_openapi::api::core::v1::{Event, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 
 use super::check::Mismatch;
-
-/// The field manager of the condition (it owns only that condition entry).
-pub const FIELD_MANAGER: &str = "isthmus-device-allocation";
+use crate::k8s::reported::Reported;
 
 /// The reason (and the Events' reason) while a pod's devices disagree with Slurm's.
 pub const MISMATCH_REASON: &str = isthmus_api::conditions::DEVICE_ALLOCATION_MISMATCH;
@@ -78,10 +77,12 @@ pub fn new_ones<'a>(before: &[Mismatch], now: &'a [Mismatch]) -> Vec<&'a Mismatc
 /// Where the condition and the Events go.
 #[derive(Clone)]
 pub struct Publisher {
-    /// The agent's client.
+    /// The agent's client (Events).
     pub client: kube::Client,
     /// The Node's name.
     pub node: String,
+    /// The conditions the node's NodeResourceTopology carries.
+    pub reported: Reported,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -93,22 +94,9 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// Apply `cond` on the Node's status; the Node's UID (for the Events).
-    pub async fn apply(&self, cond: &NodeCondition) -> Result<Option<String>, kube::Error> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let patch = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": self.node},
-            "status": {"conditions": [cond]},
-        });
-        api.patch_status(
-            &self.node,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map(|n| n.metadata.uid)
+    /// Report `cond` in the node's NodeResourceTopology.
+    pub fn report(&self, cond: &NodeCondition) {
+        self.reported.set(std::slice::from_ref(cond));
     }
 
     /// A `Warning` Event on the Node (UID `uid`, when known) for each pod of `mismatches`.

@@ -6,6 +6,7 @@
 //! To add a task: a file here with its [`LeaderTask`], one line in [`leader_tasks`], its `clap::Args` flattened
 //! into [`RunArgs`](super::RunArgs).
 
+pub mod conditions;
 pub mod nodesync;
 pub mod placement;
 pub mod topology;
@@ -14,5 +15,10 @@ use super::LeaderTask;
 
 /// The tasks started on acquiring the lease.
 pub fn leader_tasks() -> Vec<LeaderTask> {
-    vec![topology::TASK, nodesync::TASK, placement::TASK]
+    vec![
+        topology::TASK,
+        conditions::TASK,
+        nodesync::TASK,
+        placement::TASK,
+    ]
 }

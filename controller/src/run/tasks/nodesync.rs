@@ -1,5 +1,5 @@
 //! The node state sync's entry point: [`crate::nodesync::run`] with its arguments and the leader's fence, which
-//! every write asks first.
+//! every write asks first, and the controller's namespace, where its drain records live.
 
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +17,7 @@ fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
         c.client,
         c.slurm,
         c.args.node_sync.clone(),
+        c.args.namespace.clone(),
         guard,
         t,
     ))

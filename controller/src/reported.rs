@@ -1,0 +1,192 @@
+//! The conditions each node's agent reports about its own node (device health, `DeviceAllocationConsistent`), read
+//! from the node's NodeResourceTopology ([`isthmus_api::conditions`]): an object whose writes the admission
+//! webhook's `own-node-report` rule holds to the writer's own node, failing closed. This is the only source the
+//! controller believes for these condition types. A Node's status may carry them too — the controller projects
+//! them there ([`crate::conditions`]) — but a Node's status is also written by its kubelet (and, where RBAC allows,
+//! others), so the node sync reads these types from here and never from the Node ([`view`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use isthmus_api::conditions::{AGENT, is_condition_attribute};
+use isthmus_api::nrt::NrtAttributes;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use kube::api::ObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+/// The reported conditions of every node, from a watch of the NodeResourceTopologies (trimmed to the condition
+/// attributes).
+#[derive(Debug, Clone)]
+pub struct Reports {
+    store: Store<NrtAttributes>,
+}
+
+impl Reports {
+    /// Start the watch (its task wakes `changed` when a node's reported conditions change; abort it with the
+    /// returned handle). A report whose conditions do not read is logged once per change and counted in
+    /// `isthmus_controller_refused_condition_reports_total`.
+    pub fn watch(client: Client, changed: Arc<Notify>) -> (Self, tokio::task::JoinHandle<()>) {
+        let (store, writer) = reflector::store();
+        let stream = watcher(
+            Api::<NrtAttributes>::all(client),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|o| o.attributes.retain(|a| is_condition_attribute(&a.name)))
+        .reflect(writer);
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            // Each node's condition attributes as last seen: other changes of the object wake nobody.
+            let mut seen: HashMap<String, Vec<isthmus_api::nrt::Attribute>> = HashMap::new();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        let name = o.metadata.name.clone().unwrap_or_default();
+                        if seen.get(&name) == Some(&o.attributes) {
+                            continue;
+                        }
+                        if let Err(e) = isthmus_api::conditions::read(&o.attributes) {
+                            tracing::warn!(node = name, error = %e, "the node's reported conditions are refused: none of them is believed");
+                            metrics::counter!("isthmus_controller_refused_condition_reports_total")
+                                .increment(1);
+                        }
+                        seen.insert(name, o.attributes);
+                        changed.notify_one();
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        seen.remove(o.metadata.name.as_deref().unwrap_or_default());
+                        changed.notify_one();
+                    }
+                    Ok(watcher::Event::Init) => {}
+                    Ok(watcher::Event::InitDone) => changed.notify_one(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the NodeResourceTopology watch (reported conditions) failed; retrying with backoff");
+                        metrics::counter!(
+                            "isthmus_controller_reported_conditions_watch_errors_total"
+                        )
+                        .increment(1);
+                    }
+                }
+            }
+        });
+        (Self { store }, task)
+    }
+
+    /// Wait for the watch's first list (`Err` when the watch ended first).
+    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.store.wait_until_ready().await
+    }
+
+    /// The conditions Node `node`'s agent reports (its NodeResourceTopology is named after the Node); `None` without
+    /// a report or when the report's conditions are refused.
+    pub fn of(&self, node: &str) -> Option<Vec<NodeCondition>> {
+        let o = self.store.get(&ObjectRef::new(node))?;
+        isthmus_api::conditions::read(&o.attributes).ok()
+    }
+}
+
+/// Whether `type_` is a condition only the agent's report may say.
+pub fn is_reported_type(type_: &str) -> bool {
+    AGENT.contains(&type_)
+}
+
+/// What the controller believes of `node`: its name, labels, annotations, resourceVersion, UID, cordon, taints and
+/// conditions, with every condition of a reported type taken from `reported` (the node's own report) and none
+/// from the Node's status. Nothing else of the Node is copied.
+pub fn view(node: &Node, reported: Option<&[NodeCondition]>) -> Node {
+    let mut conditions: Vec<NodeCondition> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| !is_reported_type(&c.type_))
+        .cloned()
+        .collect();
+    conditions.extend(reported.unwrap_or_default().iter().cloned());
+    let m = &node.metadata;
+    Node {
+        metadata: ObjectMeta {
+            name: m.name.clone(),
+            labels: m.labels.clone(),
+            annotations: m.annotations.clone(),
+            resource_version: m.resource_version.clone(),
+            uid: m.uid.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: node.spec.as_ref().map(|s| NodeSpec {
+            unschedulable: s.unschedulable,
+            taints: s.taints.clone(),
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: Some(conditions),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node() -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "resourceVersion": "7", "labels": {"a": "b"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"unschedulable": true, "taints": [{"key": "k", "effect": "NoSchedule"}], "podCIDR": "10.0.0.0/24"},
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "GpuHealthy", "status": "False", "reason": "Forged", "message": "failed: x."},
+                    {"type": "DeviceAllocationConsistent", "status": "False", "reason": "DeviceAllocationMismatch",
+                     "message": "pod a/b holds devices Slurm jobs hold: x"},
+                ],
+                "capacity": {"nvidia.com/gpu": "0"},
+            },
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn reported_types_come_from_the_report_alone() {
+        let types = |n: &Node| -> Vec<(String, String)> {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| (c.type_, c.status))
+                .collect()
+        };
+        // No report: the Node's own word on these types is not believed.
+        let v = view(&node(), None);
+        assert_eq!(types(&v), [("Ready".to_owned(), "True".to_owned())]);
+        let reported = [NodeCondition {
+            type_: "GpuHealthy".into(),
+            status: "True".into(),
+            ..NodeCondition::default()
+        }];
+        let v = view(&node(), Some(&reported));
+        assert_eq!(
+            types(&v),
+            [
+                ("Ready".to_owned(), "True".to_owned()),
+                ("GpuHealthy".to_owned(), "True".to_owned())
+            ]
+        );
+        // What the decisions read is kept; the rest is not copied.
+        assert_eq!(v.metadata.resource_version.as_deref(), Some("7"));
+        assert!(v.metadata.managed_fields.is_none());
+        let spec = v.spec.unwrap_or_default();
+        assert_eq!(spec.unschedulable, Some(true));
+        assert_eq!(spec.taints.map(|t| t.len()), Some(1));
+        assert!(spec.pod_cidr.is_none());
+        assert!(v.status.and_then(|s| s.capacity).is_none());
+    }
+}
