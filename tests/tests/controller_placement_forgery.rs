@@ -39,7 +39,12 @@ fn forged_record(id: u64, user: &str, uid: u32, node: &str, comment: &str) -> St
 
 /// Submit a held job as the unprivileged user `bin` with `comment`.
 fn attack(cluster: &Cluster, comment: &str) -> u64 {
-    sbatch_as(cluster, "bin", "bin", &["--hold", &format!("--comment={comment}")])
+    sbatch_as(
+        cluster,
+        "bin",
+        "bin",
+        &["--hold", &format!("--comment={comment}")],
+    )
 }
 
 fn state(cluster: &Cluster, id: u64) -> String {

@@ -58,7 +58,7 @@ fn value<'a>(conf: &'a str, key: &str) -> Option<&'a str> {
         .filter_map(|l| l.split_once('='))
         .filter(|(k, _)| k.trim().eq_ignore_ascii_case(key))
         .map(|(_, v)| v.trim())
-        .last()
+        .next_back()
 }
 
 fn yes(conf: &str, key: &str) -> bool {

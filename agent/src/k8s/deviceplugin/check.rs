@@ -250,8 +250,7 @@ pub async fn run(
                 written = Some(cond);
             }
             if changed {
-                p.record(&super::report::new_ones(&last, &now), None)
-                    .await;
+                p.record(&super::report::new_ones(&last, &now), None).await;
             }
         }
         if changed {
