@@ -6,7 +6,7 @@
 //! others), so the node sync reads these types from here and never from the Node ([`view`]).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
 use isthmus_api::conditions::{AGENT, is_condition_attribute};
@@ -23,7 +23,13 @@ use tokio::sync::Notify;
 #[derive(Debug, Clone)]
 pub struct Reports {
     store: Store<NrtAttributes>,
+    /// Each node's conditions as last read, by the resourceVersion they were read from: a pass reads each report
+    /// once per change, not once per pass.
+    read: Arc<Mutex<HashMap<String, Read>>>,
 }
+
+/// One node's conditions and the resourceVersion of the object they were read from.
+type Read = (Option<String>, Option<Vec<NodeCondition>>);
 
 impl Reports {
     /// Start the watch (its task wakes `changed` when a node's reported conditions change; abort it with the
@@ -38,6 +44,8 @@ impl Reports {
         .default_backoff()
         .modify(|o| o.attributes.retain(|a| is_condition_attribute(&a.name)))
         .reflect(writer);
+        let read: Arc<Mutex<HashMap<String, Read>>> = Arc::default();
+        let forget = read.clone();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             // Each node's condition attributes as last seen: other changes of the object wake nobody.
@@ -58,7 +66,12 @@ impl Reports {
                         changed.notify_one();
                     }
                     Ok(watcher::Event::Delete(o)) => {
-                        seen.remove(o.metadata.name.as_deref().unwrap_or_default());
+                        let name = o.metadata.name.as_deref().unwrap_or_default();
+                        seen.remove(name);
+                        forget
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(name);
                         changed.notify_one();
                     }
                     Ok(watcher::Event::Init) => {}
@@ -73,7 +86,7 @@ impl Reports {
                 }
             }
         });
-        (Self { store }, task)
+        (Self { store, read }, task)
     }
 
     /// Wait for the watch's first list (`Err` when the watch ended first).
@@ -84,8 +97,20 @@ impl Reports {
     /// The conditions Node `node`'s agent reports (its NodeResourceTopology is named after the Node); `None` without
     /// a report or when the report's conditions are refused.
     pub fn of(&self, node: &str) -> Option<Vec<NodeCondition>> {
-        let o = self.store.get(&ObjectRef::new(node))?;
-        isthmus_api::conditions::read(&o.attributes).ok()
+        let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(o) = self.store.get(&ObjectRef::new(node)) else {
+            read.remove(node);
+            return None;
+        };
+        let version = o.metadata.resource_version.clone();
+        if let Some((v, conditions)) = read.get(node) {
+            if version.is_some() && *v == version {
+                return conditions.clone();
+            }
+        }
+        let conditions = isthmus_api::conditions::read(&o.attributes).ok();
+        read.insert(node.to_owned(), (version, conditions.clone()));
+        conditions
     }
 }
 

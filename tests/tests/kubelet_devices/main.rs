@@ -279,10 +279,20 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
         gpu_indexes(&second) == Some((1..=7).collect())
     });
     let running = std::time::Instant::now();
-    wait_until("the clash is reported", WAIT, || {
-        mismatches_metric(&s.listen).as_deref() == Some("1")
-            && allocation_condition(node).0 == "False"
-    });
+    // On a timeout, say which side did not follow: the agent's check (the gauge) or its report (the condition).
+    let deadline = std::time::Instant::now() + WAIT;
+    while !(mismatches_metric(&s.listen).as_deref() == Some("1")
+        && allocation_condition(node).0 == "False")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clash is reported: not within {WAIT:?}; gauge {:?}, reported condition {:?}\n{}",
+            mismatches_metric(&s.listen),
+            allocation_condition(node),
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     println!(
         "the clash is on the Node's condition {:?} after the job was seen running",
         running.elapsed()
