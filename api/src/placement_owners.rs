@@ -43,8 +43,8 @@ pub fn runs_as(owner: &str, user: &str, uid: &str) -> bool {
     owner == user || owner == uid
 }
 
-/// A namespace name (a DNS label).
-fn is_namespace(s: &str) -> bool {
+/// A DNS label (RFC 1123), as namespace names are (and placement's gang names).
+pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
@@ -79,7 +79,7 @@ pub fn parse(data: &BTreeMap<String, String>) -> Result<Owners, OwnersError> {
         return Err(OwnersError::TooMany(data.len()));
     }
     for (ns, user) in data {
-        if !is_namespace(ns) {
+        if !is_dns_label(ns) {
             return Err(OwnersError::Namespace(ns.chars().take(80).collect()));
         }
         if !is_unix_id(user) || is_root(user) {

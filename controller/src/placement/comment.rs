@@ -28,15 +28,7 @@ impl JobRef {
 }
 
 /// A DNS label (RFC 1123), as namespaces and gang names are.
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
+pub use isthmus_api::placement_owners::is_dns_label;
 
 /// A DNS subdomain (RFC 1123), as pod names are.
 pub fn is_dns_subdomain(s: &str) -> bool {
