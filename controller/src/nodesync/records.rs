@@ -48,12 +48,44 @@ pub fn shard_name(i: usize) -> String {
     format!("{NAME_PREFIX}{i:02}")
 }
 
-/// A shard as this replica last wrote it, until the watch shows the write.
+/// A shard as this replica last wrote it, until the watch shows that write.
 #[derive(Debug)]
 struct Written {
     data: BTreeMap<String, String>,
-    /// The shard's resourceVersion in the watch when it was written (`None`: it did not exist).
-    replaced: Option<String>,
+    /// The shard's versions older than that write: the one it replaced (`None`: the shard did not exist) and those
+    /// of this replica's earlier writes the watch has not shown yet. While the watch shows one of these, the data
+    /// above is newer.
+    older: BTreeSet<Option<String>>,
+    /// The version that write made.
+    made: Option<String>,
+}
+
+impl Written {
+    /// Whether the watch showing `version` has not caught up with this write.
+    fn covers(&self, version: &Option<String>) -> bool {
+        self.older.contains(version)
+    }
+
+    /// A write of `data` made version `made` while the watch showed `shown`, after the write `before`.
+    fn after(
+        before: Option<Written>,
+        data: BTreeMap<String, String>,
+        shown: Option<String>,
+        made: Option<String>,
+    ) -> Self {
+        // What the watch may still show before this write: the version it shows now and, while it has not caught up
+        // with an earlier write of ours, that write's version and every one before it.
+        let mut older = match before {
+            Some(mut w) if w.covers(&shown) => {
+                w.older.insert(w.made);
+                w.older
+            }
+            _ => BTreeSet::new(),
+        };
+        older.insert(shown);
+        older.remove(&made);
+        Self { data, older, made }
+    }
 }
 
 /// The records: the watch's store and what was written since.
@@ -129,7 +161,7 @@ impl Records {
             .as_ref()
             .and_then(|c| c.metadata.resource_version.clone());
         match self.written.get(&i) {
-            Some(w) if w.replaced == version => w.data.clone(),
+            Some(w) if w.covers(&version) => w.data.clone(),
             _ => stored
                 .and_then(|c| c.data.clone())
                 .unwrap_or_default()
@@ -184,7 +216,7 @@ impl Records {
             data.insert(node.to_owned(), record.to_value());
         }
         let name = shard_name(i);
-        let replaced = self
+        let shown = self
             .store
             .get(&ObjectRef::new(&name).within(&self.namespace))
             .and_then(|c| c.metadata.resource_version.clone());
@@ -209,14 +241,34 @@ impl Records {
             )
             .await
             .map_err(|e| e.to_string())?;
-        self.written.insert(i, Written { data, replaced });
-        Ok(written.metadata.resource_version)
+        let made = written.metadata.resource_version;
+        let next = Written::after(self.written.remove(&i), data, shown, made.clone());
+        self.written.insert(i, next);
+        Ok(made)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_was_written_counts_until_the_watch_shows_it() {
+        let v = |s: &str| Some(s.to_owned());
+        let data = |n: u8| BTreeMap::from([("n".to_owned(), n.to_string())]);
+        // Two writes before the watch shows either: the second's data stands while it shows the first's version.
+        let w1 = Written::after(None, data(1), v("1"), v("2"));
+        assert!(w1.covers(&v("1")) && !w1.covers(&v("2")));
+        let w2 = Written::after(Some(w1), data(2), v("1"), v("3"));
+        assert!(w2.covers(&v("1")) && w2.covers(&v("2")) && !w2.covers(&v("3")));
+        // A write made once the watch showed the first: only that version is older.
+        let w1 = Written::after(None, data(1), None, v("2"));
+        assert!(w1.covers(&None));
+        let w2 = Written::after(Some(w1), data(2), v("2"), v("3"));
+        assert!(w2.covers(&v("2")) && !w2.covers(&None));
+        // Someone else's version: the watch is believed.
+        assert!(!w2.covers(&v("9")));
+    }
 
     #[test]
     fn shards_are_stable_and_spread() {
