@@ -180,31 +180,19 @@ fn the_runtime_images_hold_what_the_binary_links_and_runs() {
     assert!(needed.contains("libhwloc15"), "{needed:?}");
     // Both images (and their -prebuilt twins): the libraries and smpquery (--neighbours); the Slurm image also the
     // programs the agent runs for Slurm.
+    const SLURM_PROGRAMS: &[&str] = &[
+        "smpquery",
+        "slurmd",
+        "slurmstepd",
+        "munged",
+        "scontrol",
+        "squeue",
+    ];
     for (target, programs) in [
         ("runtime", &["smpquery"][..]),
         ("runtime-prebuilt", &["smpquery"][..]),
-        (
-            "runtime-slurm",
-            &[
-                "smpquery",
-                "slurmd",
-                "slurmstepd",
-                "munged",
-                "scontrol",
-                "squeue",
-            ][..],
-        ),
-        (
-            "runtime-slurm-prebuilt",
-            &[
-                "smpquery",
-                "slurmd",
-                "slurmstepd",
-                "munged",
-                "scontrol",
-                "squeue",
-            ][..],
-        ),
+        ("runtime-slurm", SLURM_PROGRAMS),
+        ("runtime-slurm-prebuilt", SLURM_PROGRAMS),
     ] {
         let packages = installed(target);
         for p in &needed {
