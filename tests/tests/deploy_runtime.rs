@@ -44,8 +44,9 @@ fn the_kubernetes_only_agent_publishes_with_no_capability() {
     let node = "deploy-konly";
     api.create_node(node);
     let listen = format!("127.0.0.1:{}", free_port());
-    let (_, downward) = container_env(agent);
-    assert_eq!(downward, vec!["NODE_NAME"]);
+    let (_, mut downward) = container_env(agent);
+    downward.sort();
+    assert_eq!(downward, vec!["NODE_NAME", "POD_NAMESPACE"]);
     let root = fixtures().join("hosts/xe9680-8xh100/root");
     let log = dir.path().join("agent.log");
     let child = start_as_in_the_pod(
@@ -57,7 +58,7 @@ fn the_kubernetes_only_agent_publishes_with_no_capability() {
             ("ISTHMUS_POD_RESOURCES_SOCKET", socket.display().to_string()),
             ("ISTHMUS_LISTEN", listen.clone()),
         ],
-        &[("NODE_NAME", node)],
+        &[("NODE_NAME", node), ("POD_NAMESPACE", "isthmus-system")],
         &kubeconfig,
         &log,
     );
@@ -126,7 +127,7 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     let root = fixtures().join("hosts/xe9680-8xh100/root");
     let (_, mut downward) = container_env(agent);
     downward.sort();
-    assert_eq!(downward, vec!["HOST_IP", "NODE_NAME"]);
+    assert_eq!(downward, vec!["HOST_IP", "NODE_NAME", "POD_NAMESPACE"]);
     let node = "slurmgpu1";
     api.create_node(node);
     let log = d.join("agent.log");
@@ -155,7 +156,7 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
             ("ISTHMUS_LISTEN", listen.clone()),
             ("SLURM_CONF", slurm_conf.display().to_string()),
         ],
-        &[("NODE_NAME", node), ("HOST_IP", "127.0.0.1")],
+        &[("NODE_NAME", node), ("HOST_IP", "127.0.0.1"), ("POD_NAMESPACE", "isthmus-system")],
         &kubeconfig,
         &log,
     );

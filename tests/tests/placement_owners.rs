@@ -102,6 +102,10 @@ fn the_controller_publishes_each_namespaces_owner_and_the_agent_reads_only_that(
     wait_until("the unselected namespace leaves the owners", WAIT, || {
         seen(&named)
     });
+    // The audit log has a request once its response is complete, a moment after the watch saw the write.
+    wait_until("the second write is in the audit log", WAIT, || {
+        owner_writes(api, since) >= 2
+    });
     assert_eq!(owner_writes(api, since), 2);
 
     // An administrator's edit (another user, an extra namespace) is put right.
