@@ -268,6 +268,7 @@ fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
         "-n1",
         "--mem=1",
         "--gres=gpu:7",
+        "--output=/dev/null",
         "--chdir=/tmp",
         &format!("--comment=k8s:{NS}/placed-elsewhere/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d"),
         "--wrap",

@@ -19,8 +19,6 @@ fn job_state(site: &Site, job: &str) -> String {
 }
 
 #[test]
-#[ignore = "after the node re-registers with seven GPUs, the next job fails with JobLaunchFailure (slurmd logs \
-            'Launching batch job'); under investigation"]
 fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     let root = h100();
     let mut site = Site::on(SlurmRelease::V22_05, "pg1", &root, Mode::Dynamic);

@@ -342,7 +342,9 @@ impl Site {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Submit a one-task batch job asking `gres` (e.g. `--gres=gpu:1`) that sleeps 300 s; its id.
+    /// Submit a one-task batch job asking `gres` (e.g. `--gres=gpu:1`) that sleeps 300 s; its id. Its output goes
+    /// nowhere: every site numbers its jobs from 1, and a `/tmp/slurm-N.out` another user's job left is a file the
+    /// agent's slurmd (no CAP_DAC_OVERRIDE) cannot open for a root job, which then fails to launch.
     pub(crate) fn sbatch_sleep(&self, gres: &str) -> String {
         self.slurm_ok(&[
             "sbatch",
@@ -351,6 +353,7 @@ impl Site {
             "-n1",
             "--mem=1",
             gres,
+            "--output=/dev/null",
             "--chdir=/tmp",
             "--wrap",
             "sleep 300",
