@@ -60,8 +60,13 @@ pub enum SlurmCgroups {
     /// `slurm_<node>` in each controller's root: CAP_SYS_ADMIN and CAP_DAC_OVERRIDE.
     Host,
     /// The same in the agent's pod, on the pod's own cgroup (`components/slurm-cgroups` mounts it read-write as
-    /// cgroup.conf's `CgroupMountpoint`), a directory root owns: CAP_SYS_ADMIN only.
+    /// cgroup.conf's `CgroupMountpoint`), a directory root owns: CAP_SYS_ADMIN only. cgroup v1.
     Pod,
+    /// cgroup v2: the container's own cgroup, delegated through its cgroup namespace (`components/slurm-cgroups-v2`;
+    /// [`crate::slurm::cgroup2`]): the agent keeps CAP_SYS_ADMIN and CAP_SETPCAP to set it up and to start slurmd in
+    /// a namespace of its own, and takes both from slurmd; slurmd gets CAP_BPF and CAP_NET_ADMIN for the device
+    /// programs ([`SLURM_CGROUP_V2_CAPABILITIES`]).
+    Delegated,
 }
 
 /// What slurmd needs besides [`SLURM_CAPABILITIES`] when its cgroup plugins confine jobs (`ProctrackType=
@@ -82,6 +87,32 @@ pub const SLURM_CGROUP_CAPABILITIES: &[Need] = &[
     },
 ];
 
+/// What `--slurm-cgroups delegated` needs besides [`SLURM_CAPABILITIES`] on cgroup v2. Each was checked by removing
+/// it, with real slurmd 24.11 and 26.05 supervised by the agent as a pod's PID 1 on a cgroup v2 kernel
+/// (tests/tests/cgroup_v2.rs). The first two the agent uses and takes from its children; slurmd keeps the last two.
+pub const SLURM_CGROUP_V2_CAPABILITIES: &[Need] = &[
+    Need {
+        cap: Capability::CAP_SYS_ADMIN,
+        why: "the agent remounts its /sys/fs/cgroup read-write and starts slurmd in a cgroup and mount namespace of \
+              its own (without it the agent says why and jobs stay unconfined; slurmd is never given it)",
+    },
+    Need {
+        cap: Capability::CAP_SETPCAP,
+        why: "the agent takes CAP_SYS_ADMIN and CAP_SETPCAP out of slurmd's and munged's bounding sets (without it \
+              slurmd and every root job would hold CAP_SYS_ADMIN: the agent refuses to start slurmd)",
+    },
+    Need {
+        cap: Capability::CAP_BPF,
+        why: "slurmstepd loads each job's device program (slurmstepd: \"load_ebpf_prog: BPF load error (Operation \
+              not permitted)\"; the job then opens every GPU)",
+    },
+    Need {
+        cap: Capability::CAP_NET_ADMIN,
+        why: "the kernel loads cgroup device programs only for CAP_NET_ADMIN besides CAP_BPF (slurmstepd: \
+              \"load_ebpf_prog: BPF load error (Operation not permitted)\")",
+    },
+];
+
 /// The capabilities the supervised children need in `mode`, with slurmd's cgroups where `cgroups` says.
 pub fn needed(mode: SlurmMode, cgroups: SlurmCgroups) -> CapsHashSet {
     match mode {
@@ -95,6 +126,7 @@ fn all_needs(cgroups: SlurmCgroups) -> impl Iterator<Item = &'static Need> {
         SlurmCgroups::Off => &[],
         SlurmCgroups::Pod => &SLURM_CGROUP_CAPABILITIES[..1],
         SlurmCgroups::Host => SLURM_CGROUP_CAPABILITIES,
+        SlurmCgroups::Delegated => SLURM_CGROUP_V2_CAPABILITIES,
     };
     SLURM_CAPABILITIES.iter().chain(extra)
 }
@@ -193,6 +225,16 @@ pub fn names(caps: &[Capability]) -> String {
 /// Restrict the process for `mode` (with `cgroups`, slurmd's cgroup plugins' needs too) and log what was kept
 /// (warnings for what could not be done). `slurm_conf`, when slurmd reads a local one, is checked against `cgroups`.
 pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::path::Path>) {
+    if mode != SlurmMode::Off && cgroups == SlurmCgroups::Delegated {
+        // Still single-threaded and holding the pod's capabilities.
+        match crate::slurm::cgroup2::delegate() {
+            Ok(d) => tracing::info!(
+                subtree = %d.slurm.display(),
+                "cgroup v2: the container's cgroup is delegated; slurmd starts in its own cgroup namespace there"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cgroup v2: Slurm jobs cannot be confined in this pod"),
+        }
+    }
     if mode != SlurmMode::Off {
         say_confinement(cgroups, slurm_conf);
     }
@@ -251,7 +293,11 @@ fn say_confinement(cgroups: SlurmCgroups, slurm_conf: Option<&std::path::Path>) 
     let cgroup_conf = slurm_conf
         .and_then(|p| p.parent())
         .and_then(|d| std::fs::read_to_string(d.join("cgroup.conf")).ok());
-    let c = confinement::assess(hierarchy, cgroups, conf.as_deref(), cgroup_conf.as_deref());
+    let mut c = confinement::assess(hierarchy, cgroups, conf.as_deref(), cgroup_conf.as_deref());
+    if c.confined && cgroups == SlurmCgroups::Delegated && crate::slurm::cgroup2::delegated().is_none() {
+        c.confined = false;
+        c.reason = "the container's cgroup could not be delegated (see the warning above)".to_owned();
+    }
     if c.confined {
         tracing::info!(cgroup = c.cgroup.as_str(), reason = %c.reason, "Slurm jobs are confined");
     } else {

@@ -129,9 +129,14 @@ pub fn assess(
             "a hybrid cgroup hierarchy: Slurm's cgroup/v2 refuses it and the isthmus mounts are for v1 alone"
                 .to_owned(),
         ),
+        (CgroupVersion::V1, SlurmCgroups::Delegated) => not(
+            "--slurm-cgroups delegated is for cgroup v2, and this node runs cgroup v1: use components/slurm-cgroups \
+             (pod)"
+                .to_owned(),
+        ),
         (CgroupVersion::V2, SlurmCgroups::Pod) => not(
-            "cgroup v2: components/slurm-cgroups mounts the pod's cgroup v1 controllers only; jobs are not \
-             confined in the pod on cgroup v2 yet"
+            "cgroup v2: components/slurm-cgroups mounts the pod's cgroup v1 controllers only; use \
+             components/slurm-cgroups-v2 (--slurm-cgroups delegated)"
                 .to_owned(),
         ),
         (v, _) => Confinement {

@@ -2,6 +2,7 @@
 //! ([`munge`]), the supervisor that runs them ([`supervisor`]) and slurmd's own readiness ([`readyz`]). The [`run`]
 //! task turns topology changes into gres.conf writes and slurmd (re)starts.
 
+pub mod cgroup2;
 pub mod confinement;
 pub mod munge;
 pub mod node;

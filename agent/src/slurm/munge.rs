@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::node::{MungeKeyProblem, SlurmConfigError, resolve_program};
-use super::supervisor::process::{ChildSpec, Readiness};
+use super::supervisor::process::{ChildSpec, Confine, Readiness};
 
 /// How munged is run (the daemon builds it from the agent's arguments).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +78,10 @@ pub fn munged_spec(args: &MungeConfig) -> Result<ChildSpec, SlurmConfigError> {
         ],
         env: Vec::new(),
         ready: Readiness::PathExists(args.socket.clone()),
+        confine: match crate::slurm::cgroup2::delegated() {
+            Some(_) => Confine::DropDelegationCaps,
+            None => Confine::Inherit,
+        },
     })
 }
 

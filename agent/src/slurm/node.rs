@@ -8,7 +8,7 @@ use isthmus_gres::{gres_conf, node_def};
 use isthmus_topology::NodeTopology;
 
 use super::SlurmMode;
-use super::supervisor::process::{ChildSpec, Readiness, Reaper};
+use super::supervisor::process::{ChildSpec, Confine, Readiness, Reaper};
 use super::topology_unit::{TopologyUnitError, TopologyUnits};
 use crate::config_file::{WriteError, WriteOutcome, write_if_changed};
 
@@ -266,6 +266,9 @@ impl SlurmNode {
                 args,
                 env: Vec::new(),
                 ready: Readiness::Started,
+                confine: crate::slurm::cgroup2::delegated().map_or(Confine::Inherit, |d| {
+                    Confine::Slurmd(crate::slurm::cgroup2::SlurmdNamespace::new(d))
+                }),
             },
         })
     }

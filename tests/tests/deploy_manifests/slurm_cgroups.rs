@@ -110,3 +110,45 @@ fn the_cgroups_component_mounts_only_the_pods_own_cgroup_writable() {
     let args: Vec<&str> = init.as_sequence().into_iter().flatten().map(s).collect();
     assert!(args.contains(&"/etc/slurm-config/cgroup.conf"), "{args:?}");
 }
+
+/// `components/slurm-cgroups-v2`: exactly the capabilities the agent keeps with `--slurm-cgroups delegated`, no host
+/// path and no privilege added, cgroup.conf for Slurm's cgroup/v2 without systemd and the shipped constraints.
+/// (Run with real slurmd 24.11 and 26.05 on a cgroup v2 kernel: `tests/tests/cgroup_v2.rs`.)
+#[test]
+fn the_cgroup_v2_component_adds_capabilities_and_no_host_path() {
+    let base = isthmus_tests::deploy::documents(&isthmus_tests::deploy::render_text(
+        "overlays/kubernetes-slurm",
+    ));
+    let docs = isthmus_tests::deploy::documents(&isthmus_tests::deploy::render_with_components(
+        "overlays/kubernetes-slurm",
+        &["slurm-cgroups-v2"],
+    ));
+    let agent = agent_container(&docs);
+    let mut want: Vec<String> = needed(SlurmMode::Dynamic, SlurmCgroups::Delegated)
+        .into_iter()
+        .map(|c| c.to_string().trim_start_matches("CAP_").to_owned())
+        .collect();
+    want.sort();
+    assert_eq!(added_capabilities(agent), want);
+    let pod = at(one(&docs, "DaemonSet"), "spec/template/spec");
+    let base_pod = at(one(&base, "DaemonSet"), "spec/template/spec");
+    assert_eq!(host_volumes(pod), host_volumes(base_pod), "no host path added");
+    assert!(at(agent, "securityContext/privileged").as_bool() != Some(true));
+    assert!(at(pod, "hostPID").as_bool() != Some(true));
+    let value = at(agent, "env")
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|e| s(at(e, "name")) == "ISTHMUS_SLURM_CGROUPS")
+        .map(|e| s(at(e, "value")).to_owned());
+    assert_eq!(value.as_deref(), Some("delegated"));
+    let config = of_kind(&docs, "ConfigMap")
+        .into_iter()
+        .find(|m| s(at(m, "metadata/name")).starts_with("slurm-config"))
+        .unwrap_or_else(|| panic!("no slurm-config ConfigMap"));
+    let conf = s(at(config, "data/cgroup.conf"));
+    for line in ["CgroupPlugin=cgroup/v2\n", "IgnoreSystemd=yes\n", "ConstrainDevices=yes\n", "ConstrainRAMSpace=yes\n", "ConstrainCores=yes\n"] {
+        assert!(conf.contains(line), "{conf}");
+    }
+    assert!(!conf.contains("CgroupMountpoint"), "{conf}");
+}

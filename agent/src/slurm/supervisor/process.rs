@@ -57,6 +57,20 @@ pub struct ChildSpec {
     pub env: Vec<(String, String)>,
     /// When the child counts as ready.
     pub ready: Readiness,
+    /// What the child does between fork and exec besides the supervisor's own steps.
+    pub confine: Confine,
+}
+
+/// Where a child runs relative to the cgroup delegation of `--slurm-cgroups delegated`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Confine {
+    /// As the agent (no delegation, or a program that needs nothing of it).
+    #[default]
+    Inherit,
+    /// slurmd: in its own cgroup and mount namespaces rooted at Slurm's subtree, without CAP_SYS_ADMIN.
+    Slurmd(crate::slurm::cgroup2::SlurmdNamespace),
+    /// munged: beside the agent, without the capabilities the delegation keeps.
+    DropDelegationCaps,
 }
 
 /// Readiness of a child.
@@ -293,8 +307,10 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<u32> {
     // The parent as the child must see it: if the agent dies between fork and prctl the child is reparented and
     // nobody would ever signal it. Comparing with 1 instead would fail every spawn of an agent that is PID 1.
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    let confine = spec.confine.clone();
     // SAFETY: the closure runs in the forked child before exec. It calls only async-signal-safe functions (prctl,
-    // getppid), touches no shared state, and builds its errors from raw OS codes, which does not allocate.
+    // getppid, and the system calls of `Confine` on data built before the fork), touches no shared state, and builds
+    // its errors from raw OS codes, which does not allocate.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(
@@ -310,7 +326,11 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<u32> {
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
-            Ok(())
+            match &confine {
+                Confine::Inherit => Ok(()),
+                Confine::Slurmd(ns) => ns.enter(),
+                Confine::DropDelegationCaps => crate::slurm::cgroup2::drop_delegation_caps(),
+            }
         });
     }
     let mut child = cmd.spawn()?;
@@ -349,6 +369,7 @@ mod tests {
             args: vec!["-c".into(), "exit 7".into()],
             env: vec![],
             ready: Readiness::Started,
+            confine: Confine::Inherit,
         })?;
         let mut seen = Vec::new();
         for _ in 0..200 {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::backoff::BackoffPolicy;
-use super::process::{ChildSpec, Exit, Process, Readiness};
+use super::process::{ChildSpec, Confine, Exit, Process, Readiness};
 use super::state::{GIVE_UP_AFTER_KILL, State, StopProgress, Supervisor, Timing};
 
 /// Records what the state machine asks of the operating system.
@@ -57,6 +57,7 @@ fn spec(name: &str, ready: Readiness) -> ChildSpec {
         args: vec![],
         env: vec![],
         ready,
+        confine: Confine::Inherit,
     }
 }
 

@@ -1,0 +1,412 @@
+//! Slurm jobs confined on cgroup v2 inside the agent's pod, without privilege (`--slurm-cgroups delegated`).
+//!
+//! On a cgroup v2 node the container runtime gives the agent's container a cgroup namespace of its own: `/` in it is
+//! the container's cgroup (`…/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope` with the kubelet's
+//! `systemd` driver, `…/kubepods/burstable/pod<uid>/<id>` with `cgroupfs`), and `/sys/fs/cgroup` shows that subtree,
+//! read-only. The agent, at start and while it still holds CAP_SYS_ADMIN:
+//!
+//! 1. checks that the hierarchy is the unified one, seen from the root of a cgroup namespace of the container's own,
+//!    and mounted with `nsdelegate` (systemd mounts it so): a namespace is then a delegation boundary the kernel
+//!    enforces — no process can move a process to a cgroup outside its own namespace;
+//! 2. makes its mount of `/sys/fs/cgroup` writable (its own mount namespace only);
+//! 3. moves itself into the leaf `isthmus` (cgroup v2 lets a cgroup hand controllers to children only when no
+//!    process is in it) and enables the controllers Slurm uses for the children of the container's cgroup;
+//! 4. makes `slurm`, where slurmd is started in a cgroup namespace and a mount namespace of its own
+//!    ([`SlurmdNamespace`]): `slurm` is `/` for slurmd, its slurmstepds and every job, and their `/sys/fs/cgroup`
+//!    shows nothing else. Slurm's `cgroup/v2` (with `IgnoreSystemd=yes`) builds its tree there
+//!    (`system.slice/<node>_slurmstepd.scope/job_N/step_M/…`).
+//!
+//! Everything a job uses counts in the pod's cgroup, which the kubelet sees and limits. A job — root included —
+//! can neither see nor join a cgroup outside `slurm` (the namespace boundary), and slurmd keeps no CAP_SYS_ADMIN, so
+//! no job can make another namespace or mount.
+//!
+//! The checks are pure functions of `/proc/self/mountinfo` and `/proc/self/cgroup`, tested here; the system calls
+//! run on a real cgroup v2 kernel in `tests/tests/cgroup_v2.rs`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Where the container sees its cgroup hierarchy.
+pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+/// The agent's own leaf (and munged's).
+pub const AGENT_LEAF: &str = "isthmus";
+/// slurmd's subtree: the root of its cgroup namespace.
+pub const SLURM_SUBTREE: &str = "slurm";
+/// The controllers Slurm's cgroup/v2 uses (cores, CPU accounting, memory, process count), enabled for the
+/// container's children when the node has them.
+pub const CONTROLLERS: &[&str] = &["cpuset", "cpu", "memory", "pids"];
+
+/// Why jobs cannot be confined in the pod on this node.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NotDelegated {
+    /// No cgroup2 mount at `/sys/fs/cgroup`.
+    #[error("no cgroup2 file system is mounted at {CGROUP_MOUNT} (cgroup v1 or hybrid node)")]
+    NoCgroup2,
+    /// The container shares the node's cgroup namespace (or sees more than its own cgroup).
+    #[error(
+        "the container has no cgroup namespace of its own (its cgroup is {0}, not /): the container runtime must \
+         give it one (the default on cgroup v2 since Kubernetes 1.25 and containerd 1.6)"
+    )]
+    NoNamespace(String),
+    /// The mount shows something else than the namespace's root.
+    #[error("{CGROUP_MOUNT} shows {0}, not the container's own cgroup")]
+    MountRoot(String),
+    /// Without nsdelegate the kernel does not hold processes to their cgroup namespace.
+    #[error(
+        "the node's cgroup2 hierarchy is mounted without nsdelegate: a job could move itself out of Slurm's subtree \
+         (systemd mounts it with nsdelegate; mount it so)"
+    )]
+    NoNsDelegate,
+}
+
+/// A failed step of [`delegate`].
+#[derive(Debug, thiserror::Error)]
+pub enum DelegationError {
+    /// The node does not allow it.
+    #[error(transparent)]
+    Not(#[from] NotDelegated),
+    /// A file could not be read or written, or a system call failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One line of `/proc/self/mountinfo` for a cgroup2 mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cgroup2Mount {
+    /// The path of the hierarchy shown at the mount point (`/` when it is the namespace's root).
+    pub root: String,
+    /// Per-mount options (`ro`, `rw`, `nosuid`, …).
+    pub options: Vec<String>,
+    /// Super-block options (`nsdelegate`, `memory_recursiveprot`, …).
+    pub super_options: Vec<String>,
+}
+
+/// The last cgroup2 mount at `at` in a mountinfo text (the one on top).
+pub fn cgroup2_mount(mountinfo: &str, at: &str) -> Option<Cgroup2Mount> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let f: Vec<&str> = left.split(' ').collect();
+            let r: Vec<&str> = right.split(' ').collect();
+            (f.len() >= 6 && r.len() >= 3 && r[0] == "cgroup2" && f[4] == at).then(|| Cgroup2Mount {
+                root: f[3].to_owned(),
+                options: f[5].split(',').map(str::to_owned).collect(),
+                super_options: r[2].split(',').map(str::to_owned).collect(),
+            })
+        })
+        .next_back()
+}
+
+/// Whether jobs can be confined in the pod: the unified hierarchy at [`CGROUP_MOUNT`], the process at the root of
+/// a cgroup namespace of its own, mounted with nsdelegate.
+pub fn check(mountinfo: &str, proc_self_cgroup: &str) -> Result<Cgroup2Mount, NotDelegated> {
+    let mount = cgroup2_mount(mountinfo, CGROUP_MOUNT).ok_or(NotDelegated::NoCgroup2)?;
+    let own = proc_self_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or(NotDelegated::NoCgroup2)?;
+    if proc_self_cgroup.lines().any(|l| !l.starts_with("0::")) {
+        return Err(NotDelegated::NoCgroup2);
+    }
+    if own != "/" {
+        return Err(NotDelegated::NoNamespace(own.to_owned()));
+    }
+    if mount.root != "/" {
+        return Err(NotDelegated::MountRoot(mount.root));
+    }
+    if !mount.super_options.iter().any(|o| o == "nsdelegate") {
+        return Err(NotDelegated::NoNsDelegate);
+    }
+    Ok(mount)
+}
+
+/// The controllers of `available` (a `cgroup.controllers` text) that Slurm uses, as a `cgroup.subtree_control`
+/// write.
+pub fn enable_line(available: &str) -> String {
+    let have: Vec<&str> = available.split_whitespace().collect();
+    CONTROLLERS
+        .iter()
+        .filter(|c| have.contains(c))
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What [`delegate`] made: where slurmd is started.
+#[derive(Debug, Clone)]
+pub struct Delegation {
+    /// slurmd's subtree (`/sys/fs/cgroup/slurm`).
+    pub slurm: PathBuf,
+}
+
+static DELEGATED: OnceLock<Delegation> = OnceLock::new();
+
+/// The delegation made at start, if any.
+pub fn delegated() -> Option<&'static Delegation> {
+    DELEGATED.get()
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DelegationError {
+    let path = path.to_path_buf();
+    move |source| DelegationError::Io { what, path, source }
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// Steps 1–4 of the module's description, under [`CGROUP_MOUNT`]. Call while the process is single-threaded and
+/// holds CAP_SYS_ADMIN (before [`crate::privileges::restrict`]). Idempotent.
+pub fn delegate() -> Result<&'static Delegation, DelegationError> {
+    if let Some(d) = DELEGATED.get() {
+        return Ok(d);
+    }
+    let read = |p: &str| std::fs::read_to_string(p).map_err(io_err("reading", Path::new(p)));
+    let mount = check(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)?;
+    let root = Path::new(CGROUP_MOUNT);
+    if mount.options.iter().any(|o| o == "ro") {
+        // Per-mount flags only: the remount changes this mount namespace's view, nothing of the node's.
+        let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        let target = cstr(root);
+        // SAFETY: plain system call with valid NUL-terminated strings and null data.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(io_err("remounting read-write", root)(io::Error::last_os_error()));
+        }
+    }
+    let leaf = root.join(AGENT_LEAF);
+    let slurm = root.join(SLURM_SUBTREE);
+    for dir in [&leaf, &slurm] {
+        match std::fs::create_dir(dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io_err("creating", dir)(e));
+            }
+            _ => {}
+        }
+    }
+    // Every process of the container's cgroup (the agent alone at start) into the leaf; a process that exits
+    // meanwhile is skipped.
+    let procs = root.join("cgroup.procs");
+    let leaf_procs = leaf.join("cgroup.procs");
+    for pid in std::fs::read_to_string(&procs)
+        .map_err(io_err("reading", &procs))?
+        .split_whitespace()
+    {
+        if let Err(e) = std::fs::write(&leaf_procs, pid)
+            && e.raw_os_error() != Some(libc::ESRCH)
+        {
+            return Err(io_err("moving the agent into", &leaf_procs)(e));
+        }
+    }
+    let controllers = root.join("cgroup.controllers");
+    let line = enable_line(&std::fs::read_to_string(&controllers).map_err(io_err("reading", &controllers))?);
+    if !line.is_empty() {
+        let control = root.join("cgroup.subtree_control");
+        std::fs::write(&control, &line).map_err(io_err("enabling controllers in", &control))?;
+    }
+    Ok(DELEGATED.get_or_init(|| Delegation { slurm }))
+}
+
+/// What a child started in slurmd's subtree does between fork and exec ([`SlurmdNamespace::enter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmdNamespace {
+    procs: CString,
+    mount: CString,
+    fstype: CString,
+}
+
+/// Linux capability numbers (linux/capability.h).
+const CAP_SETPCAP: u32 = 8;
+const CAP_SYS_ADMIN: u32 = 21;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_V3: u32 = 0x2008_0522;
+
+impl SlurmdNamespace {
+    /// For `delegation`'s subtree.
+    pub fn new(delegation: &Delegation) -> Self {
+        Self {
+            procs: cstr(&delegation.slurm.join("cgroup.procs")),
+            mount: cstr(Path::new(CGROUP_MOUNT)),
+            fstype: CString::new("cgroup2").unwrap_or_default(),
+        }
+    }
+
+    /// In the forked child, before exec: join slurmd's subtree, make a cgroup namespace and a mount namespace of its
+    /// own with the hierarchy mounted afresh (its `/` is the subtree), then drop CAP_SYS_ADMIN and CAP_SETPCAP from
+    /// the bounding set so that slurmd, its slurmstepds and their jobs never hold them.
+    ///
+    /// Only system calls, on data prepared before the fork: async-signal-safe.
+    pub fn enter(&self) -> io::Result<()> {
+        fn check(rc: libc::c_int) -> io::Result<()> {
+            if rc < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        }
+        // SAFETY: raw system calls on valid pointers to stack data and NUL-terminated strings built before the fork;
+        // no allocation, no lock.
+        unsafe {
+            // Raise CAP_SYS_ADMIN and CAP_SETPCAP into the effective set (they are permitted).
+            let mut hdr = CapHeader {
+                version: CAP_V3,
+                pid: 0,
+            };
+            let mut data = [CapData::default(); 2];
+            check(libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) as libc::c_int)?;
+            data[0].effective |= (1 << CAP_SYS_ADMIN) | (1 << CAP_SETPCAP);
+            data[0].effective &= data[0].permitted;
+            check(libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) as libc::c_int)?;
+            let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            check(fd)?;
+            // "0" moves the writing process.
+            let moved = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if moved != 1 {
+                return Err(io::Error::last_os_error());
+            }
+            check(libc::unshare(libc::CLONE_NEWCGROUP | libc::CLONE_NEWNS))?;
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            // The container's mount (which shows the whole pod's cgroup) goes; one made in the new namespace shows
+            // the subtree alone. Slurm reads the first cgroup2 mount of mountinfo, so none may stay beneath.
+            check(libc::umount2(self.mount.as_ptr(), libc::MNT_DETACH))?;
+            check(libc::mount(
+                self.fstype.as_ptr(),
+                self.mount.as_ptr(),
+                self.fstype.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ))?;
+            for cap in [CAP_SYS_ADMIN, CAP_SETPCAP] {
+                check(libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Between fork and exec of a child that must hold none of the delegation's own capabilities (munged): drop
+/// CAP_SYS_ADMIN, CAP_SETPCAP, CAP_BPF and CAP_NET_ADMIN from its bounding set.
+pub fn drop_delegation_caps() -> io::Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    const CAP_BPF: u32 = 39;
+    // SAFETY: raw system calls on stack data; async-signal-safe.
+    unsafe {
+        let mut hdr = CapHeader {
+            version: CAP_V3,
+            pid: 0,
+        };
+        let mut data = [CapData::default(); 2];
+        if libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        data[0].effective |= (1 << CAP_SETPCAP) & data[0].permitted;
+        if libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for cap in [CAP_SYS_ADMIN, CAP_BPF, CAP_NET_ADMIN, CAP_SETPCAP] {
+            if libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/proc/self/mountinfo` lines as a container on a cgroup v2 node shows them (runc mounts the hierarchy
+    /// read-only in the container's cgroup namespace; systemd mounted it with nsdelegate).
+    const CONTAINER: &str = "1503 1502 0:27 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw,nsdelegate,memory_recursiveprot\n";
+    const HOST_SHARED: &str = "1503 1502 0:27 /../../.. /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw,nsdelegate\n";
+
+    #[test]
+    fn a_container_with_its_own_namespace_and_nsdelegate_is_delegated() {
+        let m = check(CONTAINER, "0::/\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(m.options.contains(&"ro".to_owned()));
+        assert_eq!(m.root, "/");
+    }
+
+    #[test]
+    fn every_missing_part_is_named() {
+        assert_eq!(
+            check(CONTAINER, "0::/kubepods.slice/x.scope\n"),
+            Err(NotDelegated::NoNamespace("/kubepods.slice/x.scope".into()))
+        );
+        assert_eq!(
+            check(HOST_SHARED, "0::/\n"),
+            Err(NotDelegated::MountRoot("/../../..".into()))
+        );
+        let no_ns = CONTAINER.replace("rw,nsdelegate,memory_recursiveprot", "rw");
+        assert_eq!(check(&no_ns, "0::/\n"), Err(NotDelegated::NoNsDelegate));
+        let v1 = "30 25 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        assert_eq!(check(v1, "9:memory:/\n"), Err(NotDelegated::NoCgroup2));
+        assert_eq!(
+            check(CONTAINER, "1:name=systemd:/\n0::/\n"),
+            Err(NotDelegated::NoCgroup2)
+        );
+        assert_eq!(check("", ""), Err(NotDelegated::NoCgroup2));
+    }
+
+    #[test]
+    fn the_mount_on_top_counts() {
+        let two = format!(
+            "{CONTAINER}1600 1503 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n"
+        );
+        let m = cgroup2_mount(&two, CGROUP_MOUNT).unwrap_or_else(|| panic!("none"));
+        assert!(m.options.contains(&"rw".to_owned()));
+        assert_eq!(cgroup2_mount(CONTAINER, "/elsewhere"), None);
+    }
+
+    #[test]
+    fn only_available_controllers_are_enabled() {
+        assert_eq!(
+            enable_line("cpuset cpu io memory hugetlb pids rdma misc\n"),
+            "+cpuset +cpu +memory +pids"
+        );
+        assert_eq!(enable_line("cpu memory\n"), "+cpu +memory");
+        assert_eq!(enable_line(""), "");
+    }
+}
