@@ -156,7 +156,11 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
             ("ISTHMUS_LISTEN", listen.clone()),
             ("SLURM_CONF", slurm_conf.display().to_string()),
         ],
-        &[("NODE_NAME", node), ("HOST_IP", "127.0.0.1"), ("POD_NAMESPACE", "isthmus-system")],
+        &[
+            ("NODE_NAME", node),
+            ("HOST_IP", "127.0.0.1"),
+            ("POD_NAMESPACE", "isthmus-system"),
+        ],
         &kubeconfig,
         &log,
     );
