@@ -59,3 +59,52 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(name: &str, up: bool) -> ChildStatus {
+        ChildStatus {
+            name: name.into(),
+            up,
+            consecutive_failures: 0,
+            restarts: 0,
+        }
+    }
+
+    /// With Slurm the agent is ready once discovered and while slurmd runs; where it does not start slurmd (its jobs
+    /// would be unconfined beside the device plugin), once discovered, with munged alone.
+    #[tokio::test]
+    async fn a_refused_slurmd_leaves_readiness_to_the_kubernetes_side() {
+        for (wants_slurmd, children, ready) in [
+            (true, vec![child("munged", true)], false),
+            (
+                true,
+                vec![child("munged", true), child("slurmd", true)],
+                true,
+            ),
+            (false, vec![child("munged", true)], true),
+        ] {
+            let topo = Some(Arc::new(crate::k8s::test_topology::two_sockets()));
+            let (_topo_tx, topo_rx) = watch::channel(topo);
+            let (_children_tx, children_rx) = watch::channel(children);
+            let health = Arc::new(Health::default());
+            let shutdown = CancellationToken::new();
+            let task = tokio::spawn(run(
+                topo_rx,
+                Some(children_rx),
+                wants_slurmd,
+                None,
+                health.clone(),
+                Arc::new(Metrics::new()),
+                shutdown.clone(),
+            ));
+            // The current-thread runtime runs the task's first pass here.
+            tokio::task::yield_now().await;
+            assert_eq!(health.is_ready(), ready, "wants slurmd: {wants_slurmd}");
+            shutdown.cancel();
+            let _ = task.await;
+        }
+    }
+}
