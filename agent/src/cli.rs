@@ -253,6 +253,12 @@ pub struct AgentArgs {
     /// also CAP_SYS_ADMIN). docs/deploy.md, "Confining Slurm jobs".
     #[arg(long, value_enum, env = "ISTHMUS_SLURM_CGROUPS", default_value_t = crate::privileges::SlurmCgroups::Off)]
     pub slurm_cgroups: crate::privileges::SlurmCgroups,
+    /// Start slurmd even where its jobs would not be confined (the verdict of `--slurm-cgroups`, slurm.conf and
+    /// cgroup.conf) on a node whose accelerators the agent serves to pods (`--device-plugin`): an unconfined job can
+    /// open the accelerators the kubelet gives to pods. Without it the agent does not start slurmd there, and says
+    /// why (log, condition `SlurmJobsConfined`, `isthmus_slurmd_refused`). docs/deploy.md, "Confining Slurm jobs".
+    #[arg(long, env = "ISTHMUS_SLURM_ALLOW_UNCONFINED", default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub slurm_allow_unconfined: bool,
     /// slurmd's HTTP listener (its `SlurmdPort`, e.g. `127.0.0.1:6818`; Slurm 26.05): the agent's /readyz then
     /// also needs slurmd's own `/readyz` to succeed (asked every 2 s). Leave unset for older slurmd, which serve no
     /// HTTP, and where `CommunicationParameters=disable_http` is set.

@@ -20,9 +20,9 @@ use crate::k8s::kubelet_view;
 use crate::metrics::Metrics;
 use crate::slurm::munge::MungeConfig;
 use crate::slurm::node::{NodeNameError, SlurmConfig, SlurmConfigError, SlurmNode};
+use crate::slurm::supervisor;
 use crate::slurm::supervisor::process::{ChildSpec, OsProcess, Reaper, become_subreaper};
 use crate::slurm::supervisor::state::{Supervisor, Timing};
-use crate::slurm::supervisor::{self, ChildStatus};
 
 /// How often GPU telemetry is read from NVML.
 const TELEMETRY_PERIOD: Duration = Duration::from_secs(10);
@@ -101,6 +101,10 @@ pub struct SlurmRole {
     pub grace: Duration,
     /// slurmd's own `/readyz` (`SlurmdPort`), when it serves one.
     pub slurmd_readyz: Option<std::net::SocketAddr>,
+    /// Whether slurmd's jobs are confined ([`crate::slurm::jobs_confined::observe`]).
+    pub confinement: crate::slurm::confinement::Confinement,
+    /// Start slurmd beside the device plugin even when its jobs are not confined (`--slurm-allow-unconfined`).
+    pub allow_unconfined: bool,
 }
 
 /// The Kubernetes side's settings.
@@ -283,6 +287,24 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let mut supervisor_task = None;
     let mut child_status = None;
     let slurm_report = slurm.as_ref().map(|n| n.name().to_owned());
+    // Whether slurmd's jobs are confined, said once, reported while the agent runs; and whether slurmd starts.
+    let jobs = config.slurm.as_ref().map(|r| {
+        crate::slurm::jobs_confined::Verdict::new(
+            r.confinement.clone(),
+            config.device_plugin.is_some(),
+            r.allow_unconfined,
+        )
+    });
+    if let Some(v) = &jobs {
+        v.say();
+        tokio::spawn(crate::slurm::jobs_confined::report(
+            v.clone(),
+            metrics.clone(),
+            report_to.as_ref().map(|_| reported.clone()),
+            shutdown.clone(),
+        ));
+    }
+    let starts_slurmd = jobs.as_ref().is_some_and(|v| v.decision.starts_slurmd());
     // The failed GPUs a dynamic node's registered definition leaves out (`--slurm-failed-gpus remove`).
     let (out_of_slurm_tx, out_of_slurm) = watch::channel(std::collections::BTreeSet::new());
     if let Some(node) = slurm {
@@ -310,29 +332,33 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 findings: findings_rx.clone(),
                 removed: out_of_slurm_tx,
             });
-        tokio::spawn(crate::slurm::run(
-            node,
-            topo_rx.clone(),
-            requests,
-            reaper,
-            depends_on,
-            failed,
-            shutdown.clone(),
-        ));
+        // Refused, slurmd is never asked for: munged alone runs (the device plugin's Slurm questions need it).
+        if starts_slurmd {
+            tokio::spawn(crate::slurm::run(
+                node,
+                topo_rx.clone(),
+                requests,
+                reaper,
+                depends_on,
+                failed,
+                shutdown.clone(),
+            ));
+        }
         child_status = Some(status_rx);
     }
     let readyz = config.slurm.as_ref().and_then(|r| r.slurmd_readyz);
     let slurmd_ready = match (&child_status, readyz) {
-        (Some(_), Some(addr)) => {
+        (Some(_), Some(addr)) if starts_slurmd => {
             let (tx, rx) = watch::channel(false);
             tokio::spawn(crate::slurm::readyz::run(addr, tx, shutdown.clone()));
             Some(rx)
         }
         _ => None,
     };
-    tokio::spawn(readiness(
+    tokio::spawn(crate::readiness::run(
         topo_rx.clone(),
         child_status,
+        starts_slurmd,
         slurmd_ready,
         health,
         metrics.clone(),
@@ -450,51 +476,4 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         }
     }
     Ok(0)
-}
-
-/// Readiness and child metrics: ready once the first discovery is done and, with Slurm, while slurmd runs (and,
-/// with `--slurmd-readyz`, while slurmd's own /readyz succeeds).
-async fn readiness(
-    mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
-    mut children: Option<watch::Receiver<Vec<ChildStatus>>>,
-    mut slurmd_ready: Option<watch::Receiver<bool>>,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-) {
-    let crash_loop_after = supervisor::backoff::BackoffPolicy::default().crash_loop_after;
-    loop {
-        let discovered = topo.borrow_and_update().is_some();
-        let ready = match &mut children {
-            None => discovered,
-            Some(rx) => {
-                let status = rx.borrow_and_update();
-                metrics.record_children(&status, crash_loop_after);
-                discovered && status.iter().any(|c| c.name == "slurmd" && c.up)
-            }
-        };
-        let ready = ready
-            && slurmd_ready
-                .as_mut()
-                .is_none_or(|rx| *rx.borrow_and_update());
-        health.set_ready(ready);
-        let child_changed = async {
-            match &mut children {
-                Some(rx) => rx.changed().await.is_ok(),
-                None => std::future::pending().await,
-            }
-        };
-        let probe_changed = async {
-            match &mut slurmd_ready {
-                Some(rx) => rx.changed().await.is_ok(),
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            r = topo.changed() => if r.is_err() { return },
-            ok = child_changed => if !ok { return },
-            ok = probe_changed => if !ok { return },
-        }
-    }
 }

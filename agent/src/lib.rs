@@ -7,7 +7,8 @@
 //! - [`daemon`]: the agent's loop: starts the tasks below on one runtime and owns shutdown.
 //! - [`k8s`]: the Kubernetes side (NRT rendering and publication, the kubelet's PodResources and configuration).
 //! - [`slurm`]: the Slurm side (gres.conf and slurmd's arguments from discovery, the supervisor of munged and slurmd).
-//! - [`metrics`], [`http`]: the Prometheus registry and the `/metrics`, `/healthz`, `/readyz` endpoint.
+//! - [`metrics`], [`http`], [`readiness`]: the Prometheus registry, the `/metrics`, `/healthz`, `/readyz` endpoint
+//!   and what `/readyz` says.
 //! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
 
@@ -22,4 +23,5 @@ pub mod http;
 pub mod k8s;
 pub mod metrics;
 pub mod privileges;
+pub mod readiness;
 pub mod slurm;

@@ -11,6 +11,9 @@ use metrics_util::MetricKindMask;
 
 use crate::slurm::supervisor::ChildStatus;
 
+mod infiniband;
+use infiniband::IB_COUNTERS;
+
 /// The agent's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -23,83 +26,6 @@ impl Default for Metrics {
         Self::new()
     }
 }
-
-/// InfiniBand counters exported as node_exporter does: (sysfs name, metric suffix, multiplier to base unit).
-/// `port_rcv_data`/`port_xmit_data` count 4-byte words.
-const IB_COUNTERS: &[(&str, &str, u64, &str)] = &[
-    (
-        "port_rcv_data",
-        "data_received_bytes_total",
-        4,
-        "Bytes received on the port.",
-    ),
-    (
-        "port_xmit_data",
-        "data_transmitted_bytes_total",
-        4,
-        "Bytes transmitted on the port.",
-    ),
-    (
-        "port_rcv_packets",
-        "packets_received_total",
-        1,
-        "Packets received on the port.",
-    ),
-    (
-        "port_xmit_packets",
-        "packets_transmitted_total",
-        1,
-        "Packets transmitted on the port.",
-    ),
-    (
-        "link_downed",
-        "link_downed_total",
-        1,
-        "Times the link went down.",
-    ),
-    (
-        "link_error_recovery",
-        "link_error_recovery_total",
-        1,
-        "Link error recoveries.",
-    ),
-    (
-        "symbol_error",
-        "symbol_error_total",
-        1,
-        "Minor link errors on the physical lanes.",
-    ),
-    (
-        "port_rcv_errors",
-        "port_errors_received_total",
-        1,
-        "Malformed packets received.",
-    ),
-    (
-        "port_xmit_discards",
-        "port_transmit_discards_total",
-        1,
-        "Outbound packets discarded.",
-    ),
-    (
-        "port_xmit_wait",
-        "port_transmit_wait_total",
-        1,
-        "Ticks the port had data to send but no credits.",
-    ),
-    (
-        "excessive_buffer_overrun_errors",
-        "excessive_buffer_overrun_errors_total",
-        1,
-        "Buffer overruns.",
-    ),
-    (
-        "local_link_integrity_errors",
-        "local_link_integrity_errors_total",
-        1,
-        "Local link integrity errors.",
-    ),
-];
 
 fn describe() {
     describe_gauge!(
@@ -181,6 +107,16 @@ fn describe() {
     describe_counter!(
         "isthmus_health_condition_writes_total",
         "Reports of changed or heartbeat health conditions to the node's NodeResourceTopology (result ok; the object's writes: isthmus_nrt_writes_total, isthmus_nrt_failures_total)."
+    );
+    describe_gauge!(
+        "isthmus_slurm_jobs_confined",
+        "Whether the Slurm jobs of the agent's slurmd are confined by Slurm's cgroup plugins (1) or not (0), with the \
+         cgroup hierarchy and the reason (the Node condition SlurmJobsConfined)."
+    );
+    describe_gauge!(
+        "isthmus_slurmd_refused",
+        "1 while the agent does not start slurmd: the node serves its accelerators to pods and the Slurm jobs would \
+         not be confined (without --slurm-allow-unconfined)."
     );
     describe_gauge!(
         "isthmus_supervised_child_up",
@@ -334,6 +270,23 @@ impl Metrics {
                 counter!("isthmus_supervised_child_restarts_total", "child" => name)
                     .absolute(c.restarts);
             }
+        });
+    }
+
+    /// Record whether the Slurm jobs are confined (on hierarchy `cgroup`, for `reason`) and whether slurmd is
+    /// refused for it.
+    pub fn record_slurm_confinement(
+        &self,
+        cgroup: &'static str,
+        reason: &'static str,
+        confined: bool,
+        refused: bool,
+    ) {
+        let one = |b: bool| if b { 1.0 } else { 0.0 };
+        self.with(|| {
+            gauge!("isthmus_slurm_jobs_confined", "cgroup" => cgroup, "reason" => reason)
+                .set(one(confined));
+            gauge!("isthmus_slurmd_refused").set(one(refused));
         });
     }
 

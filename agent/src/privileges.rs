@@ -224,6 +224,7 @@ pub fn names(caps: &[Capability]) -> String {
 
 /// Restrict the process for `mode` (with `cgroups`, slurmd's cgroup plugins' needs too) and log what was kept
 /// (warnings for what could not be done). `slurm_conf`, when slurmd reads a local one, is checked against `cgroups`.
+/// (Whether the jobs are confined is said by the daemon: [`crate::slurm::jobs_confined`].)
 pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::path::Path>) {
     if mode != SlurmMode::Off && cgroups == SlurmCgroups::Delegated {
         // Still single-threaded and holding the pod's capabilities.
@@ -234,9 +235,6 @@ pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::pa
             ),
             Err(e) => tracing::warn!(error = %e, "cgroup v2: Slurm jobs cannot be confined in this pod"),
         }
-    }
-    if mode != SlurmMode::Off {
-        say_confinement(cgroups, slurm_conf);
     }
     if mode != SlurmMode::Off
         && let Some(path) = slurm_conf
@@ -279,29 +277,6 @@ pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::pa
             }
         }
         Err(e) => tracing::warn!("{e}; running with the capabilities the process was given"),
-    }
-}
-
-/// Say at start whether the Slurm jobs of the agent's slurmd are confined, on which cgroup hierarchy, and why
-/// ([`crate::slurm::confinement`]): an unconfined node is never silent.
-fn say_confinement(cgroups: SlurmCgroups, slurm_conf: Option<&std::path::Path>) {
-    use crate::slurm::confinement;
-    let hierarchy = confinement::cgroup_version(
-        &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
-    );
-    let conf = slurm_conf.and_then(|p| std::fs::read_to_string(p).ok());
-    let cgroup_conf = slurm_conf
-        .and_then(|p| p.parent())
-        .and_then(|d| std::fs::read_to_string(d.join("cgroup.conf")).ok());
-    let mut c = confinement::assess(hierarchy, cgroups, conf.as_deref(), cgroup_conf.as_deref());
-    if c.confined && cgroups == SlurmCgroups::Delegated && crate::slurm::cgroup2::delegated().is_none() {
-        c.confined = false;
-        c.reason = "the container's cgroup could not be delegated (see the warning above)".to_owned();
-    }
-    if c.confined {
-        tracing::info!(cgroup = c.cgroup.as_str(), reason = %c.reason, "Slurm jobs are confined");
-    } else {
-        tracing::warn!(cgroup = c.cgroup.as_str(), reason = %c.reason, "Slurm jobs are NOT confined");
     }
 }
 

@@ -17,8 +17,19 @@ pub const HEALTH: [&str; 3] = ["GpuHealthy", "NvlinkHealthy", "InfinibandHealthy
 /// after admission), `False` naming the pods that do not. Reported only where the device plugin runs beside Slurm.
 pub const DEVICE_ALLOCATION: &str = "DeviceAllocationConsistent";
 
+/// `True` while the Slurm jobs of the node's slurmd are confined by Slurm's cgroup plugins (held to their devices,
+/// memory and cores), `False` with the reason why not (`CgroupPluginsOff`, `PluginsMissing`, ...; `RefusedUnconfined`
+/// where the agent does not start slurmd because of it). Reported wherever the agent runs the Slurm side.
+pub const SLURM_JOBS_CONFINED: &str = "SlurmJobsConfined";
+
 /// Every condition type the agent reports.
-pub const AGENT: [&str; 4] = [HEALTH[0], HEALTH[1], HEALTH[2], DEVICE_ALLOCATION];
+pub const AGENT: [&str; 5] = [
+    HEALTH[0],
+    HEALTH[1],
+    HEALTH[2],
+    DEVICE_ALLOCATION,
+    SLURM_JOBS_CONFINED,
+];
 
 /// The reason of a `False` [`DEVICE_ALLOCATION`] condition.
 pub const DEVICE_ALLOCATION_MISMATCH: &str = "DeviceAllocationMismatch";
@@ -183,10 +194,15 @@ mod tests {
                 "False",
                 "failed: 0000:9b:00.0. XID 79 \"off the bus\"; reboot",
             ),
+            cond(
+                "SlurmJobsConfined",
+                "False",
+                "--slurm-cgroups is off: slurmd runs without its cgroup plugins",
+            ),
         ];
         let mut attrs: Vec<Attribute> = want.iter().rev().map(|c| attribute(c, &now)).collect();
         attrs.push(Attribute::new("isthmus.io/slurm-node", "NodeName=x"));
-        assert_eq!(attrs[0].name, "isthmus.io/condition.GpuHealthy");
+        assert_eq!(attrs[0].name, "isthmus.io/condition.SlurmJobsConfined");
         assert_eq!(read(&attrs), Ok(want));
         // Without a transition time the attribute is given `now`; without a heartbeat, none.
         let mut bare = cond("NvlinkHealthy", "True", "ok");

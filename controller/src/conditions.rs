@@ -1,5 +1,5 @@
 //! The conditions each node's agent reports about its node ([`crate::reported`]: device health,
-//! `DeviceAllocationConsistent`), projected onto the Node's status, where Kubernetes tools and other controllers
+//! `DeviceAllocationConsistent`, `SlurmJobsConfined`), projected onto the Node's status, where Kubernetes tools and other controllers
 //! (Kueue's node replacement, NodeReadinessRules, `kubectl describe node`) read node conditions. The agent itself
 //! holds no right on Node status: what a Node shows of these types is what its node's report says, written by the
 //! controller (server-side apply on `nodes/status`, field manager [`FIELD_MANAGER`], which owns only those entries)
@@ -328,5 +328,32 @@ mod tests {
             cond("NvlinkHealthy", "True", "2026-01-01T00:05:00Z", t0),
         ]);
         assert!(projection(&two, &reported).is_some());
+    }
+
+    /// `SlurmJobsConfined` is reported without a heartbeat, once per agent start: a restarted agent's report (a new
+    /// transition time, the same words) writes nothing; a new reason with the same status is written and keeps the
+    /// Node's transition time.
+    #[test]
+    fn a_condition_without_a_heartbeat_is_written_only_when_its_words_change() {
+        let c = |reason: &str, transition: &str| NodeCondition {
+            type_: isthmus_api::conditions::SLURM_JOBS_CONFINED.into(),
+            status: "False".into(),
+            reason: Some(reason.into()),
+            message: Some("--slurm-cgroups is off".into()),
+            last_heartbeat_time: None,
+            last_transition_time: Some(at(transition)),
+        };
+        let first = [c("CgroupPluginsOff", "2026-01-01T00:00:00Z")];
+        assert_eq!(projection(&node(&[]), &first), Some(first.to_vec()));
+        let shown = node(&first);
+        let restarted = [c("CgroupPluginsOff", "2026-01-02T00:00:00Z")];
+        assert_eq!(projection(&shown, &restarted), None);
+        let refused = [c("RefusedUnconfined", "2026-01-03T00:00:00Z")];
+        let got = projection(&shown, &refused).unwrap_or_default();
+        assert_eq!(got[0].reason.as_deref(), Some("RefusedUnconfined"));
+        assert_eq!(
+            got[0].last_transition_time,
+            Some(at("2026-01-01T00:00:00Z"))
+        );
     }
 }

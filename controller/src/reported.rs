@@ -1,4 +1,5 @@
-//! The conditions each node's agent reports about its own node (device health, `DeviceAllocationConsistent`), read
+//! The conditions each node's agent reports about its own node (device health, `DeviceAllocationConsistent`,
+//! `SlurmJobsConfined`), read
 //! from the node's NodeResourceTopology ([`isthmus_api::conditions`]): an object whose writes the admission
 //! webhook's `own-node-report` rule holds to the writer's own node, failing closed. This is the only source the
 //! controller believes for these condition types. A Node's status may carry them too — the controller projects
@@ -171,6 +172,7 @@ mod tests {
                     {"type": "GpuHealthy", "status": "False", "reason": "Forged", "message": "failed: x."},
                     {"type": "DeviceAllocationConsistent", "status": "False", "reason": "DeviceAllocationMismatch",
                      "message": "pod a/b holds devices Slurm jobs hold: x"},
+                    {"type": "SlurmJobsConfined", "status": "True", "reason": "Confined", "message": "forged"},
                 ],
                 "capacity": {"nvidia.com/gpu": "0"},
             },
@@ -192,17 +194,25 @@ mod tests {
         // No report: the Node's own word on these types is not believed.
         let v = view(&node(), None);
         assert_eq!(types(&v), [("Ready".to_owned(), "True".to_owned())]);
-        let reported = [NodeCondition {
-            type_: "GpuHealthy".into(),
-            status: "True".into(),
-            ..NodeCondition::default()
-        }];
+        let reported = [
+            NodeCondition {
+                type_: "GpuHealthy".into(),
+                status: "True".into(),
+                ..NodeCondition::default()
+            },
+            NodeCondition {
+                type_: "SlurmJobsConfined".into(),
+                status: "False".into(),
+                ..NodeCondition::default()
+            },
+        ];
         let v = view(&node(), Some(&reported));
         assert_eq!(
             types(&v),
             [
                 ("Ready".to_owned(), "True".to_owned()),
-                ("GpuHealthy".to_owned(), "True".to_owned())
+                ("GpuHealthy".to_owned(), "True".to_owned()),
+                ("SlurmJobsConfined".to_owned(), "False".to_owned())
             ]
         );
         // What the decisions read is kept; the rest is not copied.

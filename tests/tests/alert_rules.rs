@@ -81,5 +81,5 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 6);
 }

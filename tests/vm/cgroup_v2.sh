@@ -144,16 +144,19 @@ jobs_of() { # OUT BIN
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-gpu1.txt" 2>&1
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 bash -c "$PROBE" > "$o/job-none.txt" 2>&1
   # Two at once, one GPU and one core each: each records, then waits for the other.
+  local both=()
   for j in a b; do
     timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE; touch /tmp/both-$j; for _ in \$(seq 1 40); do [ -e /tmp/both-a ] && [ -e /tmp/both-b ] && break; sleep 0.5; done; echo together=\$([ -e /tmp/both-a ] && [ -e /tmp/both-b ] && echo yes || echo no)" > "$o/job-concurrent-$j.txt" 2>&1 &
+    both+=($!)
   done
-  wait
+  wait "${both[@]}"
   rm -f /tmp/both-a /tmp/both-b
   timeout 60 "$bin/srun" -N1 -n1 --mem=20 bash -c 'x=$(head -c 200000000 /dev/zero | tr "\0" a); echo "survived ${#x}"' > "$o/job-oom.txt" 2>&1
   echo "rc=$?" >> "$o/job-oom.txt"
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$ESCAPE; $PROBE" > "$o/job-escape.txt" 2>&1
   # While a job runs: where its processes are, seen from the node.
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 bash -c 'echo "$$" > /tmp/sleeper.pid; sleep 30' > /dev/null 2>&1 &
+  local sleeper=$!
   for _ in $(seq 1 40); do [ -s /tmp/sleeper.pid ] && break; sleep 0.5; done
   sleep 1
   local pid
@@ -161,7 +164,7 @@ jobs_of() { # OUT BIN
   echo "sleep=$(cat /proc/$pid/cgroup 2>/dev/null)" > "$o/job-node-view.txt"
   tree_of "$(cat "$o/cgroup")" > "$o/tree-running.txt"
   "$bin/scancel" -u root 2>/dev/null
-  wait
+  wait "$sleeper"
   rm -f /tmp/sleeper.pid
 }
 

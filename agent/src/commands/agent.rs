@@ -69,6 +69,13 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
             }),
             grace: Duration::from_secs(args.grace_seconds),
             slurmd_readyz: args.slurmd_readyz,
+            confinement: crate::slurm::jobs_confined::observe(
+                args.slurm_cgroups,
+                args.slurm_conf
+                    .as_deref()
+                    .filter(|_| args.conf_server.is_none()),
+            ),
+            allow_unconfined: args.slurm_allow_unconfined,
         }),
     };
     Ok(DaemonConfig {

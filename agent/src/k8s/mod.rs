@@ -20,7 +20,7 @@ pub mod reported;
 pub mod reservations;
 pub mod tasks;
 #[cfg(test)]
-mod test_topology;
+pub(crate) mod test_topology;
 
 use std::sync::Arc;
 

@@ -1,7 +1,9 @@
 //! Whether the Slurm jobs of the agent's slurmd are confined (held to their devices, memory and cores by Slurm's
 //! cgroup plugins), and why not: from the cgroup hierarchy the agent sees (`/proc/self/cgroup`), `--slurm-cgroups`,
 //! slurm.conf's `ProctrackType`/`TaskPlugin` and cgroup.conf's `Constrain*`. Said once at start and kept as a
-//! metric, so that an unconfined node is never silent. Pure: the texts are passed in.
+//! metric, so that an unconfined node is never silent. Pure: the texts are passed in ([`super::jobs_confined`]
+//! reads them and turns the verdict into the log, the Node condition `SlurmJobsConfined`, the metric and, beside the
+//! device plugin, the decision to start slurmd).
 
 use super::super::privileges::SlurmCgroups;
 
@@ -65,6 +67,56 @@ fn yes(conf: &str, key: &str) -> bool {
     value(conf, key).is_some_and(|v| v.eq_ignore_ascii_case("yes"))
 }
 
+/// Why jobs are, or are not, confined, as one CamelCase word: the reason of the Node condition `SlurmJobsConfined`
+/// and the `reason` label of `isthmus_slurm_jobs_confined`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// `--slurm-cgroups off`: slurmd runs without its cgroup plugins.
+    CgroupPluginsOff,
+    /// slurm.conf is not local (configless): the plugins cannot be checked.
+    NotLocal,
+    /// slurm.conf lacks `proctrack/cgroup` or `task/cgroup`.
+    PluginsMissing,
+    /// No cgroup.conf, or one without `ConstrainDevices`, `ConstrainRAMSpace` and `ConstrainCores`.
+    ConstraintsMissing,
+    /// The cgroup hierarchy could not be read.
+    UnknownHierarchy,
+    /// systemd's hybrid hierarchy.
+    HybridHierarchy,
+    /// cgroup v2, where the pod's cgroup is not delegated to slurmd.
+    CgroupV2NotDelegated,
+    /// Every part is there: jobs are confined.
+    Confined,
+}
+
+impl Reason {
+    /// Every reason.
+    pub const ALL: [Self; 8] = [
+        Self::CgroupPluginsOff,
+        Self::NotLocal,
+        Self::PluginsMissing,
+        Self::ConstraintsMissing,
+        Self::UnknownHierarchy,
+        Self::HybridHierarchy,
+        Self::CgroupV2NotDelegated,
+        Self::Confined,
+    ];
+
+    /// Its name in the condition and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CgroupPluginsOff => "CgroupPluginsOff",
+            Self::NotLocal => "NotLocal",
+            Self::PluginsMissing => "PluginsMissing",
+            Self::ConstraintsMissing => "ConstraintsMissing",
+            Self::UnknownHierarchy => "UnknownHierarchy",
+            Self::HybridHierarchy => "HybridHierarchy",
+            Self::CgroupV2NotDelegated => "CgroupV2NotDelegated",
+            Self::Confined => "Confined",
+        }
+    }
+}
+
 /// Whether jobs are confined, and why (or why not).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confinement {
@@ -72,6 +124,8 @@ pub struct Confinement {
     pub cgroup: CgroupVersion,
     /// Whether every job is held to its devices, memory and cores.
     pub confined: bool,
+    /// Why, as one word ([`Reason::Confined`] exactly when `confined`).
+    pub code: Reason,
     /// Why (a sentence naming what is missing, or what confines them).
     pub reason: String,
 }
@@ -85,13 +139,15 @@ pub fn assess(
     slurm_conf: Option<&str>,
     cgroup_conf: Option<&str>,
 ) -> Confinement {
-    let not = |reason: String| Confinement {
+    let not = |code: Reason, reason: String| Confinement {
         cgroup,
         confined: false,
+        code,
         reason,
     };
     if mode == SlurmCgroups::Off {
         return not(
+            Reason::CgroupPluginsOff,
             "--slurm-cgroups is off: slurmd runs without its cgroup plugins, and a job can open every device the \
              pod sees and use the pod's memory"
                 .to_owned(),
@@ -99,42 +155,57 @@ pub fn assess(
     }
     let Some(conf) = slurm_conf else {
         return not(
+            Reason::NotLocal,
             "slurm.conf is not local (configless): its cgroup plugins cannot be checked".to_owned(),
         );
     };
     let proctrack = value(conf, "ProctrackType").unwrap_or("(unset)");
     let task = value(conf, "TaskPlugin").unwrap_or("(unset)");
     if proctrack != "proctrack/cgroup" || !task.split(',').any(|p| p.trim() == "task/cgroup") {
-        return not(format!(
-            "slurm.conf has ProctrackType={proctrack} TaskPlugin={task}: confinement needs proctrack/cgroup and \
+        return not(
+            Reason::PluginsMissing,
+            format!(
+                "slurm.conf has ProctrackType={proctrack} TaskPlugin={task}: confinement needs proctrack/cgroup and \
              task/cgroup"
-        ));
+            ),
+        );
     }
     let Some(cg) = cgroup_conf else {
-        return not("no cgroup.conf beside slurm.conf: nothing is constrained".to_owned());
+        return not(
+            Reason::ConstraintsMissing,
+            "no cgroup.conf beside slurm.conf: nothing is constrained".to_owned(),
+        );
     };
     let missing: Vec<&str> = ["ConstrainDevices", "ConstrainRAMSpace", "ConstrainCores"]
         .into_iter()
         .filter(|k| !yes(cg, k))
         .collect();
     if !missing.is_empty() {
-        return not(format!(
-            "cgroup.conf does not set {}=yes",
-            missing.join("=yes, ")
-        ));
+        return not(
+            Reason::ConstraintsMissing,
+            format!("cgroup.conf does not set {}=yes", missing.join("=yes, ")),
+        );
     }
     match (cgroup, mode) {
-        (CgroupVersion::Unknown, _) => not("the cgroup hierarchy could not be read".to_owned()),
-        (CgroupVersion::Hybrid, _) => not(
-            "a hybrid cgroup hierarchy: Slurm's cgroup/v2 refuses it and the isthmus mounts are for v1 alone"
+        (CgroupVersion::Unknown, _) => not(
+            Reason::UnknownHierarchy,
+            "the cgroup hierarchy could not be read".to_owned()),
+        // systemd's hybrid layout: the controllers are v1 ones (its unified hierarchy has none), which Slurm's
+        // cgroup/v1 uses as on a v1 node; its cgroup/v2 refuses the layout.
+        (CgroupVersion::Hybrid, SlurmCgroups::Delegated) => not(
+            Reason::HybridHierarchy,
+            "a hybrid cgroup hierarchy: Slurm's cgroup/v2 refuses it (\"Hybrid mode is not supported\"); use \
+             components/slurm-cgroups (pod), on the v1 controllers"
                 .to_owned(),
         ),
         (CgroupVersion::V1, SlurmCgroups::Delegated) => not(
+            Reason::CgroupV2NotDelegated,
             "--slurm-cgroups delegated is for cgroup v2, and this node runs cgroup v1: use components/slurm-cgroups \
              (pod)"
                 .to_owned(),
         ),
         (CgroupVersion::V2, SlurmCgroups::Pod) => not(
+            Reason::CgroupV2NotDelegated,
             "cgroup v2: components/slurm-cgroups mounts the pod's cgroup v1 controllers only; use \
              components/slurm-cgroups-v2 (--slurm-cgroups delegated)"
                 .to_owned(),
@@ -142,6 +213,7 @@ pub fn assess(
         (v, _) => Confinement {
             cgroup: v,
             confined: true,
+            code: Reason::Confined,
             reason: format!(
                 "proctrack/cgroup, task/cgroup and ConstrainDevices, ConstrainRAMSpace, ConstrainCores on cgroup {}",
                 v.as_str()
@@ -220,9 +292,19 @@ mod tests {
             )
             .confined
         );
+        // systemd's hybrid layout: cgroup/v1 confines on its v1 controllers, cgroup/v2 refuses it.
+        assert!(
+            assess(
+                CgroupVersion::Hybrid,
+                SlurmCgroups::Host,
+                Some(CONFINED),
+                Some(CGROUP_CONF)
+            )
+            .confined
+        );
         let c = assess(
             CgroupVersion::Hybrid,
-            SlurmCgroups::Host,
+            SlurmCgroups::Delegated,
             Some(CONFINED),
             Some(CGROUP_CONF),
         );
@@ -240,5 +322,99 @@ mod tests {
             )
             .confined
         );
+    }
+
+    /// Each way to miss confinement has its word, and only the confined verdict says `Confined`; every word is a
+    /// CamelCase word, as a Node condition's reason must be.
+    #[test]
+    fn each_verdict_has_its_reason_word() {
+        let v1 = CgroupVersion::V1;
+        let linuxproc = "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/affinity\n";
+        let cases = [
+            (
+                v1,
+                SlurmCgroups::Off,
+                Some(CONFINED),
+                Some(CGROUP_CONF),
+                Reason::CgroupPluginsOff,
+            ),
+            (
+                v1,
+                SlurmCgroups::Pod,
+                None,
+                Some(CGROUP_CONF),
+                Reason::NotLocal,
+            ),
+            (
+                v1,
+                SlurmCgroups::Pod,
+                Some(linuxproc),
+                Some(CGROUP_CONF),
+                Reason::PluginsMissing,
+            ),
+            (
+                v1,
+                SlurmCgroups::Pod,
+                Some(CONFINED),
+                None,
+                Reason::ConstraintsMissing,
+            ),
+            (
+                v1,
+                SlurmCgroups::Pod,
+                Some(CONFINED),
+                Some("ConstrainCores=yes\n"),
+                Reason::ConstraintsMissing,
+            ),
+            (
+                CgroupVersion::Unknown,
+                SlurmCgroups::Host,
+                Some(CONFINED),
+                Some(CGROUP_CONF),
+                Reason::UnknownHierarchy,
+            ),
+            (
+                CgroupVersion::Hybrid,
+                SlurmCgroups::Delegated,
+                Some(CONFINED),
+                Some(CGROUP_CONF),
+                Reason::HybridHierarchy,
+            ),
+            (
+                CgroupVersion::V2,
+                SlurmCgroups::Pod,
+                Some(CONFINED),
+                Some(CGROUP_CONF),
+                Reason::CgroupV2NotDelegated,
+            ),
+            (
+                v1,
+                SlurmCgroups::Host,
+                Some(CONFINED),
+                Some(CGROUP_CONF),
+                Reason::Confined,
+            ),
+            (
+                CgroupVersion::V2,
+                SlurmCgroups::Host,
+                Some(CONFINED),
+                Some(CGROUP_CONF),
+                Reason::Confined,
+            ),
+        ];
+        for (cgroup, mode, conf, cg, want) in cases {
+            let c = assess(cgroup, mode, conf, cg);
+            assert_eq!(c.code, want, "{c:?}");
+            assert_eq!(c.confined, want == Reason::Confined, "{c:?}");
+            assert!(!c.reason.is_empty());
+        }
+        for r in Reason::ALL {
+            let w = r.as_str();
+            assert!(
+                w.starts_with(|c: char| c.is_ascii_uppercase())
+                    && w.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{w}"
+            );
+        }
     }
 }

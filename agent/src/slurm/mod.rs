@@ -1,9 +1,11 @@
 //! The Slurm side of the agent: gres.conf and slurmd's arguments rendered from each discovery ([`node`]), munged
 //! ([`munge`]), the supervisor that runs them ([`supervisor`]) and slurmd's own readiness ([`readyz`]). The [`run`]
-//! task turns topology changes into gres.conf writes and slurmd (re)starts.
+//! task turns topology changes into gres.conf writes and slurmd (re)starts. Whether slurmd's jobs are confined, and
+//! whether slurmd is started at all, is [`confinement`]'s and [`jobs_confined`]'s.
 
 pub mod cgroup2;
 pub mod confinement;
+pub mod jobs_confined;
 pub mod munge;
 pub mod node;
 pub mod readyz;

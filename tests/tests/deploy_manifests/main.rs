@@ -19,6 +19,7 @@ use serde_yaml_ng::Value;
 
 mod images;
 mod slurm_cgroups;
+mod slurm_unconfined;
 
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_default()

@@ -171,7 +171,8 @@ fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
 
 /// The node as a Slurm node of its own site (slurmctld; slurmd and munged under an agent on `root` that also serves
 /// the device plugin), idle. The Kubernetes side is on, as the shipped ServiceAccount with the shipped RBAC: the check
-/// reports in the node's NodeResourceTopology and to the pods' Events.
+/// reports in the node's NodeResourceTopology and to the pods' Events. The site's jobs are not confined
+/// (`proctrack/linuxproc`): the agent starts slurmd beside its device plugin only with `--slurm-allow-unconfined`.
 fn slurm_site(node: &KubeNode, root: &Path) -> site::Site {
     let mut s = site::Site::new(NODE_NAME, root, site::Mode::Configured);
     s.start_slurmctld();
@@ -189,6 +190,7 @@ fn slurm_site(node: &KubeNode, root: &Path) -> site::Site {
             &root.to_string_lossy(),
             "--pod-resources-socket",
             &sock.to_string_lossy(),
+            "--slurm-allow-unconfined",
         ],
     );
     s.wait_idle();

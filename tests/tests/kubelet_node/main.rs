@@ -339,13 +339,15 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     let ctld = Controller::start("MaxNodeCount=16\nTreeWidth=65533\nGresTypes=gpu\n", "", &[]);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     // With the shipped device plugin component: the agent also serves the kubelet's device plugin API and checks
-    // the pods' devices against Slurm's jobs (this machine has no accelerator: it registers none).
+    // the pods' devices against Slurm's jobs (this machine has no accelerator: it registers none). The overlay's
+    // jobs are not confined (proctrack/linuxproc): beside the device plugin the agent starts slurmd only with the
+    // opt-in component.
     let pod = apply_slurm_overlay(
         node,
         &ctld,
         dir.path(),
         &slurm_pod::Extra {
-            components: &["device-plugin"],
+            components: &["device-plugin", "slurm-allow-unconfined"],
             ..Default::default()
         },
     );

@@ -16,6 +16,7 @@ use isthmus_tests::slurm_release::SlurmRelease;
 use isthmus_tests::{each_release, fixtures, isthmus_bin};
 
 mod cgroups;
+mod confinement;
 mod failed_gpus;
 mod site;
 mod topology;
