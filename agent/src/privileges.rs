@@ -226,6 +226,15 @@ pub fn names(caps: &[Capability]) -> String {
 /// (warnings for what could not be done). `slurm_conf`, when slurmd reads a local one, is checked against `cgroups`.
 /// (Whether the jobs are confined is said by the daemon: [`crate::slurm::jobs_confined`].)
 pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::path::Path>) {
+    if mode != SlurmMode::Off {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        tracing::info!(
+            cgroup = crate::slurm::confinement::cgroup_version(&own).as_str(),
+            driver = crate::slurm::cgroup2::driver(&own),
+            slurm_cgroups = ?cgroups,
+            "cgroup hierarchy"
+        );
+    }
     if mode != SlurmMode::Off && cgroups == SlurmCgroups::Delegated {
         // Still single-threaded and holding the pod's capabilities.
         match crate::slurm::cgroup2::delegate() {
@@ -233,7 +242,9 @@ pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::pa
                 subtree = %d.slurm.display(),
                 "cgroup v2: the container's cgroup is delegated; slurmd starts in its own cgroup namespace there"
             ),
-            Err(e) => tracing::warn!(error = %e, "cgroup v2: Slurm jobs cannot be confined in this pod"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cgroup v2: Slurm jobs cannot be confined in this pod")
+            }
         }
     }
     if mode != SlurmMode::Off

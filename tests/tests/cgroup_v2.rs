@@ -34,6 +34,20 @@ fn caps(without: Option<&str>) -> String {
         .join(",")
 }
 
+/// The cases that run every job (name, Slurm release, the kubelet driver's layout of the container's cgroup): each
+/// release once, the layouts alternating.
+const FULL: [(&str, &str, &str); 3] = [
+    ("v22-systemd", "22.05", "systemd"),
+    ("v24-cgroupfs", "24.11", "cgroupfs"),
+    ("v26-systemd", "26.05", "systemd"),
+];
+/// Each release on the other layout: one job, its GPUs and where it lives.
+const LAYOUT: [(&str, &str, &str); 3] = [
+    ("v22-cgroupfs", "22.05", "cgroupfs"),
+    ("v24-systemd", "24.11", "systemd"),
+    ("v26-cgroupfs", "26.05", "cgroupfs"),
+];
+
 /// The capabilities a case takes away, one case each, on 24.11 with the systemd layout.
 const TAKEN: [&str; 4] = ["sys_admin", "setpcap", "bpf", "net_admin"];
 
@@ -48,27 +62,38 @@ impl Suite {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
         let vm = repo_root().join("tests/vm");
-        std::fs::copy(vm.join("cgroup_v2.sh"), d.join("inside.sh")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::copy(vm.join("cgroup_v2.sh"), d.join("inside.sh"))
+            .unwrap_or_else(|e| panic!("{e}"));
         std::fs::copy(
             repo_root().join("deploy/daemonset/components/slurm-cgroups-v2/cgroup.conf"),
             d.join("cgroup.conf"),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let roots: Vec<String> = [SlurmRelease::V24_11, SlurmRelease::V26_05]
+        let roots: Vec<String> = [
+            SlurmRelease::V22_05,
+            SlurmRelease::V24_11,
+            SlurmRelease::V26_05,
+        ]
+        .iter()
+        .map(|r| match r.root_dir() {
+            Some(dir) => format!("{}={}", r.version(), dir.display()),
+            None => format!("{}=host", r.version()),
+        })
+        .collect();
+        let mut cases: Vec<String> = FULL
             .iter()
-            .map(|r| {
-                let dir = r.root_dir().unwrap_or_else(|| panic!("no root for {r}"));
-                format!("{}={}", r.version(), dir.display())
+            .chain(LAYOUT.iter())
+            .map(|(name, rel, layout)| {
+                let jobs = if FULL.iter().any(|f| f.0 == *name) {
+                    "all"
+                } else {
+                    "layout"
+                };
+                format!("{name}:{rel}:{layout}:{}:{jobs}", caps(None))
             })
             .collect();
-        let mut cases = Vec::new();
-        for (rel, tag) in [("24.11", "v24"), ("26.05", "v26")] {
-            for layout in ["systemd", "cgroupfs"] {
-                cases.push(format!("{tag}-{layout}:{rel}:{layout}:{}", caps(None)));
-            }
-        }
         for cap in TAKEN {
-            cases.push(format!("no-{cap}:24.11:systemd:{}", caps(Some(cap))));
+            cases.push(format!("no-{cap}:24.11:systemd:{}:caps", caps(Some(cap))));
         }
         let env = format!(
             "ISTHMUS_BIN={}\nROOTS=\"{}\"\nCASES=\"{}\"\n",
@@ -85,9 +110,23 @@ impl Suite {
             .status()
             .unwrap_or_else(|e| panic!("vm.sh: {e}"));
         let console = std::fs::read_to_string(d.join("console.log")).unwrap_or_default();
-        let tail: String = console.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-        assert!(status.success(), "the VM's scenario failed ({status}); console:\n{tail}");
-        assert!(d.join("out/finished").exists(), "the scenario did not finish; console:\n{tail}");
+        let tail: String = console
+            .lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            status.success(),
+            "the VM's scenario failed ({status}); console:\n{tail}"
+        );
+        assert!(
+            d.join("out/finished").exists(),
+            "the scenario did not finish; console:\n{tail}"
+        );
         let out = d.join("out");
         Self { _dir: dir, out }
     }
@@ -107,7 +146,11 @@ impl Suite {
             let text = std::fs::read_to_string(&p).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let from = lines.len().saturating_sub(40);
-            s.push_str(&format!("== {}\n{}\n", p.display(), lines[from..].join("\n")));
+            s.push_str(&format!(
+                "== {}\n{}\n",
+                p.display(),
+                lines[from..].join("\n")
+            ));
         }
         s
     }
@@ -154,12 +197,49 @@ fn cap_bits(out: &str, key: &str) -> u64 {
 const CAP_SETPCAP: u64 = 1 << 8;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 
-fn confined_case(s: &Suite, case: &str) {
+/// What every confined case shows: the node registered, the agent says the jobs are confined, a `--gres=gpu:1`
+/// job opens its GPU alone, and seen from the node its processes are in the pod's cgroup under Slurm's subtree while
+/// the container's own cgroup holds no process.
+fn layout_case(s: &Suite, case: &str) {
     let ctx = s.all(case);
     assert_eq!(s.file(case, "registered").trim(), "yes", "{ctx}");
-    let agent = s.file(case, "agent.log");
-    assert!(agent.contains("Slurm jobs are confined"), "{ctx}");
+    assert!(
+        s.file(case, "agent.log")
+            .contains("Slurm jobs are confined"),
+        "{ctx}"
+    );
+    let one = s.file(case, "job-gpu1.txt");
+    assert_eq!(opened(&one, &ctx).len(), 1, "{one}\n{ctx}");
     let cg = s.file(case, "cgroup").trim().to_owned();
+    let view = s.file(case, "job-node-view.txt");
+    let want = format!("sleep=0::/{cg}/slurm/system.slice/vm1_slurmstepd.scope/job_");
+    assert!(view.starts_with(&want), "{view}\nwant {want}\n{ctx}");
+    let tree = s.file(case, "tree-running.txt");
+    let at = |path: &str| {
+        tree.lines()
+            .find(|l| l.split('|').next() == Some(path))
+            .map(|l| l.rsplit('|').next().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("no {path:?} in:\n{tree}"))
+    };
+    assert_eq!(
+        at("").trim(),
+        "",
+        "the container's cgroup holds no process:\n{tree}"
+    );
+    let leaf = at("/isthmus");
+    assert!(
+        leaf.contains("isthmus") && leaf.contains("munged"),
+        "{tree}"
+    );
+    assert!(
+        at("/slurm/system.slice/vm1_slurmstepd.scope/slurmd").contains("slurmd"),
+        "{tree}"
+    );
+}
+
+fn confined_case(s: &Suite, case: &str) {
+    layout_case(s, case);
+    let ctx = s.all(case);
 
     // One GPU: that one opens, the other three are refused; one core; a job cgroup of Slurm's; no CAP_SYS_ADMIN.
     let one = s.file(case, "job-gpu1.txt");
@@ -185,51 +265,70 @@ fn confined_case(s: &Suite, case: &str) {
     // Two at once: each its own.
     let a = s.file(case, "job-concurrent-a.txt");
     let b = s.file(case, "job-concurrent-b.txt");
-    assert!(a.contains("together=yes") && b.contains("together=yes"), "{a}\n{b}\n{ctx}");
+    assert!(
+        a.contains("together=yes") && b.contains("together=yes"),
+        "{a}\n{b}\n{ctx}"
+    );
     let (ga, gb) = (opened(&a, &ctx), opened(&b, &ctx));
     assert!(ga.len() == 1 && gb.len() == 1 && ga != gb, "{a}\n{b}");
 
     // Over its --mem: OOM-killed.
     let oom = s.file(case, "job-oom.txt");
-    assert!(!oom.contains("survived") && oom.contains("Out Of Memory"), "{oom}\n{ctx}");
+    assert!(
+        !oom.contains("survived") && oom.contains("Out Of Memory"),
+        "{oom}\n{ctx}"
+    );
 
     // A root job cannot leave its cgroup, nor reach a device outside its GRES.
     let esc = s.file(case, "job-escape.txt");
     assert!(esc.contains("escape-ns-root: refused"), "{esc}");
-    assert!(!esc.contains(": moved") && !esc.contains("escape-setns: entered") && !esc.contains("escape-mount: mounted"), "{esc}");
-    assert!(esc.contains("escape-pod: "), "munged's view was tried: {esc}");
-    assert_eq!(field(&esc, "cgroup-after="), field(&esc, "cgroup="), "{esc}");
+    assert!(
+        !esc.contains(": moved")
+            && !esc.contains("escape-setns: entered")
+            && !esc.contains("escape-mount: mounted"),
+        "{esc}"
+    );
+    assert!(
+        esc.contains("escape-pod: "),
+        "munged's view was tried: {esc}"
+    );
+    assert_eq!(
+        field(&esc, "cgroup-after="),
+        field(&esc, "cgroup="),
+        "{esc}"
+    );
     assert_eq!(opened(&esc, &ctx).len(), 1, "{esc}");
 
-    // Seen from the node, a job's processes are in the pod's cgroup, under Slurm's subtree.
-    let view = s.file(case, "job-node-view.txt");
-    let want = format!("sleep=0::/{cg}/slurm/system.slice/vm1_slurmstepd.scope/job_");
-    assert!(view.starts_with(&want), "{view}\nwant {want}\n{ctx}");
-    let tree = s.file(case, "tree-running.txt");
-    let at = |path: &str| {
-        tree.lines()
-            .find(|l| l.split('|').next() == Some(path))
-            .map(|l| l.rsplit('|').next().unwrap_or_default().to_owned())
-            .unwrap_or_else(|| panic!("no {path:?} in:\n{tree}"))
-    };
-    assert_eq!(at("").trim(), "", "the container's cgroup holds no process:\n{tree}");
-    let leaf = at("/isthmus");
-    assert!(leaf.contains("isthmus") && leaf.contains("munged"), "{tree}");
-    assert!(at("/slurm/system.slice/vm1_slurmstepd.scope/slurmd").contains("slurmd"), "{tree}");
+    // slurmd killed and started again by the agent: the next job is confined as before.
+    let again = s.file(case, "job-after-restart.txt");
+    assert_eq!(opened(&again, &ctx).len(), 1, "{again}\n{ctx}");
+    assert!(
+        s.file(case, "agent.log")
+            .lines()
+            .any(|l| l.contains("started child=slurmd") && l.contains("restarts=1")),
+        "{ctx}"
+    );
 }
 
 #[test]
 fn slurm_jobs_are_confined_in_an_unprivileged_pod_on_cgroup_v2() {
     let s = Suite::run();
-    for case in ["v24-systemd", "v24-cgroupfs", "v26-systemd", "v26-cgroupfs"] {
+    for (case, _, _) in FULL {
         confined_case(&s, case);
+    }
+    for (case, _, _) in LAYOUT {
+        layout_case(&s, case);
     }
 
     // Each capability taken away, and what breaks.
     // CAP_SYS_ADMIN: no delegation, and the agent says the jobs are not confined.
     let c = "no-sys_admin";
     let agent = s.file(c, "agent.log");
-    assert!(agent.contains("cannot be confined") && agent.contains("Slurm jobs are NOT confined"), "{}", s.all(c));
+    assert!(
+        agent.contains("cannot be confined") && agent.contains("Slurm jobs are NOT confined"),
+        "{}",
+        s.all(c)
+    );
     // CAP_SETPCAP: slurmd would keep CAP_SYS_ADMIN, so it is never started.
     let c = "no-setpcap";
     assert_eq!(s.file(c, "registered").trim(), "no", "{}", s.all(c));

@@ -31,6 +31,15 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    // The same on cgroup v2 (components/slurm-cgroups-v2).
+    std::fs::write(
+        dir.path().join("kubernetes-slurm-cgroups-v2.yaml"),
+        isthmus_tests::deploy::render_with_components(
+            "overlays/kubernetes-slurm",
+            &["slurm-cgroups-v2"],
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     // The cluster controller, with and without its Slurm tasks.
     for (name, sub) in [("controller", "."), ("controller-slurm", "overlays/slurm")] {
         let path = controller::deploy_dir().join(sub);

@@ -2,7 +2,9 @@
 # The cgroup v2 suite's scenario, run as root inside the VM (vm.sh: this machine's / read-only, a real cgroup2
 # hierarchy mounted with nsdelegate). It only acts and records; tests/tests/cgroup_v2.rs asserts on what it left in
 # $RUN/out/<case>/. Settings come from $RUN/env: ISTHMUS_BIN (the agent), ROOTS (release=root dir of each Slurm
-# release), CASES (release:layout:caps, one per case).
+# release, or `host` for the machine's own packages), CASES (name:release:layout:caps:jobs, one per case; jobs is
+# `all`, `layout` — one job and where it lives, for the second layout of a release — or `caps` — one job, for a pod
+# with a capability taken away).
 #
 # A case is one pod: a container as the runtime makes it — its own PID, mount and cgroup namespaces, its cgroup
 # holding its processes only, /sys/fs/cgroup mounted read-only, the release's root file system as its /, the
@@ -43,6 +45,7 @@ R=$1 caps=$2; shift 2
 mount --bind "$R" "$R"
 mount --rbind /dev "$R/dev"
 mount -t proc proc "$R/proc"
+umount -R -l "$R/sys" 2>/dev/null # those of the node, where the root file system is its own (22.05)
 mount -t sysfs -o ro sysfs "$R/sys"
 mount -t cgroup2 -o ro,nosuid,nodev,noexec cgroup2 "$R/sys/fs/cgroup"
 mount --rbind /tmp "$R/tmp"
@@ -54,8 +57,8 @@ exec chroot "$R" setpriv --bounding-set=-all,$caps --inh-caps=-all --ambient-cap
 ' bash "$R" "$caps" "$@"
 EOF
 
-run_case() { # NAME RELEASE LAYOUT CAPS
-  local name=$1 rel=$2 layout=$3 caps=$4
+run_case() { # NAME RELEASE LAYOUT CAPS JOBS
+  local name=$1 rel=$2 layout=$3 caps=$4 jobs=$5
   local root=${ROOTS_MAP[$rel]} bin=${BINS_MAP[$rel]}
   local o=$OUT/$name T=/tmp/site-$name
   mkdir -p "$o" "$T/state" "$T/spool" "$T/munge" "$T/etc"
@@ -89,31 +92,41 @@ EOF
   cp "$RUN/cgroup.conf" "$T/etc/cgroup.conf"
   echo "Name=gpu File=/dev/nvidia[0-$((GPUS - 1))]" > "$T/etc/gres.conf"
   export SLURM_CONF=$T/etc/slurm.conf
-  "$bin/slurmctld" -D -f "$SLURM_CONF" > "$o/slurmctld.out" 2>&1 &
-  local ctld=$!
   local cg
   cg=$(layout_path "$layout" "0000-$name" "$(printf %s "$name" | sha256sum | cut -c1-16)")
   make_cgroup "$cg"
   echo "$cg" > "$o/cgroup"
-  ISTHMUS_BIN=$ISTHMUS_BIN unshare --mount --pid --fork --propagation private \
+  ISTHMUS_BIN=$ISTHMUS_BIN unshare --mount --pid --fork --kill-child --propagation private \
     bash "$RUN/container.sh" "$P/$cg" "$root" "$caps" \
     /opt/$(basename "$ISTHMUS_BIN") agent --host-root / --node-name vm1 --no-nvml --listen 127.0.0.1:0 \
       --slurm-mode configured --slurm-conf "$SLURM_CONF" --gres-out "$T/agent-gres.conf" --slurm-cgroups delegated \
       --slurmd /usr/sbin/slurmd --munged /usr/sbin/munged --munge-socket "$T/munge/munge.sock" \
-      --munge-key "$T/munge.key" --munge-state-dir "$T/munge" --grace-seconds 5 \
+      --munge-key "$T/munge.key" --munge-state-dir "$T/munge" --grace-seconds 1 \
     > "$o/agent.log" 2>&1 &
   local pod=$!
-  local up=no
-  for _ in $(seq 1 90); do
+  # slurmctld uses the pod's munged.
+  for _ in $(seq 1 60); do [ -S "$T/munge/munge.sock" ] && break; sleep 0.5; done
+  "$bin/slurmctld" -D -f "$SLURM_CONF" > "$o/slurmctld.out" 2>&1 &
+  local ctld=$!
+  local up=no wait=90
+  [ "$jobs" = caps ] && wait=30
+  for _ in $(seq 1 $wait); do
     if "$bin/sinfo" -h -N -o '%T' 2>/dev/null | grep -qx idle; then up=yes; break; fi
     sleep 1
   done
   echo "$up" > "$o/registered"
   if [ "$up" = yes ]; then
-    jobs_of "$o" "$bin"
+    case "$jobs" in
+      all) jobs_of "$o" "$bin" ;;
+      layout) timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-gpu1.txt" 2>&1
+              node_view "$o" "$bin" ;;
+      caps) timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-gpu1.txt" 2>&1 ;;
+    esac
   fi
-  tree_of "$cg" > "$o/tree.txt"
-  kill "$pod" 2>/dev/null; wait "$pod" 2>/dev/null
+  # unshare --fork ignores SIGTERM and waits for its child, the pod's PID 1: the agent, told to stop as the kubelet
+  # would.
+  pkill -TERM -P "$pod" 2>/dev/null
+  wait "$pod" 2>/dev/null
   kill "$ctld" 2>/dev/null; wait "$ctld" 2>/dev/null
   cp "$T/slurmd.log" "$o/slurmd.log" 2>/dev/null
   cp "$T/slurmctld.log" "$o/slurmctld.log" 2>/dev/null
@@ -151,10 +164,23 @@ jobs_of() { # OUT BIN
   done
   wait "${both[@]}"
   rm -f /tmp/both-a /tmp/both-b
-  timeout 60 "$bin/srun" -N1 -n1 --mem=20 bash -c 'x=$(head -c 200000000 /dev/zero | tr "\0" a); echo "survived ${#x}"' > "$o/job-oom.txt" 2>&1
+  timeout 60 "$bin/srun" -N1 -n1 --mem=20 bash -c 'x=$(head -c 60000000 /dev/zero | tr "\0" a); echo "survived ${#x}"' > "$o/job-oom.txt" 2>&1
   echo "rc=$?" >> "$o/job-oom.txt"
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$ESCAPE; $PROBE" > "$o/job-escape.txt" 2>&1
-  # While a job runs: where its processes are, seen from the node.
+  # slurmd killed: the agent starts it again in the same namespace (Slurm's tree, controllers enabled, stays), and
+  # the next job is confined as before.
+  pkill -9 -x slurmd
+  sleep 2
+  for _ in $(seq 1 60); do
+    "$bin/sinfo" -h -N -o '%T' 2>/dev/null | grep -qx idle && break
+    sleep 1
+  done
+  timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-after-restart.txt" 2>&1
+  node_view "$o" "$bin"
+}
+
+node_view() { # OUT BIN: while a job runs, where its processes are, seen from the node
+  local o=$1 bin=$2
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 bash -c 'echo "$$" > /tmp/sleeper.pid; sleep 30' > /dev/null 2>&1 &
   local sleeper=$!
   for _ in $(seq 1 40); do [ -s /tmp/sleeper.pid ] && break; sleep 0.5; done
@@ -170,7 +196,7 @@ jobs_of() { # OUT BIN
 
 tree_of() { # CGROUP: each cgroup under the container's with its processes' names
   local d f
-  find "$P/$1" -type d | sort | while read -r d; do
+  find "$P/$1" -maxdepth 4 -type d | sort | while read -r d; do
     f=""
     for p in $(cat "$d/cgroup.procs" 2>/dev/null); do f="$f $(cat /proc/$p/comm 2>/dev/null)"; done
     echo "${d#$P/$1}|$(cat "$d/cgroup.subtree_control" 2>/dev/null)|$f"
@@ -178,12 +204,22 @@ tree_of() { # CGROUP: each cgroup under the container's with its processes' name
 }
 
 declare -A ROOTS_MAP BINS_MAP
-for r in $ROOTS; do ROOTS_MAP[${r%%=*}]=${r#*=}/root; BINS_MAP[${r%%=*}]=${r#*=}/bin; done
+for r in $ROOTS; do
+  if [ "${r#*=}" = host ]; then
+    # The machine's own packages (22.05): its / is the container's root file system.
+    b=/tmp/bin-${r%%=*}
+    mkdir -p "$b"
+    for p in slurmctld sinfo srun squeue scancel; do ln -sf "$(command -v $p || echo /usr/sbin/$p)" "$b/$p"; done
+    ROOTS_MAP[${r%%=*}]=/; BINS_MAP[${r%%=*}]=$b
+  else
+    ROOTS_MAP[${r%%=*}]=${r#*=}/root; BINS_MAP[${r%%=*}]=${r#*=}/bin
+  fi
+done
 # The Slurm roots are read-only here: slurmctld's wrapper (enter) binds /tmp into them; Slurm 24.11 and later make
 # /run/slurmctld.
-for r in "${ROOTS_MAP[@]}"; do mount -t tmpfs tmpfs "$r/run"; done
+for r in "${ROOTS_MAP[@]}"; do [ "$r" = / ] || mount -t tmpfs tmpfs "$r/run"; done
 for c in $CASES; do
-  IFS=: read -r name rel layout caps <<< "$c"
-  run_case "$name" "$rel" "$layout" "$caps"
+  IFS=: read -r name rel layout caps jobs <<< "$c"
+  run_case "$name" "$rel" "$layout" "$caps" "$jobs"
 done
 echo done > "$OUT/finished"

@@ -25,8 +25,10 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 /// Where the container sees its cgroup hierarchy.
@@ -35,6 +37,10 @@ pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 pub const AGENT_LEAF: &str = "isthmus";
 /// slurmd's subtree: the root of its cgroup namespace.
 pub const SLURM_SUBTREE: &str = "slurm";
+/// The slice Slurm's scope is made in, under [`SLURM_SUBTREE`].
+pub const SLICE: &str = "system.slice";
+/// Where slurmd starts in the slice, until Slurm moves it into its scope.
+pub const START_LEAF: &str = "isthmus-start";
 /// The controllers Slurm's cgroup/v2 uses (cores, CPU accounting, memory, process count), enabled for the
 /// container's children when the node has them.
 pub const CONTROLLERS: &[&str] = &["cpuset", "cpu", "memory", "pids"];
@@ -100,10 +106,12 @@ pub fn cgroup2_mount(mountinfo: &str, at: &str) -> Option<Cgroup2Mount> {
             let (left, right) = line.split_once(" - ")?;
             let f: Vec<&str> = left.split(' ').collect();
             let r: Vec<&str> = right.split(' ').collect();
-            (f.len() >= 6 && r.len() >= 3 && r[0] == "cgroup2" && f[4] == at).then(|| Cgroup2Mount {
-                root: f[3].to_owned(),
-                options: f[5].split(',').map(str::to_owned).collect(),
-                super_options: r[2].split(',').map(str::to_owned).collect(),
+            (f.len() >= 6 && r.len() >= 3 && r[0] == "cgroup2" && f[4] == at).then(|| {
+                Cgroup2Mount {
+                    root: f[3].to_owned(),
+                    options: f[5].split(',').map(str::to_owned).collect(),
+                    super_options: r[2].split(',').map(str::to_owned).collect(),
+                }
             })
         })
         .next_back()
@@ -132,6 +140,31 @@ pub fn check(mountinfo: &str, proc_self_cgroup: &str) -> Result<Cgroup2Mount, No
     Ok(mount)
 }
 
+/// The kubelet's cgroup driver as the agent's own cgroup path shows it (`/proc/self/cgroup`): `systemd` names pod
+/// cgroups `kubepods…slice`, `cgroupfs` `kubepods/…`. In a container with a cgroup namespace of its own the path is
+/// `/`, and the driver cannot be seen — nor does the delegation depend on it.
+pub fn driver(proc_self_cgroup: &str) -> &'static str {
+    let paths: Vec<&str> = proc_self_cgroup
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .collect();
+    if paths
+        .iter()
+        .any(|p| p.contains("kubepods") && p.contains(".slice"))
+    {
+        "systemd"
+    } else if paths
+        .iter()
+        .any(|p| p.contains("kubepods/") || p.ends_with("kubepods"))
+    {
+        "cgroupfs"
+    } else if !paths.is_empty() && paths.iter().all(|p| *p == "/") {
+        "hidden by the container's cgroup namespace"
+    } else {
+        "unknown (not under the kubelet's kubepods)"
+    }
+}
+
 /// The controllers of `available` (a `cgroup.controllers` text) that Slurm uses, as a `cgroup.subtree_control`
 /// write.
 pub fn enable_line(available: &str) -> String {
@@ -149,6 +182,8 @@ pub fn enable_line(available: &str) -> String {
 pub struct Delegation {
     /// slurmd's subtree (`/sys/fs/cgroup/slurm`).
     pub slurm: PathBuf,
+    /// The cgroup namespace rooted there ([`slurm_namespace`]).
+    namespace: Arc<OwnedFd>,
 }
 
 static DELEGATED: OnceLock<Delegation> = OnceLock::new();
@@ -178,7 +213,8 @@ pub fn delegate() -> Result<&'static Delegation, DelegationError> {
     let root = Path::new(CGROUP_MOUNT);
     if mount.options.iter().any(|o| o == "ro") {
         // Per-mount flags only: the remount changes this mount namespace's view, nothing of the node's.
-        let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        let flags =
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         let target = cstr(root);
         // SAFETY: plain system call with valid NUL-terminated strings and null data.
         let rc = unsafe {
@@ -191,12 +227,18 @@ pub fn delegate() -> Result<&'static Delegation, DelegationError> {
             )
         };
         if rc != 0 {
-            return Err(io_err("remounting read-write", root)(io::Error::last_os_error()));
+            return Err(io_err("remounting read-write", root)(
+                io::Error::last_os_error(),
+            ));
         }
     }
     let leaf = root.join(AGENT_LEAF);
     let slurm = root.join(SLURM_SUBTREE);
-    for dir in [&leaf, &slurm] {
+    // Slurm makes `system.slice/<node>_slurmstepd.scope` at the root of its namespace and moves slurmd there from
+    // where it started: `system.slice/isthmus-start` (22.05 makes neither the slice nor its controllers itself).
+    let slice = slurm.join(SLICE);
+    let start = slice.join(START_LEAF);
+    for dir in [&leaf, &slurm, &slice, &start] {
         match std::fs::create_dir(dir) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
                 return Err(io_err("creating", dir)(e));
@@ -219,21 +261,72 @@ pub fn delegate() -> Result<&'static Delegation, DelegationError> {
         }
     }
     let controllers = root.join("cgroup.controllers");
-    let line = enable_line(&std::fs::read_to_string(&controllers).map_err(io_err("reading", &controllers))?);
+    let line = enable_line(
+        &std::fs::read_to_string(&controllers).map_err(io_err("reading", &controllers))?,
+    );
     if !line.is_empty() {
         let control = root.join("cgroup.subtree_control");
         std::fs::write(&control, &line).map_err(io_err("enabling controllers in", &control))?;
     }
-    Ok(DELEGATED.get_or_init(|| Delegation { slurm }))
+    let namespace = slurm_namespace(&slurm, &leaf_procs)?;
+    // Both empty: they may hand the controllers down (the slice's scope gets them from there).
+    if !line.is_empty() {
+        for dir in [&slurm, &slice] {
+            let control = dir.join("cgroup.subtree_control");
+            std::fs::write(&control, &line).map_err(io_err("enabling controllers in", &control))?;
+        }
+    }
+    Ok(DELEGATED.get_or_init(|| Delegation { slurm, namespace }))
+}
+
+/// The cgroup namespace whose root is `slurm`, made once and kept open, so that every start of slurmd (a restart
+/// too, while Slurm's tree and jobs live on) joins the same one without entering `slurm` itself, which holds
+/// children with controllers from then on. The agent goes into `slurm`, makes the namespace, returns to its own and
+/// to its leaf (`leaf_procs`). Single-threaded, with CAP_SYS_ADMIN.
+fn slurm_namespace(slurm: &Path, leaf_procs: &Path) -> Result<Arc<OwnedFd>, DelegationError> {
+    let ns = Path::new("/proc/self/ns/cgroup");
+    let own = std::fs::File::open(ns).map_err(io_err("opening", ns))?;
+    let procs = slurm.join("cgroup.procs");
+    std::fs::write(&procs, "0").map_err(io_err("entering", &procs))?;
+    // SAFETY: plain system calls on owned descriptors.
+    let made = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    let result = if made == 0 {
+        std::fs::File::open(ns).map_err(io_err("opening", ns))
+    } else {
+        Err(io_err("making a cgroup namespace at", slurm)(
+            io::Error::last_os_error(),
+        ))
+    };
+    // SAFETY: as above.
+    if made == 0 && unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWCGROUP) } != 0 {
+        return Err(io_err("returning to the container's cgroup namespace", ns)(
+            io::Error::last_os_error(),
+        ));
+    }
+    std::fs::write(leaf_procs, "0").map_err(io_err("returning into", leaf_procs))?;
+    Ok(Arc::new(OwnedFd::from(result?)))
 }
 
 /// What a child started in slurmd's subtree does between fork and exec ([`SlurmdNamespace::enter`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SlurmdNamespace {
+    namespace: Arc<OwnedFd>,
+    /// The start leaf's `cgroup.procs` on the agent's mount (entered before the namespace).
     procs: CString,
     mount: CString,
     fstype: CString,
 }
+
+/// The same namespace (the same open descriptor) and paths.
+impl PartialEq for SlurmdNamespace {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.namespace, &other.namespace)
+            && self.procs == other.procs
+            && self.mount == other.mount
+    }
+}
+
+impl Eq for SlurmdNamespace {}
 
 /// Linux capability numbers (linux/capability.h).
 const CAP_SETPCAP: u32 = 8;
@@ -259,7 +352,14 @@ impl SlurmdNamespace {
     /// For `delegation`'s subtree.
     pub fn new(delegation: &Delegation) -> Self {
         Self {
-            procs: cstr(&delegation.slurm.join("cgroup.procs")),
+            namespace: delegation.namespace.clone(),
+            procs: cstr(
+                &delegation
+                    .slurm
+                    .join(SLICE)
+                    .join(START_LEAF)
+                    .join("cgroup.procs"),
+            ),
             mount: cstr(Path::new(CGROUP_MOUNT)),
             fstype: CString::new("cgroup2").unwrap_or_default(),
         }
@@ -291,15 +391,14 @@ impl SlurmdNamespace {
             data[0].effective |= (1 << CAP_SYS_ADMIN) | (1 << CAP_SETPCAP);
             data[0].effective &= data[0].permitted;
             check(libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) as libc::c_int)?;
-            let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            check(fd)?;
-            // "0" moves the writing process.
-            let moved = libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-            if moved != 1 {
-                return Err(io::Error::last_os_error());
-            }
-            check(libc::unshare(libc::CLONE_NEWCGROUP | libc::CLONE_NEWNS))?;
+            // Into the start leaf ("0" moves the writing process), then into Slurm's namespace, whose root is
+            // above it, then a mount namespace of its own.
+            write_file(&self.procs, b"0")?;
+            check(libc::setns(
+                self.namespace.as_raw_fd(),
+                libc::CLONE_NEWCGROUP,
+            ))?;
+            check(libc::unshare(libc::CLONE_NEWNS))?;
             check(libc::mount(
                 std::ptr::null(),
                 c"/".as_ptr(),
@@ -318,11 +417,35 @@ impl SlurmdNamespace {
                 std::ptr::null(),
             ))?;
             for cap in [CAP_SYS_ADMIN, CAP_SETPCAP] {
-                check(libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0))?;
+                check(libc::prctl(
+                    libc::PR_CAPBSET_DROP,
+                    libc::c_ulong::from(cap),
+                    0,
+                    0,
+                    0,
+                ))?;
             }
         }
         Ok(())
     }
+}
+
+/// Write `data` to `path` in one call: a system call sequence safe between fork and exec.
+fn write_file(path: &CString, data: &[u8]) -> io::Result<()> {
+    // SAFETY: open/write/close on a NUL-terminated path and a valid buffer; no allocation.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if usize::try_from(n).ok() != Some(data.len()) {
+            return Err(err);
+        }
+    }
+    Ok(())
 }
 
 /// Between fork and exec of a child that must hold none of the delegation's own capabilities (munged): drop
@@ -398,6 +521,21 @@ mod tests {
         let m = cgroup2_mount(&two, CGROUP_MOUNT).unwrap_or_else(|| panic!("none"));
         assert!(m.options.contains(&"rw".to_owned()));
         assert_eq!(cgroup2_mount(CONTAINER, "/elsewhere"), None);
+    }
+
+    #[test]
+    fn the_driver_shows_in_the_path_unless_a_namespace_hides_it() {
+        let systemd = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice/cri-containerd-ab.scope\n";
+        assert_eq!(driver(systemd), "systemd");
+        assert_eq!(
+            driver("4:memory:/kubepods/burstable/pod1-2/ab\n"),
+            "cgroupfs"
+        );
+        assert_eq!(
+            driver("0::/\n"),
+            "hidden by the container's cgroup namespace"
+        );
+        assert!(driver("0::/user.slice/session-1.scope\n").starts_with("unknown"));
     }
 
     #[test]
