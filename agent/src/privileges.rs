@@ -233,7 +233,9 @@ pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::pa
                 subtree = %d.slurm.display(),
                 "cgroup v2: the container's cgroup is delegated; slurmd starts in its own cgroup namespace there"
             ),
-            Err(e) => tracing::warn!(error = %e, "cgroup v2: Slurm jobs cannot be confined in this pod"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cgroup v2: Slurm jobs cannot be confined in this pod")
+            }
         }
     }
     if mode != SlurmMode::Off

@@ -48,7 +48,8 @@ impl Suite {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path();
         let vm = repo_root().join("tests/vm");
-        std::fs::copy(vm.join("cgroup_v2.sh"), d.join("inside.sh")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::copy(vm.join("cgroup_v2.sh"), d.join("inside.sh"))
+            .unwrap_or_else(|e| panic!("{e}"));
         std::fs::copy(
             repo_root().join("deploy/daemonset/components/slurm-cgroups-v2/cgroup.conf"),
             d.join("cgroup.conf"),
@@ -85,9 +86,23 @@ impl Suite {
             .status()
             .unwrap_or_else(|e| panic!("vm.sh: {e}"));
         let console = std::fs::read_to_string(d.join("console.log")).unwrap_or_default();
-        let tail: String = console.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-        assert!(status.success(), "the VM's scenario failed ({status}); console:\n{tail}");
-        assert!(d.join("out/finished").exists(), "the scenario did not finish; console:\n{tail}");
+        let tail: String = console
+            .lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            status.success(),
+            "the VM's scenario failed ({status}); console:\n{tail}"
+        );
+        assert!(
+            d.join("out/finished").exists(),
+            "the scenario did not finish; console:\n{tail}"
+        );
         let out = d.join("out");
         Self { _dir: dir, out }
     }
@@ -107,7 +122,11 @@ impl Suite {
             let text = std::fs::read_to_string(&p).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let from = lines.len().saturating_sub(40);
-            s.push_str(&format!("== {}\n{}\n", p.display(), lines[from..].join("\n")));
+            s.push_str(&format!(
+                "== {}\n{}\n",
+                p.display(),
+                lines[from..].join("\n")
+            ));
         }
         s
     }
@@ -185,20 +204,38 @@ fn confined_case(s: &Suite, case: &str) {
     // Two at once: each its own.
     let a = s.file(case, "job-concurrent-a.txt");
     let b = s.file(case, "job-concurrent-b.txt");
-    assert!(a.contains("together=yes") && b.contains("together=yes"), "{a}\n{b}\n{ctx}");
+    assert!(
+        a.contains("together=yes") && b.contains("together=yes"),
+        "{a}\n{b}\n{ctx}"
+    );
     let (ga, gb) = (opened(&a, &ctx), opened(&b, &ctx));
     assert!(ga.len() == 1 && gb.len() == 1 && ga != gb, "{a}\n{b}");
 
     // Over its --mem: OOM-killed.
     let oom = s.file(case, "job-oom.txt");
-    assert!(!oom.contains("survived") && oom.contains("Out Of Memory"), "{oom}\n{ctx}");
+    assert!(
+        !oom.contains("survived") && oom.contains("Out Of Memory"),
+        "{oom}\n{ctx}"
+    );
 
     // A root job cannot leave its cgroup, nor reach a device outside its GRES.
     let esc = s.file(case, "job-escape.txt");
     assert!(esc.contains("escape-ns-root: refused"), "{esc}");
-    assert!(!esc.contains(": moved") && !esc.contains("escape-setns: entered") && !esc.contains("escape-mount: mounted"), "{esc}");
-    assert!(esc.contains("escape-pod: "), "munged's view was tried: {esc}");
-    assert_eq!(field(&esc, "cgroup-after="), field(&esc, "cgroup="), "{esc}");
+    assert!(
+        !esc.contains(": moved")
+            && !esc.contains("escape-setns: entered")
+            && !esc.contains("escape-mount: mounted"),
+        "{esc}"
+    );
+    assert!(
+        esc.contains("escape-pod: "),
+        "munged's view was tried: {esc}"
+    );
+    assert_eq!(
+        field(&esc, "cgroup-after="),
+        field(&esc, "cgroup="),
+        "{esc}"
+    );
     assert_eq!(opened(&esc, &ctx).len(), 1, "{esc}");
 
     // Seen from the node, a job's processes are in the pod's cgroup, under Slurm's subtree.
@@ -212,10 +249,20 @@ fn confined_case(s: &Suite, case: &str) {
             .map(|l| l.rsplit('|').next().unwrap_or_default().to_owned())
             .unwrap_or_else(|| panic!("no {path:?} in:\n{tree}"))
     };
-    assert_eq!(at("").trim(), "", "the container's cgroup holds no process:\n{tree}");
+    assert_eq!(
+        at("").trim(),
+        "",
+        "the container's cgroup holds no process:\n{tree}"
+    );
     let leaf = at("/isthmus");
-    assert!(leaf.contains("isthmus") && leaf.contains("munged"), "{tree}");
-    assert!(at("/slurm/system.slice/vm1_slurmstepd.scope/slurmd").contains("slurmd"), "{tree}");
+    assert!(
+        leaf.contains("isthmus") && leaf.contains("munged"),
+        "{tree}"
+    );
+    assert!(
+        at("/slurm/system.slice/vm1_slurmstepd.scope/slurmd").contains("slurmd"),
+        "{tree}"
+    );
 }
 
 #[test]
@@ -229,7 +276,11 @@ fn slurm_jobs_are_confined_in_an_unprivileged_pod_on_cgroup_v2() {
     // CAP_SYS_ADMIN: no delegation, and the agent says the jobs are not confined.
     let c = "no-sys_admin";
     let agent = s.file(c, "agent.log");
-    assert!(agent.contains("cannot be confined") && agent.contains("Slurm jobs are NOT confined"), "{}", s.all(c));
+    assert!(
+        agent.contains("cannot be confined") && agent.contains("Slurm jobs are NOT confined"),
+        "{}",
+        s.all(c)
+    );
     // CAP_SETPCAP: slurmd would keep CAP_SYS_ADMIN, so it is never started.
     let c = "no-setpcap";
     assert_eq!(s.file(c, "registered").trim(), "no", "{}", s.all(c));

@@ -100,10 +100,12 @@ pub fn cgroup2_mount(mountinfo: &str, at: &str) -> Option<Cgroup2Mount> {
             let (left, right) = line.split_once(" - ")?;
             let f: Vec<&str> = left.split(' ').collect();
             let r: Vec<&str> = right.split(' ').collect();
-            (f.len() >= 6 && r.len() >= 3 && r[0] == "cgroup2" && f[4] == at).then(|| Cgroup2Mount {
-                root: f[3].to_owned(),
-                options: f[5].split(',').map(str::to_owned).collect(),
-                super_options: r[2].split(',').map(str::to_owned).collect(),
+            (f.len() >= 6 && r.len() >= 3 && r[0] == "cgroup2" && f[4] == at).then(|| {
+                Cgroup2Mount {
+                    root: f[3].to_owned(),
+                    options: f[5].split(',').map(str::to_owned).collect(),
+                    super_options: r[2].split(',').map(str::to_owned).collect(),
+                }
             })
         })
         .next_back()
@@ -178,7 +180,8 @@ pub fn delegate() -> Result<&'static Delegation, DelegationError> {
     let root = Path::new(CGROUP_MOUNT);
     if mount.options.iter().any(|o| o == "ro") {
         // Per-mount flags only: the remount changes this mount namespace's view, nothing of the node's.
-        let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        let flags =
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         let target = cstr(root);
         // SAFETY: plain system call with valid NUL-terminated strings and null data.
         let rc = unsafe {
@@ -191,7 +194,9 @@ pub fn delegate() -> Result<&'static Delegation, DelegationError> {
             )
         };
         if rc != 0 {
-            return Err(io_err("remounting read-write", root)(io::Error::last_os_error()));
+            return Err(io_err("remounting read-write", root)(
+                io::Error::last_os_error(),
+            ));
         }
     }
     let leaf = root.join(AGENT_LEAF);
@@ -219,7 +224,9 @@ pub fn delegate() -> Result<&'static Delegation, DelegationError> {
         }
     }
     let controllers = root.join("cgroup.controllers");
-    let line = enable_line(&std::fs::read_to_string(&controllers).map_err(io_err("reading", &controllers))?);
+    let line = enable_line(
+        &std::fs::read_to_string(&controllers).map_err(io_err("reading", &controllers))?,
+    );
     if !line.is_empty() {
         let control = root.join("cgroup.subtree_control");
         std::fs::write(&control, &line).map_err(io_err("enabling controllers in", &control))?;
@@ -318,7 +325,13 @@ impl SlurmdNamespace {
                 std::ptr::null(),
             ))?;
             for cap in [CAP_SYS_ADMIN, CAP_SETPCAP] {
-                check(libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0))?;
+                check(libc::prctl(
+                    libc::PR_CAPBSET_DROP,
+                    libc::c_ulong::from(cap),
+                    0,
+                    0,
+                    0,
+                ))?;
             }
         }
         Ok(())

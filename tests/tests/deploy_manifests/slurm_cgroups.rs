@@ -132,7 +132,11 @@ fn the_cgroup_v2_component_adds_capabilities_and_no_host_path() {
     assert_eq!(added_capabilities(agent), want);
     let pod = at(one(&docs, "DaemonSet"), "spec/template/spec");
     let base_pod = at(one(&base, "DaemonSet"), "spec/template/spec");
-    assert_eq!(host_volumes(pod), host_volumes(base_pod), "no host path added");
+    assert_eq!(
+        host_volumes(pod),
+        host_volumes(base_pod),
+        "no host path added"
+    );
     assert!(at(agent, "securityContext/privileged").as_bool() != Some(true));
     assert!(at(pod, "hostPID").as_bool() != Some(true));
     let value = at(agent, "env")
@@ -147,7 +151,13 @@ fn the_cgroup_v2_component_adds_capabilities_and_no_host_path() {
         .find(|m| s(at(m, "metadata/name")).starts_with("slurm-config"))
         .unwrap_or_else(|| panic!("no slurm-config ConfigMap"));
     let conf = s(at(config, "data/cgroup.conf"));
-    for line in ["CgroupPlugin=cgroup/v2\n", "IgnoreSystemd=yes\n", "ConstrainDevices=yes\n", "ConstrainRAMSpace=yes\n", "ConstrainCores=yes\n"] {
+    for line in [
+        "CgroupPlugin=cgroup/v2\n",
+        "IgnoreSystemd=yes\n",
+        "ConstrainDevices=yes\n",
+        "ConstrainRAMSpace=yes\n",
+        "ConstrainCores=yes\n",
+    ] {
         assert!(conf.contains(line), "{conf}");
     }
     assert!(!conf.contains("CgroupMountpoint"), "{conf}");
