@@ -37,32 +37,42 @@ pub fn numa(id: i64) -> Option<TopologyInfo> {
 
 /// A pod holding `gpus` GPUs (by index) and exclusive `cpus`, with 8 GiB on NUMA 0.
 pub fn pod(namespace: &str, name: &str, gpus: &[usize], cpus: &[i64]) -> PodResources {
-    let devices = if gpus.is_empty() {
-        vec![]
+    let ids: Vec<&str> = gpus.iter().map(|i| GPU_UUIDS[*i]).collect();
+    let mut pod = pod_holding(namespace, name, "nvidia.com/gpu", &ids);
+    let c = &mut pod.containers[0];
+    if gpus.is_empty() {
+        c.devices.clear();
     } else {
-        vec![ContainerDevices {
-            resource_name: "nvidia.com/gpu".into(),
-            device_ids: gpus.iter().map(|i| GPU_UUIDS[*i].to_owned()).collect(),
-            topology: numa(if gpus[0] < 4 { 0 } else { 1 }),
-        }]
+        c.devices[0].topology = numa(if gpus[0] < 4 { 0 } else { 1 });
+    }
+    c.cpu_ids = cpus.to_vec();
+    if !cpus.is_empty() {
+        c.memory = vec![ContainerMemory {
+            memory_type: "memory".into(),
+            size: 8 << 30,
+            topology: numa(0),
+        }];
+    }
+    pod
+}
+
+/// A pod whose one container holds the devices `ids` of `resource` (as the device plugin named them), and nothing
+/// else.
+pub fn pod_holding(namespace: &str, name: &str, resource: &str, ids: &[&str]) -> PodResources {
+    let devices = ContainerDevices {
+        resource_name: resource.into(),
+        device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        topology: None,
+    };
+    let container = ContainerResources {
+        name: "main".into(),
+        devices: vec![devices],
+        ..ContainerResources::default()
     };
     PodResources {
         name: name.into(),
         namespace: namespace.into(),
-        containers: vec![ContainerResources {
-            name: "main".into(),
-            devices,
-            cpu_ids: cpus.to_vec(),
-            memory: if cpus.is_empty() {
-                vec![]
-            } else {
-                vec![ContainerMemory {
-                    memory_type: "memory".into(),
-                    size: 8 << 30,
-                    topology: numa(0),
-                }]
-            },
-        }],
+        containers: vec![container],
     }
 }
 

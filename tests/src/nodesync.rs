@@ -1,9 +1,11 @@
-//! A site for the node sync: a private real API server (with the NodeResourceTopology CRD, the shipped
-//! `rbac-nodesync.yaml` and the controller's namespaced Role applied, and the controller's ServiceAccount), a real
-//! Slurm cluster whose nodes have a Node object of the same name, and the controller's node sync running in-process
-//! under the ServiceAccount's token. The Slurm tools are reached through wrapper scripts that log every call, so a
-//! test can count `scontrol update`s.
+//! The controller's node sync under test: [`NodeSync`] runs it in-process under the controller's ServiceAccount
+//! token (the shipped `rbac-nodesync.yaml` and the controller's namespaced Role applied, the NodeResourceTopology CRD
+//! installed) against a real API server and a real Slurm cluster of the caller's, its Slurm tools reached through
+//! wrappers that log every call ([`Tools`]), so that a test can count its passes and `scontrol update`s. A
+//! [`SyncSite`] is a whole site for it: a private API server and a Slurm cluster whose nodes have a Node object of
+//! the same name.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use isthmus_controller::nodesync::{self, CancellationToken, NodeSyncArgs, NodeSyncError};
@@ -12,21 +14,194 @@ use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
 use crate::apiserver::{ApiServer, AuditEvent, client_for, describe, service_account_user};
 use crate::slurm_cluster::{Cluster, NodeSpec};
 use crate::slurm_release::SlurmRelease;
+use crate::slurm_tools::Tools;
 
 /// Namespace and name of the controller's ServiceAccount.
 pub const SA: (&str, &str) = ("isthmus-system", "isthmus-controller");
 
+/// The node sync running in-process; it stops when dropped.
+#[allow(missing_debug_implementations)]
+pub struct NodeSync {
+    tools: Tools,
+    rt: tokio::runtime::Runtime,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), NodeSyncError>>>,
+}
+
+impl NodeSync {
+    /// Give the controller's ServiceAccount on `api` (made if missing) the node sync's shipped RBAC, install the
+    /// NodeResourceTopology CRD, and start the node sync with `args` under the ServiceAccount's token against the
+    /// Slurm cluster of slurm.conf `conf` (`release`'s `sinfo` and `scontrol`, through logging wrappers); wait until
+    /// each Node of `nodes` shows `SlurmNodeState` `True`.
+    pub fn start(
+        api: &ApiServer,
+        conf: PathBuf,
+        release: SlurmRelease,
+        nodes: &[&str],
+        args: NodeSyncArgs,
+    ) -> Self {
+        api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
+             metadata:\n  name: {sa}\n  namespace: {ns}\n",
+            ns = SA.0,
+            sa = SA.1
+        ));
+        crate::controller::install_nrt_crd(api);
+        for rbac in [
+            "deploy/controller/overlays/slurm/rbac-nodesync.yaml",
+            "deploy/controller/base/role.yaml",
+        ] {
+            let path = crate::repo_root().join(rbac);
+            api.apply_yaml(
+                &std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+            );
+        }
+        let tools = Tools::for_release(release, &["scontrol", "sinfo"]);
+        let token = api.token_for(SA.0, SA.1);
+        let kubeconfig = api.kubeconfig_for_token(&token);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = rt.block_on(client_for(&kubeconfig));
+        let slurm_client = SlurmClient::new(SlurmArgs {
+            slurm_conf: Some(conf),
+            slurm_bin_dir: Some(tools.path().to_path_buf()),
+            slurm_timeout: Duration::from_secs(10),
+        });
+        let shutdown = CancellationToken::new();
+        let guard = nodesync::Guard::unfenced(Duration::from_secs(5));
+        let task = rt.spawn(nodesync::run(
+            client,
+            slurm_client,
+            args,
+            SA.0.to_owned(),
+            guard,
+            shutdown.clone(),
+        ));
+        let sync = Self {
+            tools,
+            rt,
+            shutdown,
+            task: Some(task),
+        };
+        for n in nodes {
+            sync.wait(
+                &format!("{n}'s SlurmNodeState True"),
+                Duration::from_secs(30),
+                || slurm_condition(api, n).is_some_and(|c| c.0 == "True"),
+            );
+        }
+        sync
+    }
+
+    /// Every Slurm command the node sync ran so far (`scontrol update NodeName=n1 State=DRAIN Reason=…`).
+    pub fn slurm_calls(&self) -> Vec<String> {
+        self.tools
+            .calls()
+            .into_iter()
+            .map(|c| format!("{} {}", c.program, c.args))
+            .collect()
+    }
+
+    /// The `scontrol update` calls so far.
+    pub fn slurm_updates(&self) -> Vec<String> {
+        self.slurm_calls()
+            .into_iter()
+            .filter(|c| c.starts_with("scontrol update"))
+            .collect()
+    }
+
+    /// How many times the node sync has read Slurm's nodes so far: each pass starts with one `sinfo`.
+    pub fn slurm_reads(&self) -> usize {
+        self.tools.calls_of("sinfo").len()
+    }
+
+    /// Wait (up to `within`) until the node sync has read Slurm `n` more times than it had by `reads` (a count of
+    /// [`Self::slurm_reads`]): `n - 1` whole passes have run after that point.
+    pub fn await_reads_since(&self, reads: usize, n: usize, within: Duration) {
+        self.wait(&format!("{n} more passes"), within, || {
+            self.slurm_reads() >= reads + n
+        });
+    }
+
+    /// Whether the node sync still runs (it has not returned or panicked).
+    pub fn running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Wait until `f` holds, polling every 50 ms; panic after `timeout` with the node sync's last Slurm calls.
+    pub fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+        let start = Instant::now();
+        loop {
+            if f() {
+                return start.elapsed();
+            }
+            if start.elapsed() > timeout {
+                let calls = self.slurm_calls();
+                let tail = &calls[calls.len().saturating_sub(10)..];
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; running: {}; last Slurm calls: {tail:#?}",
+                    self.running()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop the node sync and return what `run` returned.
+    pub fn stop(&mut self) -> Result<(), NodeSyncError> {
+        self.shutdown.cancel();
+        match self.task.take() {
+            Some(task) => self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
+                .unwrap_or_else(|_| {
+                    panic!("the node sync did not stop within 10 s of its cancellation")
+                })
+                .unwrap_or_else(|e| panic!("the node sync panicked: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for NodeSync {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Node `name` on `api` as JSON (`Null` when it cannot be read, e.g. while the API server restarts).
+pub fn node_json(api: &ApiServer, name: &str) -> serde_json::Value {
+    let out = api.kubectl(&["get", "node", name, "-o", "json"]);
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// Node `name`'s `SlurmNodeState` condition on `api`: (status, reason, message, lastTransitionTime).
+pub fn slurm_condition(api: &ApiServer, name: &str) -> Option<(String, String, String, String)> {
+    let node = node_json(api, name);
+    let conditions = node["status"]["conditions"].as_array()?.clone();
+    let c = conditions.iter().find(|c| c["type"] == "SlurmNodeState")?;
+    let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+    Some((
+        s("status"),
+        s("reason"),
+        s("message"),
+        s("lastTransitionTime"),
+    ))
+}
+
 /// API server + Slurm cluster + the running node sync; everything stops when dropped.
 #[allow(missing_debug_implementations)]
 pub struct SyncSite {
+    // First: the node sync stops before the servers it uses.
+    sync: NodeSync,
     /// The API server (private: tests may restart it).
     pub api: ApiServer,
     /// The Slurm cluster.
     pub slurm: Cluster,
-    bin: tempfile::TempDir,
-    rt: tokio::runtime::Runtime,
-    shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<Result<(), NodeSyncError>>>,
 }
 
 impl SyncSite {
@@ -127,85 +302,13 @@ impl SyncSite {
         settings: &str,
     ) -> Self {
         let api = ApiServer::start();
-        api.apply_yaml(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
-             metadata:\n  name: {sa}\n  namespace: {ns}\n",
-            ns = SA.0,
-            sa = SA.1
-        ));
-        crate::controller::install_nrt_crd(&api);
-        for rbac in [
-            "deploy/controller/overlays/slurm/rbac-nodesync.yaml",
-            "deploy/controller/base/role.yaml",
-        ] {
-            let path = crate::repo_root().join(rbac);
-            api.apply_yaml(
-                &std::fs::read_to_string(&path)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-            );
-        }
         for n in names {
             api.create_node(n);
         }
         let specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n, 2, 0)).collect();
         let slurm = Cluster::start_on(release, &specs, settings);
-        let bin = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let log = bin.path().join("calls.log");
-        for program in ["scontrol", "sinfo"] {
-            let real = release.program(program);
-            let path = bin.path().join(program);
-            std::fs::write(
-                &path,
-                format!(
-                    "#!/bin/sh\nprintf '%s %s\\n' {program} \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
-                    log.display(),
-                    real.display()
-                ),
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-        let token = api.token_for(SA.0, SA.1);
-        let kubeconfig = api.kubeconfig_for_token(&token);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let client = rt.block_on(client_for(&kubeconfig));
-        let slurm_client = SlurmClient::new(SlurmArgs {
-            slurm_conf: Some(slurm.conf()),
-            slurm_bin_dir: Some(bin.path().to_path_buf()),
-            slurm_timeout: Duration::from_secs(10),
-        });
-        let shutdown = CancellationToken::new();
-        let guard = nodesync::Guard::unfenced(Duration::from_secs(5));
-        let task = rt.spawn(nodesync::run(
-            client,
-            slurm_client,
-            args,
-            SA.0.to_owned(),
-            guard,
-            shutdown.clone(),
-        ));
-        let site = Self {
-            api,
-            slurm,
-            bin,
-            rt,
-            shutdown,
-            task: Some(task),
-        };
-        for n in names {
-            site.wait(
-                &format!("{n}'s SlurmNodeState True"),
-                Duration::from_secs(30),
-                || site.condition(n).is_some_and(|c| c.0 == "True"),
-            );
-        }
-        site
+        let sync = NodeSync::start(&api, slurm.conf(), release, names, args);
+        Self { sync, api, slurm }
     }
 
     /// A pod bound to Node `node` in namespace `clash` (made with its default ServiceAccount the first time), with
@@ -252,22 +355,12 @@ impl SyncSite {
 
     /// The Node as JSON (`Null` when it cannot be read, e.g. while the API server restarts).
     pub fn node(&self, name: &str) -> serde_json::Value {
-        let out = self.api.kubectl(&["get", "node", name, "-o", "json"]);
-        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+        node_json(&self.api, name)
     }
 
     /// The Node's `SlurmNodeState` condition: (status, reason, message, lastTransitionTime).
     pub fn condition(&self, name: &str) -> Option<(String, String, String, String)> {
-        let node = self.node(name);
-        let conditions = node["status"]["conditions"].as_array()?.clone();
-        let c = conditions.iter().find(|c| c["type"] == "SlurmNodeState")?;
-        let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
-        Some((
-            s("status"),
-            s("reason"),
-            s("message"),
-            s("lastTransitionTime"),
-        ))
+        slurm_condition(&self.api, name)
     }
 
     /// The Node's annotation `key`.
@@ -289,27 +382,17 @@ impl SyncSite {
 
     /// Every Slurm command the node sync ran so far (`scontrol update NodeName=n1 State=DRAIN Reason=…`).
     pub fn slurm_calls(&self) -> Vec<String> {
-        std::fs::read_to_string(self.bin.path().join("calls.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        self.sync.slurm_calls()
     }
 
     /// The `scontrol update` calls so far.
     pub fn slurm_updates(&self) -> Vec<String> {
-        self.slurm_calls()
-            .into_iter()
-            .filter(|c| c.starts_with("scontrol update"))
-            .collect()
+        self.sync.slurm_updates()
     }
 
     /// How many times the node sync has read Slurm's nodes so far: each pass starts with one `sinfo`.
     pub fn slurm_reads(&self) -> usize {
-        self.slurm_calls()
-            .iter()
-            .filter(|c| c.starts_with("sinfo "))
-            .count()
+        self.sync.slurm_reads()
     }
 
     /// Wait until a whole pass of the node sync has run after this call and ended. Passes run one after another and
@@ -318,12 +401,8 @@ impl SyncSite {
     /// by then), and the third read starts after that second pass ended. What a test asserts afterwards includes
     /// everything the second pass decided.
     pub fn await_a_whole_pass(&self) {
-        let start = self.slurm_reads();
-        self.wait(
-            "a whole pass after this point",
-            Duration::from_secs(15),
-            || self.slurm_reads() >= start + 3,
-        );
+        self.sync
+            .await_reads_since(self.slurm_reads(), 3, Duration::from_secs(15));
     }
 
     /// The ServiceAccount's writes since `since` (after a short pause: the audit log lags the answers a little).
@@ -334,46 +413,16 @@ impl SyncSite {
 
     /// Whether the node sync still runs (it has not returned or panicked).
     pub fn running(&self) -> bool {
-        self.task.as_ref().is_some_and(|t| !t.is_finished())
+        self.sync.running()
     }
 
     /// Wait until `f` holds, polling every 50 ms; panic after `timeout` with the node sync's last Slurm calls.
-    pub fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
-        let start = Instant::now();
-        loop {
-            if f() {
-                return start.elapsed();
-            }
-            if start.elapsed() > timeout {
-                let calls = self.slurm_calls();
-                let tail = &calls[calls.len().saturating_sub(10)..];
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}; running: {}; last Slurm calls: {tail:#?}",
-                    self.running()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn wait(&self, what: &str, timeout: Duration, f: impl FnMut() -> bool) -> Duration {
+        self.sync.wait(what, timeout, f)
     }
 
     /// Stop the node sync and return what `run` returned.
     pub fn stop(&mut self) -> Result<(), NodeSyncError> {
-        self.shutdown.cancel();
-        match self.task.take() {
-            Some(task) => self
-                .rt
-                .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await })
-                .unwrap_or_else(|_| {
-                    panic!("the node sync did not stop within 10 s of its cancellation")
-                })
-                .unwrap_or_else(|e| panic!("the node sync panicked: {e}")),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for SyncSite {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+        self.sync.stop()
     }
 }

@@ -1,16 +1,23 @@
 //! A Slurm user cannot forge job records through a job comment (real Slurm on each release, `NAME::on_22_05`,
-//! `on_24_11`, `on_26_05`; the real API server; the placement loop as the controller's ServiceAccount).
+//! `on_24_11`, `on_26_05`; the real API server; the placement loop and the node sync both running as the
+//! controller's ServiceAccount).
 //!
 //! An unprivileged user (`bin`) submits held jobs whose comments carry a newline and a whole forged squeue record
 //! (another user's job made an orphan placeholder; a pending pod's job made running on a Node the attacker names), a
-//! unit separator, `JobId=` lines, and a copy of a live placeholder's comment. Over many placement passes nothing of
-//! anyone else changes: no `scancel` is run, slurmctld logs no kill request, every job still runs or waits, every pod
-//! keeps its binding (or its wait), the Node keeps its lock.
+//! unit separator, `JobId=` lines, and a copy of a live placeholder's comment. Over many placement passes and at
+//! least five node-sync passes (counted by the node sync's `sinfo` reads) nothing of anyone else changes: no
+//! `scancel` and no `scontrol update` is run, slurmctld logs no kill request, every job still runs or waits, every
+//! pod keeps its binding (or its wait), the Nodes are not written at all (no cordon, taint, condition or lock
+//! change), no Slurm node is drained or undrained, and the controller's ServiceAccount writes nothing (no binding,
+//! deletion, eviction or drain record).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use isthmus_controller::nodesync::NodeSyncArgs;
+use isthmus_tests::apiserver::{describe, service_account_user};
 use isthmus_tests::each_release;
-use isthmus_tests::placement::{Placement, jobs, jobs_of, sbatch_as};
+use isthmus_tests::nodesync::{NodeSync, node_json};
+use isthmus_tests::placement::{CONTROLLER_NS, CONTROLLER_SA, Placement, jobs, jobs_of, sbatch_as};
 use isthmus_tests::release_api::api_for;
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
@@ -18,6 +25,15 @@ use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "forgery";
 const SEP: char = '\u{1f}';
+const NODES: [&str; 2] = ["fa1", "fa2"];
+
+/// What the node sync could change of a Slurm node: its state and reason.
+fn slurm_node(cluster: &Cluster, name: &str) -> (String, Option<String>) {
+    (
+        cluster.state(name),
+        cluster.node(name).get("Reason").cloned(),
+    )
+}
 
 /// A line as squeue prints a job for the placement's job list: the forgery a comment carries.
 fn forged_record(id: u64, user: &str, uid: u32, node: &str, comment: &str) -> String {
@@ -61,7 +77,7 @@ fn forged_comments_change_nothing_of_anyone_else(release) {
     let api = &*api_server;
     let mut cluster = Cluster::start_on(
         release,
-        &[NodeSpec::new("fa1", 4, 1), NodeSpec::new("fa2", 4, 0)],
+        &[NodeSpec::new(NODES[0], 4, 1), NodeSpec::new(NODES[1], 4, 0)],
         "",
     );
     let mut p = Placement::new(api, &cluster, NS);
@@ -82,6 +98,17 @@ fn forged_comments_change_nothing_of_anyone_else(release) {
     let victim = sbatch_as(&cluster, "daemon", "daemon", &["-w", "fa2"]);
     wait_until("the victim's job running", WAIT, || state(&cluster, victim) == "RUNNING");
     let node_before = p.node_annotations("fa1");
+    // The node sync over the same nodes, as the same ServiceAccount (it waits for each Node's SlurmNodeState).
+    let sync = NodeSync::start(
+        api,
+        cluster.conf(),
+        release,
+        &NODES,
+        NodeSyncArgs { node_sync: true, ..NodeSyncArgs::default() },
+    );
+    let nodes_before = NODES.map(|n| node_json(api, n));
+    let slurm_before = NODES.map(|n| slurm_node(&cluster, n));
+    let since = SystemTime::now();
 
     // The attacks, as `bin`.
     let attacks = [
@@ -112,7 +139,16 @@ fn forged_comments_change_nothing_of_anyone_else(release) {
 
     // Many passes (each reads squeue at least once).
     // Past the collapse guard's 10 s too: a list read as empty would have been acted on by then.
+    let (reads, lists) = (sync.slurm_reads(), tools.calls_of("squeue").len());
     tools.await_more_calls("squeue", 48, Duration::from_secs(180), "48 more job lists");
+    // And at least five whole node-sync passes (each starts with one sinfo) over the forged jobs.
+    sync.await_reads_since(reads, 6, WAIT);
+    assert!(sync.running(), "the node sync stopped");
+    eprintln!(
+        "over the forged jobs: {} job lists, {} node-sync passes",
+        tools.calls_of("squeue").len() - lists,
+        sync.slurm_reads() - reads
+    );
 
     assert!(tools.calls_of("scancel").is_empty(), "{:?}", tools.calls_of("scancel"));
     // The framed list saw the forgeries and was read as JSON instead.
@@ -133,6 +169,27 @@ fn forged_comments_change_nothing_of_anyone_else(release) {
     assert!(!p.deleted("a1") && !p.deleted("a2"));
     assert_eq!(p.node_annotations("fa1"), node_before, "fa1's lock");
     assert_eq!(jobs_of(&cluster, &a1).iter().filter(|j| j.user == "nobody").count(), 1);
+    // The node sync drained, undrained, cordoned, tainted and evicted nothing: no Slurm update, each Slurm node's
+    // state and reason as before, each Node as before (its resourceVersion too: no one wrote it), and no write at
+    // all of the controller's ServiceAccount since the node sync was up (no binding, deletion, eviction, lock,
+    // condition or drain record).
+    assert!(sync.slurm_updates().is_empty(), "{:?}", sync.slurm_updates());
+    for (i, n) in NODES.iter().enumerate() {
+        assert_eq!(slurm_node(&cluster, n), slurm_before[i], "Slurm node {n}");
+        assert!(!slurm_before[i].0.contains("DRAIN"), "{n}: {:?}", slurm_before[i]);
+        assert_eq!(node_json(api, n), nodes_before[i], "Node {n}");
+    }
+    let writes = api.writes_by(&service_account_user(CONTROLLER_NS, CONTROLLER_SA), since);
+    assert!(writes.is_empty(), "the controller wrote: {writes:#?}");
+    // The positive control: the node sync acts on these nodes, and its writes are what the audit log would show.
+    let out = api.kubectl(&["cordon", NODES[1]]);
+    assert!(out.status.success(), "{}", describe(&out));
+    sync.wait("fa2 drained by its cordon", WAIT, || cluster.state(NODES[1]).contains("DRAIN"));
+    sync.wait("the node sync's write in the audit log", WAIT, || {
+        api.writes_by(&service_account_user(CONTROLLER_NS, CONTROLLER_SA), since)
+            .iter()
+            .any(|w| w.resource == "nodes" && w.subresource == "status" && w.uri.contains(NODES[1]))
+    });
 
     // How the controller cancels (`scancel --user=<uid> ID`) leaves another user's job alone, whatever the id.
     let _ = cluster.run("scancel", &["--user=65534", &victim.to_string()]);

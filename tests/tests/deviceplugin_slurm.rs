@@ -6,7 +6,9 @@
 //! `nobody` that copies the live placeholder's comment (`scontrol update` of its own job). The plugin holds exactly
 //! what the three jobs hold, no job 424242; only the placeholder job that runs as the namespace's published owner
 //! holds its GPU for a pod; the copy is a plain Slurm job (and, while the owners are unknown, neither job is a
-//! placeholder).
+//! placeholder). The check after admission (what the agent reports in `DeviceAllocationConsistent`, on which the
+//! node sync evicts) finds no clash for the pod on its placeholder's GPU nor for another namespace's pod on a GPU no
+//! job holds, and names the real job, never 424242, for a pod on a GPU the forging job or the copy holds.
 //!
 //! With `ISTHMUS_RECORD_FIXTURES=1` the answer is written to `fixtures/slurm-protocol/squeue-json-<release>.json`,
 //! which the agent's unit tests read (`agent/src/k8s/deviceplugin/slurm_tests.rs`).
@@ -15,9 +17,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use isthmus_agent::k8s::deviceplugin::slurm_jobs::{self, HeldJob, KnownOwners};
-use isthmus_agent::k8s::deviceplugin::{slurm_json, slurm_poll};
+use isthmus_agent::k8s::deviceplugin::check::{Mismatch, mismatches};
+use isthmus_agent::k8s::deviceplugin::slurm_jobs::{self, HeldJob, Holds, KnownOwners};
+use isthmus_agent::k8s::deviceplugin::{report, slurm_json, slurm_poll};
+use isthmus_agent::k8s::podresources::proto::ListPodResourcesResponse;
 use isthmus_tests::each_release;
+use isthmus_tests::kubelet::pod_holding;
 use isthmus_tests::placement::{job, sbatch_as};
 use isthmus_tests::slurm::wait_until;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
@@ -47,6 +52,29 @@ fn indexes(jobs: &[HeldJob], id: u64) -> BTreeSet<u32> {
         .filter(|j| j.job_id == id)
         .flat_map(|j| j.indexes["gpu"].iter().copied())
         .collect()
+}
+
+/// What the check after admission finds when pod `ns/name` alone holds GPUs `gpus` (`gpu<i>`).
+fn check(holds: &Holds, ns: &str, name: &str, gpus: &BTreeSet<u32>) -> Vec<Mismatch> {
+    let ids: Vec<String> = gpus.iter().map(|i| format!("gpu{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let list = ListPodResourcesResponse {
+        pod_resources: vec![pod_holding(ns, name, "nvidia.com/gpu", &ids)],
+    };
+    mismatches(holds, &list)
+}
+
+/// `found` is one clash, each of whose devices it names as Slurm job `job`'s.
+#[track_caller]
+fn one_clash_naming(found: &[Mismatch], job: u64) {
+    let named = |m: &Mismatch| m.message.matches(&format!("(Slurm job {job})")).count();
+    assert!(
+        found.len() == 1
+            && found[0].is_clash()
+            && named(&found[0]) > 0
+            && named(&found[0]) == found[0].message.matches("(Slurm job ").count(),
+        "{found:?}"
+    );
 }
 
 each_release! {
@@ -145,6 +173,22 @@ fn the_plugin_holds_what_real_jobs_hold_and_a_forged_placeholder_is_a_plain_job(
     assert_eq!(h.impostors, [copy].into());
     assert!(h.unverified.is_empty() && h.unmapped.is_empty(), "{h:?}");
     assert_eq!(h.claims.values().cloned().collect::<Vec<_>>(), vec![BTreeSet::from([placeholder])]);
+    // The check after admission: pod team-a/p on its placeholder's GPU agrees with Slurm (the forged lines
+    // name GPUs 0-1 of c1 for a job 424242 and two more jobs' comments name p), and so does another namespace's pod
+    // on a GPU of c2 no job holds; the condition the agent reports (the node sync's only source of clashes) is True.
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let agreed = check(&h, "team-a", "p", &p);
+    assert!(agreed.is_empty(), "{agreed:?}");
+    assert_eq!(report::condition(&agreed, None, &now).status, "True");
+    let h2 = slurm_jobs::holds(&c2, &index_map(), &owners("daemon"));
+    let free: BTreeSet<u32> = (0..4).filter(|i| !indexes(&c2, forgery).contains(i)).collect();
+    assert_eq!(free.len(), 2, "{c2:?}");
+    assert!(check(&h2, "team-b", "q", &free).is_empty());
+    // What the forging job and the copy really hold is theirs: a pod there is reported, naming that job alone.
+    one_clash_naming(&check(&h, "team-b", "q", &f), forgery);
+    one_clash_naming(&check(&h, "team-a", "p", &k), copy);
+    let c2_forged: BTreeSet<u32> = indexes(&c2, forgery);
+    one_clash_naming(&check(&h2, "team-b", "q", &c2_forged), forgery);
     // By uid as well.
     assert_eq!(slurm_jobs::holds(&c1, &index_map(), &owners("1")).placeholders, h.placeholders);
     // Another owner: no job of c1 is a placeholder.
