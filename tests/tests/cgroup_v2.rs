@@ -212,8 +212,12 @@ fn layout_case(s: &Suite, case: &str) {
     assert_eq!(opened(&one, &ctx).len(), 1, "{one}\n{ctx}");
     let cg = s.file(case, "cgroup").trim().to_owned();
     let view = s.file(case, "job-node-view.txt");
-    let want = format!("sleep=0::/{cg}/slurm/system.slice/vm1_slurmstepd.scope/job_");
-    assert!(view.starts_with(&want), "{view}\nwant {want}\n{ctx}");
+    // A job's cgroup is `job_<id>`, or from 26.05 its SLUID.
+    let want = format!("sleep=0::/{cg}/slurm/system.slice/vm1_slurmstepd.scope/");
+    assert!(
+        view.starts_with(&want) && view.contains("/step_0/"),
+        "{view}\nwant {want}…/step_0/…\n{ctx}"
+    );
     let tree = s.file(case, "tree-running.txt");
     let at = |path: &str| {
         tree.lines()
@@ -249,7 +253,7 @@ fn confined_case(s: &Suite, case: &str) {
     assert!(cpus == "0" || cpus == "1", "one core of two: {one}");
     let own = field(&one, "cgroup=");
     assert!(
-        own.starts_with("0::/system.slice/vm1_slurmstepd.scope/job_") && own.contains("/step_0/"),
+        own.starts_with("0::/system.slice/vm1_slurmstepd.scope/") && own.contains("/step_0/"),
         "{one}"
     );
     for probe in [&one, &s.file(case, "job-escape.txt")] {

@@ -108,9 +108,9 @@ EOF
   for _ in $(seq 1 60); do [ -S "$T/munge/munge.sock" ] && break; sleep 0.5; done
   "$bin/slurmctld" -D -f "$SLURM_CONF" > "$o/slurmctld.out" 2>&1 &
   local ctld=$!
-  local up=no wait=90
-  [ "$jobs" = caps ] && wait=30
-  for _ in $(seq 1 $wait); do
+  local up=no deadline=$((SECONDS + 90))
+  [ "$jobs" = caps ] && deadline=$((SECONDS + 30))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     if "$bin/sinfo" -h -N -o '%T' 2>/dev/null | grep -qx idle; then up=yes; break; fi
     sleep 1
   done

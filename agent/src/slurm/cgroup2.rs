@@ -311,6 +311,8 @@ fn slurm_namespace(slurm: &Path, leaf_procs: &Path) -> Result<Arc<OwnedFd>, Dele
 #[derive(Debug, Clone)]
 pub struct SlurmdNamespace {
     namespace: Arc<OwnedFd>,
+    /// The start leaf on the agent's mount.
+    start: PathBuf,
     /// The start leaf's `cgroup.procs` on the agent's mount (entered before the namespace).
     procs: CString,
     mount: CString,
@@ -321,6 +323,7 @@ pub struct SlurmdNamespace {
 impl PartialEq for SlurmdNamespace {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.namespace, &other.namespace)
+            && self.start == other.start
             && self.procs == other.procs
             && self.mount == other.mount
     }
@@ -353,6 +356,7 @@ impl SlurmdNamespace {
     pub fn new(delegation: &Delegation) -> Self {
         Self {
             namespace: delegation.namespace.clone(),
+            start: delegation.slurm.join(SLICE).join(START_LEAF),
             procs: cstr(
                 &delegation
                     .slurm
@@ -362,6 +366,31 @@ impl SlurmdNamespace {
             ),
             mount: cstr(Path::new(CGROUP_MOUNT)),
             fstype: CString::new("cgroup2").unwrap_or_default(),
+        }
+    }
+
+    /// Before each start: the start leaf as a leaf again. Slurm 24.11 and later, started there, move what else is in
+    /// it into a child `system` and enable controllers for it before moving slurmd into its scope; a restarted
+    /// slurmd could not join it then (EBUSY). The empty children go and the controllers are handed back; what
+    /// cannot be undone is logged, and the start fails and is retried.
+    pub fn prepare(&self) {
+        if let Ok(dirs) = std::fs::read_dir(&self.start) {
+            for dir in dirs.flatten().filter(|d| d.path().is_dir()) {
+                if let Err(e) = std::fs::remove_dir(dir.path()) {
+                    tracing::warn!(cgroup = %dir.path().display(), error = %e, "cannot remove a cgroup slurmd left");
+                }
+            }
+        }
+        let control = self.start.join("cgroup.subtree_control");
+        let enabled = std::fs::read_to_string(&control).unwrap_or_default();
+        let off: Vec<String> = enabled
+            .split_whitespace()
+            .map(|c| format!("-{c}"))
+            .collect();
+        if !off.is_empty()
+            && let Err(e) = std::fs::write(&control, off.join(" "))
+        {
+            tracing::warn!(cgroup = %self.start.display(), error = %e, "cannot make slurmd's start cgroup a leaf again");
         }
     }
 

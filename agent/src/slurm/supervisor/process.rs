@@ -308,6 +308,9 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<u32> {
     // nobody would ever signal it. Comparing with 1 instead would fail every spawn of an agent that is PID 1.
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     let confine = spec.confine.clone();
+    if let Confine::Slurmd(ns) = &confine {
+        ns.prepare();
+    }
     // SAFETY: the closure runs in the forked child before exec. It calls only async-signal-safe functions (prctl,
     // getppid, and the system calls of `Confine` on data built before the fork), touches no shared state, and builds
     // its errors from raw OS codes, which does not allocate.
