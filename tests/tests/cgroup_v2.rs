@@ -76,7 +76,14 @@ impl Suite {
         ]
         .iter()
         .map(|r| match r.root_dir() {
-            Some(dir) => format!("{}={}", r.version(), dir.display()),
+            Some(dir) => {
+                assert!(
+                    !dir.starts_with("/tmp"),
+                    "the VM's /tmp is its own: keep the Slurm roots elsewhere (ISTHMUS_SLURM_CACHE={})",
+                    dir.display()
+                );
+                format!("{}={}", r.version(), dir.display())
+            }
             None => format!("{}=host", r.version()),
         })
         .collect();
@@ -95,9 +102,15 @@ impl Suite {
         for cap in TAKEN {
             cases.push(format!("no-{cap}:24.11:systemd:{}:caps", caps(Some(cap))));
         }
+        // The VM has a /tmp of its own, where the agent's build may be (a clone under /tmp): it gets the agent in
+        // the run's directory, which it shares.
+        let bin = d.join("isthmus");
+        if std::fs::hard_link(isthmus_bin(), &bin).is_err() {
+            std::fs::copy(isthmus_bin(), &bin).unwrap_or_else(|e| panic!("{e}"));
+        }
         let env = format!(
             "ISTHMUS_BIN={}\nROOTS=\"{}\"\nCASES=\"{}\"\n",
-            isthmus_bin().display(),
+            bin.display(),
             roots.join(" "),
             cases.join(" ")
         );

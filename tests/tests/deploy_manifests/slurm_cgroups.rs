@@ -10,19 +10,31 @@ use super::*;
 
 const CONTROLLERS: [&str; 4] = ["cpuset", "devices", "freezer", "memory"];
 
-#[test]
-fn the_cgroups_component_mounts_only_the_pods_own_cgroup_writable() {
+/// `overlays/kubernetes-slurm` with `component`, rendered, after checking that it adds exactly the capabilities the
+/// agent keeps with `--slurm-cgroups` = `mode`.
+fn with_component(component: &str, mode: SlurmCgroups) -> Vec<Value> {
     let docs = isthmus_tests::deploy::documents(&isthmus_tests::deploy::render_with_components(
         "overlays/kubernetes-slurm",
-        &["slurm-cgroups"],
+        &[component],
     ));
-    let agent = agent_container(&docs);
-    let mut want: Vec<String> = needed(SlurmMode::Dynamic, SlurmCgroups::Pod)
+    let mut want: Vec<String> = needed(SlurmMode::Dynamic, mode)
         .into_iter()
         .map(|c| c.to_string().trim_start_matches("CAP_").to_owned())
         .collect();
     want.sort();
-    assert_eq!(added_capabilities(agent), want);
+    assert_eq!(
+        added_capabilities(agent_container(&docs)),
+        want,
+        "{component}"
+    );
+    docs
+}
+
+#[test]
+fn the_cgroups_component_mounts_only_the_pods_own_cgroup_writable() {
+    let docs = with_component("slurm-cgroups", SlurmCgroups::Pod);
+    let agent = agent_container(&docs);
+    let want = added_capabilities(agent);
     assert!(!want.contains(&"DAC_OVERRIDE".to_owned()));
 
     let env = |name: &str| {
@@ -119,17 +131,8 @@ fn the_cgroup_v2_component_adds_capabilities_and_no_host_path() {
     let base = isthmus_tests::deploy::documents(&isthmus_tests::deploy::render_text(
         "overlays/kubernetes-slurm",
     ));
-    let docs = isthmus_tests::deploy::documents(&isthmus_tests::deploy::render_with_components(
-        "overlays/kubernetes-slurm",
-        &["slurm-cgroups-v2"],
-    ));
+    let docs = with_component("slurm-cgroups-v2", SlurmCgroups::Delegated);
     let agent = agent_container(&docs);
-    let mut want: Vec<String> = needed(SlurmMode::Dynamic, SlurmCgroups::Delegated)
-        .into_iter()
-        .map(|c| c.to_string().trim_start_matches("CAP_").to_owned())
-        .collect();
-    want.sort();
-    assert_eq!(added_capabilities(agent), want);
     let pod = at(one(&docs, "DaemonSet"), "spec/template/spec");
     let base_pod = at(one(&base, "DaemonSet"), "spec/template/spec");
     assert_eq!(
