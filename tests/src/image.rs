@@ -158,6 +158,17 @@ impl Containerfile {
     }
 }
 
+/// The programs the Slurm image must hold: smpquery (`--neighbours`, in both images) and those the agent runs for
+/// Slurm.
+pub const SLURM_PROGRAMS: &[&str] = &[
+    "smpquery",
+    "slurmd",
+    "slurmstepd",
+    "munged",
+    "scontrol",
+    "squeue",
+];
+
 /// Split a `COPY` instruction's arguments.
 pub fn parse_copy(args: &str) -> Copy {
     let mut from = None;

@@ -189,14 +189,7 @@ fn the_runtime_images_hold_what_the_binary_links_and_runs() {
     assert!(needed.contains("libhwloc15"), "{needed:?}");
     // Both images (and their -prebuilt twins): the libraries and smpquery (--neighbours); the Slurm image also the
     // programs the agent runs for Slurm.
-    const SLURM_PROGRAMS: &[&str] = &[
-        "smpquery",
-        "slurmd",
-        "slurmstepd",
-        "munged",
-        "scontrol",
-        "squeue",
-    ];
+    use isthmus_tests::image::SLURM_PROGRAMS;
     for (target, programs) in [
         ("runtime", &["smpquery"][..]),
         ("runtime-prebuilt", &["smpquery"][..]),

@@ -163,17 +163,7 @@ fn run_checks(engine: &str, k8s: &str, slurm: &str) {
     // The programs the agent runs.
     for (image, programs) in [
         (k8s, &["smpquery"][..]),
-        (
-            slurm,
-            &[
-                "smpquery",
-                "slurmd",
-                "slurmstepd",
-                "munged",
-                "scontrol",
-                "squeue",
-            ][..],
-        ),
+        (slurm, isthmus_tests::image::SLURM_PROGRAMS),
     ] {
         let script = format!(
             "for p in {}; do command -v $p || exit 1; done",
