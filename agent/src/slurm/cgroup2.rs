@@ -410,16 +410,7 @@ impl SlurmdNamespace {
         // SAFETY: raw system calls on valid pointers to stack data and NUL-terminated strings built before the fork;
         // no allocation, no lock.
         unsafe {
-            // Raise CAP_SYS_ADMIN and CAP_SETPCAP into the effective set (they are permitted).
-            let mut hdr = CapHeader {
-                version: CAP_V3,
-                pid: 0,
-            };
-            let mut data = [CapData::default(); 2];
-            check(libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) as libc::c_int)?;
-            data[0].effective |= (1 << CAP_SYS_ADMIN) | (1 << CAP_SETPCAP);
-            data[0].effective &= data[0].permitted;
-            check(libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) as libc::c_int)?;
+            raise((1 << CAP_SYS_ADMIN) | (1 << CAP_SETPCAP))?;
             // Into the start leaf ("0" moves the writing process), then into Slurm's namespace, whose root is
             // above it, then a mount namespace of its own.
             write_file(&self.procs, b"0")?;
@@ -477,25 +468,35 @@ fn write_file(path: &CString, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Raise the capabilities of `mask` (bits of the first 32) that are permitted into the effective set: capget and
+/// capset on stack data, safe between fork and exec.
+fn raise(mask: u32) -> io::Result<()> {
+    let mut hdr = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: the two system calls read and write the stack structures above, in the layout the kernel expects.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        data[0].effective |= mask & data[0].permitted;
+        if libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Between fork and exec of a child that must hold none of the delegation's own capabilities (munged): drop
 /// CAP_SYS_ADMIN, CAP_SETPCAP, CAP_BPF and CAP_NET_ADMIN from its bounding set.
 pub fn drop_delegation_caps() -> io::Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_BPF: u32 = 39;
-    // SAFETY: raw system calls on stack data; async-signal-safe.
+    raise(1 << CAP_SETPCAP)?;
+    // SAFETY: prctl on integers; async-signal-safe.
     unsafe {
-        let mut hdr = CapHeader {
-            version: CAP_V3,
-            pid: 0,
-        };
-        let mut data = [CapData::default(); 2];
-        if libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        data[0].effective |= (1 << CAP_SETPCAP) & data[0].permitted;
-        if libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) < 0 {
-            return Err(io::Error::last_os_error());
-        }
         for cap in [CAP_SYS_ADMIN, CAP_BPF, CAP_NET_ADMIN, CAP_SETPCAP] {
             if libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) < 0 {
                 return Err(io::Error::last_os_error());
