@@ -285,7 +285,7 @@ pub fn shows(node: &Node, desired: &NodeCondition) -> bool {
 /// hysteresis) and the node sync's record of the Node's drain (`record`, from the controller's namespace): the Slurm
 /// write if one is needed, announced in the record first (the Node is then left for the next pass, which sees
 /// Slurm's new state), else the Node's record, taint and condition writes. A drain is replaced or lifted only when
-/// Slurm shows exactly the recorded drain ([`ownership`]). Slurm is not touched while it does not know the node's
+/// Slurm shows exactly the recorded or announced drain ([`ownership::owned`]). Slurm is not touched while it does not know the node's
 /// state (`UNKNOWN`, `FUTURE`, right after a slurmctld restart).
 pub fn decide(
     node: &Node,
@@ -301,11 +301,8 @@ pub fn decide(
     };
     let known = !matches!(slurm.state.as_str(), "" | "UNKNOWN" | "FUTURE");
     let drained = slurm.is_drained();
-    let exact = record
-        .drain
-        .as_ref()
-        .filter(|r| ownership::is_exactly(slurm, r))
-        .cloned();
+    // The drain that is ours now: recorded, or announced and shown with exactly the announced reason.
+    let exact = ownership::owned(record, slurm);
 
     // Kubernetes → Slurm.
     if known {

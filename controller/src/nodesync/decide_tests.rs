@@ -309,6 +309,56 @@ fn our_drain_seen_in_slurm_is_recorded_once_and_only_when_we_sent_it() {
 }
 
 #[test]
+fn a_drain_sent_then_uncordoned_before_it_was_recorded_is_lifted() {
+    const OURS: &str = "isthmus: cordoned in Kubernetes";
+    // The pass that drained wrote only the intent; the Node is uncordoned (or the controller restarted) before a
+    // pass saw Slurm's drain and recorded it.
+    let mut n = node("n1");
+    keep(
+        &mut n,
+        &NodeRecord {
+            sent: Some(OURS.to_owned()),
+            slurm: Some("n1".to_owned()),
+            ..NodeRecord::default()
+        },
+    );
+    let s = slurm("IDLE", &["DRAIN"], OURS);
+    let a = d(&n, &s, &policy(), &time(1));
+    assert_eq!(
+        slurm_actions(&a),
+        [&Action::Undrain {
+            node: "n1".to_owned(),
+            record: DrainRecord {
+                reason: OURS.to_owned(),
+                since: T0.to_owned(),
+            },
+        }]
+    );
+    // Announced for one reason, shown with another (an administrator's or Slurm's own) or with another flag: not ours.
+    for s in [
+        slurm(
+            "IDLE",
+            &["DRAIN"],
+            "isthmus: cordoned in Kubernetes: maintenance",
+        ),
+        slurm("IDLE", &["DRAIN"], "Epilog error"),
+        slurm("IDLE", &["DRAIN", "FAIL"], OURS),
+        slurm("DOWN", &["DRAIN"], OURS),
+    ] {
+        assert!(
+            slurm_actions(&d(&n, &s, &policy(), &time(1))).is_empty(),
+            "{s:?}"
+        );
+    }
+    // Never shown (the drain was not sent before the crash): the intent goes, nothing is lifted.
+    let idle = slurm("IDLE", &[], "");
+    let a = d(&n, &idle, &policy(), &time(1));
+    assert!(slurm_actions(&a).is_empty());
+    assert!(a.iter().any(|a| matches!(a, Action::Record { record, .. }
+        if record.sent.is_none() && record.drain.is_none())));
+}
+
+#[test]
 fn the_old_annotation_is_never_read_and_is_removed() {
     const OURS: &str = "isthmus: cordoned in Kubernetes";
     let s = slurm("IDLE", &["DRAIN"], OURS);

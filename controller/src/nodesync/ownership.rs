@@ -28,6 +28,11 @@ pub const LEGACY_ANNOTATION: &str = "isthmus.io/slurm-drain-record";
 /// Longest reason a record holds (the longest the node sync sends).
 const MAX_REASON: usize = 200;
 
+/// The flags a drain of the node sync's may show besides `DRAIN` and stay its own: `NOT_RESPONDING`, which Slurm
+/// sets on its own for a moment right after an `UNDRAIN` (until the node answers the next ping), so that a drain
+/// sent again at once shows it.
+const TRANSIENT_FLAGS: &[&str] = &["DRAIN", "NOT_RESPONDING"];
+
 /// A drain the node sync set, as Slurm reported it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,23 +107,79 @@ impl NodeRecord {
     }
 }
 
+/// The drain the node sync owns now: the recorded one while Slurm shows exactly it, else the drain it announced
+/// ([`NodeRecord::sent`]) when Slurm shows a drain with exactly that reason and nothing else ([`is_exactly`] with
+/// Slurm's own time). The second is how a drain sent in a pass stays the node sync's whatever happens before the
+/// pass that records it: the Node uncordoned in between, the controller restarted or another replica leading. An
+/// intent is dropped only in a pass whose read of Slurm came after every `scontrol update` that could carry it (this
+/// replica's are awaited; another replica's ended before its lease could pass, see [`crate::run::fence`]).
+pub fn owned(record: &NodeRecord, slurm: &SlurmNode) -> Option<DrainRecord> {
+    if let Some(d) = record.drain.as_ref().filter(|d| is_exactly(slurm, d)) {
+        return Some(d.clone());
+    }
+    let sent = record.sent.as_deref()?;
+    let shown = DrainRecord {
+        reason: sent.to_owned(),
+        since: slurm.reason_time.clone()?,
+    };
+    is_exactly(slurm, &shown).then_some(shown)
+}
+
 /// The record after this pass of a Node paired with `slurm`, for the drain reason the Node asks for (`wanted`): a
 /// drain Slurm shows with exactly that reason is the node sync's only when it sent it ([`NodeRecord::sent`]) or had
 /// recorded that very drain (same time); an intent is kept while the Node still asks for its reason; no drain is
-/// kept when the Node asks for none (an exact drain is lifted first, see [`super::decide::decide`]). The pairing is
-/// this one.
+/// kept when the Node asks for none (an owned drain is lifted first, see [`super::decide::decide`], and one that
+/// cannot be lifted yet keeps its record: [`owned`]). The pairing is this one.
 pub fn next(record: &NodeRecord, slurm: &SlurmNode, wanted: Option<&str>) -> NodeRecord {
     let paired = |r: NodeRecord| NodeRecord {
         slurm: Some(slurm.name.clone()),
         ..r
     };
-    let Some(reason) = wanted else {
-        return paired(NodeRecord::default());
+    // The drain Slurm shows with `reason` (any flags), as a record.
+    let shown_as = |reason: &str| {
+        slurm
+            .reason_time
+            .as_ref()
+            .filter(|_| slurm.is_drained() && slurm.reason.trim() == reason)
+            .map(|since| DrainRecord {
+                reason: reason.to_owned(),
+                since: since.clone(),
+            })
     };
-    let shown = slurm
-        .reason_time
-        .as_ref()
-        .filter(|_| slurm.is_drained() && slurm.reason.trim() == reason);
+    // The same, with no flag but DRAIN and the one Slurm sets for a moment on its own.
+    let still_shown_as = |reason: &str| {
+        slurm
+            .reason_time
+            .as_ref()
+            .filter(|_| {
+                slurm.is_drained()
+                    && slurm.reason.trim() == reason
+                    && slurm
+                        .flags
+                        .iter()
+                        .all(|f| TRANSIENT_FLAGS.contains(&f.as_str()))
+            })
+            .map(|since| DrainRecord {
+                reason: reason.to_owned(),
+                since: since.clone(),
+            })
+    };
+    let Some(reason) = wanted else {
+        // A drain of ours not lifted yet stays ours until it is: the recorded one while Slurm shows it, else the
+        // announced one once Slurm shows it — also while `NOT_RESPONDING` is on (Slurm sets it for a moment after
+        // an `UNDRAIN`, until the node answers its ping), which keeps it from being lifted now, never from being
+        // ours. Any other flag makes it Slurm's too: kept, tainted, never lifted here.
+        let drain = record
+            .drain
+            .clone()
+            .filter(|d| still_shown_as(&d.reason).as_ref() == Some(d))
+            .or_else(|| record.sent.as_deref().and_then(still_shown_as));
+        return paired(NodeRecord {
+            drain,
+            ..NodeRecord::default()
+        });
+    };
+    let shown = shown_as(reason).map(|d| d.since);
     match shown {
         Some(since) => {
             let seen = DrainRecord {
@@ -286,7 +347,18 @@ mod tests {
         assert_eq!(next(&sent, &idle, Some(R)), sent);
         assert_eq!(next(&sent, &idle, Some("isthmus: other")), none);
         assert_eq!(next(&sent, &idle, None), none);
-        assert_eq!(next(&ours, &drained, None), none);
+        // Asked for no drain: an owned drain stays recorded until it is lifted (decide lifts it first).
+        assert_eq!(next(&ours, &drained, None), ours);
+        assert_eq!(next(&ours, &idle, None), none);
+        // Announced and shown, the Node asking for none now (uncordoned before the drain was recorded): ours, also
+        // while Slurm shows another flag for a moment; not once Slurm shows another drain.
+        assert_eq!(next(&sent, &drained, None), ours);
+        let flagged = slurm("IDLE", &["DRAIN", "NOT_RESPONDING"], R, Some(T));
+        assert_eq!(next(&sent, &flagged, None), ours);
+        assert_eq!(next(&ours, &flagged, None), ours);
+        assert_eq!(next(&ours, &again, None), none);
+        let foreign = slurm("IDLE", &["DRAIN"], "Epilog error", Some(T));
+        assert_eq!(next(&sent, &foreign, None), none);
         assert_eq!(ours.pairing(), none);
     }
 }
