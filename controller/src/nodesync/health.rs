@@ -189,6 +189,11 @@ pub fn breaker(nodes: &[BreakerInput<'_>], share: f64) -> Breaker {
     }
 }
 
+/// Whether Slurm shows the node drained now (the DRAIN flag) with a health drain's reason.
+pub fn drained_for_health(slurm: &crate::slurm::nodes::SlurmNode) -> bool {
+    slurm.is_drained() && is_health_reason(&slurm.reason)
+}
+
 /// Whether a drain reason is a health drain.
 pub fn is_health_reason(reason: &str) -> bool {
     reason
@@ -208,6 +213,27 @@ pub fn without_health(node: &Node) -> Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_drain_slurm_shows_counts_as_a_health_drain() {
+        use crate::slurm::nodes::SlurmNode;
+        let node = |flags: &[&str], reason: &str| SlurmNode {
+            name: "n1".to_owned(),
+            state: "IDLE".to_owned(),
+            flags: flags.iter().map(|s| (*s).to_owned()).collect(),
+            reason: reason.to_owned(),
+            reason_time: Some("2026-01-01T00:00:00".to_owned()),
+            alloc_cpus: Some(0),
+        };
+        let health = "isthmus: health: gpu 0000:9b:00.0";
+        assert!(drained_for_health(&node(&["DRAIN"], health)));
+        // Lifted: Slurm 24.11 and later keep the reason until a job runs.
+        assert!(!drained_for_health(&node(&[], health)));
+        assert!(!drained_for_health(&node(
+            &["DRAIN"],
+            "isthmus: cordoned in Kubernetes"
+        )));
+    }
 
     #[test]
     fn the_breaker_holds_when_60_percent_of_20_nodes_fail_at_once() {

@@ -33,14 +33,16 @@ impl Shell {
                     node: name,
                     failing: health::drain_reason(n, &self.policy).is_some(),
                     // Drained for health: by the node sync's record, or by Slurm's own word (the record may
-                    // not be written yet right after the drain).
-                    drained: records
-                        .get(name)
-                        .and_then(|r| r.drain.as_ref())
-                        .is_some_and(|r| health::is_health_reason(&r.reason))
-                        || by_slurm_name
-                            .get(slurm)
-                            .is_some_and(|s| health::is_health_reason(&s.reason)),
+                    // not be written yet right after the drain) — a drain Slurm shows now (the DRAIN flag), not a
+                    // reason it keeps after the drain was lifted (24.11 and later keep it until a job runs).
+                    drained: by_slurm_name.get(slurm).is_some_and(|s| {
+                        health::drained_for_health(s)
+                            || s.is_drained()
+                                && records
+                                    .get(name)
+                                    .and_then(|r| r.drain.as_ref())
+                                    .is_some_and(|r| health::is_health_reason(&r.reason))
+                    }),
                 })
             })
             .collect();
