@@ -10,6 +10,7 @@ pub mod access;
 pub mod conditions;
 pub mod events;
 pub mod fabric;
+pub mod failpoint;
 pub mod hypernode;
 pub mod kueue;
 pub mod nrt;

@@ -42,6 +42,7 @@ pub use crate::run::fence::Guard;
 use crate::slurm::nodes::NodeReader;
 use crate::slurm::{SlurmClient, parse_duration};
 use decide::Policy;
+pub use shell::FAULT_POINTS;
 use shell::Shell;
 
 /// The node sync's flags.

@@ -25,7 +25,6 @@ use crate::run::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
 use isthmus_api::retry::{Backoff, RetryPolicy};
 
-/// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
 #[path = "shell_breaker.rs"]
 mod breaker;
 #[path = "shell_clash.rs"]
@@ -33,7 +32,35 @@ mod clash_io;
 #[path = "shell_records.rs"]
 mod records_io;
 
+/// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).
 const FOLLOW_UP: Duration = Duration::from_millis(200);
+
+/// The fault-injection points right after each kind of write ([`isthmus_api::failpoint`]).
+pub const FAULT_POINTS: &[&str] = &[
+    "nodesync/record-intent/done",
+    "nodesync/drain/done",
+    "nodesync/record-drain/done",
+    "nodesync/taint/done",
+    "nodesync/condition/done",
+    "nodesync/undrain/done",
+    "nodesync/record-clear/done",
+    "nodesync/legacy-record/done",
+    "nodesync/evict/done",
+];
+
+/// The point right after `action` was done.
+fn fault_point(action: &Action) -> &'static str {
+    match action {
+        Action::Record { record, .. } if record.sent.is_some() => FAULT_POINTS[0],
+        Action::Drain { .. } => FAULT_POINTS[1],
+        Action::Record { record, .. } if record.drain.is_some() => FAULT_POINTS[2],
+        Action::SetTaints { .. } => FAULT_POINTS[3],
+        Action::SetCondition { .. } => FAULT_POINTS[4],
+        Action::Undrain { .. } => FAULT_POINTS[5],
+        Action::Record { .. } => FAULT_POINTS[6],
+        Action::ForgetLegacyRecord { .. } => FAULT_POINTS[7],
+    }
+}
 
 /// What the sync remembers between passes.
 pub(super) struct Shell {
@@ -273,6 +300,7 @@ impl Shell {
 
     /// Send one write; `false` when it was not done (failed, or still backing off after a failure).
     async fn execute(&mut self, action: Action, t: &Target<'_>) -> bool {
+        let point = fault_point(&action);
         let (target, direction, kind) = match &action {
             Action::Drain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "drain"),
             Action::Undrain { node, .. } => (format!("slurm/{node}"), "kube_to_slurm", "undrain"),
@@ -369,6 +397,13 @@ impl Shell {
                     .map(|n| n.metadata.resource_version)
                     .map_err(|e| e.to_string())
             }
+        };
+        let result = match result {
+            Ok(v) => isthmus_api::failpoint::point(point)
+                .await
+                .map(|()| v)
+                .map_err(|e| e.to_string()),
+            e => e,
         };
         let done = result.is_ok();
         let outcome = if done { "ok" } else { "error" };

@@ -104,7 +104,8 @@ impl Shell {
             Ok(list) => list.items.into_iter().next(),
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        let Some(found) = found else {
+        // Gone, or leaving already (evicted before, by this replica before a restart or by another): done.
+        let Some(found) = found.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
             return Outcome::Done;
         };
         if let Err(why) = clash::evictable(&found, node) {
@@ -131,6 +132,9 @@ impl Shell {
             )
             .await
         {
+            return Outcome::Failed(e.to_string());
+        }
+        if let Err(e) = isthmus_api::failpoint::point(super::FAULT_POINTS[8]).await {
             return Outcome::Failed(e.to_string());
         }
         tracing::info!(

@@ -3,6 +3,7 @@
 //! lead) and has a timeout.
 
 use isthmus_api::events::EventType;
+use isthmus_api::failpoint::{Lost, crash_point, point};
 use k8s_openapi::api::core::v1::{Binding, Event, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -34,7 +35,24 @@ pub enum ActionError {
     /// Not cancelled: the job Slurm lists under the id is not the one decided on (gone, or another job).
     #[error("not cancelled: {0}")]
     JobChanged(String),
+    /// Done, but the answer was lost (fault injection: [`isthmus_api::failpoint`]).
+    #[error(transparent)]
+    Lost(#[from] Lost),
 }
+
+/// The fault-injection points between the steps of the actions ([`isthmus_api::failpoint`]).
+pub const FAULT_POINTS: &[&str] = &[
+    "placement/submit/done",
+    "placement/lock/tainted",
+    "placement/evict/done",
+    "placement/lock/done",
+    "placement/bind/done",
+    "placement/unlock/done",
+    "placement/cancel/confirmed",
+    "placement/cancel/done",
+    "placement/delete/event",
+    "placement/delete/done",
+];
 
 impl From<jobs::CancelError> for ActionError {
     fn from(e: jobs::CancelError) -> Self {
@@ -106,16 +124,20 @@ impl Executor {
                 self.guard
                     .fence
                     .check(|| format!("sbatch {}", job.comment()), self.slurm.timeout())?;
-                Ok(Some(jobs::submit(&self.slurm, &c.wrapper, &c.args).await?))
+                let id = jobs::submit(&self.slurm, &c.wrapper, &c.args).await?;
+                point(FAULT_POINTS[0]).await?;
+                Ok(Some(id))
             }
             Action::Cancel { job, identity, .. } => {
                 // Right before the cancel, Slurm is asked once more whether the job under the id is the one
                 // decided on.
                 jobs::confirm(&self.slurm, identity).await?;
+                crash_point(FAULT_POINTS[6]).await;
                 self.guard
                     .fence
                     .check(|| format!("scancel {job}"), self.slurm.timeout())?;
                 jobs::cancel(&self.slurm, identity).await?;
+                point(FAULT_POINTS[7]).await?;
                 Ok(None)
             }
             Action::Bind {
@@ -126,12 +148,15 @@ impl Executor {
             } => {
                 if *lock {
                     self.lock_node(node, *job, pod).await?;
+                    point(FAULT_POINTS[3]).await?;
                 }
                 self.bind(pod, node, *job).await?;
+                point(FAULT_POINTS[4]).await?;
                 Ok(None)
             }
             Action::Unlock { node, job } => {
                 self.unlock_node(node, *job).await?;
+                point(FAULT_POINTS[5]).await?;
                 Ok(None)
             }
             Action::DeletePod {
@@ -141,6 +166,7 @@ impl Executor {
             } => {
                 self.event(pod, EventType::Warning, "SlurmJobEnded", message)
                     .await?;
+                crash_point(FAULT_POINTS[8]).await;
                 let dp = DeleteParams {
                     grace_period_seconds: u32::try_from(*grace).ok(),
                     preconditions: Some(Preconditions {
@@ -159,7 +185,10 @@ impl Executor {
                     .await;
                 match deleted {
                     Err(e) if !gone(&e) => Err(e.into()),
-                    _ => Ok(None),
+                    _ => {
+                        point(FAULT_POINTS[9]).await?;
+                        Ok(None)
+                    }
                 }
             }
             Action::Scheduled { pod, node, job } => {

@@ -63,6 +63,7 @@ impl Executor {
                 )
                 .await?;
             tracing::info!(node, job, "placement: node locked");
+            isthmus_api::failpoint::point(super::execute::FAULT_POINTS[1]).await?;
         }
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
@@ -121,6 +122,7 @@ impl Executor {
             Ok(_) => {
                 tracing::info!(pod = %format!("{ns}/{name}"), node, job, "placement: evicted for the node lock");
                 metrics::counter!("isthmus_controller_placement_evictions_total").increment(1);
+                isthmus_api::failpoint::point(super::execute::FAULT_POINTS[2]).await?;
                 Ok(())
             }
             // Gone already, or a disruption budget says not now: waited for, tried again next pass.

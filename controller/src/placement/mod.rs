@@ -42,6 +42,7 @@ pub use crate::run::fence::Guard;
 use crate::slurm::{SlurmClient, parse_duration};
 use decide::Action;
 use execute::Executor;
+pub use execute::FAULT_POINTS;
 use policy_watch::PolicyCell;
 use submit::SubmitAs;
 
