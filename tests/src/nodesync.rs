@@ -425,4 +425,20 @@ impl SyncSite {
     pub fn stop(&mut self) -> Result<(), NodeSyncError> {
         self.sync.stop()
     }
+
+    /// Stop the node sync as a crash leaves it (a write in flight dropped half-way, nothing in memory kept) and start
+    /// a new one with `args`, which knows only what the API server and Slurm hold; returns once it runs.
+    pub fn restart(&mut self, args: NodeSyncArgs) {
+        if let Err(e) = self.sync.stop() {
+            panic!("the node sync had failed before the restart: {e}");
+        }
+        isthmus_api::failpoint::restarted();
+        self.sync = NodeSync::start(
+            &self.api,
+            self.slurm.conf(),
+            self.slurm.release(),
+            &[],
+            args,
+        );
+    }
 }
