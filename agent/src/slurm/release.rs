@@ -150,7 +150,10 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
             p
         };
-        let good = script("good", "#!/bin/sh\n[ \"$1\" = -V ] && echo 'slurm-wlm 24.11.5'\n");
+        let good = script(
+            "good",
+            "#!/bin/sh\n[ \"$1\" = -V ] && echo 'slurm-wlm 24.11.5'\n",
+        );
         assert_eq!(rt.block_on(say(good, PLAIN)), Some(v("slurm 24.11.5")));
         let odd = script("odd", "#!/bin/sh\necho 'slurm 24.11.5; rm -rf /'\n");
         assert_eq!(rt.block_on(say(odd, PLAIN)), None);

@@ -139,10 +139,7 @@ mod tests {
             Err(SlurmError::Unreadable { .. })
         ));
         sbatch(dir.path(), "#!/bin/sh\necho 'slurm 26.05.0'\n");
-        assert_eq!(
-            rt.block_on(auto.get(&slurm)).ok(),
-            Some(SubmitAs::Setpriv)
-        );
+        assert_eq!(rt.block_on(auto.get(&slurm)).ok(), Some(SubmitAs::Setpriv));
         // Known: not asked again.
         sbatch(dir.path(), "#!/bin/sh\necho 'slurm-wlm 22.05.8'\n");
         assert_eq!(
