@@ -55,6 +55,14 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 fn from_git() -> Option<String> {
+    // This workspace's own repository only: a source tarball unpacked inside another checkout is not that commit.
+    let top = PathBuf::from(git(&["rev-parse", "--show-toplevel"])?);
+    let workspace = Path::new(&std::env::var_os("CARGO_MANIFEST_DIR")?)
+        .parent()?
+        .to_path_buf();
+    if top.canonicalize().ok()? != workspace.canonicalize().ok()? {
+        return None;
+    }
     let dir = PathBuf::from(git(&["rev-parse", "--absolute-git-dir"])?);
     let common = git(&["rev-parse", "--git-common-dir"])
         .map(PathBuf::from)
