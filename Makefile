@@ -122,6 +122,7 @@ image:
 	args="$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))"; \
 	args="$$args $(if $(BUILDER_IMAGE),--build-arg BUILDER_IMAGE=$(BUILDER_IMAGE))"; \
 	args="$$args $(if $(SLURM_BASE_IMAGE),--build-arg SLURM_BASE_IMAGE=$(SLURM_BASE_IMAGE))"; \
+	commit=$$(git rev-parse --short=12 HEAD 2>/dev/null) && args="$$args --build-arg ISTHMUS_COMMIT=$$commit"; \
 	for t in runtime:$(IMAGE_REPO):$(IMAGE_TAG) runtime-slurm:$(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG); do \
 	  target=$${t%%:*}$$suffix; name=$${t#*:}; \
 	  echo "$$build --target $$target -t $$name"; \

@@ -10,7 +10,7 @@ use crate::slurm::node::NodeNameError;
 
 /// isthmus: one node agent for Kubernetes and Slurm.
 #[derive(Debug, Parser)]
-#[command(name = "isthmus", version, about)]
+#[command(name = "isthmus", version = crate::build_info::LONG_VERSION, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

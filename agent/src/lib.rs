@@ -12,6 +12,7 @@
 //! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
 
+pub mod build_info;
 pub mod cadence;
 pub mod cli;
 pub mod commands;

@@ -19,6 +19,8 @@ use infiniband::IB_COUNTERS;
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// The handle renders the process's global recorder (the controller's), not `recorder`.
+    global: bool,
 }
 
 impl Default for Metrics {
@@ -160,8 +162,13 @@ impl Metrics {
             .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(600)))
             .build_recorder();
         let handle = recorder.handle();
-        let m = Self { recorder, handle };
+        let m = Self {
+            recorder,
+            handle,
+            global: false,
+        };
         m.with(describe);
+        m.record_build_info();
         m
     }
 
@@ -173,7 +180,30 @@ impl Metrics {
         metrics::set_global_recorder(global).map_err(|e| e.to_string())?;
         // `recorder` only serves the agent's own `record_*` calls, which the controller does not make.
         let recorder = PrometheusBuilder::new().build_recorder();
-        Ok(Self { recorder, handle })
+        let m = Self {
+            recorder,
+            handle,
+            global: true,
+        };
+        m.record_build_info();
+        Ok(m)
+    }
+
+    /// `isthmus_build_info{version,commit,arch} 1` in the registry `/metrics` renders (set again at each render,
+    /// so that the agent's idle timeout never drops it).
+    fn record_build_info(&self) {
+        let record = || {
+            describe_gauge!(
+                crate::build_info::METRIC,
+                "The binary: version, git commit, architecture (always 1)."
+            );
+            crate::build_info::record();
+        };
+        if self.global {
+            record();
+        } else {
+            self.with(record);
+        }
     }
 
     fn with<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -392,6 +422,7 @@ impl Metrics {
 
     /// The exposition text.
     pub fn render(&self) -> String {
+        self.record_build_info();
         self.handle.render()
     }
 }

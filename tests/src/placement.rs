@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use isthmus_controller::placement::policy::TENANT_LABEL;
-use isthmus_controller::placement::submit::SubmitAs;
 use isthmus_controller::placement::{self, CancellationToken, Env, Guard, PlacementArgs};
 use isthmus_controller::slurm::jobs::{Job, parse_jobs};
 use isthmus_controller::slurm::{SlurmArgs, SlurmClient};
@@ -49,16 +48,6 @@ pub fn policy_configmap(name: &str, policy: &str) -> String {
 }
 
 pub use crate::placement_pod::PodOpts;
-
-/// How the controller makes a job its tenant's on `release`: `sbatch --uid/--gid` where sbatch has them, else
-/// `setpriv` (the release's wrapper, found in the Slurm bin dir, switches user inside the release's root).
-pub fn submit_as(release: SlurmRelease) -> SubmitAs {
-    if release.sbatch_has_uid() {
-        SubmitAs::UidOption
-    } else {
-        SubmitAs::Setpriv
-    }
-}
 
 /// A test namespace, the controller's ServiceAccount with the placement RBAC, an admin client, and the placement
 /// loop (started and stopped at will) in a runtime of its own.
@@ -135,7 +124,6 @@ impl Placement {
                 policy,
                 // The owners too: tests sharing the API server must not write one another's.
                 owners: format!("owners-{ns}"),
-                submit_as: submit_as(release),
                 ..PlacementArgs::default()
             },
             tools: None,

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use clap::Parser;
 use isthmus_controller::placement::CancellationToken;
-use isthmus_controller::placement::submit::SubmitAs;
 use isthmus_controller::run::fence::Fence;
 use isthmus_controller::run::{self, LeaderContext, RunArgs, leader};
 use isthmus_controller::slurm::SlurmClient;
@@ -120,13 +119,13 @@ impl Placement {
             &a.policy,
             "--placement-owners",
             &a.owners,
-            "--placement-submit-as",
-            match crate::placement::submit_as(self.release()) {
-                SubmitAs::UidOption => "uid-option",
-                SubmitAs::Setpriv => "setpriv",
-            },
         ];
-        let args = Cli::try_parse_from(argv)
+        // The submit method only where the test gives one: otherwise the replica detects it, as a site's does.
+        let how = a
+            .submit_as
+            .and_then(|h| clap::ValueEnum::to_possible_value(&h))
+            .map(|v| format!("--placement-submit-as={}", v.get_name()));
+        let args = Cli::try_parse_from(argv.iter().copied().chain(how.as_deref()))
             .unwrap_or_else(|e| panic!("{e}"))
             .run;
         let timing = args.lease_timing();

@@ -1,7 +1,8 @@
 //! Wrapper scripts for the Slurm client tools a component runs by name (`SlurmArgs::slurm_bin_dir` points at their
 //! directory): each logs its call (time, program, arguments) and runs the real program — unless a fault is armed
 //! for it: the next answers empty (as a `squeue` that lost its jobs would print), or the real program's work done
-//! and then no answer (as an `sbatch` whose reply is lost past its timeout).
+//! and then no answer (as an `sbatch` whose reply is lost past its timeout). A `--version` query (the controller
+//! reads the Slurm release) reaches the real program unlogged and unfaulted: it reads and changes nothing.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -38,19 +39,22 @@ impl Tools {
         Self::for_release(SlurmRelease::V22_05, programs)
     }
 
-    /// Wrappers for `programs` of `release` (and, for a release in a root, its `setpriv`, for a controller that
-    /// switches user with it: a call `setpriv … <dir>/sbatch ARGS` is logged and faulted as sbatch's).
+    /// Wrappers for `programs` of `release` (and its `setpriv`, for a controller that switches user with it: a call
+    /// `setpriv … <dir>/sbatch ARGS` is logged and faulted as sbatch's).
     pub fn for_release(release: SlurmRelease, programs: &[&str]) -> Tools {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let d = dir.path().display().to_string();
-        if release.bin_dir().is_some() {
-            write_setpriv(dir.path(), &release.program("setpriv"));
-        }
+        write_setpriv(
+            dir.path(),
+            &release.program("setpriv"),
+            release.bin_dir().is_none(),
+        );
         for &program in programs {
             let real = release.program(program);
             let script = format!(
                 "#!/bin/sh\n\
                  d='{d}'\n\
+                 if [ \"$*\" = --version ]; then exec '{real}' --version; fi\n\
                  log() {{ printf '%s %s %s\\n' \"$(date +%s.%N)\" {program} \"$1\" >> \"$d/calls.log\"; }}\n\
                  log \"$*\"\n\
                  if [ -s \"$d/{program}.empty\" ]; then\n\
@@ -135,8 +139,10 @@ fn write_executable(path: &Path, text: &str) {
 
 /// `setpriv OPTIONS PROGRAM ARGS` in `d`: logged as a call of PROGRAM (its name, its arguments) and subject to
 /// PROGRAM's armed faults, as if the controller had run PROGRAM's wrapper, then run through the release's `setpriv`
-/// (`real`), which runs PROGRAM of the release as the user.
-fn write_setpriv(d: &Path, real: &Path) {
+/// (`real`), which runs PROGRAM of the release as the user. `on_path`: the release's programs are the machine's,
+/// and PROGRAM is run by its name from `PATH` (the user cannot enter the wrappers' private directory); a release
+/// in a root maps `<d>/PROGRAM` to its own PROGRAM itself.
+fn write_setpriv(d: &Path, real: &Path, on_path: bool) {
     let script = format!(
         "#!/bin/sh\n\
          d='{d}'\n\
@@ -147,6 +153,14 @@ fn write_setpriv(d: &Path, real: &Path) {
            else rest=\"$rest${{rest:+ }}$a\"; fi\n\
          done\n\
          log \"$rest\"\n\
+         if [ -n '{on_path}' ]; then\n\
+           seen=\n\
+           for a in \"$@\"; do\n\
+             shift\n\
+             if [ -z \"$seen\" ]; then case \"$a\" in -*) ;; *) seen=1; a=${{a##*/}} ;; esac; fi\n\
+             set -- \"$@\" \"$a\"\n\
+           done\n\
+         fi\n\
          if [ -s \"$d/$p.empty\" ]; then\n\
            n=$(cat \"$d/$p.empty\")\n\
            if [ \"$n\" -gt 0 ]; then echo $((n - 1)) > \"$d/$p.empty\"; log EMPTY; exit 0; fi\n\
@@ -156,7 +170,8 @@ fn write_setpriv(d: &Path, real: &Path) {
          fi\n\
          exec '{real}' \"$@\"\n",
         d = d.display(),
-        real = real.display()
+        real = real.display(),
+        on_path = if on_path { "1" } else { "" },
     );
     write_executable(&d.join("setpriv"), &script);
 }

@@ -4,9 +4,9 @@
 //! is no kubelet: a bound pod is one with `spec.nodeName`, and a deleted bound pod stays, being deleted, until the
 //! test plays the kubelet whose containers stopped (`Placement::kubelet_stopped`: the pod object deleted for good).
 //!
-//! Every test runs on Slurm 22.05, 24.11 and 26.05 (`NAME::on_22_05`, `on_24_11`, `on_26_05`). 26.05 has no
-//! `sbatch --uid/--gid`: there the controller submits with `--placement-submit-as=setpriv`, sbatch run as the
-//! tenant's user in the release's root.
+//! Every test runs on Slurm 22.05, 24.11 and 26.05 (`NAME::on_22_05`, `on_24_11`, `on_26_05`), with the default
+//! flags. 26.05 has no `sbatch --uid/--gid`: there the controller, having read the release from `sbatch --version`,
+//! submits with sbatch run as the tenant's user (`setpriv`) in the release's root.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};

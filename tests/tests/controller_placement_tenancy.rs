@@ -2,10 +2,13 @@
 //! ServiceAccount with its shipped RBAC; each test on 22.05, 24.11 and 26.05, `NAME::on_22_05`, `on_24_11`, `on_26_05`): the tenancy policy decides which namespaces may use Slurm and as whom
 //! (only those also labelled `slurm.isthmus.io/tenant`);
 //! a tenant in another namespace cannot cancel, adopt or delay a job by annotation or `nodeName`; bad annotation
-//! values are messages, never submissions; a gang of 64 pods is one job.
+//! values are messages, never submissions; a gang of 64 pods is one job. The way a job is made the tenant's
+//! (`sbatch --uid/--gid`, or sbatch run as the user) is chosen from the release with the default flags, and
+//! `--placement-submit-as` overrides it.
 
 use std::time::Duration;
 
+use isthmus_controller::placement::submit::SubmitAs;
 use isthmus_tests::each_release;
 use isthmus_tests::placement::{
     Placement, PodOpts, add_namespace, add_namespace_without_tenant_label, job, jobs, jobs_of,
@@ -286,6 +289,68 @@ fn a_gang_of_64_one_cpu_pods_submits_one_job(release) {
         p.waiting_message("m63")
             .is_some_and(|m| m.contains(&format!("Slurm job {}", all[0].id)))
     });
+    p.stop();
+}
+}
+
+each_release! {
+fn the_submit_method_follows_the_release_unless_the_flag_says(release) {
+    let api_server = api_for(release);
+    let api = &*api_server;
+    let cluster = Cluster::start_on(release, &[NodeSpec::new("sm1", 4, 1)], "");
+    let mut p = Placement::new(api, &cluster, "placement-submit-as");
+    assert_eq!(p.args().submit_as, None, "the default flags");
+    p.use_tools();
+    p.start();
+    // The call that submitted pod `uid`'s job, as the logging tools saw it.
+    let submitted = |p: &Placement, uid: &str| {
+        p.tools()
+            .and_then(|t| t.calls_of("sbatch").into_iter().find(|c| c.args.contains(uid)))
+            .map(|c| c.args)
+    };
+
+    // Default flags: the release's own method (sbatch --uid/--gid up to 24.11, sbatch run as the user on 26.05),
+    // and either way the job is the tenant's and the pod is bound.
+    let first = p.create_pod("detected", 1, &[]);
+    wait_until("the pod to be bound", WAIT, || p.node_of("detected").is_some());
+    let args = submitted(&p, &first).unwrap_or_else(|| panic!("no sbatch call for the pod"));
+    assert_eq!(args.contains("--uid=nobody"), release.sbatch_has_uid(), "{args}");
+    let j = jobs_of(&cluster, &first);
+    assert_eq!(j.len(), 1, "{j:?}");
+    assert_eq!(
+        show_job(&cluster, j[0].id).get("UserId").map(String::as_str),
+        Some("nobody(65534)")
+    );
+    p.delete_pod("detected");
+    p.kubelet_stopped("detected");
+    wait_until("the job to end", WAIT, || !running(&cluster, j[0].id));
+    p.stop();
+
+    // The flag given: the other method, whatever the release calls for.
+    let other = if release.sbatch_has_uid() { SubmitAs::Setpriv } else { SubmitAs::UidOption };
+    p.args_mut().submit_as = Some(other);
+    p.start();
+    let second = p.create_pod("given", 1, &[]);
+    wait_until("the submission", WAIT, || submitted(&p, &second).is_some());
+    let args = submitted(&p, &second).unwrap_or_default();
+    assert_eq!(args.contains("--uid=nobody"), other == SubmitAs::UidOption, "{args}");
+    if release.sbatch_has_uid() {
+        // setpriv works on every release: the job is the tenant's.
+        wait_until("the pod to be bound", WAIT, || p.node_of("given").is_some());
+        let j = jobs_of(&cluster, &second);
+        assert_eq!(j.len(), 1, "{j:?}");
+        assert_eq!(
+            show_job(&cluster, j[0].id).get("UserId").map(String::as_str),
+            Some("nobody(65534)")
+        );
+    } else {
+        // 26.05 refuses --uid: the pod waits with sbatch's refusal, and no job is made.
+        wait_until("the refusal as the pod's message", WAIT, || {
+            p.waiting_message("given").is_some_and(|m| m.contains("--uid"))
+        });
+        assert_eq!(p.node_of("given"), None);
+        assert!(jobs_of(&cluster, &second).is_empty());
+    }
     p.stop();
 }
 }

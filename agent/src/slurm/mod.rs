@@ -9,6 +9,7 @@ pub mod jobs_confined;
 pub mod munge;
 pub mod node;
 pub mod readyz;
+pub mod release;
 pub mod supervisor;
 pub mod topology_unit;
 

@@ -10,7 +10,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 
 use super::annotations::JOB_ID;
 use super::decide::{Action, PodRef};
-use super::submit::{self, SubmitAs};
+use super::submit;
+use super::submit_method::SubmitMethod;
 use crate::run::fence::{ApiCallError, Guard, NotLeading};
 use crate::slurm::{SlurmClient, SlurmError, jobs};
 
@@ -83,8 +84,8 @@ pub struct Executor {
     pub slurm: SlurmClient,
     /// `--placement-command`.
     pub command: String,
-    /// `--placement-submit-as`.
-    pub submit_as: SubmitAs,
+    /// `--placement-submit-as`, or the method the Slurm release calls for.
+    pub submit_as: SubmitMethod,
     /// The scheduler name (Events' source).
     pub scheduler_name: String,
     /// The fence and the API timeout.
@@ -119,8 +120,8 @@ impl Executor {
                 spec,
                 ..
             } => {
-                let c =
-                    submit::command(job, *nodes, resources, spec, &self.command, self.submit_as);
+                let how = self.submit_as.get(&self.slurm).await?;
+                let c = submit::command(job, *nodes, resources, spec, &self.command, how);
                 self.guard
                     .fence
                     .check(|| format!("sbatch {}", job.comment()), self.slurm.timeout())?;

@@ -23,6 +23,7 @@ pub mod recent;
 pub mod resources;
 pub mod strip;
 pub mod submit;
+pub mod submit_method;
 pub mod view;
 
 use std::sync::Arc;
@@ -45,6 +46,7 @@ use execute::Executor;
 pub use execute::FAULT_POINTS;
 use policy_watch::PolicyCell;
 use submit::SubmitAs;
+use submit_method::SubmitMethod;
 
 /// What placement asks of the API server.
 pub const API_ACCESS: &[ApiAccess] = &[
@@ -149,9 +151,10 @@ pub struct PlacementArgs {
     #[arg(long = "placement-mig-gpu-type", value_name = "TYPE")]
     pub mig_gpu_type: Option<String>,
     /// How a job is made to run as its tenant's user: `uid-option` (`sbatch --uid/--gid` as root, Slurm 22.05 to
-    /// 25.x) or `setpriv` (sbatch run as the user; Slurm releases without `--uid`).
-    #[arg(long = "placement-submit-as", value_enum, default_value_t = SubmitAs::UidOption)]
-    pub submit_as: SubmitAs,
+    /// 25.x) or `setpriv` (sbatch run as the user; Slurm releases without `--uid`). Default: chosen from the
+    /// release `sbatch --version` prints; given, it overrides what the release calls for.
+    #[arg(long = "placement-submit-as", value_enum)]
+    pub submit_as: Option<SubmitAs>,
 }
 
 impl Default for PlacementArgs {
@@ -166,7 +169,7 @@ impl Default for PlacementArgs {
             policy: "isthmus-placement-policy".to_owned(),
             owners: isthmus_api::placement_owners::CONFIGMAP.to_owned(),
             mig_gpu_type: None,
-            submit_as: SubmitAs::UidOption,
+            submit_as: None,
         }
     }
 }
@@ -290,11 +293,13 @@ pub async fn run(
         guard: env.guard.clone(),
     }
     .run(shutdown.clone());
+    let submit_as = SubmitMethod::new(args.submit_as);
+    submit_as.start(&slurm).await;
     let exec = Executor {
         client,
         slurm,
         command: args.command.clone(),
-        submit_as: args.submit_as,
+        submit_as,
         scheduler_name: args.scheduler_name.clone(),
         guard: env.guard.clone(),
     };
@@ -384,6 +389,10 @@ mod tests {
         let d = PlacementArgs::default();
         assert_eq!(cli.placement.policy, d.policy);
         assert_eq!(cli.placement.submit_as, d.submit_as);
+        assert_eq!(d.submit_as, None, "detected unless given");
+        let cli = <Cli as clap::Parser>::try_parse_from(["x", "--placement-submit-as=setpriv"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.placement.submit_as, Some(SubmitAs::Setpriv));
         assert_eq!(cli.placement.mig_gpu_type, None);
     }
 

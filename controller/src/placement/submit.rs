@@ -5,7 +5,8 @@
 //! The user switch is the one part that depends on the Slurm release ([`SubmitAs`]): up to 25.x the controller,
 //! root, passes `sbatch --uid=<user> --gid=<group>`; where `--uid`/`--gid` are gone (26.05), `sbatch` itself runs as
 //! the user (`setpriv --reuid --regid --clear-groups`), which needs the user and group to exist in the
-//! controller's image (NSS) unless they are numbers, and munge then vouches for that uid.
+//! controller's image (NSS) unless they are numbers, and munge then vouches for that uid. Which one is chosen from
+//! the release `sbatch --version` prints unless the operator says ([`super::submit_method`]).
 
 use super::annotations::format_time;
 use super::comment::JobRef;
@@ -13,10 +14,9 @@ use super::policy::SubmitSpec;
 use super::resources::Resources;
 
 /// How a placeholder job is made to run as its tenant's user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SubmitAs {
     /// `sbatch --uid=<user> --gid=<group>`, run as root (Slurm 22.05 to 25.x).
-    #[default]
     UidOption,
     /// `setpriv --reuid=<user> --regid=<group> --clear-groups sbatch …` (Slurm releases without `--uid`).
     Setpriv,

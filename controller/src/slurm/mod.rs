@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use isthmus_gres::SlurmVersion;
 use serde::de::DeserializeOwned;
 
 pub mod jobs;
@@ -325,6 +326,18 @@ impl SlurmClient {
             ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The Slurm release of the client tools: `sbatch --version` (`slurm 26.05.0`), read against its grammar
+    /// ([`SlurmVersion::parse`]). sbatch reads slurm.conf first: a configless site's answers only while slurmctld
+    /// is reachable, so the caller asks again until it knows.
+    pub async fn release(&self) -> Result<SlurmVersion, SlurmError> {
+        let text = self.run("sbatch", &["--version"]).await?;
+        SlurmVersion::parse(&text).map_err(|e| SlurmError::Unreadable {
+            program: "sbatch".to_owned(),
+            args: "--version".to_owned(),
+            detail: e.to_string(),
+        })
     }
 
     /// Run `program args…` (which must include `--json`) and parse its output; an answer that lists errors is

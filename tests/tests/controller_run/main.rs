@@ -275,6 +275,12 @@ fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
     assert!(unplaced.starts_with("lonely: "), "{unplaced}");
     assert_eq!(unplaced.lines().count(), 1, "{unplaced}");
     assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 1.0);
+    // The controller's /metrics names the binary as `isthmus --version` does.
+    let build = isthmus_tests::build_info::build_info_series();
+    let body = isthmus_tests::http_get(&c.listen, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(body.lines().any(|l| l == build), "{build} not in:\n{body}");
     api.stop();
     std::thread::sleep(Duration::from_secs(5));
     assert!(c.running(), "{}", c.log_text());

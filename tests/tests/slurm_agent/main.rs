@@ -34,6 +34,13 @@ fn configured_node_runs_jobs_survives_crashes_and_stops_cleanly(release) {
     site.start_agent(&root, &[]);
     site.start_slurmctld();
     site.wait_idle();
+    // The release slurmd says it is, read and logged at start.
+    let log = site.log();
+    assert!(
+        log.lines().any(|l| l.contains("Slurm release detected (slurmd -V)")
+            && l.contains(&format!("release={}.", release.version()))),
+        "{log}"
+    );
 
     let n = site.scontrol_node();
     assert_eq!(n.get("CPUTot").map(String::as_str), Some("32"), "{n:?}");
