@@ -405,6 +405,14 @@ impl SyncSite {
             .await_reads_since(self.slurm_reads(), 3, Duration::from_secs(15));
     }
 
+    /// Wait until `n` more whole passes have run (each starts with one `sinfo`; at the 1 s interval, about `n`
+    /// seconds).
+    pub fn await_passes(&self, n: usize) {
+        let within = Duration::from_secs(15) + Duration::from_secs(3 * n as u64);
+        self.sync
+            .await_reads_since(self.slurm_reads(), n + 1, within);
+    }
+
     /// The ServiceAccount's writes since `since` (after a short pause: the audit log lags the answers a little).
     pub fn writes_since(&self, since: SystemTime) -> Vec<AuditEvent> {
         std::thread::sleep(Duration::from_millis(500));

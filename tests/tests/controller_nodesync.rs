@@ -1,6 +1,6 @@
 //! The node sync against a real API server (under the controller's ServiceAccount and its shipped RBAC) and a real
 //! two-node Slurm cluster (munged, slurmctld, slurmd): cordon ↔ drain, Slurm drains → Node condition and taint,
-//! foreign drains left alone, outages of slurmctld and of the API server, and an idle minute without writes. Every
+//! foreign drains left alone, outages of slurmctld and of the API server, and twenty idle passes without writes. Every
 //! test runs on each Slurm release (`NAME::on_22_05`, `on_24_11`, `on_26_05`), its daemons and clients alike.
 
 use std::time::{Duration, SystemTime};
@@ -148,18 +148,19 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
     let updates = site.slurm_updates();
     assert_eq!(updates.len(), 4, "{updates:#?}");
 
-    // An idle minute: no API write by the ServiceAccount, no scontrol update.
-    std::thread::sleep(Duration::from_secs(2));
+    // Twenty idle passes (each reads Slurm and decides for every Node): no API write by the ServiceAccount, no
+    // scontrol update.
+    site.await_a_whole_pass();
     let since = SystemTime::now();
     let before = site.slurm_updates().len();
     let ltt = site.condition("ns1").map(|c| c.3);
-    std::thread::sleep(Duration::from_secs(60));
+    site.await_passes(20);
     let writes = site.writes_since(since);
-    assert!(writes.is_empty(), "writes in an idle minute: {writes:#?}");
+    assert!(writes.is_empty(), "writes in 20 idle passes: {writes:#?}");
     assert_eq!(
         site.slurm_updates().len(),
         before,
-        "scontrol update in an idle minute"
+        "scontrol update in 20 idle passes"
     );
     assert_eq!(
         site.condition("ns1").map(|c| c.3),
