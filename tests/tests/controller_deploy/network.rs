@@ -11,7 +11,7 @@ use super::docs;
 
 /// `kubectl kustomize` of a new overlay of `deploy/controller/<base>` with `extra` (YAML fields of the
 /// kustomization, paths relative to `deploy/controller` written as `@/`), as documents.
-fn render(base: &str, extra: &str) -> Vec<Value> {
+pub(super) fn render(base: &str, extra: &str) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let root = isthmus_tests::deploy::relative_path(dir.path(), &controller::deploy_dir());
     let text = format!(
@@ -34,7 +34,7 @@ fn render(base: &str, extra: &str) -> Vec<Value> {
         .collect()
 }
 
-fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+pub(super) fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let all: Vec<&Value> = docs
         .iter()
         .filter(|d| d["kind"].as_str() == Some(kind))
