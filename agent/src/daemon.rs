@@ -116,6 +116,8 @@ pub struct KubeRole {
     pub numatopology: Switch,
     /// With `Auto`: how often the API server is asked again whether it serves the CRD.
     pub numatopology_recheck: Duration,
+    /// Write the node's objects over another writer (`--nrt-takeover`).
+    pub takeover: bool,
     /// MIG naming of the NVIDIA device plugin.
     pub mig_strategy: isthmus_topology::MigStrategy,
     /// Where and how often the kubelet is asked.
@@ -444,6 +446,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 }),
                 numatopology: config.kube.numatopology,
                 numatopology_recheck: config.kube.numatopology_recheck,
+                takeover: config.kube.takeover,
                 kubelet: config.kube.kubelet.clone(),
                 health: findings_rx,
                 reported: reported_rx,

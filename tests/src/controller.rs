@@ -240,27 +240,12 @@ impl ControllerProcess {
 
     /// The sum of a metric's series on `/metrics` (every label set; 0 when absent).
     pub fn metric(&self, name: &str) -> f64 {
-        crate::http_get(&self.listen, "/metrics")
-            .ok()
-            .map(|(_, body)| {
-                body.lines()
-                    .filter(|l| l.split([' ', '{']).next() == Some(name))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum()
-            })
-            .unwrap_or(0.0)
+        crate::scrape(&self.listen, name)
     }
 
     /// One series of a metric, by its exact label text (`kind="configmap",result="applied"`).
     pub fn metric_with(&self, name: &str, labels: &str) -> f64 {
-        let prefix = format!("{name}{{{labels}}} ");
-        crate::http_get(&self.listen, "/metrics")
-            .ok()
-            .and_then(|(_, body)| {
-                body.lines()
-                    .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
-            })
-            .unwrap_or(0.0)
+        crate::scrape(&self.listen, &format!("{name}{{{labels}}}"))
     }
 }
 
