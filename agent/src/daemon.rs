@@ -279,6 +279,22 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         stale_after: rediscover * 3 + Duration::from_secs(30),
     };
     tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
+    // Which outputs this agent writes, in one line (the node's labels are the controller's: none here).
+    let publishing = publish_as.is_some();
+    tracing::info!(
+        nrt = publish_nrt,
+        numatopology = if publishing {
+            config.kube.numatopology.as_str()
+        } else {
+            "false"
+        },
+        health_conditions = publish_nrt,
+        device_plugin = config.device_plugin.is_some(),
+        node_labels = false,
+        slurm_files = config.slurm.is_some(),
+        nrt_takeover = publishing && config.kube.takeover,
+        "outputs"
+    );
     let http_shutdown = shutdown.clone();
     tokio::spawn(async move {
         if let Err(e) = crate::http::serve(listener, endpoint, http_shutdown).await {

@@ -347,6 +347,22 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     let nrts: Api<NodeResourceTopology> = Api::all(admin);
     rt().block_on(until(&nrts, node, "the NRT", |o| o.zones.len() == 2));
     let series = format!(r#"isthmus_nrt_foreign_writer{{manager="{NFD}"}}"#);
+    // The one line that says at start which outputs are on.
+    let outputs = agent
+        .log()
+        .lines()
+        .find(|l| l.contains(r#""message":"outputs""#))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no outputs line: {}", agent.log()));
+    for field in [
+        r#""nrt":true"#,
+        r#""numatopology":"auto""#,
+        r#""device_plugin":false"#,
+        r#""slurm_files":false"#,
+        r#""nrt_takeover":false"#,
+    ] {
+        assert!(outputs.contains(field), "{field}: {outputs}");
+    }
 
     // NFD writes its zones: the agent stops and says so.
     nfd_applies(&nrts, node);
