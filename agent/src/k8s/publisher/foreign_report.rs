@@ -16,6 +16,16 @@ use isthmus_api::events;
 /// How often the other writers' metric is set again while they are there (gauges idle out after 10 minutes).
 pub(super) const FOREIGN_REFRESH: Duration = Duration::from_secs(120);
 
+/// What the publisher does about other writers, for what it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// It stops writing while they are there.
+    Yield,
+    /// It writes over them (`--nrt-takeover`); said once: later changes of the writers (each of their writes that
+    /// takes fields back) only set the metric, so that a writer that keeps writing makes no stream of Events.
+    TakeOver { told: bool },
+}
+
 /// Say that the other writers of the object changed: a log line, an Event on the Node, the metric
 /// `isthmus_<object>_foreign_writer{manager}`.
 pub(super) async fn tell<K: Published>(
@@ -24,14 +34,22 @@ pub(super) async fn tell<K: Published>(
     node_uid: Option<&str>,
     change: &Change,
     more: usize,
-    takeover: bool,
+    mode: Mode,
     metrics: &Metrics,
 ) {
     let kind = K::kind(&());
+    let takeover = mode != Mode::Yield;
+    match change {
+        Change::Same => return,
+        Change::Writers(w) => metrics.record_foreign_writers(K::METRIC, w, &[]),
+        Change::Gone(before) => metrics.record_foreign_writers(K::METRIC, &[], before),
+    }
+    if mode == (Mode::TakeOver { told: true }) {
+        return;
+    }
     let (event_type, reason, message) = match change {
         Change::Same => return,
         Change::Writers(w) => {
-            metrics.record_foreign_writers(K::METRIC, w, &[]);
             let names = w.join(", ");
             let what = if takeover {
                 "isthmus writes it over them (--nrt-takeover)"
@@ -50,7 +68,6 @@ pub(super) async fn tell<K: Published>(
             (events::EventType::Warning, FOREIGN_REASON, message)
         }
         Change::Gone(before) => {
-            metrics.record_foreign_writers(K::METRIC, &[], before);
             let names = before.join(", ");
             tracing::info!(object = K::METRIC, name = %node, managers = %names, "the other writers' fields are gone; isthmus writes the object again");
             let message = format!(

@@ -31,7 +31,7 @@ pub mod pacing;
 
 use foreign::{Change, ForeignWriters};
 pub use foreign_report::{FOREIGN_GONE_REASON, FOREIGN_REASON};
-use foreign_report::{FOREIGN_REFRESH, tell};
+use foreign_report::{FOREIGN_REFRESH, Mode, tell};
 use pacing::{Decision, Pacer, Restore};
 
 /// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
@@ -311,6 +311,11 @@ pub async fn run<K: Published>(
     let mut publisher = Publisher::<K>::new(client.clone(), pacing.takeover);
     let mut foreign = ForeignWriters::default();
     let mut refresh: Option<Instant> = None;
+    let mut mode = if pacing.takeover {
+        Mode::TakeOver { told: false }
+    } else {
+        Mode::Yield
+    };
     let own = watcher(
         Api::<K>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node}")),
@@ -379,7 +384,7 @@ pub async fn run<K: Published>(
                                     uid.as_deref(),
                                     &change,
                                     more,
-                                    false,
+                                    mode,
                                     &metrics,
                                 )
                                 .await;
@@ -417,7 +422,7 @@ pub async fn run<K: Published>(
                     // The other writers' fields went with the object.
                     let change = foreign.observe(Vec::new());
                     let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
-                    tell::<K>(&client, &node, uid.as_deref(), &change, 0, pacing.takeover, &metrics).await;
+                    tell::<K>(&client, &node, uid.as_deref(), &change, 0, mode, &metrics).await;
                     tracing::warn!(object = K::METRIC, name = %node, "the object was deleted; restoring it");
                     metrics.record_publication(K::METRIC, Publication::Restored);
                     publisher.forget(true);
@@ -428,9 +433,14 @@ pub async fn run<K: Published>(
                     let (others, more) = foreign::foreign_managers(live.meta(), isthmus_api::AGENT_FIELD_MANAGER);
                     let change = foreign.observe(others);
                     let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
-                    tell::<K>(&client, &node, uid.as_deref(), &change, more, pacing.takeover, &metrics).await;
+                    tell::<K>(&client, &node, uid.as_deref(), &change, more, mode, &metrics).await;
                     match change {
-                        Change::Writers(_) => refresh = Some(Instant::now() + FOREIGN_REFRESH),
+                        Change::Writers(_) => {
+                            refresh = Some(Instant::now() + FOREIGN_REFRESH);
+                            if pacing.takeover {
+                                mode = Mode::TakeOver { told: true };
+                            }
+                        }
                         Change::Gone(_) => {
                             refresh = None;
                             // Publish again: compare with the live object, write what differs.
