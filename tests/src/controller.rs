@@ -26,6 +26,29 @@ pub fn deploy_dir() -> PathBuf {
     repo_root().join("deploy/controller")
 }
 
+/// `kubectl kustomize` of a new overlay of `deploy/controller/<base>` with `extra` (YAML fields of the
+/// kustomization, paths relative to `deploy/controller` written as `@/`), as documents.
+pub fn render_overlay(base: &str, extra: &str) -> Vec<serde_yaml_ng::Value> {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = crate::deploy::relative_path(dir.path(), &deploy_dir());
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {root}/{base}\n{}",
+        extra.replace("@/", &format!("{root}/"))
+    );
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(crate::deploy::kubectl())
+        .arg("kustomize")
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::deploy::documents(&String::from_utf8_lossy(&out.stdout))
+}
+
 /// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode and Kueue Topology CRDs.
 pub fn install_crds(api: &ApiServer) {
     for (path, name) in [
