@@ -316,6 +316,12 @@ pub struct AgentArgs {
         value_name = "SECONDS"
     )]
     pub numatopology_recheck_seconds: u64,
+    /// Write the node's NodeResourceTopology and Numatopology although another field manager owns their content
+    /// (NFD's nfd-topology-updater, the resource-topology-exporter, Volcano's exporter). Without it the agent stops
+    /// writing such an object, says so (a warning, an Event on the Node, `isthmus_<object>_foreign_writer`), and
+    /// writes again once the other writer's fields are gone (docs/coexistence.md).
+    #[arg(long, env = "ISTHMUS_NRT_TAKEOVER", default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub nrt_takeover: bool,
     /// The kubelet PodResources socket (a path as seen by the agent).
     #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = crate::k8s::podresources::DEFAULT_SOCKET, value_name = "PATH")]
     pub pod_resources_socket: PathBuf,

@@ -116,6 +116,8 @@ pub struct KubeRole {
     pub numatopology: Switch,
     /// With `Auto`: how often the API server is asked again whether it serves the CRD.
     pub numatopology_recheck: Duration,
+    /// Write the node's objects over another writer (`--nrt-takeover`).
+    pub takeover: bool,
     /// MIG naming of the NVIDIA device plugin.
     pub mig_strategy: isthmus_topology::MigStrategy,
     /// Where and how often the kubelet is asked.
@@ -277,6 +279,22 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         stale_after: rediscover * 3 + Duration::from_secs(30),
     };
     tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
+    // Which outputs this agent writes, in one line (the node's labels are the controller's: none here).
+    let publishing = publish_as.is_some();
+    tracing::info!(
+        nrt = publish_nrt,
+        numatopology = if publishing {
+            config.kube.numatopology.as_str()
+        } else {
+            "false"
+        },
+        health_conditions = publish_nrt,
+        device_plugin = config.device_plugin.is_some(),
+        node_labels = false,
+        slurm_files = config.slurm.is_some(),
+        nrt_takeover = publishing && config.kube.takeover,
+        "outputs"
+    );
     let http_shutdown = shutdown.clone();
     tokio::spawn(async move {
         if let Err(e) = crate::http::serve(listener, endpoint, http_shutdown).await {
@@ -455,6 +473,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 }),
                 numatopology: config.kube.numatopology,
                 numatopology_recheck: config.kube.numatopology_recheck,
+                takeover: config.kube.takeover,
                 kubelet: config.kube.kubelet.clone(),
                 health: findings_rx,
                 reported: reported_rx,

@@ -152,6 +152,19 @@ fn describe() {
             format!("isthmus_{object}_restores_total"),
             format!("Times the live {kind} was deleted or edited by someone else and put back.")
         );
+        describe_counter!(
+            format!("isthmus_{object}_yields_total"),
+            format!(
+                "{kind} publications due but not written because another field manager owns the object."
+            )
+        );
+        describe_gauge!(
+            format!("isthmus_{object}_foreign_writer"),
+            format!(
+                "1 while another field manager (label manager) owns content of the node's {kind}: the agent does \
+                 not write it then, unless --nrt-takeover; 0 once it is gone."
+            )
+        );
     }
 }
 
@@ -416,8 +429,22 @@ impl Metrics {
             Publication::Skipped => "skips_total",
             Publication::Failed => "failures_total",
             Publication::Restored => "restores_total",
+            Publication::Yielded => "yields_total",
         };
         self.with(|| counter!(format!("isthmus_{object}_{suffix}")).increment(1));
+    }
+
+    /// The other writers of one of the agent's objects: `present` at 1, `gone` at 0 (`manager`: a name already
+    /// made safe by the publisher).
+    pub fn record_foreign_writers(&self, object: &str, present: &[String], gone: &[String]) {
+        self.with(|| {
+            let name = format!("isthmus_{object}_foreign_writer");
+            for (managers, value) in [(present, 1.0), (gone, 0.0)] {
+                for m in managers {
+                    gauge!(name.clone(), "manager" => m.clone()).set(value);
+                }
+            }
+        });
     }
 
     /// The exposition text.
@@ -479,4 +506,6 @@ pub enum Publication {
     Failed,
     /// The live object was deleted or edited by someone else and is being put back.
     Restored,
+    /// A publication was due but not written: another writer owns the object.
+    Yielded,
 }

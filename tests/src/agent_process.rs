@@ -91,15 +91,9 @@ impl AgentProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The value of a counter or gauge on `/metrics` (0 when absent).
+    /// The value of a counter or gauge on `/metrics` (a name: the sum of its series; a name with its label text:
+    /// that series; 0 when absent).
     pub fn metric(&self, name: &str) -> f64 {
-        crate::http_get(&self.listen, "/metrics")
-            .ok()
-            .and_then(|(_, body)| {
-                body.lines()
-                    .find(|l| l.split(' ').next() == Some(name))
-                    .and_then(|l| l.split(' ').nth(1)?.parse().ok())
-            })
-            .unwrap_or(0.0)
+        crate::scrape(&self.listen, name)
     }
 }

@@ -37,6 +37,7 @@ mod assets;
 pub mod audit;
 mod cel;
 mod kubectl;
+mod pdb;
 mod pki;
 mod process;
 mod static_users;
@@ -257,11 +258,21 @@ impl ApiServer {
         out
     }
 
-    /// `kubectl apply -k DIR`, whatever it returns. With a kubectl whose embedded kustomize predates directory
+    /// `kubectl apply -k DIR`, whatever it returns (before Kubernetes 1.21, with PodDisruptionBudgets as
+    /// `policy/v1beta1`). With a kubectl whose embedded kustomize predates directory
     /// `resources` (kubectl 1.20, Debian bookworm's), a directory under `deploy/daemonset` is rendered as
     /// [`crate::deploy::render_text`] does and applied with `kubectl apply -f -` instead.
     pub fn try_apply_kustomize(&self, dir: &Path) -> Output {
         let arg = dir.to_string_lossy();
+        // A server without policy/v1 (before 1.21) gets the PodDisruptionBudgets as policy/v1beta1, as the shipped
+        // component `pdb-policy-v1beta1` renders them.
+        if version() < (1, 21) {
+            let rendered = self.kubectl(&["kustomize", &arg]);
+            let text = String::from_utf8_lossy(&rendered.stdout);
+            if let Some(adapted) = pdb::v1beta1_before_1_21(&text, version()) {
+                return kubectl_stdin(&self.admin_kubeconfig, &["apply", "-f", "-"], &adapted);
+            }
+        }
         let out = self.kubectl(&["apply", "-k", &arg]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let old_kustomize =

@@ -26,6 +26,29 @@ pub fn deploy_dir() -> PathBuf {
     repo_root().join("deploy/controller")
 }
 
+/// `kubectl kustomize` of a new overlay of `deploy/controller/<base>` with `extra` (YAML fields of the
+/// kustomization, paths relative to `deploy/controller` written as `@/`), as documents.
+pub fn render_overlay(base: &str, extra: &str) -> Vec<serde_yaml_ng::Value> {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = crate::deploy::relative_path(dir.path(), &deploy_dir());
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {root}/{base}\n{}",
+        extra.replace("@/", &format!("{root}/"))
+    );
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(crate::deploy::kubectl())
+        .arg("kustomize")
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::deploy::documents(&String::from_utf8_lossy(&out.stdout))
+}
+
 /// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode and Kueue Topology CRDs.
 pub fn install_crds(api: &ApiServer) {
     for (path, name) in [
@@ -240,27 +263,12 @@ impl ControllerProcess {
 
     /// The sum of a metric's series on `/metrics` (every label set; 0 when absent).
     pub fn metric(&self, name: &str) -> f64 {
-        crate::http_get(&self.listen, "/metrics")
-            .ok()
-            .map(|(_, body)| {
-                body.lines()
-                    .filter(|l| l.split([' ', '{']).next() == Some(name))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum()
-            })
-            .unwrap_or(0.0)
+        crate::scrape(&self.listen, name)
     }
 
     /// One series of a metric, by its exact label text (`kind="configmap",result="applied"`).
     pub fn metric_with(&self, name: &str, labels: &str) -> f64 {
-        let prefix = format!("{name}{{{labels}}} ");
-        crate::http_get(&self.listen, "/metrics")
-            .ok()
-            .and_then(|(_, body)| {
-                body.lines()
-                    .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
-            })
-            .unwrap_or(0.0)
+        crate::scrape(&self.listen, &format!("{name}{{{labels}}}"))
     }
 }
 

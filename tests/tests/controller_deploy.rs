@@ -11,6 +11,8 @@ use isthmus_tests::apiserver::{ApiServer, describe, kubectl_with};
 use isthmus_tests::controller::{self, NAMESPACE, SERVICE_ACCOUNT};
 use serde_yaml_ng::Value;
 
+#[path = "controller_deploy/availability.rs"]
+mod availability;
 #[path = "controller_deploy/network.rs"]
 mod network;
 

@@ -283,15 +283,34 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(restored.spec, live.spec, "restored with the same content");
 
-    // Edited by someone else: undone.
+    // Edited by someone else (Volcano's own exporter, say): another writer, which the agent leaves alone and
+    // reports; deleted, the other writer's fields go with it and the agent's object is back.
     let edit =
         serde_json::json!({"spec": {"numares": {"cpu": {"allocatable": "0-63", "capacity": 64}}}});
-    rt.block_on(numatopos.patch(NODE, &PatchParams::default(), &Patch::Merge(&edit)))
+    let params = PatchParams {
+        field_manager: Some("resource-exporter".into()),
+        ..PatchParams::default()
+    };
+    rt.block_on(numatopos.patch(NODE, &params, &Patch::Merge(&edit)))
         .unwrap_or_else(|e| panic!("{e}"));
-    wait_until("the edit undone", Duration::from_secs(30), || {
+    wait_until("the other writer reported", Duration::from_secs(30), || {
+        agent.metric(r#"isthmus_numatopology_foreign_writer{manager="resource-exporter"}"#) == 1.0
+    });
+    assert_ne!(
+        rt.block_on(numatopos.get(NODE)).map(|o| o.spec).ok(),
+        Some(live.spec.clone()),
+        "left to the other writer"
+    );
+    rt.block_on(numatopos.delete(NODE, &DeleteParams::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the agent's object back", Duration::from_secs(30), || {
         rt.block_on(numatopos.get(NODE))
             .is_ok_and(|o| o.spec == live.spec)
     });
+    assert_eq!(
+        agent.metric(r#"isthmus_numatopology_foreign_writer{manager="resource-exporter"}"#),
+        0.0
+    );
     assert!(agent.metric("isthmus_numatopology_restores_total") >= 6.0);
     assert!(agent.metric("isthmus_numatopology_writes_total") >= 7.0);
 
@@ -303,8 +322,16 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         .filter(|c| c.code >= 400 || c.code == 0)
         .collect();
     assert!(failed.is_empty(), "calls that failed: {failed:#?}");
-    // Its own objects only: the Numatopology and the NRT (which carries its health conditions; no Node write).
+    // Its own objects only: the Numatopology and the NRT (which carries its health conditions; no Node write), and
+    // the Events on its Node about the other writer.
     for c in api.writes_by(&user, started) {
+        if c.resource == "events" {
+            assert!(
+                c.verb == "create" && c.uri.starts_with("/api/v1/namespaces/default/events"),
+                "{c:?}"
+            );
+            continue;
+        }
         assert!(
             c.verb == "patch"
                 && (c.uri.starts_with(&format!(

@@ -89,6 +89,7 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
             publish_nrt: args.publish_nrt,
             numatopology: args.publish_numatopology,
             numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),
+            takeover: args.nrt_takeover,
             mig_strategy: args.mig_strategy,
             kubelet: crate::k8s::kubelet_view::Source {
                 root: isthmus_topology::HostRoot::new(&args.host.host_root),

@@ -13,8 +13,8 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "noderesourcetopologies",
         verbs: &["create", "list", "patch", "watch"],
         why: "server-side apply of the node's NodeResourceTopology (patch; create when it does not exist yet) and the \
-              watch on it, with a field selector on its name, that restores it when it is deleted or edited (list, \
-              watch)",
+              watch on it, with a field selector on its name, that restores it when it is deleted and sees another \
+              writer's managed fields (list, watch)",
     },
     ApiAccess {
         group: "nodeinfo.volcano.sh",
@@ -43,9 +43,10 @@ pub const EVENTS_ACCESS: &[ApiAccess] = &[ApiAccess {
     group: "",
     resource: "events",
     verbs: &["create"],
-    why: "an Event on the Node when a device health class fails or recovers; with the device plugin beside Slurm, \
-          an Event on the Node naming a pod whose accelerators disagree with Slurm's jobs (never an Event in a \
-          tenant's namespace)",
+    why: "an Event on the Node when a device health class fails or recovers; when another field manager writes \
+          the node's NodeResourceTopology or Numatopology, and when it is gone; with the device plugin beside \
+          Slurm, an Event on the Node naming a pod whose accelerators disagree with Slurm's jobs (never an Event \
+          in a tenant's namespace)",
 }];
 
 /// Named objects in the agent's own namespace (Role `isthmus-node-agent`).

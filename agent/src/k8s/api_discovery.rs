@@ -48,6 +48,7 @@ pub async fn publish_when_served<K: Published>(
     desired: watch::Receiver<Option<publisher::Desired<K>>>,
     metrics: Arc<Metrics>,
     recheck: Duration,
+    pacing: Pacing,
     shutdown: CancellationToken,
 ) {
     let (group, version, plural) = (K::group(&()), K::version(&()), K::plural(&()));
@@ -57,8 +58,7 @@ pub async fn publish_when_served<K: Published>(
         let delay = match served(&client, &group, &version, &plural).await {
             Ok(true) => {
                 tracing::info!(object = K::METRIC, group = %group, version = %version, "the API server serves it: publishing");
-                return publisher::run(client, node, desired, metrics, Pacing::default(), shutdown)
-                    .await;
+                return publisher::run(client, node, desired, metrics, pacing, shutdown).await;
             }
             Ok(false) => {
                 if !told_absent {

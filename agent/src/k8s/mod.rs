@@ -45,6 +45,17 @@ pub enum Switch {
     False,
 }
 
+impl Switch {
+    /// As on the command line: `auto`, `true`, `false`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Switch::Auto => "auto",
+            Switch::True => "true",
+            Switch::False => "false",
+        }
+    }
+}
+
 /// What the node reports to the cluster controller in its NRT: its InfiniBand ports (and their neighbour switches
 /// when learned), its accelerator domain and, when it is a Slurm node, its node definition and gres.conf lines.
 pub fn node_report(

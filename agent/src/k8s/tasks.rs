@@ -28,6 +28,8 @@ pub struct Publishing {
     pub numatopology: Switch,
     /// With `Auto`: how often the API server is asked again while it does not serve the CRD.
     pub numatopology_recheck: Duration,
+    /// Write the objects over another writer (`--nrt-takeover`).
+    pub takeover: bool,
     /// Where and how often the kubelet is asked.
     pub kubelet: kubelet_view::Source,
     /// The device health findings (the health task's), which the NRT shows.
@@ -43,6 +45,7 @@ impl std::fmt::Debug for Publishing {
             .field("nrt", &self.nrt)
             .field("numatopology", &self.numatopology)
             .field("numatopology_recheck", &self.numatopology_recheck)
+            .field("takeover", &self.takeover)
             .field("kubelet", &self.kubelet)
             .finish_non_exhaustive()
     }
@@ -55,6 +58,10 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    let pacing = Pacing {
+        takeover: p.takeover,
+        ..Pacing::default()
+    };
     let (view_tx, view_rx) = watch::channel(KubeletView::default());
     tokio::spawn(kubelet_view::run(p.kubelet, view_tx, shutdown.clone()));
 
@@ -91,7 +98,7 @@ pub fn spawn(
             p.node.clone(),
             nrt_rx,
             metrics.clone(),
-            Pacing::default(),
+            pacing,
             shutdown.clone(),
         ));
     }
@@ -117,17 +124,13 @@ pub fn spawn(
                 numa_rx,
                 metrics,
                 p.numatopology_recheck.max(Duration::from_secs(1)),
+                pacing,
                 shutdown,
             ));
         }
         _ => {
             tokio::spawn(publisher::run(
-                p.client,
-                p.node,
-                numa_rx,
-                metrics,
-                Pacing::default(),
-                shutdown,
+                p.client, p.node, numa_rx, metrics, pacing, shutdown,
             ));
         }
     }

@@ -2,37 +2,10 @@
 //! port from wherever the API server calls, which an overlay narrows to an ipBlock), and the component that makes
 //! the webhook require the API server's client certificate.
 
-use std::process::Command;
-
-use isthmus_tests::controller;
+use isthmus_tests::controller::render_overlay as render;
 use serde_yaml_ng::Value;
 
 use super::docs;
-
-/// `kubectl kustomize` of a new overlay of `deploy/controller/<base>` with `extra` (YAML fields of the
-/// kustomization, paths relative to `deploy/controller` written as `@/`), as documents.
-fn render(base: &str, extra: &str) -> Vec<Value> {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let root = isthmus_tests::deploy::relative_path(dir.path(), &controller::deploy_dir());
-    let text = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {root}/{base}\n{}",
-        extra.replace("@/", &format!("{root}/"))
-    );
-    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::new(isthmus_tests::deploy::kubectl())
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .unwrap_or_else(|e| panic!("kubectl: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_yaml_ng::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
-        .collect()
-}
 
 fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let all: Vec<&Value> = docs

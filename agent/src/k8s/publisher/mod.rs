@@ -3,6 +3,8 @@
 //! retries with backoff when the API server fails, and a watch on the object itself, so that a deleted object or one
 //! whose content someone else changed is put back at once. When to write (one write per interval, a failure's
 //! backoff, restores at once unless another writer keeps undoing them) is decided by the pure [`pacing::Pacer`].
+//! Another field manager that owns the object's content (NFD's topology updater, the resource-topology-exporter)
+//! stops the writes until it is gone or `--nrt-takeover` is set ([`foreign`]).
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -23,8 +25,13 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::{Metrics, Publication};
 use isthmus_api::retry::RetryPolicy;
 
+pub mod foreign;
+mod foreign_report;
 pub mod pacing;
 
+use foreign::{Change, ForeignWriters};
+pub use foreign_report::{FOREIGN_GONE_REASON, FOREIGN_REASON};
+use foreign_report::{FOREIGN_REFRESH, Mode, tell};
 use pacing::{Decision, Pacer, Restore};
 
 /// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
@@ -84,8 +91,11 @@ pub enum PublishError {
 }
 
 /// What a publication did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// Nothing was sent: the live object has other writers (see [`foreign::foreign_managers`]: their names, and
+    /// how many more) and the publisher does not take it over.
+    Foreign(Vec<String>, usize),
     /// An apply was sent.
     Written,
     /// The object is what we applied last: nothing was sent.
@@ -123,6 +133,8 @@ pub struct Publisher<K> {
     /// The live object was compared with the first object to publish (so that a restarted agent whose object is
     /// already right writes nothing).
     live_checked: bool,
+    /// Write over another writer's object (`--nrt-takeover`).
+    takeover: bool,
 }
 
 impl<K> Debug for Publisher<K> {
@@ -135,14 +147,15 @@ impl<K> Debug for Publisher<K> {
 }
 
 impl<K: Published> Publisher<K> {
-    /// A publisher using `client`.
-    pub fn new(client: Client) -> Self {
+    /// A publisher using `client`; `takeover`: write over an object that has other writers.
+    pub fn new(client: Client, takeover: bool) -> Self {
         Self {
             api: Api::all(client.clone()),
             nodes: Api::all(client),
             owner: None,
             applied: None,
             live_checked: false,
+            takeover,
         }
     }
 
@@ -189,10 +202,18 @@ impl<K: Published> Publisher<K> {
             return Ok(Outcome::Unchanged);
         }
         // First publication (after a start or a restore): an object already carrying exactly this content and
-        // owner (what an earlier life of this agent applied) is taken as applied, without a write.
+        // owner (what an earlier life of this agent applied) is taken as applied, without a write; one that another
+        // writer owns is left alone (unless taken over).
         if self.applied.is_none() && !self.live_checked {
             self.live_checked = true;
             if let Some(live) = self.live(&name).await? {
+                let (others, more) =
+                    foreign::foreign_managers(live.meta(), isthmus_api::AGENT_FIELD_MANAGER);
+                if !others.is_empty() && !self.takeover {
+                    // Asked again at the next publication.
+                    self.live_checked = false;
+                    return Ok(Outcome::Foreign(others, more));
+                }
                 if live.same_content(&obj)
                     && live.meta().owner_references == obj.meta().owner_references
                 {
@@ -247,13 +268,16 @@ impl<K: Published> Publisher<K> {
     }
 }
 
-/// How the publisher task paces itself.
+/// How the publisher task paces itself, and whether it writes over another writer.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
     /// At most one apply per this interval (bursts of changes coalesce to the latest object; see [`Pacer`]).
     pub min_interval: Duration,
     /// Timeout of one API call.
     pub call_timeout: Duration,
+    /// Take the object over from another writer (`--nrt-takeover`): apply (and restore) although another field
+    /// manager owns its content. Off: stop writing while one does.
+    pub takeover: bool,
 }
 
 impl Default for Pacing {
@@ -261,6 +285,7 @@ impl Default for Pacing {
         Self {
             min_interval: Duration::from_millis(500),
             call_timeout: Duration::from_secs(10),
+            takeover: false,
         }
     }
 }
@@ -283,9 +308,16 @@ pub async fn run<K: Published>(
     pacing: Pacing,
     shutdown: CancellationToken,
 ) {
-    let mut publisher = Publisher::<K>::new(client.clone());
+    let mut publisher = Publisher::<K>::new(client.clone(), pacing.takeover);
+    let mut foreign = ForeignWriters::default();
+    let mut refresh: Option<Instant> = None;
+    let mut mode = if pacing.takeover {
+        Mode::TakeOver { told: false }
+    } else {
+        Mode::Yield
+    };
     let own = watcher(
-        Api::<K>::all(client),
+        Api::<K>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node}")),
     )
     .default_backoff();
@@ -303,6 +335,12 @@ pub async fn run<K: Published>(
         let wait = match pacer.decide(Instant::now()) {
             Decision::Idle => None,
             Decision::WaitUntil(t) => Some(t),
+            Decision::WriteNow if foreign.present() && !pacing.takeover => {
+                // Another writer owns the object: nothing is written until it is gone.
+                pacer.settled();
+                metrics.record_publication(K::METRIC, Publication::Yielded);
+                continue;
+            }
             Decision::WriteNow => {
                 let Some(obj) = desired.borrow_and_update().clone() else {
                     // Nothing to publish yet: the next desired object is a change.
@@ -334,6 +372,23 @@ pub async fn run<K: Published>(
                                 pacer.settled();
                                 metrics.record_publication(K::METRIC, Publication::Skipped);
                             }
+                            Outcome::Foreign(others, more) => {
+                                pacer.settled();
+                                metrics.record_publication(K::METRIC, Publication::Yielded);
+                                let change = foreign.observe(others);
+                                refresh = Some(Instant::now() + FOREIGN_REFRESH);
+                                let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
+                                tell::<K>(
+                                    &client,
+                                    &node,
+                                    uid.as_deref(),
+                                    &change,
+                                    more,
+                                    mode,
+                                    &metrics,
+                                )
+                                .await;
+                            }
                         }
                     }
                     Err(e) => {
@@ -364,6 +419,10 @@ pub async fn run<K: Published>(
             }
             event = own.next() => match event {
                 Some(Ok(watcher::Event::Delete(_))) => {
+                    // The other writers' fields went with the object.
+                    let change = foreign.observe(Vec::new());
+                    let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
+                    tell::<K>(&client, &node, uid.as_deref(), &change, 0, mode, &metrics).await;
                     tracing::warn!(object = K::METRIC, name = %node, "the object was deleted; restoring it");
                     metrics.record_publication(K::METRIC, Publication::Restored);
                     publisher.forget(true);
@@ -371,7 +430,28 @@ pub async fn run<K: Published>(
                 }
                 Some(Ok(watcher::Event::Apply(live) | watcher::Event::InitApply(live))) => {
                     watch_failing = false;
-                    if publisher.drifted(&live) {
+                    let (others, more) = foreign::foreign_managers(live.meta(), isthmus_api::AGENT_FIELD_MANAGER);
+                    let change = foreign.observe(others);
+                    let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
+                    tell::<K>(&client, &node, uid.as_deref(), &change, more, mode, &metrics).await;
+                    match change {
+                        Change::Writers(_) => {
+                            refresh = Some(Instant::now() + FOREIGN_REFRESH);
+                            if pacing.takeover {
+                                mode = Mode::TakeOver { told: true };
+                            }
+                        }
+                        Change::Gone(_) => {
+                            refresh = None;
+                            // Publish again: compare with the live object, write what differs.
+                            publisher.forget(false);
+                            pacer.changed();
+                        }
+                        Change::Same => {}
+                    }
+                    if foreign.present() && !pacing.takeover {
+                        // Not ours to restore while another writer owns it.
+                    } else if publisher.drifted(&live) {
                         tracing::warn!(object = K::METRIC, name = %node, "the object was changed by someone else; restoring it");
                         metrics.record_publication(K::METRIC, Publication::Restored);
                         publisher.forget(false);
@@ -388,6 +468,10 @@ pub async fn run<K: Published>(
                 None => return,
             },
             () = sleep_until(wait) => {}
+            () = sleep_until(refresh) => {
+                refresh = foreign.present().then(|| Instant::now() + FOREIGN_REFRESH);
+                metrics.record_foreign_writers(K::METRIC, foreign.managers(), &[]);
+            }
         }
     }
 }

@@ -103,7 +103,7 @@ async fn expect_apply(handle: &mut Handle, want: &NodeResourceTopology, status: 
 #[tokio::test]
 async fn applies_once_with_the_owner_skips_identical_and_patches_on_change() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let first = object("pfp0v001aaaaaaaaaaaaaaaa");
     let server = tokio::spawn(async move {
         expect_node_get(&mut handle, Some("u-1")).await;
@@ -143,7 +143,7 @@ async fn applies_once_with_the_owner_skips_identical_and_patches_on_change() {
 #[tokio::test]
 async fn failures_are_errors_and_the_next_publish_retries() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
     let want = owned(obj.clone(), "u-1");
     let server = tokio::spawn(async move {
@@ -169,7 +169,7 @@ async fn failures_are_errors_and_the_next_publish_retries() {
 #[tokio::test]
 async fn a_missing_node_is_an_error_never_an_empty_owner_and_is_asked_again() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let obj = object("pfp0v001aaaaaaaaaaaaaaaa");
     let want = owned(obj.clone(), "u-2");
     let server = tokio::spawn(async move {
@@ -198,7 +198,7 @@ fn drift_is_only_about_our_content() {
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let _guard = rt.enter();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let applied = owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1");
     assert!(!p.drifted(&applied), "nothing applied yet");
     p.applied = Some(applied.clone());
@@ -212,6 +212,18 @@ fn drift_is_only_about_our_content() {
 }
 
 async fn expect_list_by_name(handle: &mut Handle, found: bool) {
+    let items = if found {
+        vec![
+            serde_json::to_value(owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"))
+                .unwrap_or_default(),
+        ]
+    } else {
+        vec![]
+    };
+    expect_list_of(handle, items).await;
+}
+
+async fn expect_list_of(handle: &mut Handle, items: Vec<Value>) {
     let (req, send) = handle
         .next_request()
         .await
@@ -224,14 +236,6 @@ async fn expect_list_by_name(handle: &mut Handle, found: bool) {
             && uri.contains("fieldSelector=metadata.name%3Dnode1"),
         "{uri}"
     );
-    let items = if found {
-        vec![
-            serde_json::to_value(owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1"))
-                .unwrap_or_default(),
-        ]
-    } else {
-        vec![]
-    };
     send.send_response(reply(
         StatusCode::OK,
         serde_json::json!({"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopologyList",
@@ -244,7 +248,7 @@ async fn expect_list_by_name(handle: &mut Handle, found: bool) {
 #[tokio::test]
 async fn a_provisional_object_never_replaces_an_existing_one() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let provisional = Desired {
         object: object("pfp0v001cccccccccccccccc"),
         keep_existing: true,
@@ -282,7 +286,7 @@ async fn a_provisional_object_never_replaces_an_existing_one() {
 
     // Nothing there (a new node): the provisional object is published.
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let server = tokio::spawn(async move {
         expect_list_by_name(&mut handle, false).await;
         expect_node_get(&mut handle, Some("u-1")).await;
@@ -306,7 +310,7 @@ async fn a_provisional_object_never_replaces_an_existing_one() {
 #[tokio::test]
 async fn an_object_already_right_is_adopted_without_a_write() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"));
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let server = tokio::spawn(async move {
         expect_node_get(&mut handle, Some("u-1")).await;
         expect_list_by_name(&mut handle, true).await;
@@ -332,4 +336,58 @@ async fn an_object_already_right_is_adopted_without_a_write() {
             .is_err(),
         "no further request"
     );
+}
+
+/// The live object as NFD's topology updater left it: its content owned by field manager `nfd-topology-updater`.
+fn written_by_nfd() -> Value {
+    let mut live =
+        serde_json::to_value(owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1")).unwrap_or_default();
+    live["metadata"]["managedFields"] = serde_json::json!([
+        {"manager": "nfd-topology-updater", "operation": "Update", "apiVersion": "topology.node.k8s.io/v1alpha2",
+         "fieldsType": "FieldsV1", "fieldsV1": {"f:zones": {}, "f:topologyPolicies": {}}}
+    ]);
+    live
+}
+
+/// An object whose content another field manager owns is not written (the publisher says who), and asked about
+/// again at the next publication; with takeover it is applied over.
+#[tokio::test]
+async fn an_object_another_manager_writes_is_left_alone_unless_taken_over() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
+    let server = tokio::spawn(async move {
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_list_of(&mut handle, vec![written_by_nfd()]).await;
+        expect_list_of(&mut handle, vec![written_by_nfd()]).await;
+        handle
+    });
+    let ours = object("pfp0v001bbbbbbbbbbbbbbbb");
+    for _ in 0..2 {
+        assert_eq!(
+            p.publish(&ours).await.ok(),
+            Some(Outcome::Foreign(vec!["nfd-topology-updater".into()], 0))
+        );
+    }
+    let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), handle.next_request())
+            .await
+            .is_err(),
+        "nothing written"
+    );
+
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), true);
+    let server = tokio::spawn(async move {
+        expect_node_get(&mut handle, Some("u-1")).await;
+        expect_list_of(&mut handle, vec![written_by_nfd()]).await;
+        expect_apply(
+            &mut handle,
+            &owned(object("pfp0v001bbbbbbbbbbbbbbbb"), "u-1"),
+            StatusCode::OK,
+        )
+        .await;
+    });
+    assert_eq!(p.publish(&ours).await.ok(), Some(Outcome::Written));
+    server.await.unwrap_or_else(|e| panic!("{e}"));
 }
