@@ -3,8 +3,11 @@
 //! answer to the step just done had been lost. This is how the fault-injection suite reaches every step of every
 //! action from the code, not by timing luck.
 //!
-//! Nothing arms a point outside tests (there is no flag, variable or file for it): an unarmed point costs one atomic
-//! load. An armed point fires once and is then disarmed, so that the restarted task runs through it.
+//! Nothing arms a point outside tests: in-process tests call [`arm`]; a process the tests run (the agent, under
+//! its PID namespace) is armed from its environment only when built with the `fault-injection` feature, which the
+//! test suite's builds turn on and a release build does not have ([`arm_from_env`]); there a crash aborts the
+//! process. An unarmed point costs one atomic load. An armed point fires once and is then disarmed, so that the
+//! restarted task runs through it.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +38,8 @@ static ANY: AtomicBool = AtomicBool::new(false);
 /// Whether a crash has fired: the process is dead from then on, so every point stops what reaches it (a write of the
 /// same pass that runs beside the crashed one stops at its own next point), until [`restarted`].
 static CRASHED: AtomicBool = AtomicBool::new(false);
+/// Whether a crash ends the process (armed from the environment) rather than only the task.
+static ABORT: AtomicBool = AtomicBool::new(false);
 static ARMED: Mutex<Vec<Armed>> = Mutex::new(Vec::new());
 /// Every point reached while some point was armed, in order (what a test reads to know a step was reached).
 static REACHED: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -60,6 +65,29 @@ pub fn arm(name: &str, fault: Fault) {
         fault,
     });
     ANY.store(true, Ordering::SeqCst);
+}
+
+/// Arm the points `ISTHMUS_FAULT_POINTS` names (`POINT=crash` or `POINT=lose`, comma-separated); a crash then
+/// aborts the process, as a kill would end it. Returns the points armed (an unknown fault word arms nothing).
+#[cfg(feature = "fault-injection")]
+pub fn arm_from_env() -> Vec<String> {
+    let Ok(spec) = std::env::var("ISTHMUS_FAULT_POINTS") else {
+        return Vec::new();
+    };
+    let mut done = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let fault = match item.rsplit_once('=') {
+            Some((name, "crash")) => Some((name, Fault::Crash)),
+            Some((name, "lose")) => Some((name, Fault::LoseAnswer)),
+            _ => None,
+        };
+        if let Some((name, fault)) = fault {
+            arm(name, fault);
+            done.push(name.to_owned());
+        }
+    }
+    ABORT.store(true, Ordering::SeqCst);
+    done
 }
 
 /// Disarm every point and forget what was reached.
@@ -124,6 +152,10 @@ pub async fn crash_point(name: &str) {
 }
 
 async fn crash_here(name: &str) {
+    if ABORT.load(Ordering::SeqCst) {
+        eprintln!("failpoint {name}: the process ends here, as if it had been killed");
+        std::process::abort();
+    }
     // A log line, so that a test's output shows where the task stopped.
     eprintln!("failpoint {name}: the task stops here, as if its process had been killed");
     std::future::pending::<()>().await;

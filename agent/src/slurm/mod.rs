@@ -50,6 +50,10 @@ pub enum FailedGpus {
     Remove,
 }
 
+/// The fault points between the steps of a changed registration ([`isthmus_api::failpoint`]): after slurmctld
+/// forgot the dynamic node, after the changed gres.conf was written (before slurmd restarts with it).
+pub const FAULT_POINTS: &[&str] = &["agent/slurm/node-forgotten", "agent/slurm/gres-written"];
+
 /// For `--slurm-failed-gpus remove`: the health findings in, and out the failed GPUs the node's registered Slurm
 /// definition leaves out (the health conditions say so, and the node sync then drains nothing for them).
 #[derive(Debug)]
@@ -131,10 +135,15 @@ pub async fn run(
                         if refused.as_ref() != Some(&view) {
                             tracing::info!("Slurm-visible hardware changed");
                         }
-                        if old.slurmd != view.slurmd
-                            && !node.forget_dynamic_node(&reaper).await
-                            && node.removes_failed_gpus()
-                        {
+                        let kept = if old.slurmd == view.slurmd {
+                            false
+                        } else if node.forget_dynamic_node(&reaper).await {
+                            isthmus_api::failpoint::crash_point(FAULT_POINTS[0]).await;
+                            false
+                        } else {
+                            true
+                        };
+                        if kept && node.removes_failed_gpus() {
                             if refused.as_ref() != Some(&view) {
                                 tracing::warn!(
                                     left_out = ?leave_out,
@@ -149,6 +158,9 @@ pub async fn run(
                     refused = None;
                     match node.write_gres(&view) {
                         Ok(outcome) => {
+                            if current.is_some() {
+                                isthmus_api::failpoint::crash_point(FAULT_POINTS[1]).await;
+                            }
                             write_backoff.reset();
                             if outcome == WriteOutcome::Written {
                                 tracing::info!(path = ?node.gres_out(), "wrote gres.conf");

@@ -90,3 +90,84 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     );
     site.slurm_ok(&["scancel", &seven]);
 }
+
+/// The agent killed (as PID 1 of its pod's PID namespace, so slurmd and munged die with it) at each step of taking a
+/// failed GPU out of the dynamic node's registration — right after slurmctld forgot the node, right after gres.conf
+/// was written — and started again: the node registers without the GPU, idle, and serves jobs. Nothing of the
+/// registration is kept in memory: the restarted agent renders it from discovery and the health findings.
+#[test]
+fn a_failed_gpus_removal_converges_after_the_agent_dies_at_each_step() {
+    for point in isthmus_agent::slurm::FAULT_POINTS {
+        let root = h100();
+        let mut site = Site::on(SlurmRelease::V22_05, "pk1", &root, Mode::Dynamic);
+        let kmsg = site.path().join("kmsg");
+        std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
+        let kmsg_arg = kmsg.to_string_lossy().into_owned();
+        let extra = ["--slurm-failed-gpus", "remove", "--xid-replay", &kmsg_arg];
+        let args = [&DYNAMIC[..], &extra[..]].concat();
+        let pod = ["unshare", "-pf", "--mount-proc", "--kill-child"];
+        site.agent_env = vec![(
+            "ISTHMUS_FAULT_POINTS".to_owned(),
+            format!("{point}=crash").into(),
+        )];
+        site.start_agent_under(&pod, &root, &args);
+        site.start_slurmctld();
+        site.wait_idle();
+        assert!(gres(&site).starts_with("gpu:nvidia_h100_80gb_hbm3:8"));
+        let stream =
+            std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
+                .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&kmsg, stream).unwrap_or_else(|e| panic!("{e}"));
+        wait_until(
+            &format!("the agent to die at {point}"),
+            Duration::from_secs(60),
+            || {
+                site.agent
+                    .as_mut()
+                    .is_some_and(|a| matches!(a.try_wait(), Ok(Some(_))))
+            },
+        );
+        assert!(
+            site.log()
+                .contains(&format!("failpoint {point}: the process ends here")),
+            "{point}: {}",
+            site.log()
+        );
+        // The pod's containers restart: the same agent, nothing armed.
+        site.stop_agent();
+        site.agent_env.clear();
+        let restarted = Instant::now();
+        site.start_agent_under(&pod, &root, &args);
+        wait_until(
+            &format!("{point}: the node registers with 7 GPUs after the restart"),
+            Duration::from_secs(60),
+            || gres(&site).starts_with("gpu:nvidia_h100_80gb_hbm3:7"),
+        );
+        let idle = || {
+            site.scontrol_node()
+                .get("State")
+                .is_some_and(|s| s.starts_with("IDLE") && !s.contains("DRAIN"))
+        };
+        let start = Instant::now();
+        while !idle() {
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "{point}: not idle after the restart: {:?}\nagent log:\n{}",
+                site.scontrol_node(),
+                site.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        println!(
+            "killed at {point}: registered with 7 GPUs {:?} after the restart",
+            restarted.elapsed()
+        );
+        let seven = site.sbatch_sleep("--gres=gpu:7");
+        wait_until(
+            &format!("{point}: a job on the seven GPUs runs"),
+            Duration::from_secs(30),
+            || job_state(&site, &seven) == "RUNNING",
+        );
+        site.slurm_ok(&["scancel", &seven]);
+    }
+}
