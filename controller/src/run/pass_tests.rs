@@ -336,7 +336,14 @@ fn fake_sinfo(dir: &std::path::Path, answer: &str) -> SlurmClient {
     let text = dir.join("sinfo.txt");
     std::fs::write(&text, answer).unwrap_or_else(|e| panic!("{e}"));
     let sinfo = dir.join("sinfo");
-    std::fs::write(&sinfo, format!("#!/bin/sh\ncat '{}'\n", text.display()))
+    // Shell builtins only: the fast tier's PATH may hold nothing but the toolchain.
+    std::fs::write(
+        &sinfo,
+        format!(
+            "#!/bin/sh\nwhile IFS= read -r l || [ -n \"$l\" ]; do printf '%s\\n' \"$l\"; done < '{}'\n",
+            text.display()
+        ),
+    )
         .unwrap_or_else(|e| panic!("{e}"));
     std::fs::set_permissions(&sinfo, std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("{e}"));
