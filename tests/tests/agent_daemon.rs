@@ -92,7 +92,8 @@ fn silent_unix_listener(path: &Path) -> std::os::unix::net::UnixListener {
 }
 
 /// SIGTERM while a discovery is blocked on a file (a FIFO in sysfs), a PodResources call and an API request hang,
-/// and slurmd ignores SIGTERM: the agent kills slurmd after the grace period and is gone within grace + 1 s.
+/// and slurmd ignores SIGTERM: the agent kills slurmd after the grace period and is gone well before the pod's own
+/// termination grace (30 s, 60 s with Slurm) would have the kubelet kill it: within grace + 5 s, on a loaded machine too.
 #[test]
 fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -212,8 +213,8 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
             break s;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(grace + 1),
-            "the agent did not stop within the grace period + 1 s\n{}",
+            start.elapsed() < Duration::from_secs(grace + 5),
+            "the agent did not stop within the grace period + 5 s\n{}",
             log()
         );
         std::thread::sleep(Duration::from_millis(20));
