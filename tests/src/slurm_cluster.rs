@@ -317,6 +317,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        self.ctld.end_all_jobs();
         let names: Vec<String> = self.slurmds.keys().cloned().collect();
         for n in names {
             self.stop_slurmd(&n);

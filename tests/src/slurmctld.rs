@@ -174,6 +174,44 @@ impl Controller {
         }
     }
 
+    /// Whether slurmctld runs (it was not stopped, and has not exited).
+    pub fn running(&mut self) -> bool {
+        self.slurmctld
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// End every job at once (SIGKILL to the batch shell and every step, then a cancel for those not started) and
+    /// wait, up to 10 s, until slurmctld lists none: a job step's slurmstepd ignores SIGTERM and outlives slurmd, so
+    /// a site that stops without this leaves its jobs' processes behind.
+    pub fn end_all_jobs(&mut self) {
+        if !self.running() {
+            return;
+        }
+        let list = || {
+            let out = self.run("squeue", &["-h", "-o", "%i"]);
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter(|id| id.chars().all(|c| c.is_ascii_digit() || c == '_'))
+                .map(str::to_owned)
+                .collect::<Vec<String>>()
+        };
+        let ids = list();
+        if ids.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let _ = self.run(
+            "scancel",
+            &[&["--full", "--signal=KILL"][..], &ids[..]].concat(),
+        );
+        let _ = self.run("scancel", &ids);
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(10) && !list().is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// The directory.
     pub fn path(&self) -> &Path {
         self.dir.path()
@@ -246,6 +284,7 @@ pub fn stop(mut child: Child) {
 
 impl Drop for Controller {
     fn drop(&mut self) {
+        self.end_all_jobs();
         if let Some(child) = self.slurmctld.take() {
             stop(child);
         }

@@ -389,6 +389,37 @@ impl Site {
 
 impl Drop for Site {
     fn drop(&mut self) {
+        // Jobs first: a job step's slurmstepd ignores SIGTERM and would outlive the agent's slurmd.
+        if self.ctld.is_some() {
+            let slurm = |args: &[&str]| {
+                self.release
+                    .command(args[0])
+                    .args(&args[1..])
+                    .env("SLURM_CONF", self.conf())
+                    .output()
+                    .ok()
+            };
+            let ids: Vec<String> = slurm(&["squeue", "-h", "-o", "%i"])
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !ids.is_empty() {
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                let _ = slurm(&[&["scancel", "--full", "--signal=KILL"][..], &ids[..]].concat());
+                let _ = slurm(&[&["scancel"][..], &ids[..]].concat());
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(10)
+                    && slurm(&["squeue", "-h", "-o", "%i"])
+                        .is_some_and(|o| !o.stdout.trim_ascii().is_empty())
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
         self.stop_agent();
         if let Some(c) = self.ctld.as_mut() {
             let _ = c.kill();
