@@ -111,7 +111,11 @@ mod tests {
             (&["agent", "--log-format=json"], None, LogFormat::Json),
             (&["agent", "--slurm-mode", "x"], json, LogFormat::Json),
             (&["agent", "--log-format", "text"], json, LogFormat::Text),
-            (&["agent", "--log-format=json", "--log-format", "text"], None, LogFormat::Text),
+            (
+                &["agent", "--log-format=json", "--log-format", "text"],
+                None,
+                LogFormat::Text,
+            ),
             (&["agent", "--log-format", "bogus"], None, LogFormat::Text),
             (&["agent", "--", "--log-format=json"], None, LogFormat::Text),
             (&["agent"], Some(OsStr::new("JSON")), LogFormat::Text),
@@ -124,8 +128,12 @@ mod tests {
     #[test]
     fn the_json_line_has_the_formatters_shape() {
         let line = json_line("reading /no/such/slurm.conf: \"quoted\"\nsecond line");
-        assert!(line.ends_with('\n') && line.trim_end().lines().count() == 1, "{line}");
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            line.ends_with('\n') && line.trim_end().lines().count() == 1,
+            "{line}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(v["level"], "ERROR");
         assert_eq!(v["target"], "isthmus");
         assert_eq!(
@@ -144,9 +152,13 @@ mod tests {
             .unwrap_or_else(|| panic!("parsed"));
         assert!(e.use_stderr());
         let line = json_line(e.render().to_string().trim_end());
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(
-            v["fields"]["message"].as_str().unwrap_or_default().contains("bogus"),
+            v["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("bogus"),
             "{line}"
         );
     }

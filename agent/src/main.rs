@@ -7,10 +7,7 @@ use isthmus_agent::fatal;
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let format = fatal::requested(
-        &args,
-        std::env::var_os(fatal::LOG_FORMAT_ENV).as_deref(),
-    );
+    let format = fatal::requested(&args, std::env::var_os(fatal::LOG_FORMAT_ENV).as_deref());
     let cli = match isthmus_agent::cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => return fatal::clap_error(format, &e),

@@ -46,7 +46,10 @@ pub fn assert_process_metrics(body: &str, pid: u32) {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} not in:\n{body}"))
     };
-    assert!(body.contains("# TYPE process_cpu_seconds_total counter\n"), "{body}");
+    assert!(
+        body.contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{body}"
+    );
     assert!(value("process_cpu_seconds_total") > 0.0);
     assert!(value("process_resident_memory_bytes") > 1_048_576.0);
     assert!(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));

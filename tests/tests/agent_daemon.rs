@@ -260,14 +260,24 @@ fn with_json_logs_every_line_of_a_failed_start_is_json() {
     let bind_error = format!("binding {taken}");
     let cases: [(Vec<&str>, bool, &str); 4] = [
         (
-            [&agent[..], &["--log-format", "json", "--slurm-mode", "bogus"]].concat(),
+            [
+                &agent[..],
+                &["--log-format", "json", "--slurm-mode", "bogus"],
+            ]
+            .concat(),
             false,
             "invalid value 'bogus' for '--slurm-mode",
         ),
         (
             [
                 &agent[..],
-                &["--log-format=json", "--slurm-mode", "configured", "--slurm-conf", "/no/such/slurm.conf"],
+                &[
+                    "--log-format=json",
+                    "--slurm-mode",
+                    "configured",
+                    "--slurm-conf",
+                    "/no/such/slurm.conf",
+                ],
             ]
             .concat(),
             false,
@@ -279,14 +289,23 @@ fn with_json_logs_every_line_of_a_failed_start_is_json() {
             "invalid value 'nope' for '--lease-seconds",
         ),
         (
-            vec!["controller", "run", "--log-format", "json", "--listen", &taken],
+            vec![
+                "controller",
+                "run",
+                "--log-format",
+                "json",
+                "--listen",
+                &taken,
+            ],
             false,
             &bind_error,
         ),
     ];
     for (args, env, want) in cases {
         let mut cmd = Command::new(isthmus_bin());
-        cmd.args(&args).env_remove("ISTHMUS_LOG_FORMAT").env_remove("RUST_LOG");
+        cmd.args(&args)
+            .env_remove("ISTHMUS_LOG_FORMAT")
+            .env_remove("RUST_LOG");
         if env {
             cmd.env("ISTHMUS_LOG_FORMAT", "json");
         }
@@ -304,7 +323,9 @@ fn with_json_logs_every_line_of_a_failed_start_is_json() {
             })
             .collect();
         assert!(lines.iter().all(serde_json::Value::is_object), "{text}");
-        let last = lines.last().unwrap_or_else(|| panic!("{args:?}: no output"));
+        let last = lines
+            .last()
+            .unwrap_or_else(|| panic!("{args:?}: no output"));
         assert_eq!(last["level"], "ERROR", "{text}");
         assert_eq!(last["target"], "isthmus", "{text}");
         assert!(last["timestamp"].is_string(), "{text}");

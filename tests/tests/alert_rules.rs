@@ -110,14 +110,22 @@ fn every_job_a_rule_names_is_a_service_a_shipped_service_monitor_scrapes() {
     // The Prometheus Operator names a ServiceMonitor's job after the Service it selects.
     let jobs: Vec<String> = deploy::monitored_services()
         .iter()
-        .map(|(_, svc)| svc["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+        .map(|(_, svc)| {
+            svc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
         .collect();
     let mut named = Vec::new();
     for rule in rules() {
         let expr = rule["expr"].as_str().unwrap_or_default();
         for part in expr.split("job=\"").skip(1) {
             let job = part.split('"').next().unwrap_or_default();
-            assert!(jobs.iter().any(|j| j == job), "{expr}: job {job} is none of {jobs:?}");
+            assert!(
+                jobs.iter().any(|j| j == job),
+                "{expr}: job {job} is none of {jobs:?}"
+            );
             named.push(job.to_owned());
         }
     }
@@ -142,8 +150,8 @@ fn anchor(heading: &str) -> String {
 
 #[test]
 fn every_alert_links_its_section_of_the_troubleshooting_page() {
-    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cargo =
+        std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap_or_else(|e| panic!("{e}"));
     let repository = cargo
         .lines()
         .find_map(|l| l.strip_prefix("repository = \""))
@@ -167,7 +175,10 @@ fn every_alert_links_its_section_of_the_troubleshooting_page() {
             .strip_prefix(&prefix)
             .unwrap_or_else(|| panic!("{name}: {url} is not under {prefix}"));
         assert_eq!(target, anchor(name), "{name}: {url}");
-        assert!(sections.iter().any(|s| s == target), "{name}: no section #{target}");
+        assert!(
+            sections.iter().any(|s| s == target),
+            "{name}: no section #{target}"
+        );
         linked.push(target.to_owned());
     }
     linked.sort();

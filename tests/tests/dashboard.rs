@@ -250,7 +250,8 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
             );
         }
     }
-    let (mut isthmus, mut kube, mut prometheus) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    let (mut isthmus, mut kube, mut prometheus) =
+        (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
     let (mut matched, mut grouped) = (0, 0);
     for expr in exprs(&dashboard()) {
         let (metrics, matchers, grouping) = parse(&expr);

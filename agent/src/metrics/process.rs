@@ -27,7 +27,12 @@ pub struct Process {
 /// What `/proc/<pid>/stat` says, given the clock tick rate, the page size and the boot time (`btime` of
 /// `/proc/stat`, seconds since the epoch). The command name (field 2) may hold spaces and parentheses: the fields
 /// are counted after its last `)`.
-pub fn parse_stat(stat: &str, ticks_per_second: f64, page_size: f64, boot_time: f64) -> Option<Process> {
+pub fn parse_stat(
+    stat: &str,
+    ticks_per_second: f64,
+    page_size: f64,
+    boot_time: f64,
+) -> Option<Process> {
     let rest = &stat[stat.rfind(')')? + 1..];
     // rest starts at field 3 (state): field n is rest[n - 3].
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -179,7 +184,9 @@ mod tests {
                       Max open files            1048576              1048576              files     \n";
         assert_eq!(parse_max_fds(limits), Some(1_048_576.0));
         assert_eq!(
-            parse_max_fds("Max open files            unlimited            unlimited            files\n"),
+            parse_max_fds(
+                "Max open files            unlimited            unlimited            files\n"
+            ),
             None
         );
     }

@@ -283,7 +283,8 @@ fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
     assert!(body.lines().any(|l| l == build), "{build} not in:\n{body}");
     isthmus_tests::build_info::assert_process_metrics(
         &body,
-        c.pid().unwrap_or_else(|| panic!("the controller is not running")),
+        c.pid()
+            .unwrap_or_else(|| panic!("the controller is not running")),
     );
     api.stop();
     std::thread::sleep(Duration::from_secs(5));

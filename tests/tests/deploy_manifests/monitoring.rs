@@ -58,7 +58,10 @@ fn both_halves_are_scraped_on_their_metrics_port() {
 #[test]
 fn the_release_label_is_set_in_one_place_and_an_overlay_changes_it() {
     let release = release_in_kustomization();
-    assert_eq!(release, "kube-prometheus-stack", "the default docs/deploy.md states");
+    assert_eq!(
+        release, "kube-prometheus-stack",
+        "the default docs/deploy.md states"
+    );
     for d in deploy::monitoring() {
         assert_eq!(
             s(&at(&d, "metadata/labels")["release"]),
@@ -80,7 +83,11 @@ fn the_release_label_is_set_in_one_place_and_an_overlay_changes_it() {
         .arg(dir.path())
         .output()
         .unwrap_or_else(|e| panic!("kubectl: {e}"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let docs = deploy::documents(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(docs.len(), 3);
     for d in &docs {
