@@ -11,6 +11,7 @@
 //!   and what `/readyz` says.
 //! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
+//! - [`fatal`]: the error that ends a start, in the log format asked for.
 
 pub mod build_info;
 pub mod cadence;
@@ -19,6 +20,7 @@ pub mod commands;
 pub mod config_file;
 pub mod daemon;
 pub mod discovery;
+pub mod fatal;
 pub mod health;
 pub mod http;
 pub mod k8s;

@@ -1,8 +1,12 @@
 //! `isthmus`: the node agent binary.
 
-use clap::Parser;
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
+use clap::Parser;
+use isthmus_agent::fatal;
+
+fn main() -> ExitCode {
+    // The test suite's builds only: fault points armed from the environment (never in a release).
     #[cfg(feature = "fault-injection")]
     {
         let armed = isthmus_api::failpoint::arm_from_env();
@@ -10,15 +14,20 @@ fn main() -> std::process::ExitCode {
             eprintln!("isthmus: fault points armed: {armed:?}");
         }
     }
-    let cli = isthmus_agent::cli::Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let format = fatal::requested(&args, std::env::var_os(fatal::LOG_FORMAT_ENV).as_deref());
+    let cli = match isthmus_agent::cli::Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => return fatal::clap_error(format, &e),
+    };
     if let Some(host) = cli.command.host() {
         isthmus_agent::discovery::prepare_environment(&host.into());
     }
     match isthmus_agent::commands::run(cli.command) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("isthmus: error: {e:#}");
-            std::process::ExitCode::FAILURE
+            fatal::report(format, &format!("{e:#}"));
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Prometheus node metrics (metrics-exporter-prometheus with a recorder owned by the agent, not a global one):
 //! device inventory, InfiniBand ports (node_exporter semantics, `isthmus_` prefix, base units), supervised children,
-//! discovery and NRT publication.
+//! discovery and NRT publication; and the process metrics of client libraries ([`process`]).
 
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use metrics_util::MetricKindMask;
 use crate::slurm::supervisor::ChildStatus;
 
 mod infiniband;
+pub mod process;
 use infiniband::IB_COUNTERS;
 
 /// The agent's metrics.
@@ -447,10 +448,15 @@ impl Metrics {
         });
     }
 
-    /// The exposition text.
+    /// The exposition text, the process metrics (`process_*`, read from `/proc/self` now) last.
     pub fn render(&self) -> String {
         self.record_build_info();
-        self.handle.render()
+        let mut text = self.handle.render();
+        if !text.is_empty() && !text.ends_with("\n\n") {
+            text.push('\n');
+        }
+        text.push_str(&process::render_self());
+        text
     }
 }
 

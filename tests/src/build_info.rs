@@ -36,3 +36,33 @@ pub fn build_info_series() -> String {
     );
     format!("isthmus_build_info{{version=\"{version}\",commit=\"{commit}\",arch=\"{arch}\"}} 1")
 }
+
+/// The process metrics of `/metrics` (`body`) are those of the process `pid` that serves it: the client libraries'
+/// names, sane values, and the start time its `/proc/<pid>/stat` gives.
+pub fn assert_process_metrics(body: &str, pid: u32) {
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in:\n{body}"))
+    };
+    assert!(
+        body.contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{body}"
+    );
+    assert!(value("process_cpu_seconds_total") > 0.0);
+    assert!(value("process_resident_memory_bytes") > 1_048_576.0);
+    assert!(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));
+    assert!(value("process_threads") >= 1.0);
+    let fds = value("process_open_fds");
+    assert!(fds >= 3.0 && fds <= value("process_max_fds"), "{fds}");
+    let own = isthmus_agent::metrics::process::read(
+        std::path::Path::new(&format!("/proc/{pid}")),
+        std::path::Path::new("/proc/stat"),
+    )
+    .unwrap_or_else(|| panic!("/proc/{pid} unreadable"));
+    assert!(
+        (value("process_start_time_seconds") - own.start_time_seconds).abs() < 0.02,
+        "not the start of process {pid}: {body}"
+    );
+}

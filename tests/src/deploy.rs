@@ -364,3 +364,42 @@ pub fn install_agent(api: &crate::apiserver::ApiServer) -> PathBuf {
     }
     api.kubeconfig_for_token(&api.token_for("isthmus-system", "isthmus"))
 }
+
+/// `deploy/monitoring` rendered (both halves' ServiceMonitors and the alerting rules, with the release label).
+pub fn monitoring() -> Vec<Value> {
+    render_at(&crate::repo_root().join("deploy"), "monitoring")
+}
+
+/// Each ServiceMonitor of `deploy/monitoring` with the one Service it selects in the shipped manifests (the agent's
+/// `deploy/daemonset`, the controller's `deploy/controller/base`): the Prometheus Operator names the scrape job after
+/// that Service, the `job` label the alerts match.
+pub fn monitored_services() -> Vec<(Value, Value)> {
+    let services: Vec<Value> = [render("."), crate::controller::render_overlay("base", "")]
+        .iter()
+        .flat_map(|docs| of_kind(docs, "Service").into_iter().cloned())
+        .collect();
+    of_kind(&monitoring(), "ServiceMonitor")
+        .into_iter()
+        .map(|sm| {
+            let selector = at(sm, "spec/selector/matchLabels");
+            let selected: Vec<&Value> = services
+                .iter()
+                .filter(|svc| {
+                    selector.as_mapping().is_some_and(|m| {
+                        !m.is_empty()
+                            && m.iter()
+                                .all(|(k, v)| at(svc, "metadata/labels").get(k) == Some(v))
+                    })
+                })
+                .collect();
+            assert_eq!(
+                selected.len(),
+                1,
+                "{:?} selects {} Services",
+                at(sm, "metadata/name"),
+                selected.len()
+            );
+            (sm.clone(), selected[0].clone())
+        })
+        .collect()
+}

@@ -1,6 +1,7 @@
 //! The daemon's shape, from the outside: one runtime and a constant set of threads however often it rediscovers
 //! (one discovery per trigger, one NVML source for the life of the process), and SIGTERM honoured within the grace
-//! period while a discovery, a PodResources call and an API request are all stuck in flight.
+//! period while a discovery, a PodResources call and an API request are all stuck in flight. With JSON logs, every
+//! line of a start that fails is JSON, its error too.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -229,4 +230,112 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
     );
     assert!(log().contains("SIGKILL"), "{}", log());
     drop((api_conn, kubelet_conn));
+}
+
+/// With `--log-format json` (or `ISTHMUS_LOG_FORMAT=json`) a start that fails writes only JSON lines, its error last
+/// in tracing-subscriber's shape: a flag value clap refuses (agent and controller), a Slurm configuration that does
+/// not exist (after the first log lines), a controller address in use.
+#[test]
+fn with_json_logs_every_line_of_a_failed_start_is_json() {
+    // Read only: every case fails before the agent writes anything.
+    let root = fixtures()
+        .join("hosts/xe9680-8xh100/root")
+        .display()
+        .to_string();
+    let agent = [
+        "agent",
+        "--host-root",
+        &root,
+        "--no-nvml",
+        "--node-name",
+        "json1",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    // An address in use: binding it fails at once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let taken = taken
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bind_error = format!("binding {taken}");
+    let cases: [(Vec<&str>, bool, &str); 4] = [
+        (
+            [
+                &agent[..],
+                &["--log-format", "json", "--slurm-mode", "bogus"],
+            ]
+            .concat(),
+            false,
+            "invalid value 'bogus' for '--slurm-mode",
+        ),
+        (
+            [
+                &agent[..],
+                &[
+                    "--log-format=json",
+                    "--slurm-mode",
+                    "configured",
+                    "--slurm-conf",
+                    "/no/such/slurm.conf",
+                ],
+            ]
+            .concat(),
+            false,
+            "/no/such/slurm.conf",
+        ),
+        (
+            vec!["controller", "run", "--lease-seconds", "nope"],
+            true,
+            "invalid value 'nope' for '--lease-seconds",
+        ),
+        (
+            vec![
+                "controller",
+                "run",
+                "--log-format",
+                "json",
+                "--listen",
+                &taken,
+            ],
+            false,
+            &bind_error,
+        ),
+    ];
+    for (args, env, want) in cases {
+        let mut cmd = Command::new(isthmus_bin());
+        cmd.args(&args)
+            .env_remove("ISTHMUS_LOG_FORMAT")
+            .env_remove("RUST_LOG");
+        if env {
+            cmd.env("ISTHMUS_LOG_FORMAT", "json");
+        }
+        let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!out.status.success(), "{args:?}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {l}"))
+            })
+            .collect();
+        assert!(lines.iter().all(serde_json::Value::is_object), "{text}");
+        let last = lines
+            .last()
+            .unwrap_or_else(|| panic!("{args:?}: no output"));
+        assert_eq!(last["level"], "ERROR", "{text}");
+        assert_eq!(last["target"], "isthmus", "{text}");
+        assert!(last["timestamp"].is_string(), "{text}");
+        let message = last["fields"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(want), "{args:?}: {message}");
+        assert_eq!(
+            lines.iter().filter(|l| l["level"] == "ERROR").count(),
+            1,
+            "{text}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The alerting rules (`deploy/daemonset/monitoring/alerts`): `promtool check rules` and `promtool test rules` pass
-//! (system tier: Debian's `prometheus`), the PrometheusRule carries exactly the plain file's groups, and every metric
-//! a rule reads is one the code records.
+//! (system tier: Debian's `prometheus`), the PrometheusRule carries exactly the plain file's groups, every metric
+//! a rule reads is one the code records, every scrape job a rule names is a Service a shipped ServiceMonitor
+//! scrapes, and every alert links its section of docs/troubleshooting.md.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -86,5 +87,103 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 7);
+    assert_eq!(checked, 13);
+}
+
+/// Every rule of the plain file.
+fn rules() -> Vec<Value> {
+    let plain: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(alerts().join("isthmus.rules.yaml"))
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    plain["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn every_job_a_rule_names_is_a_service_a_shipped_service_monitor_scrapes() {
+    // The Prometheus Operator names a ServiceMonitor's job after the Service it selects.
+    let jobs: Vec<String> = deploy::monitored_services()
+        .iter()
+        .map(|(_, svc)| {
+            svc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let mut named = Vec::new();
+    for rule in rules() {
+        let expr = rule["expr"].as_str().unwrap_or_default();
+        for part in expr.split("job=\"").skip(1) {
+            let job = part.split('"').next().unwrap_or_default();
+            assert!(
+                jobs.iter().any(|j| j == job),
+                "{expr}: job {job} is none of {jobs:?}"
+            );
+            named.push(job.to_owned());
+        }
+    }
+    named.sort();
+    named.dedup();
+    assert_eq!(named, ["isthmus-controller-metrics", "isthmus-metrics"]);
+}
+
+/// The anchor GitHub gives a Markdown heading: lower case, spaces to '-', other punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_links_its_section_of_the_troubleshooting_page() {
+    let cargo =
+        std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let repository = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("repository = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("no repository in Cargo.toml"));
+    let prefix = format!("{repository}/blob/main/docs/troubleshooting.md#");
+    let page = std::fs::read_to_string(repo_root().join("docs/troubleshooting.md"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let sections: Vec<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(anchor)
+        .collect();
+    let mut linked = Vec::new();
+    for rule in rules() {
+        let name = rule["alert"].as_str().unwrap_or_else(|| panic!("{rule:?}"));
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no runbook_url"));
+        let target = url
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{name}: {url} is not under {prefix}"));
+        assert_eq!(target, anchor(name), "{name}: {url}");
+        assert!(
+            sections.iter().any(|s| s == target),
+            "{name}: no section #{target}"
+        );
+        linked.push(target.to_owned());
+    }
+    linked.sort();
+    let mut all = sections.clone();
+    all.sort();
+    assert_eq!(linked, all, "one section per alert, one alert per section");
+    assert_eq!(linked.len(), 15);
 }

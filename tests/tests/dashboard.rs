@@ -1,6 +1,6 @@
 //! The Grafana dashboard (`deploy/daemonset/monitoring/dashboards`): the JSON is a dashboard whose panels each have
 //! a unique id and a query, every metric a query reads is one the code records (with labels the code sets) or one of
-//! kube-state-metrics' named here, every query is valid PromQL (`promtool check rules`, Debian's `prometheus`), and
+//! kube-state-metrics' named here or Prometheus' `up` of the scrape jobs, every query is valid PromQL (`promtool check rules`, Debian's `prometheus`), and
 //! `kubectl kustomize` makes one ConfigMap that carries the file byte for byte for the Grafana sidecar.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -73,7 +73,17 @@ const ISTHMUS_LABELS: &[(&str, &[&str])] = &[
     ("isthmus_controller_nodesync_conflicts", &[]),
     ("isthmus_controller_nodesync_kept_drains_total", &[]),
     ("isthmus_controller_nodesync_watch_errors_total", &[]),
+    ("isthmus_controller_leader", &[]),
+    ("isthmus_controller_placement_policy_valid", &[]),
+    (
+        "isthmus_controller_webhook_certificate_expiry_timestamp_seconds",
+        &[],
+    ),
+    ("isthmus_slurm_jobs_confined", &["cgroup", "reason"]),
 ];
+
+/// Prometheus' own series the dashboard may read: `up` of each scrape job (its labels are the scrape's).
+const PROMETHEUS_METRICS: &[(&str, &[&str])] = &[("up", &[])];
 
 /// The kube-state-metrics metrics the dashboard may read, with their labels.
 const KUBE_STATE_METRICS: &[(&str, &[&str])] = &[
@@ -183,6 +193,7 @@ fn labels_of(metric: &str) -> Option<&'static [&'static str]> {
     ISTHMUS_LABELS
         .iter()
         .chain(KUBE_STATE_METRICS)
+        .chain(PROMETHEUS_METRICS)
         .find(|(m, _)| *m == metric || (m.ends_with('_') && metric.starts_with(m)))
         .map(|(_, l)| *l)
 }
@@ -223,8 +234,8 @@ fn every_panel_has_a_unique_id_and_a_query() {
             queried += 1;
         }
     }
-    assert_eq!((rows, queried), (3, 21));
-    assert_eq!(exprs(&d).len(), 32);
+    assert_eq!((rows, queried), (4, 24));
+    assert_eq!(exprs(&d).len(), 38);
 }
 
 #[test]
@@ -239,7 +250,8 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
             );
         }
     }
-    let (mut isthmus, mut kube) = (BTreeSet::new(), BTreeSet::new());
+    let (mut isthmus, mut kube, mut prometheus) =
+        (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
     let (mut matched, mut grouped) = (0, 0);
     for expr in exprs(&dashboard()) {
         let (metrics, matchers, grouping) = parse(&expr);
@@ -263,6 +275,8 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
                     "{name} (in {expr}) is recorded nowhere in agent/src or controller/src"
                 );
                 isthmus.insert(name.clone());
+            } else if PROMETHEUS_METRICS.iter().any(|(m, _)| m == name) {
+                prometheus.insert(name.clone());
             } else {
                 assert!(
                     KUBE_STATE_METRICS.iter().any(|(m, _)| m == name),
@@ -291,9 +305,13 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
             grouped += 1;
         }
     }
-    assert_eq!((isthmus.len(), kube.len()), (27, 3), "{isthmus:?} {kube:?}");
+    assert_eq!(
+        (isthmus.len(), kube.len(), prometheus.len()),
+        (31, 3, 1),
+        "{isthmus:?} {kube:?} {prometheus:?}"
+    );
     // Label names checked: in matchers ({...}) and in by (...).
-    assert_eq!((matched, grouped), (29, 40));
+    assert_eq!((matched, grouped), (32, 42));
 }
 
 #[test]
@@ -326,7 +344,7 @@ fn every_query_is_valid_promql() {
         .unwrap_or_else(|e| panic!("promtool could not run ({e}); install Debian's prometheus"));
     assert!(out.status.success(), "promtool: {}", describe(&out));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 32 rules found"),
+        String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 38 rules found"),
         "{}",
         describe(&out)
     );

@@ -1,6 +1,6 @@
 //! The agent's /metrics, /healthz and /readyz on the 8×H100 fixture: `promtool check metrics` (Prometheus' own
 //! linter, Debian package `prometheus`) finds nothing, and the values follow the fixture; `isthmus_build_info` names
-//! the binary as `isthmus --version` does.
+//! the binary as `isthmus --version` does, and the process metrics (`process_*`) are the agent process's.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,6 +84,7 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
     // What the binary is: the series equals what `isthmus --version` and git say.
     let build = isthmus_tests::build_info::build_info_series();
     assert!(body.lines().any(|l| l == build), "{build} not in:\n{body}");
+    isthmus_tests::build_info::assert_process_metrics(&body, agent.id());
 
     let gpus = body
         .lines()

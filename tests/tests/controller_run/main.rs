@@ -275,12 +275,17 @@ fn an_unplaced_node_is_reported_and_an_api_server_restart_is_survived() {
     assert!(unplaced.starts_with("lonely: "), "{unplaced}");
     assert_eq!(unplaced.lines().count(), 1, "{unplaced}");
     assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 1.0);
-    // The controller's /metrics names the binary as `isthmus --version` does.
+    // The controller's /metrics names the binary as `isthmus --version` does, and carries its process metrics.
     let build = isthmus_tests::build_info::build_info_series();
     let body = isthmus_tests::http_get(&c.listen, "/metrics")
         .map(|(_, b)| b)
         .unwrap_or_default();
     assert!(body.lines().any(|l| l == build), "{build} not in:\n{body}");
+    isthmus_tests::build_info::assert_process_metrics(
+        &body,
+        c.pid()
+            .unwrap_or_else(|| panic!("the controller is not running")),
+    );
     api.stop();
     std::thread::sleep(Duration::from_secs(5));
     assert!(c.running(), "{}", c.log_text());

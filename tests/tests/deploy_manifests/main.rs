@@ -19,6 +19,7 @@ use serde_yaml_ng::Value;
 
 mod controller_availability;
 mod images;
+mod monitoring;
 mod slurm_cgroups;
 mod slurm_unconfined;
 
@@ -112,7 +113,7 @@ fn check_references(variant: &str, docs: &[Value]) {
     assert!(port_names.contains(&s(at(svc, "spec/ports/0/targetPort"))));
     assert!(
         of_kind(docs, "ServiceMonitor").is_empty(),
-        "{variant}: the ServiceMonitor is optional (deploy/daemonset/monitoring)"
+        "{variant}: the ServiceMonitor is optional (deploy/monitoring)"
     );
     // The optional ServiceMonitor (applied on its own where the Prometheus Operator runs) selects this Service.
     let monitoring = render("monitoring");
