@@ -52,7 +52,7 @@ pub enum FailedGpus {
 
 /// The fault points between the steps of a changed registration ([`isthmus_api::failpoint`]): after slurmctld
 /// forgot the dynamic node, after the changed gres.conf was written (before slurmd restarts with it).
-pub const FAULT_POINTS: &[&str] = &["agent/slurm/node-forgotten", "agent/slurm/gres-written"];
+pub const FAULT_POINTS: &[&str] = &["slurm/node-forgotten", "slurm/gres-written"];
 
 /// For `--slurm-failed-gpus remove`: the health findings in, and out the failed GPUs the node's registered Slurm
 /// definition leaves out (the health conditions say so, and the node sync then drains nothing for them).

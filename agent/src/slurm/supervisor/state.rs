@@ -349,11 +349,25 @@ impl<P: Process> Supervisor<P> {
             return StopProgress::Done;
         }
         if !leftovers.is_empty() && !s.leftovers_signalled {
+            // Found once the grace period is over (the children were SIGKILLed): no grace left for them either.
+            let signal = if s.killed {
+                libc::SIGKILL
+            } else {
+                libc::SIGTERM
+            };
             for pid in &leftovers {
-                tracing::info!(pid, "stopping a leftover fork of a supervised child");
-                self.process.signal(*pid, libc::SIGTERM);
+                tracing::info!(
+                    pid,
+                    signal,
+                    "stopping a leftover fork of a supervised child"
+                );
+                self.process.signal(*pid, signal);
             }
             s.leftovers_signalled = true;
+            if s.killed {
+                // Their own time to die after SIGKILL, as the children had.
+                s.deadline = now;
+            }
         }
         if now >= s.deadline && !s.killed {
             for (name, pid) in &alive {

@@ -331,3 +331,36 @@ fn leftover_forks_are_stopped_and_unkillable_processes_given_up_on() {
         StopProgress::Done
     );
 }
+
+#[test]
+fn a_leftover_found_after_the_grace_period_is_killed_at_once() {
+    let mut s = sup();
+    let t0 = Instant::now();
+    s.configure(spec("slurmd", Readiness::Started), None, false, t0);
+    s.tick(t0);
+    let pid = pid_of(&s, "slurmd").unwrap_or_default();
+    s.begin_stop(t0);
+    // slurmd ignores SIGTERM: SIGKILLed after the grace period; only then is its fork seen.
+    let late = t0 + Duration::from_secs(10);
+    s.stop_tick(late);
+    assert!(s.process().signals.contains(&(pid, libc::SIGKILL)));
+    s.on_exit(pid, Exit::Signal(9), late);
+    s.process_mut().leftovers = vec![4242];
+    assert!(matches!(s.stop_tick(late), StopProgress::WaitUntil(_)));
+    assert!(
+        s.process().signals.contains(&(4242, libc::SIGKILL)),
+        "{:?}",
+        s.process().signals
+    );
+    assert!(!s.process().signals.contains(&(4242, libc::SIGTERM)));
+    // It gets the same time to die after SIGKILL as the children had.
+    assert!(matches!(
+        s.stop_tick(late + GIVE_UP_AFTER_KILL / 2),
+        StopProgress::WaitUntil(_)
+    ));
+    s.process_mut().leftovers.clear();
+    assert_eq!(
+        s.stop_tick(late + GIVE_UP_AFTER_KILL / 2),
+        StopProgress::Done
+    );
+}
