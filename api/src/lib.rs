@@ -1,9 +1,9 @@
 //! Kubernetes resource types and conventions shared by the isthmus node agent and the cluster controller: the
 //! NodeResourceTopology object (the agent writes it, the controller reads it), the names of the attributes isthmus
 //! puts in it, Volcano's Numatopology object, the scheduler objects the controller writes (Volcano's HyperNode,
-//! Kueue's Topology), the Node conditions the agent writes, the Events both record, resource quantities, the field
-//! managers each writer uses, the placement owners the controller publishes for the agents, and the retry policy of
-//! both.
+//! Kueue's and KAI Scheduler's Topology), the Node conditions the agent writes, the Events both record, resource
+//! quantities, the field managers each writer uses, the placement owners the controller publishes for the agents,
+//! and the retry policy of both.
 //! Nothing here does I/O.
 
 pub mod access;
@@ -12,6 +12,7 @@ pub mod events;
 pub mod fabric;
 pub mod failpoint;
 pub mod hypernode;
+pub mod kai;
 pub mod kueue;
 pub mod nrt;
 pub mod numatopo;

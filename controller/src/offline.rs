@@ -43,6 +43,8 @@ pub enum OutputKind {
     Hypernodes,
     /// The Kueue Topology (YAML).
     Kueue,
+    /// The KAI Scheduler Topology (YAML).
+    Kai,
     /// Node labels (YAML: node → labels).
     Labels,
     /// The whole model (JSON), for inspection.
@@ -89,6 +91,9 @@ pub struct ModelFlags {
     /// Name of the Kueue Topology.
     #[arg(long, default_value = "isthmus")]
     pub kueue_topology_name: String,
+    /// Name of the KAI Scheduler Topology (the name workloads give in their `kai.scheduler/topology` annotation).
+    #[arg(long, default_value = "isthmus")]
+    pub kai_topology_name: String,
     /// Device files in the nodes' gres.conf lines must lie under this directory.
     #[arg(long, default_value = "/dev", value_name = "DIR")]
     pub gres_device_dir: String,
@@ -102,6 +107,7 @@ impl Default for ModelFlags {
             accelerator_label: "topology.isthmus.io/accelerator-domain".into(),
             block_size: None,
             kueue_topology_name: "isthmus".into(),
+            kai_topology_name: "isthmus".into(),
             gres_device_dir: "/dev".into(),
         }
     }
@@ -134,6 +140,7 @@ impl ModelFlags {
             accelerator_label: self.accelerator_label.clone(),
             block_size: self.block_size,
             kueue_topology_name: self.kueue_topology_name.clone(),
+            kai_topology_name: self.kai_topology_name.clone(),
             ..RenderOptions::default()
         }
     }
@@ -350,6 +357,9 @@ pub fn render_output(
         }
         OutputKind::Kueue => {
             serde_yaml_ng::to_string(&render::kueue::render(model, opts)).map_err(|e| ser(&e))?
+        }
+        OutputKind::Kai => {
+            serde_yaml_ng::to_string(&render::kai::render(model, opts)).map_err(|e| ser(&e))?
         }
         OutputKind::Labels => {
             serde_yaml_ng::to_string(&render::labels::render(model, opts)).map_err(|e| ser(&e))?

@@ -1,6 +1,6 @@
 //! The running controller (`isthmus controller run`) in end-to-end tests: install what it needs on a real API
-//! server (the NRT, Volcano and Kueue CRDs, `deploy/controller`), write a generated cluster's NRTs and Nodes, and
-//! start the real binary as the shipped ServiceAccount (a TokenRequest token), killed when dropped.
+//! server (the NRT, Volcano, Kueue and KAI CRDs, `deploy/controller`), write a generated cluster's NRTs and Nodes,
+//! and start the real binary as the shipped ServiceAccount (a TokenRequest token), killed when dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,6 +20,8 @@ pub const NRT_CRD: &str = "noderesourcetopologies.topology.node.k8s.io";
 pub const HYPERNODE_CRD: &str = "hypernodes.topology.volcano.sh";
 /// Kueue's Topology CRD.
 pub const KUEUE_CRD: &str = "topologies.kueue.x-k8s.io";
+/// KAI Scheduler's Topology CRD.
+pub const KAI_CRD: &str = "topologies.kai.scheduler";
 
 /// `deploy/controller`.
 pub fn deploy_dir() -> PathBuf {
@@ -49,7 +51,8 @@ pub fn render_overlay(base: &str, extra: &str) -> Vec<serde_yaml_ng::Value> {
     crate::deploy::documents(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode and Kueue Topology CRDs.
+/// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode, Kueue Topology and KAI Scheduler Topology
+/// CRDs.
 pub fn install_crds(api: &ApiServer) {
     for (path, name) in [
         (
@@ -63,6 +66,10 @@ pub fn install_crds(api: &ApiServer) {
         (
             fixtures().join("reference/kueue/kueue.x-k8s.io_topologies.yaml"),
             KUEUE_CRD,
+        ),
+        (
+            fixtures().join("reference/kai/kai.scheduler_topologies.yaml"),
+            KAI_CRD,
         ),
     ] {
         // Upstream CRDs written for newer servers carry CEL rules (x-kubernetes-validations, 1.25+): apply_yaml

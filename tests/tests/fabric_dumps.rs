@@ -1,7 +1,8 @@
 //! The real ibnetdiscover dumps in `fixtures/fabric/dumps`: parsed (a terminal recording with CRLF, stripped tabs
 //! and banner lines included), turned into trees, and rendered through `isthmus controller render`'s code path;
-//! outputs are compared with reviewed golden files (`ISTHMUS_BLESS=1` rewrites them), and the HyperNodes and the
-//! Kueue Topology validate against the upstream CRDs' schemas. The degenerate one-CA dump is refused.
+//! outputs are compared with reviewed golden files (`ISTHMUS_BLESS=1` rewrites them), and the HyperNodes, the
+//! Kueue Topology and the KAI Scheduler Topology validate against the upstream CRDs' schemas. The degenerate one-CA
+//! dump is refused.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -168,6 +169,7 @@ fn compute_and_storage_rails() {
         (OutputKind::TopologyYaml, "compute-storage.topology.yaml"),
         (OutputKind::Hypernodes, "compute-storage.hypernodes.yaml"),
         (OutputKind::Kueue, "compute-storage.kueue.yaml"),
+        (OutputKind::Kai, "compute-storage.kai.yaml"),
         (OutputKind::Labels, "compute-storage.labels.yaml"),
     ] {
         golden(file, &render(&args(D, kind, &["storage"])));
@@ -270,6 +272,74 @@ fn hypernodes_and_the_kueue_topology_match_the_upstream_schemas() {
             "{name}: tiers plus hostname"
         );
     }
+}
+
+/// KAI's Topology from every dump held (the degenerate one included: a model is still built from it): valid under
+/// the upstream CRD's schema, the levels Kueue's Topology has, and what the CRD's CEL rules (which the schema
+/// validator does not run) demand: unique labels, `kubernetes.io/hostname` only at the bottom.
+#[test]
+fn the_kai_topology_of_every_dump_matches_the_upstream_schema() {
+    let schema = crd_schema("reference/kai/kai.scheduler_topologies.yaml", "v1alpha1");
+    let opts = RenderOptions::default();
+    let mut names: Vec<String> = std::fs::read_dir(fixtures().join("fabric/dumps"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| !n.starts_with("LICENSE") && !n.starts_with("PROVENANCE"))
+        .collect();
+    names.sort();
+    let mut hostname_only = Vec::new();
+    for name in &names {
+        let f = ibnetdiscover::parse(&read(&dump(name)));
+        let m = model::build(
+            model::nodes_from_fabric(&f),
+            Some(&f),
+            &ModelOptions::default(),
+        );
+        let kai = render::kai::render(&m, &opts);
+        let v = serde_json::to_value(&kai).unwrap_or_else(|e| panic!("{e}"));
+        validate(&schema, &v, name);
+        assert_eq!(v["apiVersion"], "kai.scheduler/v1alpha1", "{name}");
+        let labels: Vec<&str> = kai
+            .spec
+            .levels
+            .iter()
+            .map(|l| l.node_label.as_str())
+            .collect();
+        let kueue = render::kueue::render(&m, &opts);
+        let kueue_labels: Vec<&str> = kueue
+            .spec
+            .levels
+            .iter()
+            .map(|l| l.node_label.as_str())
+            .collect();
+        assert_eq!(labels, kueue_labels, "{name}");
+        assert_eq!(
+            labels.iter().collect::<BTreeSet<_>>().len(),
+            labels.len(),
+            "{name}: {labels:?}"
+        );
+        assert_eq!(
+            labels
+                .iter()
+                .position(|l| *l == render::kai::HOSTNAME_LABEL),
+            Some(labels.len() - 1),
+            "{name}: {labels:?}"
+        );
+        assert!(kai.spec.levels.iter().all(|l| l.alias.is_none()), "{name}");
+        if labels.len() == 1 {
+            hostname_only.push(name.as_str());
+        }
+    }
+    assert_eq!(names.len(), 7, "dumps compared: {names:?}");
+    // Only where no host is placed, the hostname level alone: the degenerate dump, and the man-page dump whose CAs
+    // all keep their firmware description (no host named).
+    assert_eq!(
+        hostname_only,
+        [
+            "ibtopotool-1.topo",
+            "topograph-ibnetdiscover-example-bad.out"
+        ]
+    );
 }
 
 /// The command admins run: `isthmus controller render` prints the same topology.conf, and a degenerate dump is an

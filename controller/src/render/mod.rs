@@ -1,10 +1,11 @@
-//! Pure renderers of the cluster model: Slurm files, Volcano HyperNodes, a Kueue Topology and node labels. Each
-//! is a function of the model and [`RenderOptions`]; equal inputs give byte-identical output, so a sink can write
-//! only on change.
+//! Pure renderers of the cluster model: Slurm files, Volcano HyperNodes, Kueue's and KAI Scheduler's Topology and
+//! node labels. Each is a function of the model and [`RenderOptions`]; equal inputs give byte-identical output, so a
+//! sink can write only on change.
 
 pub mod check;
 pub mod gres_conf;
 pub mod hypernodes;
+pub mod kai;
 pub mod kueue;
 pub mod labels;
 pub mod topology_conf;
@@ -31,6 +32,8 @@ pub struct RenderOptions {
     pub block_size: Option<usize>,
     /// Name of the Kueue Topology object.
     pub kueue_topology_name: String,
+    /// Name of the KAI Scheduler Topology object.
+    pub kai_topology_name: String,
     /// Value of the `volcano.sh/network-topology-source` label on HyperNodes.
     pub hypernode_source: String,
 }
@@ -43,6 +46,7 @@ impl Default for RenderOptions {
             unplaced_switch: "unplaced".into(),
             block_size: None,
             kueue_topology_name: "isthmus".into(),
+            kai_topology_name: "isthmus".into(),
             hypernode_source: "isthmus".into(),
         }
     }

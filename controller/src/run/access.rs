@@ -38,6 +38,13 @@ pub const API_ACCESS: &[ApiAccess] = &[
         why: "the Kueue Topology where the CRD is installed and the output is enabled: read, then server-side apply \
               (patch; create when new)",
     },
+    ApiAccess {
+        group: "kai.scheduler",
+        resource: "topologies",
+        verbs: &["create", "get", "patch"],
+        why: "the KAI Scheduler Topology where the CRD is installed and the output is enabled: read, then \
+              server-side apply (patch; create when new)",
+    },
 ];
 
 /// Every task's cluster-scoped permissions, with the file under `deploy/controller` whose ClusterRole grants them

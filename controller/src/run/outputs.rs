@@ -1,5 +1,5 @@
 //! What the topology task writes, rendered from one model: the Slurm ConfigMap's files, the status ConfigMap,
-//! node labels, HyperNodes and the Kueue Topology, each only when enabled.
+//! node labels, HyperNodes, the Kueue Topology and the KAI Scheduler Topology, each only when enabled.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use crate::offline::{self, OutputKind};
 use crate::render;
 use crate::render::gres_conf::{self, SlurmLines};
 use crate::render::hypernodes::HyperNode;
+use crate::render::kai;
 use crate::render::kueue::Topology;
 
 fn desired<K: serde::Serialize>(v: &K) -> Result<Desired<K>, TopologyError> {
@@ -116,6 +117,8 @@ pub struct Rendered {
     pub hypernodes: Option<BTreeMap<String, Desired<HyperNode>>>,
     /// The Kueue Topology.
     pub kueue: Option<BTreeMap<String, Desired<Topology>>>,
+    /// The KAI Scheduler Topology.
+    pub kai: Option<BTreeMap<String, Desired<kai::Topology>>>,
     /// The Slurm ConfigMap.
     pub slurm: Option<BTreeMap<String, Desired<ConfigMap>>>,
     /// The status ConfigMap.
@@ -171,6 +174,13 @@ impl Rendered {
             let t = render::kueue::render(model, &opts);
             out.kueue = Some(BTreeMap::from([(
                 args.model.kueue_topology_name.clone(),
+                desired(&t)?,
+            )]));
+        }
+        if args.kai_topology {
+            let t = render::kai::render(model, &opts);
+            out.kai = Some(BTreeMap::from([(
+                args.model.kai_topology_name.clone(),
                 desired(&t)?,
             )]));
         }

@@ -6,7 +6,7 @@
 //! the pass reads the Slurm ConfigMap back once per leader term and Slurm's nodes (one `sinfo`) while one is
 //! missing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,14 +15,12 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 
 use super::inputs::{Changed, Inputs};
-use super::objects::Writes;
+use super::objects::{Desired, ObjectSink, Writes};
 use super::outputs::Rendered;
 use super::retention::{Settled, SlurmView};
 use super::topology::{State, TopologyError};
 use crate::model::engine::Engine;
 use crate::render::gres_conf;
-use crate::render::hypernodes::HyperNode;
-use crate::render::kueue::Topology;
 use crate::slurm::SlurmClient;
 use crate::slurm::nodes::NodeReader;
 
@@ -222,33 +220,18 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
     }
 
     if let Some(desired) = &out.hypernodes {
-        let r = async {
-            if !state.served::<HyperNode>().await? {
-                return Ok(Writes::default());
-            }
-            state
-                .hypernodes
-                .sync(desired)
-                .await
-                .map_err(TopologyError::api("hypernodes"))
-        }
-        .await;
+        let r = sync_served(state, |s| &mut s.hypernodes, desired, "hypernodes").await;
         note("hypernodes", r);
     }
 
     if let Some(desired) = &out.kueue {
-        let r = async {
-            if !state.served::<Topology>().await? {
-                return Ok(Writes::default());
-            }
-            state
-                .kueue
-                .sync(desired)
-                .await
-                .map_err(TopologyError::api("kueue topology"))
-        }
-        .await;
+        let r = sync_served(state, |s| &mut s.kueue, desired, "kueue topology").await;
         note("kueue-topology", r);
+    }
+
+    if let Some(desired) = &out.kai {
+        let r = sync_served(state, |s| &mut s.kai, desired, "kai topology").await;
+        note("kai-topology", r);
     }
 
     if let Some(desired) = &out.labels {
@@ -292,6 +275,33 @@ pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), Topolog
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Make the server hold `desired` through the sink `sink` picks, once the API server serves `K` (an optional CRD:
+/// nothing is written, and no error, while it is not installed).
+async fn sync_served<K>(
+    state: &mut State,
+    sink: fn(&mut State) -> &mut ObjectSink<K>,
+    desired: &BTreeMap<String, Desired<K>>,
+    what: &'static str,
+) -> Result<Writes, TopologyError>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    if !state.served::<K>().await? {
+        return Ok(Writes::default());
+    }
+    sink(state)
+        .sync(desired)
+        .await
+        .map_err(TopologyError::api(what))
 }
 
 #[cfg(test)]

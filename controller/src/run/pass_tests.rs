@@ -330,6 +330,49 @@ async fn an_output_whose_crd_is_not_served_is_skipped_and_asked_about_again() {
     finished(server).await;
 }
 
+#[tokio::test]
+async fn the_kai_topology_waits_for_its_crd_then_is_applied_once() {
+    const KAI: &str = "/apis/kai.scheduler/v1alpha1";
+    let (client, mut handle) = mock_api::client();
+    let mut state = state(
+        client,
+        &[
+            "--kai-topology=true",
+            "--kai-topology-name=cluster-topology",
+            "--hypernodes=false",
+            "--node-labels=false",
+            "--slurm-configmap=false",
+            "--status-configmap=false",
+        ],
+    );
+    let (inputs, _writer) = inputs(&[node("n1", "lg1"), node("n2", "lg2")]);
+    let server = serve(async move {
+        let h = &mut handle;
+        // Pass 1: KAI's group is not there: nothing is written. Pass 2: its Topology is served: read, applied.
+        not_found(h, KAI).await;
+        let served = discovery("kai.scheduler/v1alpha1", &[("topologies", "Topology")]);
+        answer(h, "GET", KAI, StatusCode::OK, &served).await;
+        let topo = format!("{KAI}/topologies/cluster-topology");
+        not_found(h, &topo).await;
+        expect_apply(
+            h,
+            &format!("{topo}{APPLY}"),
+            &json!({"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
+                    "metadata": {"name": "cluster-topology"},
+                    "spec": {"levels": [{"nodeLabel": "topology.isthmus.io/tier-0"},
+                                        {"nodeLabel": "kubernetes.io/hostname"}]}}),
+        )
+        .await;
+        // Pass 3: unchanged, known to be served: no request at all.
+        handle
+    });
+    for _ in 0..3 {
+        assert!(reconcile(&inputs, &mut state).await.is_ok());
+    }
+    drop(state);
+    finished(server).await;
+}
+
 /// A Slurm client whose `sinfo` prints the file `dir/sinfo.txt` (which the test rewrites between passes).
 fn fake_sinfo(dir: &std::path::Path, answer: &str) -> SlurmClient {
     use std::os::unix::fs::PermissionsExt;

@@ -23,6 +23,7 @@ use crate::model::engine::Engine;
 use crate::offline;
 use crate::render::RenderOptions;
 use crate::render::hypernodes::{self, HyperNode};
+use crate::render::kai;
 use crate::render::kueue::Topology;
 use crate::slurm::{SlurmClient, SlurmError, parse_duration};
 
@@ -50,6 +51,9 @@ pub struct TopologyArgs {
     /// Write the Kueue Topology (only where the `topologies.kueue.x-k8s.io` CRD is installed).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kueue_topology: bool,
+    /// Write the KAI Scheduler Topology (only where the `topologies.kai.scheduler` CRD is installed).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kai_topology: bool,
     /// Write the Slurm ConfigMap (`topology.conf`, `gres.conf`, `nodes.conf`, and `topology.yaml` when asked).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub slurm_configmap: bool,
@@ -151,11 +155,12 @@ pub struct State {
     pub(super) labels: LabelSink,
     pub(super) hypernodes: ObjectSink<HyperNode>,
     pub(super) kueue: ObjectSink<Topology>,
+    pub(super) kai: ObjectSink<kai::Topology>,
     pub(super) configmap: ObjectSink<ConfigMap>,
     pub(super) status: ObjectSink<ConfigMap>,
     /// The dump in use and the ConfigMap resourceVersion it was read from.
     pub(super) fabric: Option<(Option<String>, Fabric)>,
-    /// Whether each optional CRD was found served (HyperNode, Kueue Topology), by `group/version` and plural;
+    /// Whether each optional CRD was found served (HyperNode, Kueue and KAI Topology), by `group/version` and plural;
     /// asked again while not.
     served: BTreeMap<(String, String), bool>,
     /// A `scontrol reconfigure` is owed (the ConfigMap changed and the call failed).
@@ -197,6 +202,7 @@ impl State {
                 Some(format!("{}={source}", hypernodes::SOURCE_LABEL)),
             ),
             kueue: ObjectSink::new(Api::all(client.clone()), "kueue-topology", None),
+            kai: ObjectSink::new(Api::all(client.clone()), "kai-topology", None),
             configmap: ObjectSink::new(configmaps(), "configmap", None),
             status: ObjectSink::new(configmaps(), "status-configmap", None),
             args,
@@ -317,13 +323,15 @@ mod tests {
     #[test]
     fn every_output_can_be_switched() {
         let d = Cli::parse_from(["x"]).args;
-        assert!(d.node_labels && d.hypernodes && d.slurm_configmap && !d.kueue_topology);
+        assert!(d.node_labels && d.hypernodes && d.slurm_configmap);
+        assert!(!d.kueue_topology && !d.kai_topology);
         let a = Cli::parse_from([
             "x",
             "--node-labels=false",
             "--hypernodes",
             "false",
             "--kueue-topology=true",
+            "--kai-topology=true",
             "--slurm-configmap=false",
             "--slurm-topology=block",
             "--debounce=50ms",
@@ -331,6 +339,7 @@ mod tests {
         ])
         .args;
         assert!(!a.node_labels && !a.hypernodes && a.kueue_topology && !a.slurm_configmap);
+        assert!(a.kai_topology);
         assert_eq!(a.slurm_topology, SlurmTopology::Block);
         assert_eq!(a.debounce, Duration::from_millis(50));
         assert_eq!(a.retained_recheck, Duration::from_secs(2));

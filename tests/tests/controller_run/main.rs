@@ -1,9 +1,11 @@
 //! `isthmus controller run` (the real binary) against the real kube-apiserver with the upstream NRT, Volcano
-//! HyperNode and Kueue Topology CRDs, authenticated as the shipped ServiceAccount (TokenRequest token, the RBAC of
-//! `deploy/controller`), on a generated cluster of 8-GPU nodes (`isthmus_tests::cluster_gen`):
+//! HyperNode, Kueue Topology and KAI Scheduler Topology CRDs, authenticated as the shipped ServiceAccount
+//! (TokenRequest token, the RBAC of `deploy/controller`), on a generated cluster of 8-GPU nodes
+//! (`isthmus_tests::cluster_gen`):
 //!
-//! - node labels (SSA), HyperNodes and the Kueue Topology (accepted by the server's schema) and the Slurm ConfigMap
-//!   equal what `isthmus controller render` prints for the same NRTs; a label another field manager owns is kept;
+//! - node labels (SSA), HyperNodes, the Kueue and the KAI Topology (accepted by the server's schema) and the Slurm
+//!   ConfigMap equal what `isthmus controller render` prints for the same NRTs; a label another field manager owns
+//!   is kept;
 //! - one NRT changed → the outputs follow; reports removed → their HyperNodes deleted and their labels removed,
 //!   their lines kept in nodes.conf (Slurm cannot be read there); 30 s idle → no write by the ServiceAccount (audit
 //!   log) except the leader's Lease renewals;
@@ -44,7 +46,15 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     assert!(out.status.success(), "{}", describe(&out));
 
     let started = Instant::now();
-    let c = ControllerProcess::start("replica-a", &kc, &["--kueue-topology=true"]);
+    let c = ControllerProcess::start(
+        "replica-a",
+        &kc,
+        &[
+            "--kueue-topology=true",
+            "--kai-topology=true",
+            "--kai-topology-name=cluster-topology",
+        ],
+    );
     let want = expected(dir.path());
     let want_labels = with_hand_label(&want, &hand, &key0);
     wait_for(
@@ -64,6 +74,12 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
     assert_eq!(hypernodes(&api), want.hypernodes, "{}", c.log_text());
     let kueue = get_json(&api, &[controller::KUEUE_CRD, "isthmus"]).unwrap_or(Value::Null);
     assert_eq!(kueue["spec"], want.kueue);
+    let kai = get_json(&api, &[controller::KAI_CRD, "cluster-topology"]).unwrap_or(Value::Null);
+    assert_eq!(kai["spec"], want.kai, "{}", c.log_text());
+    assert_eq!(
+        kai["spec"]["levels"].as_array().and_then(|l| l.last()),
+        Some(&serde_json::json!({"nodeLabel": "kubernetes.io/hostname"}))
+    );
     assert!(c.metric("isthmus_controller_leader") > 0.5);
     assert_eq!(c.metric("isthmus_controller_topology_labels_foreign"), 1.0);
     assert_eq!(c.metric("isthmus_controller_topology_nodes_unplaced"), 0.0);

@@ -89,11 +89,12 @@ pub(crate) fn yaml_docs(text: &str) -> Vec<Value> {
         .collect()
 }
 
-/// What the offline render says for the NRTs in `dir`: (labels, HyperNodes, Kueue spec, ConfigMap data).
+/// What the offline render says for the NRTs in `dir`: (labels, HyperNodes, Kueue spec, KAI spec, ConfigMap data).
 pub(crate) struct Expected {
     pub(crate) labels: BTreeMap<String, BTreeMap<String, String>>,
     pub(crate) hypernodes: BTreeMap<String, (Value, Value)>,
     pub(crate) kueue: Value,
+    pub(crate) kai: Value,
     pub(crate) data: BTreeMap<String, String>,
 }
 
@@ -113,6 +114,7 @@ pub(crate) fn expected(dir: &Path) -> Expected {
         })
         .collect();
     let kueue = yaml_docs(&r("kueue")).remove(0)["spec"].clone();
+    let kai = yaml_docs(&r("kai")).remove(0)["spec"].clone();
     let data = BTreeMap::from([
         ("topology.conf".to_owned(), r("topology-conf")),
         ("gres.conf".to_owned(), r("gres-conf")),
@@ -122,6 +124,7 @@ pub(crate) fn expected(dir: &Path) -> Expected {
         labels,
         hypernodes,
         kueue,
+        kai,
         data,
     }
 }
