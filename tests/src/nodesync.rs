@@ -370,6 +370,20 @@ impl SyncSite {
             .map(str::to_owned)
     }
 
+    /// The keys of the Node's taints that are isthmus's (`isthmus.io/…`), sorted.
+    pub fn isthmus_taints(&self, name: &str) -> Vec<String> {
+        let mut t: Vec<String> = self.node(name)["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["key"].as_str())
+            .filter(|k| k.starts_with("isthmus.io/"))
+            .map(str::to_owned)
+            .collect();
+        t.sort();
+        t
+    }
+
     /// Whether the Node carries the `isthmus.io/slurm-drain:NoSchedule` taint.
     pub fn tainted(&self, name: &str) -> bool {
         self.node(name)["spec"]["taints"]

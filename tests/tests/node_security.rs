@@ -44,18 +44,6 @@ fn passes(site: &SyncSite, n: usize) {
     });
 }
 
-/// The Node's taints whose key is isthmus's.
-fn isthmus_taints(site: &SyncSite, node: &str) -> Vec<String> {
-    site.node(node)["spec"]["taints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["key"].as_str())
-        .filter(|k| k.starts_with("isthmus.io/"))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// A status patch naming `victim`'s pod as a clash and every GPU failed, and the GPUs gone from the capacity.
 fn forged_status(victim: &str) -> String {
     serde_json::json!({"status": {
@@ -274,7 +262,7 @@ fn a_compromised_node_cannot_act_on_another_node_nor_lift_its_own_drain() {
     // Node status is no source of these conditions: A's own failed GPU, said there, taints nothing.
     passes(&site, 3);
     assert_eq!(
-        isthmus_taints(&site, A),
+        site.isthmus_taints(A),
         ["isthmus.io/slurm-drain"],
         "only the administrator's drain shows on A"
     );
@@ -294,9 +282,9 @@ fn a_compromised_node_cannot_act_on_another_node_nor_lift_its_own_drain() {
     // Over those passes: nothing on B — no drain, taint, eviction or condition change — and no Slurm update.
     assert_eq!(site.slurm.state(B), "IDLE");
     assert!(
-        isthmus_taints(&site, B).is_empty(),
+        site.isthmus_taints(B).is_empty(),
         "{:?}",
-        isthmus_taints(&site, B)
+        site.isthmus_taints(B)
     );
     assert!(!site.terminating("victim"), "B's pod was evicted");
     assert!(

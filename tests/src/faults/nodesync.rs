@@ -276,16 +276,7 @@ impl Lab {
     }
 
     fn isthmus_taints(&self) -> Vec<String> {
-        let mut t: Vec<String> = self.site.node(NODE)["spec"]["taints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["key"].as_str())
-            .filter(|k| k.starts_with("isthmus.io/"))
-            .map(str::to_owned)
-            .collect();
-        t.sort();
-        t
+        self.site.isthmus_taints(NODE)
     }
 
     fn condition_is(&self, status: &str) -> bool {
