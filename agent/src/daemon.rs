@@ -325,21 +325,22 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let starts_slurmd = jobs.as_ref().is_some_and(|v| v.decision.starts_slurmd());
     // The failed GPUs a dynamic node's registered definition leaves out (`--slurm-failed-gpus remove`).
     let (out_of_slurm_tx, out_of_slurm) = watch::channel(std::collections::BTreeSet::new());
-    if let Some(r) = &config.slurm {
-        // Said once, beside the start: never delays it.
-        tokio::spawn(crate::slurm::release::say(
-            r.node.slurmd.clone(),
-            crate::slurm::release::Asked {
-                readyz: r.slurmd_readyz.is_some(),
-                topology: r.node.topology.is_some(),
-                munged: r.munge.is_some(),
-            },
-        ));
-    }
     if let Some(node) = slurm {
         let (requests, requests_rx) = mpsc::channel(8);
         let (status_tx, status_rx) = watch::channel(Vec::new());
         let reaper = Reaper::new();
+        if let Some(r) = &config.slurm {
+            // Said once, beside the start: never delays it. `slurmd -V` is a child the reaper must leave alone.
+            tokio::spawn(crate::slurm::release::say(
+                r.node.slurmd.clone(),
+                crate::slurm::release::Asked {
+                    readyz: r.slurmd_readyz.is_some(),
+                    topology: r.node.topology.is_some(),
+                    munged: r.munge.is_some(),
+                },
+                reaper.clone(),
+            ));
+        }
         let mut sup = Supervisor::new(
             Timing::with_grace(config.slurm.as_ref().map_or(Duration::ZERO, |r| r.grace)),
             OsProcess,

@@ -56,14 +56,27 @@ pub fn notes(release: SlurmVersion, asked: Asked) -> Vec<Note> {
     out
 }
 
-/// Read slurmd's release (`slurmd -V`) and log it with [`notes`]; `None` (and a warning) where it gives none.
-pub async fn say(slurmd: PathBuf, asked: Asked) -> Option<SlurmVersion> {
-    let run = tokio::process::Command::new(&slurmd)
-        .arg("-V")
+/// Read slurmd's release (`slurmd -V`, a child registered with the agent's `reaper`, whose `waitpid` would otherwise
+/// take its exit) and log it with [`notes`]; `None` (and a warning) where it gives none.
+pub async fn say(
+    slurmd: PathBuf,
+    asked: Asked,
+    reaper: crate::slurm::supervisor::process::Reaper,
+) -> Option<SlurmVersion> {
+    let mut cmd = tokio::process::Command::new(&slurmd);
+    cmd.arg("-V")
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let text = match tokio::time::timeout(TIMEOUT, run).await {
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let (child, _registered) = match reaper.spawn_foreign(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(slurmd = %slurmd.display(), error = %e, "slurmd -V did not run: the Slurm release is not known");
+            return None;
+        }
+    };
+    let text = match tokio::time::timeout(TIMEOUT, child.wait_with_output()).await {
         Ok(Ok(out)) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
         Ok(Ok(out)) => {
             tracing::warn!(slurmd = %slurmd.display(), status = %out.status, "slurmd -V failed: the Slurm release is not known");
@@ -98,6 +111,7 @@ pub async fn say(slurmd: PathBuf, asked: Asked) -> Option<SlurmVersion> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slurm::supervisor::process::Reaper;
 
     fn v(text: &str) -> SlurmVersion {
         SlurmVersion::parse(text).unwrap_or_else(|e| panic!("{e}"))
@@ -154,11 +168,17 @@ mod tests {
             "good",
             "#!/bin/sh\n[ \"$1\" = -V ] && echo 'slurm-wlm 24.11.5'\n",
         );
-        assert_eq!(rt.block_on(say(good, PLAIN)), Some(v("slurm 24.11.5")));
+        assert_eq!(
+            rt.block_on(say(good, PLAIN, Reaper::default())),
+            Some(v("slurm 24.11.5"))
+        );
         let odd = script("odd", "#!/bin/sh\necho 'slurm 24.11.5; rm -rf /'\n");
-        assert_eq!(rt.block_on(say(odd, PLAIN)), None);
+        assert_eq!(rt.block_on(say(odd, PLAIN, Reaper::default())), None);
         let failing = script("failing", "#!/bin/sh\nexit 1\n");
-        assert_eq!(rt.block_on(say(failing, PLAIN)), None);
-        assert_eq!(rt.block_on(say(dir.path().join("absent"), PLAIN)), None);
+        assert_eq!(rt.block_on(say(failing, PLAIN, Reaper::default())), None);
+        assert_eq!(
+            rt.block_on(say(dir.path().join("absent"), PLAIN, Reaper::default())),
+            None
+        );
     }
 }
