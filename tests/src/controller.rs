@@ -38,17 +38,7 @@ pub fn render_overlay(base: &str, extra: &str) -> Vec<serde_yaml_ng::Value> {
         extra.replace("@/", &format!("{root}/"))
     );
     std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::new(crate::deploy::kubectl())
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .unwrap_or_else(|e| panic!("kubectl: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    crate::deploy::documents(&String::from_utf8_lossy(&out.stdout))
+    crate::deploy::render_at(dir.path(), ".")
 }
 
 /// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode, Kueue Topology and KAI Scheduler Topology

@@ -78,17 +78,7 @@ fn the_release_label_is_set_in_one_place_and_an_overlay_changes_it() {
         format!("resources:\n  - {base}\nlabels:\n  - pairs:\n      release: prom-site\n"),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let out = std::process::Command::new(deploy::kubectl())
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .unwrap_or_else(|e| panic!("kubectl: {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let docs = deploy::documents(&String::from_utf8_lossy(&out.stdout));
+    let docs = deploy::render_at(dir.path(), ".");
     assert_eq!(docs.len(), 3);
     for d in &docs {
         assert_eq!(s(&at(d, "metadata/labels")["release"]), "prom-site");
