@@ -33,6 +33,14 @@ fn reason(site: &SyncSite, node: &str) -> String {
 }
 
 /// Set the Node condition `type_` (as a node problem detector would), as the administrator.
+/// Wait until Slurm shows `node` idle and answering: right after a resume or an undrain, Slurm marks the node
+/// `NOT_RESPONDING` until it answers its next ping (how long that takes is Slurm's, not the node sync's), and the
+/// condition rightly says `IdleNotResponding` meanwhile. The node sync's own latency is timed from here.
+fn answered_its_ping(site: &SyncSite, node: &str) {
+    site.slurm
+        .wait_state(node, "idle and responding", |s| s == "IDLE");
+}
+
 fn set_condition(site: &SyncSite, node: &str, type_: &str, status: &str, message: &str) {
     site.set_condition(node, type_, status, "Test", message);
 }
@@ -66,6 +74,7 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
     site.wait("ns1 undrained", CROSS, || {
         !site.slurm.state("ns1").contains("DRAIN")
     });
+    answered_its_ping(&site, "ns1");
     site.wait("ns1's condition True", CROSS * 2, || {
         site.condition("ns1")
             .is_some_and(|c| c.0 == "True" && c.1 == "Idle")
@@ -115,6 +124,7 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
     // RESUME in Slurm → condition and taint cleared.
     site.slurm
         .run_ok("scontrol", &["update", "NodeName=ns2", "State=RESUME"]);
+    answered_its_ping(&site, "ns2");
     // Its message is empty again: 24.11 and later keep a resumed node's reason until a job runs there, but the
     // condition says what Slurm's state is, not a reason that no longer applies.
     site.wait("ns2's condition True and taint gone", CROSS, || {
