@@ -141,7 +141,18 @@ impl Suite {
             "the scenario did not finish; console:\n{tail}"
         );
         let out = d.join("out");
-        Self { _dir: dir, out }
+        let suite = Self { _dir: dir, out };
+        // Each case's wall time inside the VM (two lanes run at once), for docs/benchmarks.md.
+        for (case, _, _) in FULL.iter().chain(LAYOUT.iter()) {
+            eprintln!("case {case}: {} s", suite.file(case, "seconds").trim());
+        }
+        for cap in TAKEN {
+            eprintln!(
+                "case no-{cap}: {} s",
+                suite.file(&format!("no-{cap}"), "seconds").trim()
+            );
+        }
+        suite
     }
 
     fn file(&self, case: &str, name: &str) -> String {

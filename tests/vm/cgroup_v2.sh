@@ -57,13 +57,15 @@ exec chroot "$R" setpriv --bounding-set=-all,$caps --inh-caps=-all --ambient-cap
 ' bash "$R" "$caps" "$@"
 EOF
 
-run_case() { # NAME RELEASE LAYOUT CAPS JOBS
-  local name=$1 rel=$2 layout=$3 caps=$4 jobs=$5
+run_case() { # NAME RELEASE LAYOUT CAPS JOBS INDEX
+  local name=$1 rel=$2 layout=$3 caps=$4 jobs=$5 index=$6
   local root=${ROOTS_MAP[$rel]} bin=${BINS_MAP[$rel]}
   local o=$OUT/$name T=/tmp/site-$name
+  local started=$SECONDS
   mkdir -p "$o" "$T/state" "$T/spool" "$T/munge" "$T/etc"
   head -c 1024 /dev/urandom > "$T/munge.key"; chmod 400 "$T/munge.key"
-  local ctld_port=$((6800 + RANDOM % 100)) slurmd_port=$((6900 + RANDOM % 100))
+  # Two cases run at once (two lanes): each its own ports.
+  local ctld_port=$((6800 + index)) slurmd_port=$((6900 + index))
   cat > "$T/etc/slurm.conf" <<EOF
 ClusterName=vm
 SlurmctldHost=localhost
@@ -117,9 +119,9 @@ EOF
   echo "$up" > "$o/registered"
   if [ "$up" = yes ]; then
     case "$jobs" in
-      all) jobs_of "$o" "$bin" ;;
+      all) jobs_of "$o" "$bin" "$name" "$cg" ;;
       layout) timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-gpu1.txt" 2>&1
-              node_view "$o" "$bin" ;;
+              node_view "$o" "$bin" "$name" "$cg" ;;
       caps) timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-gpu1.txt" 2>&1 ;;
     esac
   fi
@@ -132,6 +134,14 @@ EOF
   cp "$T/slurmctld.log" "$o/slurmctld.log" 2>/dev/null
   # The pod's cgroups go with the pod.
   find "$P/$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+  echo "$((SECONDS - started))" > "$o/seconds"
+}
+
+in_case() { # CGROUP NAME: the PIDs of processes called NAME in the case's pod (by the node's view of its cgroup)
+  local p
+  for p in $(pgrep -x "$2"); do
+    grep -q "^0::/$1/" "/proc/$p/cgroup" 2>/dev/null && echo "$p"
+  done
 }
 
 # What opening each GPU gave in the job (`nvidiaN: <error>`), its GPUs, cores, cgroup and capabilities.
@@ -152,46 +162,47 @@ nsenter -t 1 -C true 2>/dev/null && echo "escape-setns: entered" || echo "escape
 mkdir -p /tmp/escape-$$ && mount -t cgroup2 none /tmp/escape-$$ 2>/dev/null && echo "escape-mount: mounted" || echo "escape-mount: refused"
 echo "cgroup-after=$(cat /proc/self/cgroup)"'
 
-jobs_of() { # OUT BIN
-  local o=$1 bin=$2
+jobs_of() { # OUT BIN CASE CGROUP
+  local o=$1 bin=$2 name=$3 cg=$4
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-gpu1.txt" 2>&1
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 bash -c "$PROBE" > "$o/job-none.txt" 2>&1
   # Two at once, one GPU and one core each: each records, then waits for the other.
   local both=()
   for j in a b; do
-    timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE; touch /tmp/both-$j; for _ in \$(seq 1 40); do [ -e /tmp/both-a ] && [ -e /tmp/both-b ] && break; sleep 0.5; done; echo together=\$([ -e /tmp/both-a ] && [ -e /tmp/both-b ] && echo yes || echo no)" > "$o/job-concurrent-$j.txt" 2>&1 &
+    timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE; touch /tmp/both-$name-$j; for _ in \$(seq 1 40); do [ -e /tmp/both-$name-a ] && [ -e /tmp/both-$name-b ] && break; sleep 0.5; done; echo together=\$([ -e /tmp/both-$name-a ] && [ -e /tmp/both-$name-b ] && echo yes || echo no)" > "$o/job-concurrent-$j.txt" 2>&1 &
     both+=($!)
   done
   wait "${both[@]}"
-  rm -f /tmp/both-a /tmp/both-b
+  rm -f "/tmp/both-$name-a" "/tmp/both-$name-b"
   timeout 60 "$bin/srun" -N1 -n1 --mem=20 bash -c 'x=$(head -c 60000000 /dev/zero | tr "\0" a); echo "survived ${#x}"' > "$o/job-oom.txt" 2>&1
   echo "rc=$?" >> "$o/job-oom.txt"
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$ESCAPE; $PROBE" > "$o/job-escape.txt" 2>&1
   # slurmd killed: the agent starts it again in the same namespace (Slurm's tree, controllers enabled, stays), and
   # the next job is confined as before.
-  pkill -9 -x slurmd
+  # This case's slurmd only: another lane's runs beside it.
+  kill -9 $(in_case "$cg" slurmd) 2>/dev/null
   sleep 2
   for _ in $(seq 1 60); do
     "$bin/sinfo" -h -N -o '%T' 2>/dev/null | grep -qx idle && break
     sleep 1
   done
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$PROBE" > "$o/job-after-restart.txt" 2>&1
-  node_view "$o" "$bin"
+  node_view "$o" "$bin" "$name" "$cg"
 }
 
-node_view() { # OUT BIN: while a job runs, where its processes are, seen from the node
-  local o=$1 bin=$2
-  timeout 60 "$bin/srun" -N1 -n1 --mem=50 bash -c 'echo "$$" > /tmp/sleeper.pid; sleep 30' > /dev/null 2>&1 &
+node_view() { # OUT BIN CASE CGROUP: while a job runs, where its processes are, seen from the node
+  local o=$1 bin=$2 name=$3 cg=$4
+  timeout 60 "$bin/srun" -N1 -n1 --mem=50 bash -c "echo \$\$ > /tmp/sleeper-$name.pid; sleep 30" > /dev/null 2>&1 &
   local sleeper=$!
-  for _ in $(seq 1 40); do [ -s /tmp/sleeper.pid ] && break; sleep 0.5; done
+  for _ in $(seq 1 40); do [ -s "/tmp/sleeper-$name.pid" ] && break; sleep 0.5; done
   sleep 1
   local pid
-  pid=$(pgrep -n -x sleep)
+  pid=$(in_case "$cg" sleep | tail -1)
   echo "sleep=$(cat /proc/$pid/cgroup 2>/dev/null)" > "$o/job-node-view.txt"
   tree_of "$(cat "$o/cgroup")" > "$o/tree-running.txt"
   "$bin/scancel" -u root 2>/dev/null
   wait "$sleeper"
-  rm -f /tmp/sleeper.pid
+  rm -f "/tmp/sleeper-$name.pid"
 }
 
 tree_of() { # CGROUP: each cgroup under the container's with its processes' names
@@ -218,8 +229,19 @@ done
 # The Slurm roots are read-only here: slurmctld's wrapper (enter) binds /tmp into them; Slurm 24.11 and later make
 # /run/slurmctld.
 for r in "${ROOTS_MAP[@]}"; do [ "$r" = / ] || mount -t tmpfs tmpfs "$r/run"; done
-for c in $CASES; do
-  IFS=: read -r name rel layout caps jobs <<< "$c"
-  run_case "$name" "$rel" "$layout" "$caps" "$jobs"
-done
+# Two lanes at once, the cases alternating between them (the tests on the machine run several slurmctlds of one
+# release from its root at once too).
+lane() { # 0 | 1
+  local c name rel layout caps jobs index=0
+  for c in $CASES; do
+    index=$((index + 1))
+    [ $((index % 2)) = "$1" ] || continue
+    IFS=: read -r name rel layout caps jobs <<< "$c"
+    run_case "$name" "$rel" "$layout" "$caps" "$jobs" "$index"
+  done
+}
+lane 0 &
+lanes=$!
+lane 1
+wait "$lanes"
 echo done > "$OUT/finished"
