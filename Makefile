@@ -80,11 +80,14 @@ test-fast:
 	env -i HOME="$$HOME" PATH="$$d" CARGO_HOME="$${CARGO_HOME:-$$HOME/.cargo}" RUSTUP_HOME="$${RUSTUP_HOME:-$$HOME/.rustup}" \
 	  cargo test --workspace --no-fail-fast; status=$$?; rm -rf "$$d"; exit $$status
 
-# Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite.
+# Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite; so is
+# every daemon the suite started and left running (scripts/leftovers.sh), which fails it.
 test: deps deploy-tools kube-assets slurm-roots fmt lint
 	@rm -f target/not-run.txt
+	@scripts/leftovers.sh snapshot target/daemons-before.txt
 	@status=0; $(CARGO) test --workspace --no-fail-fast --features isthmus-tests/system || status=$$?; \
 	if [ -s target/not-run.txt ]; then echo "== not run in this environment:"; sort -u target/not-run.txt; fi; \
+	scripts/leftovers.sh check target/daemons-before.txt || status=1; \
 	exit $$status
 
 bench: build

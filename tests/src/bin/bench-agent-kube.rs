@@ -32,6 +32,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn main() {
+    isthmus_tests::leftovers::checked(bench);
+}
+
+fn bench() {
     let mut args = std::env::args().skip(1);
     let changes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(30);
     let idle: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(60);

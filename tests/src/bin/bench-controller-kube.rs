@@ -59,6 +59,10 @@ async fn populate(client: kube::Client, nrts: Vec<NodeResourceTopology>) {
 }
 
 fn main() {
+    isthmus_tests::leftovers::checked(bench);
+}
+
+fn bench() {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let changes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);

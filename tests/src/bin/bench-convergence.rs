@@ -12,6 +12,10 @@ use isthmus_tests::faults::{self, Outcome, nodesync, placement};
 use isthmus_tests::slurm_release::SlurmRelease;
 
 fn main() {
+    isthmus_tests::leftovers::checked(bench);
+}
+
+fn bench() {
     let _one = faults::serial();
     let mut outcomes: Vec<Outcome> = Vec::new();
     for release in [SlurmRelease::V22_05, SlurmRelease::V26_05] {

@@ -50,6 +50,10 @@ fn until(site: &SyncSite, what: &str, done: impl Fn(&str) -> bool) -> (Duration,
 }
 
 fn main() {
+    isthmus_tests::leftovers::checked(bench);
+}
+
+fn bench() {
     let toggles: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

@@ -63,6 +63,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
+    isthmus_tests::leftovers::checked(bench);
+}
+
+fn bench() {
     // RUST_LOG=isthmus_controller::placement=debug shows each pass (its squeue time, jobs, bindings).
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
