@@ -86,6 +86,26 @@ pub struct FakeKubelet {
     pub v1_20: bool,
     /// How many `GetAllocatableResources` calls it was sent.
     pub allocatable_calls: Arc<std::sync::atomic::AtomicUsize>,
+    /// How many `List` calls it was sent: each is one pass of the agent that could publish a change.
+    pub list_calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FakeKubelet {
+    /// Wait (3 minutes at most) until the agent has asked for the pods `polls` more times and for the allocatable
+    /// resources `refreshes` more times: that many passes of the agent, each of which could have written.
+    pub fn await_passes(&self, polls: usize, refreshes: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let lists = self.list_calls.load(SeqCst) + polls;
+        let allocs = self.allocatable_calls.load(SeqCst) + refreshes;
+        crate::slurm::wait_until(
+            &format!("{polls} more pod lists and {refreshes} more allocatable reads"),
+            std::time::Duration::from_secs(180),
+            || {
+                self.list_calls.load(SeqCst) >= lists
+                    && self.allocatable_calls.load(SeqCst) >= allocs
+            },
+        );
+    }
 }
 
 #[tonic::async_trait]
@@ -94,6 +114,8 @@ impl PodResourcesLister for FakeKubelet {
         &self,
         _: tonic::Request<ListPodResourcesRequest>,
     ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
+        self.list_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut pods = self.pods.lock().map(|p| p.clone()).unwrap_or_default();
         if self.v1_20 {
             for c in pods.iter_mut().flat_map(|p| p.containers.iter_mut()) {

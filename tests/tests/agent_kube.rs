@@ -2,7 +2,7 @@
 //! environment, no capability) and authenticates as the shipped ServiceAccount. Its NRT is created with the Node as
 //! owner and accepted by the server's schema validation; a deleted NRT is put back at once; an NRT another field
 //! manager writes (as NFD's topology updater does) is left to it, said so, and written again once that writer is
-//! gone or with `--nrt-takeover`; a pod-set change is published; an idle minute costs no write; every request it
+//! gone or with `--nrt-takeover`; a pod-set change is published; 30 idle passes cost no write; every request it
 //! made is one `agent/src/k8s/access.rs` lists; and it converges after the API server restarts.
 
 use std::path::{Path, PathBuf};
@@ -208,9 +208,9 @@ fn publishes_restores_and_stays_quiet_as_its_service_account() {
     }));
     eprintln!("pod-set change published in {took:?}");
 
-    // An idle minute: no write at all.
+    // Idle: 30 passes of the agent (pod lists) and two re-reads of the allocatable resources, no write at all.
     let quiet = SystemTime::now();
-    std::thread::sleep(Duration::from_secs(60));
+    agent.kubelet.await_passes(30, 2);
     let writes = server.writes_by(&agent_user(), quiet);
     assert!(writes.is_empty(), "writes while idle: {writes:#?}");
 
