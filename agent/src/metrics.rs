@@ -11,8 +11,11 @@ use metrics_util::MetricKindMask;
 
 use crate::slurm::supervisor::ChildStatus;
 
+mod gpu;
 mod infiniband;
 pub mod process;
+
+pub use gpu::nvml_bus_id;
 use infiniband::IB_COUNTERS;
 
 /// The agent's metrics.
@@ -72,15 +75,15 @@ fn describe() {
     describe_gauge!("isthmus_machine_memory_bytes", "Memory of all NUMA nodes.");
     describe_gauge!("isthmus_numa_node_memory_bytes", "Memory of a NUMA node.");
     describe_gauge!(
-        "isthmus_infiniband_port_state_id",
+        "isthmus_infiniband_state_id",
         "Logical state of the port (4 = ACTIVE)."
     );
     describe_gauge!(
-        "isthmus_infiniband_port_physical_state_id",
+        "isthmus_infiniband_physical_state_id",
         "Physical state of the port (5 = LinkUp)."
     );
     describe_gauge!(
-        "isthmus_infiniband_port_rate_bytes_per_second",
+        "isthmus_infiniband_rate_bytes_per_second",
         "Signalling rate of the port."
     );
     for (_, suffix, _, help) in IB_COUNTERS {
@@ -273,14 +276,13 @@ impl Metrics {
                 for p in &ib.ports {
                     let labels = [("device", ib.name.clone()), ("port", p.port.to_string())];
                     if let Some(s) = p.state_id {
-                        gauge!("isthmus_infiniband_port_state_id", &labels).set(f64::from(s));
+                        gauge!("isthmus_infiniband_state_id", &labels).set(f64::from(s));
                     }
                     if let Some(s) = p.phys_state_id {
-                        gauge!("isthmus_infiniband_port_physical_state_id", &labels)
-                            .set(f64::from(s));
+                        gauge!("isthmus_infiniband_physical_state_id", &labels).set(f64::from(s));
                     }
                     if let Some(r) = p.rate_mbps {
-                        gauge!("isthmus_infiniband_port_rate_bytes_per_second", &labels)
+                        gauge!("isthmus_infiniband_rate_bytes_per_second", &labels)
                             .set(r as f64 * 1e6 / 8.0);
                     }
                     for (name, suffix, mult, _) in IB_COUNTERS {
@@ -335,7 +337,8 @@ impl Metrics {
     }
 
     /// Record NVML telemetry (DCGM-exporter's labels in snake case, as promtool's lint asks: `gpu`, `uuid`,
-    /// `pci_bus_id`, `model_name`). MIG devices carry their parent's labels plus their instance ids, UUID and the
+    /// `pci_bus_id`, `model_name`; `gpu` and `pci_bus_id` with DCGM-exporter's values, so that a join on either
+    /// matches its series). MIG devices carry their parent's labels plus their instance ids, UUID and the
     /// profile the model names (`topo`, the last discovery).
     pub fn record_gpus(
         &self,
@@ -344,13 +347,13 @@ impl Metrics {
     ) {
         self.with(|| {
             for g in &snapshot.gpus {
-                record_mig(g, topo);
+                gpu::record_mig(g, topo);
                 if let Some(f) = &g.fabric {
                     gauge!(
                         "isthmus_gpu_fabric_registered",
                         "gpu" => g.index.to_string(),
                         "uuid" => g.uuid.clone().unwrap_or_default(),
-                        "pci_bus_id" => g.pci_address.clone(),
+                        "pci_bus_id" => nvml_bus_id(&g.pci_address),
                         "state" => f.state.as_str(),
                     )
                     .set(
@@ -364,7 +367,7 @@ impl Metrics {
                 let labels = [
                     ("gpu", g.index.to_string()),
                     ("uuid", g.uuid.clone().unwrap_or_default()),
-                    ("pci_bus_id", g.pci_address.clone()),
+                    ("pci_bus_id", nvml_bus_id(&g.pci_address)),
                     ("model_name", g.name.clone().unwrap_or_default()),
                 ];
                 let t = &g.telemetry;
@@ -457,47 +460,6 @@ impl Metrics {
         }
         text.push_str(&process::render_self());
         text
-    }
-}
-
-/// Memory of each MIG device of one GPU.
-fn record_mig(g: &isthmus_topology::nvml::NvmlGpu, topo: Option<&NodeTopology>) {
-    let model = topo
-        .and_then(|t| t.devices.iter().find(|d| d.pci_address == g.pci_address))
-        .and_then(|d| d.nvidia.as_ref());
-    for m in &g.mig_devices {
-        let profile = model
-            .and_then(|n| {
-                n.mig_devices.iter().find(|d| {
-                    Some(d.gpu_instance_id) == m.gpu_instance_id
-                        && Some(d.compute_instance_id) == m.compute_instance_id
-                })
-            })
-            .and_then(|d| d.profile.clone())
-            .unwrap_or_default();
-        let labels = [
-            ("gpu", g.index.to_string()),
-            ("uuid", g.uuid.clone().unwrap_or_default()),
-            ("pci_bus_id", g.pci_address.clone()),
-            (
-                "gpu_instance_id",
-                m.gpu_instance_id.map(|v| v.to_string()).unwrap_or_default(),
-            ),
-            (
-                "compute_instance_id",
-                m.compute_instance_id
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            ),
-            ("mig_profile", profile),
-            ("mig_uuid", m.uuid.clone().unwrap_or_default()),
-        ];
-        if let Some(v) = m.memory_used_bytes {
-            gauge!("isthmus_gpu_mig_memory_used_bytes", &labels).set(v as f64);
-        }
-        if let Some(v) = m.memory_total_bytes {
-            gauge!("isthmus_gpu_mig_memory_total_bytes", &labels).set(v as f64);
-        }
     }
 }
 

@@ -1,29 +1,32 @@
 //! The InfiniBand port counters the agent exports.
 
-/// InfiniBand counters exported as node_exporter does: (sysfs name, metric suffix, multiplier to base unit).
-/// `port_rcv_data`/`port_xmit_data` count 4-byte words.
+/// InfiniBand counters exported as node_exporter does: (sysfs name, metric suffix, multiplier to base unit, help).
+/// The suffix is node_exporter's (`node_infiniband_<suffix>`, labels `device` and `port`) where it exports the
+/// counter; `symbol_error_total`, `excessive_buffer_overrun_errors_total` and `local_link_integrity_errors_total`
+/// have no counterpart in its output and are named after the sysfs file. `port_rcv_data`/`port_xmit_data` count
+/// 4-byte words.
 pub(super) const IB_COUNTERS: &[(&str, &str, u64, &str)] = &[
     (
         "port_rcv_data",
-        "data_received_bytes_total",
+        "port_data_received_bytes_total",
         4,
         "Bytes received on the port.",
     ),
     (
         "port_xmit_data",
-        "data_transmitted_bytes_total",
+        "port_data_transmitted_bytes_total",
         4,
         "Bytes transmitted on the port.",
     ),
     (
         "port_rcv_packets",
-        "packets_received_total",
+        "port_packets_received_total",
         1,
         "Packets received on the port.",
     ),
     (
         "port_xmit_packets",
-        "packets_transmitted_total",
+        "port_packets_transmitted_total",
         1,
         "Packets transmitted on the port.",
     ),
@@ -53,7 +56,7 @@ pub(super) const IB_COUNTERS: &[(&str, &str, u64, &str)] = &[
     ),
     (
         "port_xmit_discards",
-        "port_transmit_discards_total",
+        "port_discards_transmitted_total",
         1,
         "Outbound packets discarded.",
     ),

@@ -335,7 +335,7 @@ fn hardware_change_restarts_slurmd_only_when_gres_changes() {
         || {
             seen_at = metric(
                 &site,
-                "isthmus_infiniband_data_received_bytes_total{",
+                "isthmus_infiniband_port_data_received_bytes_total{",
                 &["device=\"mlx5_0\"", "port=\"1\""],
             )
             .filter(|v| *v == 1.2e15)
