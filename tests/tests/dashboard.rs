@@ -257,9 +257,10 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
         let (metrics, matchers, grouping) = parse(&expr);
         assert!(!metrics.is_empty(), "{expr} reads no metric");
         for name in &metrics {
-            if let Some(suffix) = name.strip_prefix("isthmus_infiniband_").filter(|s| {
-                !["state_id", "physical_state_id", "rate_bytes_per_second"].contains(s)
-            }) {
+            if let Some(suffix) = name
+                .strip_prefix("isthmus_infiniband_")
+                .filter(|s| !["state_id", "physical_state_id", "rate_bytes_per_second"].contains(s))
+            {
                 // The port counters are recorded as format!("isthmus_infiniband_{suffix}") from IB_COUNTERS.
                 assert!(
                     code.contains("format!(\"isthmus_infiniband_{suffix}\")")
