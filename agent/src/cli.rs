@@ -177,6 +177,10 @@ pub enum Command {
     /// The cluster controller.
     #[command(subcommand)]
     Controller(ControllerCommand),
+    /// Show what isthmus sees of one node and why (read-only: the Node, its NodeResourceTopology, the node sync's
+    /// drain record, the placement lock, Slurm's state), naming the owner and rule of each state that keeps work
+    /// off it.
+    Status(Box<crate::commands::status::StatusArgs>),
 }
 
 /// What `controller` does.
@@ -431,7 +435,7 @@ impl Command {
             Command::Discover { host, .. } => Some(host),
             Command::Render(r) => Some(&r.host),
             Command::Agent(a) => Some(&a.host),
-            Command::Controller(_) => None,
+            Command::Controller(_) | Command::Status(_) => None,
         }
     }
 }
