@@ -22,6 +22,7 @@ mod images;
 mod monitoring;
 mod slurm_cgroups;
 mod slurm_unconfined;
+mod status_reader;
 
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_default()

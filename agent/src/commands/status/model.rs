@@ -15,7 +15,7 @@ use isthmus_controller::placement::comment::parse_comment;
 use isthmus_controller::placement::lock::{LOCK, parse_lock};
 use isthmus_controller::slurm::jobs::Job;
 use isthmus_controller::slurm::nodes::SlurmNode;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use serde::{Deserialize, Serialize};
 
 /// The schema of the JSON form; a change that removes or retypes a field gets a new version.
@@ -58,6 +58,9 @@ pub struct Status {
     pub discovery: Option<Discovery>,
     /// The Node's conditions, with the component that writes each.
     pub conditions: Vec<Condition>,
+    /// The conditions the agent reports in the node's NodeResourceTopology (the controller copies them onto the
+    /// Node; they differ while it has not yet, or does not run).
+    pub reported_conditions: Vec<Condition>,
     /// The Node's taints isthmus sets (`isthmus.io/…`, `slurm.isthmus.io/…`), with owner and rule.
     pub taints: Vec<TaintView>,
     /// The node sync's drain record.
@@ -323,21 +326,41 @@ pub fn build(inputs: &Inputs) -> Status {
     let mut warnings = Vec::new();
     let mut verdicts = Vec::new();
 
+    let view = |c: &NodeCondition| Condition {
+        type_: clean(&c.type_, MAX_TEXT),
+        status: clean(&c.status, MAX_TEXT),
+        reason: cleaned(c.reason.as_deref()),
+        message: cleaned(c.message.as_deref()),
+        owner: condition_owner(&c.type_).to_owned(),
+    };
     let conditions: Vec<Condition> = node
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default()
         .iter()
-        .map(|c| Condition {
-            type_: clean(&c.type_, MAX_TEXT),
-            status: clean(&c.status, MAX_TEXT),
-            reason: cleaned(c.reason.as_deref()),
-            message: cleaned(c.message.as_deref()),
-            owner: condition_owner(&c.type_).to_owned(),
-        })
+        .map(view)
         .collect();
-    let condition = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let reported_conditions: Vec<Condition> = match &inputs.nrt {
+        Ok(Some(nrt)) => match isthmus_api::conditions::read(&nrt.attributes) {
+            Ok(cs) => cs.iter().map(view).collect(),
+            Err(e) => {
+                warnings.push(format!(
+                    "the reported conditions are refused: {}",
+                    clean(&e.to_string(), MAX_TEXT)
+                ));
+                Vec::new()
+            }
+        },
+        _ => Vec::new(),
+    };
+    // What the node sync acts on: the Node's condition, else the one reported.
+    let condition = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .or_else(|| reported_conditions.iter().find(|c| c.type_ == t))
+    };
 
     // Slurm.
     let mut slurm = SlurmView {
@@ -577,8 +600,13 @@ pub fn build(inputs: &Inputs) -> Status {
         });
     }
 
-    // Conditions that say no.
-    for c in &conditions {
+    // Conditions that say no (a reported one only while the Node does not show its type).
+    let shown = conditions.iter().chain(
+        reported_conditions
+            .iter()
+            .filter(|r| !conditions.iter().any(|c| c.type_ == r.type_)),
+    );
+    for c in shown {
         let bad = match c.owner.as_str() {
             "agent" => c.status == "False",
             "node sync" => c.status != "True",
@@ -671,6 +699,7 @@ pub fn build(inputs: &Inputs) -> Status {
         ),
         discovery,
         conditions,
+        reported_conditions,
         taints,
         drain_record,
         lock,

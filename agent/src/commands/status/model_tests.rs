@@ -300,3 +300,45 @@ fn the_table_names_each_state_and_owner() {
     }
     assert!(t.lines().all(|l| !l.contains('\u{1b}')));
 }
+
+#[test]
+fn a_reported_condition_counts_until_the_node_shows_its_type() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut i = drained_tainted_locked();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut failed = condition("GpuHealthy", "False", "failed: 0000:3b:00.0. ");
+    failed.reason = Some("Xid79".into());
+    failed.last_transition_time = Some(now.clone());
+    if let Ok(Some(nrt)) = i.nrt.as_mut() {
+        nrt.attributes
+            .push(isthmus_api::conditions::attribute(&failed, &now));
+    }
+    if let Some(st) = i.node.status.as_mut() {
+        st.conditions = Some(vec![]);
+    }
+    let s = build(&i);
+    assert_eq!(s.reported_conditions.len(), 1);
+    assert_eq!(s.reported_conditions[0].owner, "agent");
+    let health = no(&s, "health", "condition");
+    assert_eq!(health.len(), 1, "{health:#?}");
+    assert!(health[0].rule.starts_with("GpuHealthy False: Xid79"));
+    assert!(
+        no(&s, "kubernetes", "tainted")
+            .iter()
+            .any(|v| v.rule.contains("GpuHealthy False"))
+    );
+    // A forged attribute refuses the report: a warning, nothing believed.
+    if let Ok(Some(nrt)) = i.nrt.as_mut() {
+        nrt.attributes.push(Attribute {
+            name: "isthmus.io/condition.Ready".into(),
+            value: "{}".into(),
+        });
+    }
+    let s = build(&i);
+    assert!(s.reported_conditions.is_empty());
+    assert!(
+        s.warnings.iter().any(|w| w.contains("refused")),
+        "{:?}",
+        s.warnings
+    );
+}

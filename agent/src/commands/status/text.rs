@@ -93,6 +93,12 @@ pub fn render(s: &Status) -> String {
     for c in &s.conditions {
         condition_line(&mut out, c);
     }
+    if !s.reported_conditions.is_empty() {
+        let _ = writeln!(out, "\nReported by the agent (NodeResourceTopology)");
+        for c in &s.reported_conditions {
+            condition_line(&mut out, c);
+        }
+    }
     let _ = writeln!(out, "\nDevice plugin");
     match &s.device_plugin {
         Some(c) => condition_line(&mut out, c),
