@@ -206,6 +206,10 @@ pub enum LogFormat {
 /// Arguments of `agent`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
+    /// A YAML file of settings: keys are the long flag names without `--` (`slurm-mode: dynamic`), lists for
+    /// repeatable flags. Flags and their environment variables override it (docs/configuration.md).
+    #[arg(long, env = crate::settings_file::CONFIG_ENV, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Host root and probes.
     #[command(flatten)]
     pub host: HostArgs,
