@@ -17,6 +17,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory};
 use serde_yaml_ng::Value;
@@ -163,8 +164,17 @@ pub fn settings(
         let mut alone: Vec<String> = vec!["isthmus".into()];
         alone.extend(path.iter().cloned());
         alone.extend(tokens.iter().cloned());
-        if let Err(e) = Cli::command().try_get_matches_from(&alone) {
-            return Err(bad(first_line(&e)));
+        // What needs another flag (`requires`, `conflicts_with`) is the whole parse's to judge.
+        match Cli::command().try_get_matches_from(&alone) {
+            Err(e)
+                if !matches!(
+                    e.kind(),
+                    ErrorKind::MissingRequiredArgument | ErrorKind::ArgumentConflict
+                ) =>
+            {
+                return Err(bad(first_line(&e)));
+            }
+            _ => {}
         }
         let given = matches!(
             explicit.value_source(arg.get_id().as_str()),

@@ -49,6 +49,17 @@ fn a_file_sets_flags_of_every_kind() {
     assert!((a.pod_resources_interval - 0.5).abs() < 1e-9);
     assert_eq!(a.slurmd_args, ["-vv", "--foo"]);
     assert_eq!(a.slurm.node_name.as_deref(), Some("n7"));
+    // A flag that needs another is judged with the whole file.
+    let a = agent(
+        &["agent"],
+        "nvml-replay: /r/smi.txt\nnvlink-replay: /r/nvlink.txt\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(a.host.nvml.nvlink_replay.is_some());
+    let e = agent(&["agent"], "nvlink-replay: /r/nvlink.txt\n")
+        .err()
+        .unwrap_or_default();
+    assert!(e.contains("--nvml-replay"), "{e}");
     // A switch set false stays off; an empty file changes nothing.
     let a = agent(&["agent"], "no-munged: false\n").unwrap_or_else(|e| panic!("{e}"));
     assert!(!a.no_munged);

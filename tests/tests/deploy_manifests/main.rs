@@ -17,6 +17,7 @@ use isthmus_tests::deploy::{
 use isthmus_tests::{fixtures, repo_root};
 use serde_yaml_ng::Value;
 
+mod config_file;
 mod controller_availability;
 mod images;
 mod monitoring;

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use isthmus_agent::commands::status::{API_ACCESS, NAMESPACE_ACCESS};
 use isthmus_api::access::ApiAccess;
 use isthmus_controller::nodesync::records::{SHARDS, shard_name};
-use isthmus_tests::deploy::{at, one};
+use isthmus_tests::deploy::{at, documents, one};
 use serde_yaml_ng::Value;
 
 fn list(rule: &Value, key: &str) -> Vec<String> {
@@ -47,9 +47,7 @@ fn wanted(access: &[ApiAccess]) -> BTreeSet<(String, String, String)> {
 fn the_status_reader_roles_grant_exactly_the_gets_the_command_makes() {
     let path = isthmus_tests::repo_root().join("deploy/status/rbac.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+    let docs = documents(&text);
     assert_eq!(docs.len(), 2);
     let cluster = one(&docs, "ClusterRole");
     let role = one(&docs, "Role");
