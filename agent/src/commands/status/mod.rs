@@ -4,6 +4,7 @@
 //! names (`squeue`), and prints [`model::Status`] as a table or JSON. It only ever gets objects ([`API_ACCESS`],
 //! [`NAMESPACE_ACCESS`]; `deploy/status/` ships the reader roles) and runs no Slurm command that changes anything.
 
+pub mod build;
 pub mod model;
 pub mod text;
 
@@ -88,7 +89,7 @@ pub fn run(args: &StatusArgs) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     let inputs = rt.block_on(gather(args))?;
-    let status = model::build(&inputs);
+    let status = build::build(&inputs);
     let out = match args.output {
         StatusFormat::Table => text::render(&status),
         StatusFormat::Json => {
@@ -114,7 +115,7 @@ fn nrt_resource() -> ApiResource {
     }
 }
 
-async fn gather(args: &StatusArgs) -> Result<model::Inputs> {
+async fn gather(args: &StatusArgs) -> Result<build::Inputs> {
     let client = kube::Client::try_default()
         .await
         .context("building the Kubernetes client (KUBECONFIG or in-cluster)")?;
@@ -175,7 +176,7 @@ async fn gather(args: &StatusArgs) -> Result<model::Inputs> {
         };
         (Some(slurm), job)
     };
-    Ok(model::Inputs {
+    Ok(build::Inputs {
         node,
         nrt,
         record,

@@ -3,6 +3,7 @@ use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+use crate::commands::status::model::MAX_TEXT;
 use crate::commands::status::text;
 
 fn taint(key: &str, value: &str) -> Taint {
