@@ -177,6 +177,10 @@ pub enum Command {
     /// The cluster controller.
     #[command(subcommand)]
     Controller(ControllerCommand),
+    /// Show what isthmus sees of one node and why (read-only: the Node, its NodeResourceTopology, the node sync's
+    /// drain record, the placement lock, Slurm's state), naming the owner and rule of each state that keeps work
+    /// off it.
+    Status(Box<crate::commands::status::StatusArgs>),
 }
 
 /// What `controller` does.
@@ -202,6 +206,10 @@ pub enum LogFormat {
 /// Arguments of `agent`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
+    /// A YAML file of settings: keys are the long flag names without `--` (`slurm-mode: dynamic`), lists for
+    /// repeatable flags. Flags and their environment variables override it (docs/configuration.md).
+    #[arg(long, env = crate::settings_file::CONFIG_ENV, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Host root and probes.
     #[command(flatten)]
     pub host: HostArgs,
@@ -431,7 +439,7 @@ impl Command {
             Command::Discover { host, .. } => Some(host),
             Command::Render(r) => Some(&r.host),
             Command::Agent(a) => Some(&a.host),
-            Command::Controller(_) => None,
+            Command::Controller(_) | Command::Status(_) => None,
         }
     }
 }

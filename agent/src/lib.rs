@@ -11,7 +11,8 @@
 //!   and what `/readyz` says.
 //! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
-//! - [`fatal`]: the error that ends a start, in the log format asked for.
+//! - [`fatal`]: the error that ends a start, in the log format asked for; [`settings_file`]: the `--config` file of
+//!   agent and controller, merged into the command line.
 
 pub mod build_info;
 pub mod cadence;
@@ -27,4 +28,5 @@ pub mod k8s;
 pub mod metrics;
 pub mod privileges;
 pub mod readiness;
+pub mod settings_file;
 pub mod slurm;

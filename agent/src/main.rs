@@ -15,7 +15,17 @@ fn main() -> ExitCode {
         }
     }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let format = fatal::requested(&args, std::env::var_os(fatal::LOG_FORMAT_ENV).as_deref());
+    let env_format = std::env::var_os(fatal::LOG_FORMAT_ENV);
+    let format = fatal::requested(&args, env_format.as_deref());
+    // The configuration file, merged into the arguments (flags and their environment variables win).
+    let args = match isthmus_agent::settings_file::merged(args) {
+        Ok(args) => args,
+        Err(e) => {
+            fatal::report(format, &e.to_string());
+            return ExitCode::from(2);
+        }
+    };
+    let format = fatal::requested(&args, env_format.as_deref());
     let cli = match isthmus_agent::cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => return fatal::clap_error(format, &e),

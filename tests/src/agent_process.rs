@@ -1,6 +1,7 @@
 //! `isthmus agent` as a child process of a test (Kubernetes side only): on a copy of the 8×H100 fixture's host root
 //! with a kubelet configuration of the test's choosing, killed when dropped.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -35,6 +36,39 @@ impl AgentProcess {
         pod_resources_socket: &Path,
         args: &[&str],
     ) -> Self {
+        Self::start_with(kubeconfig, kubelet_config, |root| {
+            let mut all: Vec<OsString> = [
+                "agent",
+                "--slurm-mode",
+                "off",
+                "--no-nvml",
+                "--node-name",
+                node,
+                "--rediscover-seconds",
+                "3600",
+                "--listen",
+                "127.0.0.1:0",
+                "--host-root",
+            ]
+            .iter()
+            .map(OsString::from)
+            .collect();
+            all.push(root.into());
+            all.push("--pod-resources-socket".into());
+            all.push(pod_resources_socket.into());
+            all.extend(args.iter().map(OsString::from));
+            all
+        })
+    }
+
+    /// Start `isthmus` with exactly the arguments `args` returns for the copy of the fixture's host root it is
+    /// given (whose `/var/lib/kubelet/config.yaml` is `kubelet_config`), with `KUBECONFIG=kubeconfig` and no
+    /// `ISTHMUS_*` setting from the test's environment. It must log in text and listen.
+    pub fn start_with(
+        kubeconfig: &Path,
+        kubelet_config: &str,
+        args: impl FnOnce(&Path) -> Vec<OsString>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let root = dir.path().join("root");
         let copied = Command::new("cp")
@@ -50,28 +84,14 @@ impl AgentProcess {
         let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
         let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
         let mut child = Command::new(isthmus_bin())
-            .args([
-                "agent",
-                "--slurm-mode",
-                "off",
-                "--no-nvml",
-                "--node-name",
-                node,
-                "--rediscover-seconds",
-                "3600",
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .arg("--host-root")
-            .arg(&root)
-            .arg("--pod-resources-socket")
-            .arg(pod_resources_socket)
-            .args(args)
+            .args(args(&root))
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("ISTHMUS_PUBLISH_NUMATOPOLOGY")
             .env_remove("ISTHMUS_PUBLISH_NRT")
+            .env_remove("ISTHMUS_CONFIG")
+            .env_remove("ISTHMUS_LOG_FORMAT")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -179,6 +179,23 @@ impl Drop for ControllerProcess {
 impl ControllerProcess {
     /// Start `isthmus controller run --identity IDENTITY` with `KUBECONFIG=kubeconfig` in [`NAMESPACE`], plus `args`.
     pub fn start(identity: &str, kubeconfig: &Path, args: &[&str]) -> Self {
+        let mut all = vec![
+            "controller",
+            "run",
+            "--namespace",
+            NAMESPACE,
+            "--identity",
+            identity,
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        all.extend_from_slice(args);
+        Self::start_with(identity, kubeconfig, &all)
+    }
+
+    /// Start `isthmus ARGS` (which must run the controller as replica `identity`, logging in text) with
+    /// `KUBECONFIG=kubeconfig` and none of the test's own `POD_*`/`ISTHMUS_CONFIG` settings.
+    pub fn start_with(identity: &str, kubeconfig: &Path, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let log = dir.path().join("controller.log");
         let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
@@ -193,22 +210,13 @@ impl ControllerProcess {
             None => Command::new(isthmus_bin()),
         };
         let mut child = cmd
-            .args([
-                "controller",
-                "run",
-                "--namespace",
-                NAMESPACE,
-                "--identity",
-                identity,
-                "--listen",
-                "127.0.0.1:0",
-            ])
             .args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")
+            .env_remove("ISTHMUS_CONFIG")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

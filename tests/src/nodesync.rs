@@ -193,6 +193,28 @@ pub fn slurm_condition(api: &ApiServer, name: &str) -> Option<(String, String, S
     ))
 }
 
+/// The node sync's record of Node `node` on `api` (the entry in its ConfigMaps `isthmus-nodesync-drains-NN`), as
+/// JSON.
+pub fn drain_record(api: &ApiServer, node: &str) -> Option<serde_json::Value> {
+    let out = api.kubectl(&[
+        "get",
+        "configmaps",
+        "-n",
+        SA.0,
+        "-l",
+        "app.kubernetes.io/component=nodesync-drains",
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|cm| cm["data"][node].as_str().map(str::to_owned))
+        .and_then(|text| serde_json::from_str(&text).ok())
+}
+
 /// API server + Slurm cluster + the running node sync; everything stops when dropped.
 #[allow(missing_debug_implementations)]
 pub struct SyncSite {
@@ -232,23 +254,7 @@ impl SyncSite {
 
     /// The node sync's record of Node `node` (the entry in its ConfigMaps `isthmus-nodesync-drains-NN`), as JSON.
     pub fn record(&self, node: &str) -> Option<serde_json::Value> {
-        let out = self.api.kubectl(&[
-            "get",
-            "configmaps",
-            "-n",
-            SA.0,
-            "-l",
-            "app.kubernetes.io/component=nodesync-drains",
-            "-o",
-            "json",
-        ]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find_map(|cm| cm["data"][node].as_str().map(str::to_owned))
-            .and_then(|text| serde_json::from_str(&text).ok())
+        drain_record(&self.api, node)
     }
 
     /// Whether the node sync has recorded a drain of Node `node` as its own.

@@ -17,6 +17,10 @@ use crate::metrics::Metrics;
 /// Arguments of `isthmus controller run`.
 #[derive(Debug, clap::Args)]
 pub struct ControllerRunArgs {
+    /// A YAML file of settings: keys are the long flag names without `--` (`node-sync: true`), lists for
+    /// repeatable flags. Flags and their environment variables override it (docs/configuration.md).
+    #[arg(long, env = crate::settings_file::CONFIG_ENV, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     /// Leader election, Slurm client and the topology task's inputs and outputs.
     #[command(flatten)]
     pub run: isthmus_controller::run::RunArgs,

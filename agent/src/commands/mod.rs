@@ -4,6 +4,7 @@ pub mod agent;
 pub mod controller;
 pub mod discover;
 pub mod render;
+pub mod status;
 pub mod table;
 
 use anyhow::Result;
@@ -35,5 +36,6 @@ pub fn run(command: Command) -> Result<()> {
         Command::Render(args) => render::run(&args),
         Command::Agent(args) => agent::run(&args),
         Command::Controller(c) => controller::run(c),
+        Command::Status(args) => status::run(&args),
     }
 }

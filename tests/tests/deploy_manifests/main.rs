@@ -17,11 +17,13 @@ use isthmus_tests::deploy::{
 use isthmus_tests::{fixtures, repo_root};
 use serde_yaml_ng::Value;
 
+mod config_file;
 mod controller_availability;
 mod images;
 mod monitoring;
 mod slurm_cgroups;
 mod slurm_unconfined;
+mod status_reader;
 
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
