@@ -94,7 +94,7 @@ test-fast:
 	  cargo test --workspace --no-fail-fast; status=$$?; rm -rf "$$d"; exit $$status
 
 # The aarch64 isthmus (target/aarch64-unknown-linux-gnu/debug/isthmus; tests/tests/arm64_qemu.rs compares its output
-# under qemu with the x86_64 build's on every recorded tree) and the fast tier of the hardware and Slurm-renderer
+# under qemu with the x86_64 build's on the recorded arm64 tree and two hosts with GPUs) and the fast tier of the hardware and Slurm-renderer
 # crates run for aarch64 under qemu-user-static (the runner in .cargo/config.toml). Only the binary and those two
 # crates' unit tests are built for aarch64 (docs/benchmarks.md: the time it adds). The property tests draw 32 cases
 # each under emulation (their 256 run natively in the suite): the emulated run shows the same code passes on aarch64.
