@@ -4,18 +4,25 @@
 #   make deploy-check   render and validate deploy/ and the Containerfile (kubectl kustomize, kubernetes-validate, checkov)
 #   make kube-assets    build the Kubernetes v1.20.2 the tests start, from Debian's source package (tests/kubernetes/build.sh)
 #   make slurm-roots    build the Slurm 24.11 and 26.05 roots the tests run, from Debian trixie's and sid's packages (tests/slurm/root.sh)
+#   make cross-arm64   build the aarch64 isthmus (Debian's cross toolchain) and run the hardware and Slurm-renderer
+#                      crates' unit tests for aarch64 under qemu-user-static (part of make test)
 #   make image  build the images isthmus and isthmus-slurm with docker, podman or buildah (docs/deploy.md, "Images")
 
 CARGO ?= cargo
+# arm64 (aarch64): Debian's cross toolchain, the :arm64 libraries isthmus links and the emulator that runs the result
+# (.cargo/config.toml names the linker, the pkg-config directories and the runner for that target only).
+ARM64_APT_PACKAGES := crossbuild-essential-arm64 libhwloc-dev:arm64 libudev-dev:arm64 qemu-user-static
+AARCH64 := aarch64-unknown-linux-gnu
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm-client munge bzip2 pci.ids python3 diffutils prometheus util-linux \
   golang-1.19-go etcd-server ibsim-utils libumad2sim0 infiniband-diags rsync busybox-static \
-  golang-github-modern-go-reflect2-dev libc6-dev containerd runc containernetworking-plugins openssl iproute2 curl debootstrap
+  golang-github-modern-go-reflect2-dev libc6-dev containerd runc containernetworking-plugins openssl iproute2 curl debootstrap \
+  $(ARM64_APT_PACKAGES)
 # The manifest checkers, from PyPI, in a project-local virtual environment.
 PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: deps deploy-tools deploy-check kube-assets slurm-roots build run test test-fast fmt lint bench image image-bases
+.PHONY: cross-arm64 deps deploy-tools deploy-check kube-assets slurm-roots build run test test-fast fmt lint bench image image-bases
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -24,11 +31,17 @@ deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  case "$$missing" in *:arm64*) \
+	    dpkg --print-foreign-architectures | grep -qx arm64 || $$SUDO dpkg --add-architecture arm64;; \
+	  esac; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	  case "$$missing" in *etcd-server*) \
 	    if [ -d /run/systemd/system ]; then $$SUDO systemctl stop etcd || true; \
 	    elif [ -x /etc/init.d/etcd ]; then $$SUDO /etc/init.d/etcd stop >/dev/null 2>&1 || true; fi;; \
 	  esac; \
+	fi
+	@if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx $(AARCH64); then \
+	  rustup target add $(AARCH64); \
 	fi
 
 # kubectl (for `kubectl kustomize`): the machine's, or Debian's kubernetes-client when there is none.
@@ -80,9 +93,18 @@ test-fast:
 	env -i HOME="$$HOME" PATH="$$d" CARGO_HOME="$${CARGO_HOME:-$$HOME/.cargo}" RUSTUP_HOME="$${RUSTUP_HOME:-$$HOME/.rustup}" \
 	  cargo test --workspace --no-fail-fast; status=$$?; rm -rf "$$d"; exit $$status
 
+# The aarch64 isthmus (target/aarch64-unknown-linux-gnu/debug/isthmus; tests/tests/arm64_qemu.rs compares its output
+# under qemu with the x86_64 build's on the recorded arm64 tree and two hosts with GPUs) and the fast tier of the hardware and Slurm-renderer
+# crates run for aarch64 under qemu-user-static (the runner in .cargo/config.toml). Only the binary and those two
+# crates' unit tests are built for aarch64 (docs/benchmarks.md: the time it adds). The property tests draw 32 cases
+# each under emulation (their 256 run natively in the suite): the emulated run shows the same code passes on aarch64.
+cross-arm64: deps
+	$(CARGO) build --target $(AARCH64) -p isthmus-agent --bin isthmus
+	PROPTEST_CASES=32 $(CARGO) test --target $(AARCH64) -p isthmus-topology -p isthmus-gres --lib
+
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite; so is
 # every daemon the suite started and left running (scripts/leftovers.sh), which fails it.
-test: deps deploy-tools kube-assets slurm-roots fmt lint
+test: deps deploy-tools kube-assets slurm-roots fmt lint cross-arm64
 	@rm -f target/not-run.txt
 	@scripts/leftovers.sh snapshot target/daemons-before.txt
 	@status=0; $(CARGO) test --workspace --no-fail-fast --features isthmus-tests/system || status=$$?; \

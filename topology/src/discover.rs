@@ -8,7 +8,9 @@ use crate::hwloc::{self, HwlocFacts};
 use crate::model::{CpuSource, MODEL_VERSION, Machine, NodeTopology};
 use crate::nvml::NvmlSource;
 use crate::warning::{Warning, WarningSource};
-use crate::{accel, infiniband, kfd, links, numa_check, nvidia, nvml_enrich, pci, sysfs_cpu};
+use crate::{
+    accel, cpuless_numa, infiniband, kfd, links, numa_check, nvidia, nvml_enrich, pci, sysfs_cpu,
+};
 
 /// What discovery reads.
 #[derive(Debug, Clone, Copy)]
@@ -131,8 +133,10 @@ fn cpu_facts(
 ) -> (HwlocFacts, CpuSource) {
     if opts.use_hwloc {
         match hwloc::probe(root) {
-            Ok(f) => {
+            Ok(mut f) => {
                 numa_check::check(root, &f.numa_nodes, warnings);
+                cpuless_numa::own_cpus(root, &mut f.numa_nodes);
+                cpuless_numa::add_missing(root, &mut f.numa_nodes, warnings);
                 return (f, CpuSource::Hwloc);
             }
             Err(e) => warnings.push(Warning::new(

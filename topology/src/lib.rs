@@ -5,6 +5,7 @@
 
 pub mod accel;
 pub mod accel_model;
+pub mod cpuless_numa;
 pub mod cpuset;
 pub mod device_resources;
 pub mod discover;
