@@ -49,6 +49,7 @@ pub async fn publish_when_served<K: Published>(
     metrics: Arc<Metrics>,
     recheck: Duration,
     pacing: Pacing,
+    reported: Option<super::reported::Reported>,
     shutdown: CancellationToken,
 ) {
     let (group, version, plural) = (K::group(&()), K::version(&()), K::plural(&()));
@@ -58,7 +59,8 @@ pub async fn publish_when_served<K: Published>(
         let delay = match served(&client, &group, &version, &plural).await {
             Ok(true) => {
                 tracing::info!(object = K::METRIC, group = %group, version = %version, "the API server serves it: publishing");
-                return publisher::run(client, node, desired, metrics, pacing, shutdown).await;
+                return publisher::run(client, node, desired, metrics, pacing, reported, shutdown)
+                    .await;
             }
             Ok(false) => {
                 if !told_absent {

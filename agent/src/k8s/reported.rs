@@ -1,34 +1,66 @@
-//! The Node conditions the agent reports about its node (device health, and beside Slurm the device plugin's
-//! `DeviceAllocationConsistent`). They travel in the node's own NodeResourceTopology, one attribute each
+//! The Node conditions the agent reports about its node (device health, beside Slurm the device plugin's
+//! `DeviceAllocationConsistent` and `SlurmJobsConfined`, and `NrtSingleWriter` where it publishes its topology
+//! objects). They travel in the node's own NodeReport ([`isthmus_api::node_report`]), one attribute each
 //! ([`isthmus_api::conditions::attribute`]), never as a write to the Node: the agent holds no right on Node status.
-//! The admission webhook holds each agent to its own node's object, and the controller projects the conditions onto
-//! the Node. Their writers share one [`Reported`]; the NRT's renderer reads it.
+//! The NodeReport is the agent's alone, whether or not it writes the NodeResourceTopology (`--publish-nrt=false`, or
+//! another writer owns it). The admission webhook holds each agent to its own node's report, and the controller
+//! projects the conditions onto the Node. Their writers share one [`Reported`]; [`publish`] writes the report.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use isthmus_api::conditions::{FOREIGN_WRITER, NRT_SINGLE_WRITER, SINGLE_WRITER, TAKEN_OVER};
+use isthmus_api::node_report::NodeReport;
 use isthmus_api::nrt::Attribute;
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::publisher::{self, Desired, Pacing};
+use crate::metrics::Metrics;
 
 /// The reported conditions by type.
 pub type Conditions = BTreeMap<String, NodeCondition>;
 
+/// Each published topology object's other writers (by the object's kind), and whether the agent writes over them.
+type Writers = BTreeMap<String, (Vec<String>, bool)>;
+
 /// Where the agent's tasks put the conditions they report.
 #[derive(Debug, Clone)]
-pub struct Reported(Arc<watch::Sender<Conditions>>);
+pub struct Reported {
+    tx: Arc<watch::Sender<Conditions>>,
+    writers: Arc<Mutex<Writers>>,
+}
 
 impl Reported {
-    /// An empty set and the receiver the renderer reads.
+    /// An empty set and the receiver the report's writer reads.
     pub fn new() -> (Self, watch::Receiver<Conditions>) {
         let (tx, rx) = watch::channel(Conditions::new());
-        (Self(Arc::new(tx)), rx)
+        (
+            Self {
+                tx: Arc::new(tx),
+                writers: Arc::default(),
+            },
+            rx,
+        )
     }
 
-    /// Report `conditions` (each replaces the one of its type); the renderer is woken only when something changed.
+    /// Say who else writes the node's object of kind `kind` (a NodeResourceTopology or Numatopology the agent
+    /// publishes; `managers` empty: nobody), and whether the agent writes over them: the `NrtSingleWriter`
+    /// condition, over every such object.
+    pub fn set_writers(&self, kind: &str, managers: &[String], takeover: bool) {
+        let condition = {
+            let mut w = self.writers.lock().unwrap_or_else(PoisonError::into_inner);
+            w.insert(kind.to_owned(), (managers.to_vec(), takeover));
+            single_writer(&w)
+        };
+        self.set(&[condition]);
+    }
+
+    /// Report `conditions` (each replaces the one of its type); the writer is woken only when something changed.
     pub fn set(&self, conditions: &[NodeCondition]) {
-        self.0.send_if_modified(|cur| {
+        self.tx.send_if_modified(|cur| {
             let mut changed = false;
             for c in conditions {
                 if cur.get(&c.type_) != Some(c) {
@@ -41,13 +73,98 @@ impl Reported {
     }
 }
 
-/// The NRT attributes of `conditions`, by type.
+/// The `NrtSingleWriter` condition of `writers` (a transition time is given when the report is written).
+fn single_writer(writers: &Writers) -> NodeCondition {
+    let others: Vec<String> = writers
+        .iter()
+        .filter(|(_, (m, _))| !m.is_empty())
+        .map(|(kind, (m, takeover))| {
+            let what = if *takeover {
+                "isthmus writes over them (--nrt-takeover)"
+            } else {
+                "isthmus does not write it until they are gone or --nrt-takeover is set"
+            };
+            format!("{kind} also written by {}: {what}", m.join(", "))
+        })
+        .collect();
+    let yielded = writers.values().any(|(m, t)| !m.is_empty() && !*t);
+    let (status, reason, message) = if others.is_empty() {
+        let kinds: Vec<&str> = writers.keys().map(String::as_str).collect();
+        (
+            "True",
+            SINGLE_WRITER,
+            format!("isthmus alone writes the node's {}", kinds.join(" and ")),
+        )
+    } else {
+        (
+            "False",
+            if yielded { FOREIGN_WRITER } else { TAKEN_OVER },
+            others.join("; "),
+        )
+    };
+    let mut message = message;
+    message.truncate(
+        (0..=isthmus_api::conditions::MAX_MESSAGE.min(message.len()))
+            .rev()
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(0),
+    );
+    NodeCondition {
+        type_: NRT_SINGLE_WRITER.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_transition_time: None,
+        last_heartbeat_time: None,
+    }
+}
+
+/// The report's attributes of `conditions`, by type.
 pub fn attributes(conditions: &Conditions) -> Vec<Attribute> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     conditions
         .values()
         .map(|c| isthmus_api::conditions::attribute(c, &now))
         .collect()
+}
+
+/// Write the node's NodeReport from `conditions` until `shutdown` (nothing while no condition is reported): the
+/// same publisher as the topology objects (server-side apply only on change, an owner reference to the Node, a watch
+/// on the object that restores it). The report is the agent's alone: it writes over any other field manager (an
+/// administrator's edit is undone), and says so as for the topology objects.
+pub fn publish(
+    client: kube::Client,
+    node: String,
+    mut conditions: watch::Receiver<Conditions>,
+    metrics: Arc<Metrics>,
+    pacing: Pacing,
+    shutdown: CancellationToken,
+) {
+    let (tx, desired) = watch::channel(None);
+    let name = node.clone();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let report = {
+                let c = conditions.borrow_and_update();
+                (!c.is_empty()).then(|| NodeReport::named(&name, attributes(&c)))
+            };
+            if let Some(report) = report {
+                tx.send_replace(Some(Desired::current(report)));
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                changed = conditions.changed() => if changed.is_err() { return },
+            }
+        }
+    });
+    let pacing = Pacing {
+        takeover: true,
+        ..pacing
+    };
+    tokio::spawn(publisher::run::<NodeReport>(
+        client, node, desired, metrics, pacing, None, shutdown,
+    ));
 }
 
 #[cfg(test)]
@@ -87,5 +204,42 @@ mod tests {
         assert!(!rx.has_changed().unwrap_or(true), "the same again");
         let attrs = attributes(&now);
         assert_eq!(attrs[1].name, "isthmus.io/condition.GpuHealthy");
+    }
+
+    #[test]
+    fn another_writer_of_either_object_turns_single_writer_false() {
+        let (r, rx) = Reported::new();
+        let now = || {
+            rx.borrow()
+                .get(NRT_SINGLE_WRITER)
+                .cloned()
+                .unwrap_or_default()
+        };
+        r.set_writers("NodeResourceTopology", &[], false);
+        assert_eq!(now().status, "True");
+        assert_eq!(
+            now().message.as_deref(),
+            Some("isthmus alone writes the node's NodeResourceTopology")
+        );
+        r.set_writers("Numatopology", &["volcano".into()], false);
+        let c = now();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some(FOREIGN_WRITER))
+        );
+        assert_eq!(
+            c.message.as_deref(),
+            Some(
+                "Numatopology also written by volcano: isthmus does not write it until they are gone or --nrt-takeover is set"
+            )
+        );
+        r.set_writers("Numatopology", &["volcano".into()], true);
+        assert_eq!(now().reason.as_deref(), Some(TAKEN_OVER));
+        r.set_writers("Numatopology", &[], true);
+        assert_eq!(now().status, "True");
+        // Whatever the names, the message reads back.
+        r.set_writers("NodeResourceTopology", &vec!["m".repeat(64); 40], false);
+        let read = isthmus_api::conditions::read(&attributes(&rx.borrow()));
+        assert_eq!(read.map(|c| c.len()), Ok(1));
     }
 }

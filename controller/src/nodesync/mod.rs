@@ -182,7 +182,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "noderesourcetopologies",
         verbs: &["list", "watch"],
         why: "the conditions each node's agent reports about itself (device health, DeviceAllocationConsistent), \
-              read from its NodeResourceTopology (admission-checked), never from the Node",
+              read from its NodeResourceTopology where it has no NodeReport (admission-checked), never from the Node",
+    },
+    ApiAccess {
+        group: isthmus_api::node_report::GROUP,
+        resource: isthmus_api::node_report::PLURAL,
+        verbs: &["list", "watch"],
+        why: "the conditions each node's agent reports about itself (device health, DeviceAllocationConsistent), \
+              read from its NodeReport (admission-checked), never from the Node",
     },
     ApiAccess {
         group: "",

@@ -1,4 +1,4 @@
-//! Publishing one of the node's objects (the NodeResourceTopology, Volcano's Numatopology): server-side apply with
+//! Publishing one of the node's objects (the NodeResourceTopology, Volcano's Numatopology, the NodeReport): server-side apply with
 //! field manager `isthmus` and an owner reference to the Node, nothing sent when the object would not change,
 //! retries with backoff when the API server fails, and a watch on the object itself, so that a deleted object or one
 //! whose content someone else changed is put back at once. When to write (one write per interval, a failure's
@@ -67,6 +67,14 @@ impl Published for isthmus_api::numatopo::Numatopology {
 
     fn same_content(&self, live: &Self) -> bool {
         isthmus_api::numatopo::Numatopology::same_content(self, live)
+    }
+}
+
+impl Published for isthmus_api::node_report::NodeReport {
+    const METRIC: &'static str = "nodereport";
+
+    fn same_content(&self, live: &Self) -> bool {
+        isthmus_api::node_report::NodeReport::same_content(self, live)
     }
 }
 
@@ -299,15 +307,23 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Publish every desired object sent on `desired` (named `node`) until `shutdown`, and keep the live object equal
 /// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited. When to
-/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides.
+/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides. With `reported`,
+/// the object's other writers are also reported in the node's `NrtSingleWriter` condition.
 pub async fn run<K: Published>(
     client: Client,
     node: String,
     mut desired: watch::Receiver<Option<Desired<K>>>,
     metrics: Arc<Metrics>,
     pacing: Pacing,
+    reported: Option<super::reported::Reported>,
     shutdown: CancellationToken,
 ) {
+    // Idempotent: the condition changes (and the report is written) only when the writers do.
+    let say = |foreign: &ForeignWriters| {
+        if let Some(r) = &reported {
+            r.set_writers(&K::kind(&()), foreign.managers(), pacing.takeover);
+        }
+    };
     let mut publisher = Publisher::<K>::new(client.clone(), pacing.takeover);
     let mut foreign = ForeignWriters::default();
     let mut refresh: Option<Instant> = None;
@@ -356,6 +372,7 @@ pub async fn run<K: Published>(
                         backoff.reset();
                         match outcome {
                             Outcome::Written => {
+                                say(&foreign);
                                 pacer.written(Instant::now());
                                 metrics.record_publication(K::METRIC, Publication::Written);
                                 tracing::info!(object = K::METRIC, name = %node, "applied");
@@ -369,6 +386,7 @@ pub async fn run<K: Published>(
                                 }
                             }
                             Outcome::Unchanged => {
+                                say(&foreign);
                                 pacer.settled();
                                 metrics.record_publication(K::METRIC, Publication::Skipped);
                             }
@@ -376,6 +394,7 @@ pub async fn run<K: Published>(
                                 pacer.settled();
                                 metrics.record_publication(K::METRIC, Publication::Yielded);
                                 let change = foreign.observe(others);
+                                say(&foreign);
                                 refresh = Some(Instant::now() + FOREIGN_REFRESH);
                                 let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
                                 tell::<K>(
@@ -421,6 +440,7 @@ pub async fn run<K: Published>(
                 Some(Ok(watcher::Event::Delete(_))) => {
                     // The other writers' fields went with the object.
                     let change = foreign.observe(Vec::new());
+                    say(&foreign);
                     let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
                     tell::<K>(&client, &node, uid.as_deref(), &change, 0, mode, &metrics).await;
                     tracing::warn!(object = K::METRIC, name = %node, "the object was deleted; restoring it");
@@ -432,6 +452,7 @@ pub async fn run<K: Published>(
                     watch_failing = false;
                     let (others, more) = foreign::foreign_managers(live.meta(), isthmus_api::AGENT_FIELD_MANAGER);
                     let change = foreign.observe(others);
+                    say(&foreign);
                     let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
                     tell::<K>(&client, &node, uid.as_deref(), &change, more, mode, &metrics).await;
                     match change {
