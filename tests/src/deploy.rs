@@ -358,7 +358,9 @@ pub fn install_agent(api: &crate::apiserver::ApiServer) -> PathBuf {
         let mut applied = APPLIED.lock().unwrap_or_else(|e| e.into_inner());
         if !applied.contains(&api.url()) {
             api.apply_kustomize(&deploy_dir());
-            api.wait_for_crd("noderesourcetopologies.topology.node.k8s.io");
+            for (_, crd) in crate::controller::agent_crds() {
+                api.wait_for_crd(crd);
+            }
             applied.push(api.url());
         }
     }

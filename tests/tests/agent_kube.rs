@@ -347,6 +347,27 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     let nrts: Api<NodeResourceTopology> = Api::all(admin);
     rt().block_on(until(&nrts, node, "the NRT", |o| o.zones.len() == 2));
     let series = format!(r#"isthmus_nrt_foreign_writer{{manager="{NFD}"}}"#);
+    // The controller's projection of the reported conditions, as its ServiceAccount: the Node shows the agent's
+    // NrtSingleWriter.
+    let _projection = Projection::start(server);
+    let single_writer = |status: &str, reason: &str| {
+        let v = isthmus_tests::nodesync::node_json(server, node);
+        v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == isthmus_api::conditions::NRT_SINGLE_WRITER
+                    && c["status"] == status
+                    && c["reason"] == reason
+                    && (status == "True" || c["message"].as_str().is_some_and(|m| m.contains(NFD)))
+            })
+    };
+    wait_until(
+        "the Node: NrtSingleWriter True",
+        Duration::from_secs(30),
+        || single_writer("True", "SingleWriter"),
+    );
     // The one line that says at start which outputs are on.
     let outputs = agent
         .log()
@@ -393,6 +414,11 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
         .matches("another writer owns the object's content")
         .count();
     assert_eq!(warned, 1, "{}", agent.log());
+    wait_until(
+        "the Node: NrtSingleWriter False naming the other writer",
+        Duration::from_secs(30),
+        || single_writer("False", "ForeignWriter"),
+    );
 
     // NFD goes: its fields are no longer its own (what an administrator does after removing it: the managed
     // fields reset, `kubectl patch --type merge -p '{"metadata":{"managedFields":[{}]}}'`). The agent writes its
@@ -425,6 +451,11 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
         ok
     });
     assert_eq!(scrape(&agent.listen, &series), 0.0);
+    wait_until(
+        "the Node: NrtSingleWriter True again",
+        Duration::from_secs(30),
+        || single_writer("True", "SingleWriter"),
+    );
     let writes = nrt_writes(server, detected);
     assert!(
         !writes.is_empty() && writes.iter().all(|w| w.time >= released),
@@ -475,4 +506,34 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
         "{}",
         agent.log()
     );
+    wait_until(
+        "the Node: NrtSingleWriter False, taken over",
+        Duration::from_secs(30),
+        || single_writer("False", "TakenOver"),
+    );
+}
+
+/// The controller's projection of the reported conditions onto the Nodes ([`isthmus_controller::conditions::run`]),
+/// in this process, as the controller's shipped ServiceAccount; stopped when dropped.
+struct Projection(isthmus_controller::nodesync::CancellationToken);
+
+impl Projection {
+    fn start(server: &ApiServer) -> Self {
+        let kubeconfig = isthmus_tests::controller::install_controller(server);
+        let client = rt().block_on(client_for(&kubeconfig));
+        let stop = isthmus_controller::nodesync::CancellationToken::new();
+        let guard = isthmus_controller::run::fence::Guard::unfenced(Duration::from_secs(5));
+        rt().spawn(isthmus_controller::conditions::run(
+            client,
+            guard,
+            stop.clone(),
+        ));
+        Self(stop)
+    }
+}
+
+impl Drop for Projection {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }

@@ -24,9 +24,9 @@ fn series(site: &Site, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `SlurmJobsConfined` as the node reports it in its NodeResourceTopology (read as the controller reads it).
+/// `SlurmJobsConfined` as the node reports it in its NodeReport (read as the controller reads it).
 fn reported(api: &ApiServer) -> Option<NodeCondition> {
-    let out = api.kubectl(&["get", "noderesourcetopology", NODE, "-o", "json"]);
+    let out = api.kubectl(&["get", isthmus_api::node_report::CRD, NODE, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     isthmus_tests::reported_condition(&v, "SlurmJobsConfined")
 }
