@@ -20,6 +20,7 @@ use serde_yaml_ng::Value;
 mod controller_availability;
 mod images;
 mod monitoring;
+mod site;
 mod slurm_cgroups;
 mod slurm_unconfined;
 
