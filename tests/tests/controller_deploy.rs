@@ -168,6 +168,9 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
 #[test]
 fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access() {
     let api = ApiServer::start();
+    // The agent first, as docs/deploy.md says (its CRDs, applied as `kubectl apply -k` applies them, so that the
+    // site's apply below finds them as it left them), then the schedulers' CRDs.
+    api.apply_kustomize(&isthmus_tests::deploy::deploy_dir());
     controller::install_crds(&api);
     // The base: the topology task's ClusterRole and the webhook's.
     check_apply(
