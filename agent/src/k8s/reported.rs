@@ -163,7 +163,15 @@ pub fn publish(
         ..pacing
     };
     tokio::spawn(publisher::run::<NodeReport>(
-        client, node, desired, metrics, pacing, None, shutdown,
+        client,
+        node,
+        desired,
+        publisher::Telling {
+            metrics,
+            writers: None,
+        },
+        pacing,
+        shutdown,
     ));
 }
 

@@ -106,9 +106,11 @@ pub fn spawn(
             p.client.clone(),
             p.node.clone(),
             nrt_rx,
-            metrics.clone(),
+            publisher::Telling {
+                metrics: metrics.clone(),
+                writers: p.report_writers.clone(),
+            },
             pacing,
-            p.report_writers.clone(),
             shutdown.clone(),
         ));
     }
@@ -131,10 +133,12 @@ pub fn spawn(
                 p.client,
                 p.node,
                 numa_rx,
-                metrics,
+                publisher::Telling {
+                    metrics,
+                    writers: p.report_writers,
+                },
                 p.numatopology_recheck.max(Duration::from_secs(1)),
                 pacing,
-                p.report_writers,
                 shutdown,
             ));
         }
@@ -143,9 +147,11 @@ pub fn spawn(
                 p.client,
                 p.node,
                 numa_rx,
-                metrics,
+                publisher::Telling {
+                    metrics,
+                    writers: p.report_writers,
+                },
                 pacing,
-                p.report_writers,
                 shutdown,
             ));
         }

@@ -276,6 +276,16 @@ impl<K: Published> Publisher<K> {
     }
 }
 
+/// Where a publisher says what it does: the agent's metrics and, for the topology objects, the node's reported
+/// conditions, which say who else writes them (`NrtSingleWriter`).
+#[derive(Debug, Clone)]
+pub struct Telling {
+    /// The agent's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The node's reported conditions (`None`: the object's other writers are not reported as a condition).
+    pub writers: Option<super::reported::Reported>,
+}
+
 /// How the publisher task paces itself, and whether it writes over another writer.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
@@ -307,17 +317,20 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Publish every desired object sent on `desired` (named `node`) until `shutdown`, and keep the live object equal
 /// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited. When to
-/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides. With `reported`,
-/// the object's other writers are also reported in the node's `NrtSingleWriter` condition.
+/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides. With
+/// `telling.writers`, the object's other writers are also reported in the node's `NrtSingleWriter` condition.
 pub async fn run<K: Published>(
     client: Client,
     node: String,
     mut desired: watch::Receiver<Option<Desired<K>>>,
-    metrics: Arc<Metrics>,
+    telling: Telling,
     pacing: Pacing,
-    reported: Option<super::reported::Reported>,
     shutdown: CancellationToken,
 ) {
+    let Telling {
+        metrics,
+        writers: reported,
+    } = telling;
     // Idempotent: the condition changes (and the report is written) only when the writers do.
     let say = |foreign: &ForeignWriters| {
         if let Some(r) = &reported {
