@@ -189,7 +189,8 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
     let all: Vec<&str> = TASK_ACCESS.iter().map(|(f, _)| *f).collect();
     let site = isthmus_tests::deploy::site_dir();
     check_apply(&api, &site, &all);
-    // Everything the site renders is on the server, in its one Namespace; the agent's ServiceAccount has exactly
+    // Everything the site renders is on the server (the webhook configurations were applied and removed again),
+    // in its one Namespace; the agent's ServiceAccount has exactly
     // its access.
     let docs = isthmus_tests::deploy::render_at(&site, ".");
     assert_eq!(
@@ -200,6 +201,10 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
     for d in &docs {
         let kind = d["kind"].as_str().unwrap_or_default();
         let name = d["metadata"]["name"].as_str().unwrap_or_default();
+        if kind == "ValidatingWebhookConfiguration" {
+            // Removed again by install_controller: no test server can route to the webhook's Service.
+            continue;
+        }
         let mut args = vec!["get", kind, name];
         if let Some(ns) = d["metadata"]["namespace"].as_str() {
             args.extend(["-n", ns]);
