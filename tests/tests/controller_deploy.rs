@@ -169,9 +169,11 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
 fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access() {
     let api = ApiServer::start();
     // The agent first, as docs/deploy.md says (its CRDs, applied as `kubectl apply -k` applies them, so that the
-    // site's apply below finds them as it left them), then the schedulers' CRDs.
+    // site's apply below finds them as it left them), then the schedulers' CRDs and Volcano's Numatopology.
     api.apply_kustomize(&isthmus_tests::deploy::deploy_dir());
     controller::install_crds(&api);
+    // Volcano's Numatopology, which the agent may also publish (its access is checked below).
+    isthmus_tests::admission::install_report_crds(&api);
     // The base: the topology task's ClusterRole and the webhook's.
     check_apply(
         &api,
