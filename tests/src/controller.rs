@@ -335,3 +335,31 @@ pub fn set_real_memory(o: &mut NodeResourceTopology, memory: u64) {
         }
     }
 }
+
+/// The controller's projection of the reported conditions onto the Nodes ([`isthmus_controller::conditions::run`]),
+/// in this process, as the controller's shipped ServiceAccount; stopped when dropped.
+#[allow(missing_debug_implementations)]
+pub struct Projection(isthmus_controller::nodesync::CancellationToken);
+
+impl Projection {
+    /// Start it on `rt` against `server` (the controller's kustomization applied first).
+    pub fn start(server: &ApiServer, rt: &tokio::runtime::Runtime) -> Self {
+        let kubeconfig = install_controller(server);
+        let client = rt.block_on(crate::apiserver::client_for(&kubeconfig));
+        let stop = isthmus_controller::nodesync::CancellationToken::new();
+        let guard =
+            isthmus_controller::run::fence::Guard::unfenced(std::time::Duration::from_secs(5));
+        rt.spawn(isthmus_controller::conditions::run(
+            client,
+            guard,
+            stop.clone(),
+        ));
+        Self(stop)
+    }
+}
+
+impl Drop for Projection {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}

@@ -11,14 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -28,55 +25,13 @@ use isthmus_api::retry::RetryPolicy;
 pub mod foreign;
 mod foreign_report;
 pub mod pacing;
+mod published;
 
 use foreign::{Change, ForeignWriters};
 pub use foreign_report::{FOREIGN_GONE_REASON, FOREIGN_REASON};
 use foreign_report::{FOREIGN_REFRESH, Mode, tell};
 use pacing::{Decision, Pacer, Restore};
-
-/// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
-pub trait Published:
-    Resource<DynamicType = (), Scope = ClusterResourceScope>
-    + Clone
-    + Debug
-    + PartialEq
-    + Serialize
-    + DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
-    /// The name in metrics (`nrt`, `numatopology`).
-    const METRIC: &'static str;
-
-    /// Whether `live` carries the content the agent owns as `self` does (the rest — status, labels others set —
-    /// is not ours to restore).
-    fn same_content(&self, live: &Self) -> bool;
-}
-
-impl Published for isthmus_api::nrt::NodeResourceTopology {
-    const METRIC: &'static str = "nrt";
-
-    fn same_content(&self, live: &Self) -> bool {
-        isthmus_api::nrt::NodeResourceTopology::same_content(self, live)
-    }
-}
-
-impl Published for isthmus_api::numatopo::Numatopology {
-    const METRIC: &'static str = "numatopology";
-
-    fn same_content(&self, live: &Self) -> bool {
-        isthmus_api::numatopo::Numatopology::same_content(self, live)
-    }
-}
-
-impl Published for isthmus_api::node_report::NodeReport {
-    const METRIC: &'static str = "nodereport";
-
-    fn same_content(&self, live: &Self) -> bool {
-        isthmus_api::node_report::NodeReport::same_content(self, live)
-    }
-}
+pub use published::Published;
 
 /// Why a publication failed.
 #[derive(Debug, thiserror::Error)]
