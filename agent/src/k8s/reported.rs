@@ -128,6 +128,46 @@ pub fn attributes(conditions: &Conditions) -> Vec<Attribute> {
         .collect()
 }
 
+/// Each condition's status and the time it took it, for conditions whose reporter gives no transition time
+/// (`NrtSingleWriter`): the time moves only when the status does, across re-renders and across a restart of the
+/// agent (the times are first taken from the report an earlier life of the agent left).
+#[derive(Debug, Default)]
+struct Transitions(BTreeMap<String, (String, Time)>);
+
+impl Transitions {
+    /// The times of the conditions `live` (the node's NodeReport as it is) carries.
+    fn from_live(live: Option<&NodeReport>) -> Self {
+        let read = live
+            .and_then(|r| isthmus_api::conditions::read(&r.attributes).ok())
+            .unwrap_or_default();
+        Self(
+            read.into_iter()
+                .filter_map(|c| Some((c.type_, (c.status, c.last_transition_time?))))
+                .collect(),
+        )
+    }
+
+    /// `conditions` with a transition time each: its own, or the one kept for its status, or `now`.
+    fn apply(&mut self, conditions: &Conditions, now: &Time) -> Conditions {
+        let mut out = conditions.clone();
+        for c in out
+            .values_mut()
+            .filter(|c| c.last_transition_time.is_none())
+        {
+            let kept = self
+                .0
+                .get(&c.type_)
+                .filter(|(status, _)| *status == c.status)
+                .map(|(_, t)| t.clone());
+            let t = kept.unwrap_or_else(|| now.clone());
+            self.0
+                .insert(c.type_.clone(), (c.status.clone(), t.clone()));
+            c.last_transition_time = Some(t);
+        }
+        out
+    }
+}
+
 /// Write the node's NodeReport from `conditions` until `shutdown` (nothing while no condition is reported): the
 /// same publisher as the topology objects (server-side apply only on change, an owner reference to the Node, a watch
 /// on the object that restores it). The report is the agent's alone: it writes over any other field manager (an
@@ -143,11 +183,23 @@ pub fn publish(
     let (tx, desired) = watch::channel(None);
     let name = node.clone();
     let stop = shutdown.clone();
+    let reports: kube::Api<NodeReport> = kube::Api::all(client.clone());
     tokio::spawn(async move {
+        // The report an earlier life of this agent left (a list by name, what the publisher's watch is allowed too),
+        // so that a restart moves no transition time; none when it cannot be read in time.
+        let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+        let live = tokio::time::timeout(pacing.call_timeout, reports.list(&by_name))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .and_then(|l| l.items.into_iter().next());
+        let mut transitions = Transitions::from_live(live.as_ref());
         loop {
             let report = {
                 let c = conditions.borrow_and_update();
-                (!c.is_empty()).then(|| NodeReport::named(&name, attributes(&c)))
+                let now = Time(k8s_openapi::jiff::Timestamp::now());
+                (!c.is_empty())
+                    .then(|| NodeReport::named(&name, attributes(&transitions.apply(&c, &now))))
             };
             if let Some(report) = report {
                 tx.send_replace(Some(Desired::current(report)));
@@ -212,6 +264,41 @@ mod tests {
         assert!(!rx.has_changed().unwrap_or(true), "the same again");
         let attrs = attributes(&now);
         assert_eq!(attrs[1].name, "isthmus.io/condition.GpuHealthy");
+    }
+
+    #[test]
+    fn a_time_given_by_no_reporter_moves_only_with_the_status_and_survives_a_restart() {
+        let at = |s: &str| Time(s.parse().unwrap_or_else(|e| panic!("{e}")));
+        let mut single = cond(NRT_SINGLE_WRITER, "True");
+        single.last_transition_time = None;
+        let mut gpu = cond("GpuHealthy", "True");
+        gpu.last_transition_time = Some(at("2026-01-01T00:00:00Z"));
+        let set = |cs: &[&NodeCondition]| -> Conditions {
+            cs.iter().map(|c| (c.type_.clone(), (*c).clone())).collect()
+        };
+        // An earlier life reported NrtSingleWriter True at t0.
+        let mut earlier = Transitions::default();
+        let before = earlier.apply(&set(&[&single]), &at("2026-01-02T00:00:00Z"));
+        let live = NodeReport::named("n1", attributes(&before));
+        // Restarted later: the same status keeps t0, whatever else changes.
+        let mut t = Transitions::from_live(Some(&live));
+        let time = |c: &Conditions| c[NRT_SINGLE_WRITER].last_transition_time.clone();
+        let now = at("2026-01-03T00:00:00Z");
+        assert_eq!(
+            time(&t.apply(&set(&[&single]), &now)),
+            Some(at("2026-01-02T00:00:00Z"))
+        );
+        let both = t.apply(&set(&[&single, &gpu]), &now);
+        assert_eq!(time(&both), Some(at("2026-01-02T00:00:00Z")));
+        assert_eq!(
+            both["GpuHealthy"].last_transition_time, gpu.last_transition_time,
+            "its own"
+        );
+        // A new status: now, kept while it lasts.
+        single.status = "False".into();
+        assert_eq!(time(&t.apply(&set(&[&single]), &now)), Some(now.clone()));
+        let later = at("2026-01-04T00:00:00Z");
+        assert_eq!(time(&t.apply(&set(&[&single]), &later)), Some(now));
     }
 
     #[test]
