@@ -6,7 +6,7 @@
 //! another writer owns it). The admission webhook holds each agent to its own node's report, and the controller
 //! projects the conditions onto the Node. Their writers share one [`Reported`]; [`publish`] writes the report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use isthmus_api::conditions::{FOREIGN_WRITER, NRT_SINGLE_WRITER, SINGLE_WRITER, TAKEN_OVER};
@@ -128,6 +128,9 @@ pub fn attributes(conditions: &Conditions) -> Vec<Attribute> {
         .collect()
 }
 
+/// How long a restarted agent waits for its reporters to report every condition type its earlier report carried.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Each condition's status and the time it took it, for conditions whose reporter gives no transition time
 /// (`NrtSingleWriter`): the time moves only when the status does, across re-renders and across a restart of the
 /// agent (the times are first taken from the report an earlier life of the agent left).
@@ -194,19 +197,31 @@ pub fn publish(
             .and_then(Result::ok)
             .and_then(|l| l.items.into_iter().next());
         let mut transitions = Transitions::from_live(live.as_ref());
+        // A restarted agent's reporters do not all report at once: until every type the earlier report carried is
+        // reported again (or SETTLE has passed: a type no longer reported), the report only fills a missing object,
+        // so that a restart writes nothing when nothing changed.
+        let earlier: BTreeSet<String> = transitions.0.keys().cloned().collect();
+        let settle = tokio::time::Instant::now() + SETTLE;
         loop {
-            let report = {
+            let (report, waiting) = {
                 let c = conditions.borrow_and_update();
                 let now = Time(k8s_openapi::jiff::Timestamp::now());
-                (!c.is_empty())
-                    .then(|| NodeReport::named(&name, attributes(&transitions.apply(&c, &now))))
+                let waiting = tokio::time::Instant::now() < settle
+                    && !earlier.iter().all(|t| c.contains_key(t));
+                let report = (!c.is_empty())
+                    .then(|| NodeReport::named(&name, attributes(&transitions.apply(&c, &now))));
+                (report, waiting)
             };
             if let Some(report) = report {
-                tx.send_replace(Some(Desired::current(report)));
+                tx.send_replace(Some(Desired {
+                    object: report,
+                    keep_existing: waiting,
+                }));
             }
             tokio::select! {
                 () = stop.cancelled() => return,
                 changed = conditions.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(settle), if waiting => {}
             }
         }
     });
