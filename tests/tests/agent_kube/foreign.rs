@@ -62,7 +62,7 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     };
     wait_until(
         "the Node: NrtSingleWriter True",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || single_writer("True", "SingleWriter"),
     );
     // The one line that says at start which outputs are on.
@@ -113,7 +113,7 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     assert_eq!(warned, 1, "{}", agent.log());
     wait_until(
         "the Node: NrtSingleWriter False naming the other writer",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || single_writer("False", "ForeignWriter"),
     );
 
@@ -150,7 +150,7 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     assert_eq!(scrape(&agent.listen, &series), 0.0);
     wait_until(
         "the Node: NrtSingleWriter True again",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || single_writer("True", "SingleWriter"),
     );
     let writes = nrt_writes(server, detected);
@@ -205,7 +205,7 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     );
     wait_until(
         "the Node: NrtSingleWriter False, taken over",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || single_writer("False", "TakenOver"),
     );
 }
