@@ -304,6 +304,12 @@ pub struct AgentArgs {
     /// Default: on when running in a pod (KUBERNETES_SERVICE_HOST is set).
     #[arg(long, env = "ISTHMUS_PUBLISH_NRT")]
     pub publish_nrt: Option<bool>,
+    /// Report the conditions the agent observes about its node (device health, DeviceAllocationConsistent,
+    /// SlurmJobsConfined, NrtSingleWriter) in its NodeReport (`isthmus.io/v1alpha1`), from which the controller
+    /// projects them onto the Node and drains failing nodes in Slurm. Independent of `--publish-nrt`. Default: on
+    /// when the NodeResourceTopology is published or when running in a pod.
+    #[arg(long, env = "ISTHMUS_REPORT_CONDITIONS")]
+    pub report_conditions: Option<bool>,
     /// Publish Volcano's Numatopology (`nodeinfo.volcano.sh/v1alpha1`, what Volcano's numa-aware scheduler reads)
     /// beside the NodeResourceTopology: `auto` when the API server serves its CRD, `true`, or `false`. `true` also
     /// turns the Kubernetes side on without the NodeResourceTopology (`--publish-nrt false`).

@@ -112,6 +112,8 @@ pub struct SlurmRole {
 pub struct KubeRole {
     /// Publish the NRT (`None`: when running in a cluster).
     pub publish_nrt: Option<bool>,
+    /// Report the node's conditions in its NodeReport (`None`: when the NRT is published or running in a cluster).
+    pub report_conditions: Option<bool>,
     /// Publish Volcano's Numatopology.
     pub numatopology: Switch,
     /// With `Auto`: how often the API server is asked again whether it serves the CRD.
@@ -144,6 +146,7 @@ pub struct Plan {
     munged: Option<ChildSpec>,
     publish_as: Option<String>,
     publish_nrt: bool,
+    report_conditions: bool,
     nvml: Box<dyn NvmlSource + Send>,
     listener: std::net::TcpListener,
     xid_table: Arc<isthmus_topology::health::xid::XidTable>,
@@ -170,12 +173,12 @@ impl Plan {
             None => None,
         };
         crate::discovery::check_host_root(&config.host)?;
-        let nrt = config
-            .kube
-            .publish_nrt
-            .unwrap_or_else(|| std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
-        // `--publish-numatopology auto` follows the Kubernetes side; `true` turns it on by itself.
-        let publish = nrt || config.kube.numatopology == Switch::True;
+        let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let nrt = config.kube.publish_nrt.unwrap_or(in_pod);
+        let report_conditions = config.kube.report_conditions.unwrap_or(nrt || in_pod);
+        // `--publish-numatopology auto` follows the NodeResourceTopology; `true` turns it on by itself; the
+        // conditions' report turns the Kubernetes side on by itself too.
+        let publish = nrt || report_conditions || config.kube.numatopology == Switch::True;
         let publish_as = if publish {
             Some(config.node_name.clone().map_err(DaemonError::NodeName)?)
         } else {
@@ -195,6 +198,7 @@ impl Plan {
             munged,
             publish_as,
             publish_nrt: nrt,
+            report_conditions,
             nvml,
             listener,
             xid_table,
@@ -225,6 +229,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         munged,
         publish_as,
         publish_nrt,
+        report_conditions,
         nvml,
         listener,
         xid_table,
@@ -248,15 +253,15 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     let live_xids = nvml.xid_queue();
     let (memory_tx, memory_rx) = watch::channel(Vec::new());
     let (findings_tx, findings_rx) = watch::channel(Vec::new());
-    // The conditions the node reports about itself travel in its NodeResourceTopology: none without it.
+    // The conditions the node reports about itself travel in its NodeReport, whether or not the NRT is published.
     let (reported, reported_rx) = crate::k8s::reported::Reported::new();
     let report_to = client
         .clone()
         .zip(publish_as.clone())
-        .filter(|_| publish_nrt);
-    if publish_as.is_some() && !publish_nrt {
+        .filter(|_| report_conditions);
+    if !report_conditions {
         tracing::info!(
-            "the NodeResourceTopology is not published: the node's device health conditions are not reported"
+            "--report-conditions is off: the node's device health conditions are not reported"
         );
     }
     let triggers = crate::discovery::spawn_worker(
@@ -288,7 +293,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         } else {
             "false"
         },
-        health_conditions = publish_nrt,
+        health_conditions = report_to.is_some(),
         device_plugin = config.device_plugin.is_some(),
         node_labels = false,
         slurm_files = config.slurm.is_some(),
@@ -472,12 +477,17 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                         }
                     }),
                 }),
-                numatopology: config.kube.numatopology,
+                // `auto` follows the NodeResourceTopology.
+                numatopology: match config.kube.numatopology {
+                    crate::k8s::Switch::Auto if !publish_nrt => crate::k8s::Switch::False,
+                    other => other,
+                },
                 numatopology_recheck: config.kube.numatopology_recheck,
                 takeover: config.kube.takeover,
                 kubelet: config.kube.kubelet.clone(),
                 health: findings_rx,
-                reported: reported_rx,
+                reported: report_to.is_some().then_some(reported_rx),
+                report_writers: report_to.is_some().then(|| reported.clone()),
             },
             topo_rx.clone(),
             metrics.clone(),

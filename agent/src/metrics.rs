@@ -139,6 +139,7 @@ fn describe() {
     for (object, kind) in [
         ("nrt", "NodeResourceTopology"),
         ("numatopology", "Numatopology"),
+        ("nodereport", "NodeReport"),
     ] {
         describe_counter!(
             format!("isthmus_{object}_writes_total"),

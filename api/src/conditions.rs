@@ -1,8 +1,10 @@
 //! The Node conditions the node agent reports about its own node. The agent does not write them on the Node: it
-//! carries them in its own NodeResourceTopology, one node-level attribute per condition ([`attribute`]), whose
+//! carries them in its own NodeReport ([`crate::node_report`]), one attribute per condition ([`attribute`]), whose
 //! writes the admission webhook's `own-node-report` rule holds to the writer's own node (failure policy Fail). The
 //! controller reads them back with [`read`], strictly, and projects them onto the Node; its node sync acts on what
-//! the NodeResourceTopology says, never on what a Node's status says of these types.
+//! the report says, never on what a Node's status says of these types. (Agents before the NodeReport carried the
+//! same attributes in their NodeResourceTopology; the controller still reads them there for a node without a
+//! NodeReport.)
 
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -22,13 +24,29 @@ pub const DEVICE_ALLOCATION: &str = "DeviceAllocationConsistent";
 /// where the agent does not start slurmd because of it). Reported wherever the agent runs the Slurm side.
 pub const SLURM_JOBS_CONFINED: &str = "SlurmJobsConfined";
 
+/// `True` while no field manager but the agent's writes the node's NodeResourceTopology or Numatopology (those of
+/// the two the agent publishes), `False` while another does (reason [`FOREIGN_WRITER`] when the agent stopped
+/// writing, [`TAKEN_OVER`] when it writes over it with `--nrt-takeover`), naming the objects and the managers.
+/// Reported wherever the agent publishes one of them.
+pub const NRT_SINGLE_WRITER: &str = "NrtSingleWriter";
+
+/// The reason of a `False` [`NRT_SINGLE_WRITER`]: the agent does not write the object.
+pub const FOREIGN_WRITER: &str = "ForeignWriter";
+
+/// The reason of a `False` [`NRT_SINGLE_WRITER`]: the agent writes over the other writer (`--nrt-takeover`).
+pub const TAKEN_OVER: &str = "TakenOver";
+
+/// The reason of a `True` [`NRT_SINGLE_WRITER`].
+pub const SINGLE_WRITER: &str = "SingleWriter";
+
 /// Every condition type the agent reports.
-pub const AGENT: [&str; 5] = [
+pub const AGENT: [&str; 6] = [
     HEALTH[0],
     HEALTH[1],
     HEALTH[2],
     DEVICE_ALLOCATION,
     SLURM_JOBS_CONFINED,
+    NRT_SINGLE_WRITER,
 ];
 
 /// The reason of a `False` [`DEVICE_ALLOCATION`] condition.
@@ -51,7 +69,7 @@ pub const DEVICE_RESOURCES: [&str; 4] = [
 /// leaves out (`Removed from Slurm: <device>, <device>. `); the node sync drains nothing for them.
 pub const REMOVED_FROM_SLURM: &str = "Removed from Slurm: ";
 
-/// Prefix of the NodeResourceTopology attribute that carries one reported condition:
+/// Prefix of the NodeReport (or NodeResourceTopology) attribute that carries one reported condition:
 /// `isthmus.io/condition.<type>`.
 pub const ATTRIBUTE_PREFIX: &str = "isthmus.io/condition.";
 

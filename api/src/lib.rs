@@ -6,6 +6,41 @@
 //! and the retry policy of both.
 //! Nothing here does I/O.
 
+/// `kube::Resource` for a cluster-scoped type `$t` with a `metadata: ObjectMeta` field, of the API resource named by
+/// the calling module's `KIND`, `GROUP`, `VERSION`, `API_VERSION` and `PLURAL`.
+macro_rules! cluster_resource {
+    ($t:ty) => {
+        impl kube::Resource for $t {
+            type DynamicType = ();
+            type Scope = k8s_openapi::ClusterResourceScope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(KIND)
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(GROUP)
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(VERSION)
+            }
+            fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(API_VERSION)
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(PLURAL)
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 pub mod access;
 pub mod conditions;
 pub mod events;
@@ -14,6 +49,7 @@ pub mod failpoint;
 pub mod hypernode;
 pub mod kai;
 pub mod kueue;
+pub mod node_report;
 pub mod nrt;
 pub mod numatopo;
 pub mod placement_owners;

@@ -2,8 +2,6 @@
 //! (`deploy/daemonset/base/noderesourcetopology-crd.yaml`, a copy of k8stopologyawareschedwg/noderesourcetopology-api
 //! `manifests/crd.yaml`) is the schema; the object has no `spec`, so the type implements [`kube::Resource`] by hand.
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -142,40 +140,8 @@ impl NodeResourceTopology {
     }
 }
 
-/// `kube::Resource` for a cluster-scoped NodeResourceTopology view (`$t` has a `metadata: ObjectMeta` field): the
-/// full object and the attributes-only view are the same API resource.
-macro_rules! nrt_resource {
-    ($t:ty) => {
-        impl kube::Resource for $t {
-            type DynamicType = ();
-            type Scope = k8s_openapi::ClusterResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(KIND)
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(GROUP)
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(VERSION)
-            }
-            fn api_version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(API_VERSION)
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(PLURAL)
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-nrt_resource!(NodeResourceTopology);
+// The full object and the attributes-only view are the same API resource.
+cluster_resource!(NodeResourceTopology);
 
 /// A NodeResourceTopology as a reader of its attributes needs it: the name, the resourceVersion and the node-level
 /// attributes. Zones and the rest of the metadata (its `managedFields` above all) are skipped while parsing, so a
@@ -205,7 +171,7 @@ fn slim_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
     })
 }
 
-nrt_resource!(NrtAttributes);
+cluster_resource!(NrtAttributes);
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,5 @@
 //! The conditions each node's agent reports about its node ([`crate::reported`]: device health,
-//! `DeviceAllocationConsistent`, `SlurmJobsConfined`), projected onto the Node's status, where Kubernetes tools and other controllers
+//! `DeviceAllocationConsistent`, `SlurmJobsConfined`, `NrtSingleWriter`), projected onto the Node's status, where Kubernetes tools and other controllers
 //! (Kueue's node replacement, NodeReadinessRules, `kubectl describe node`) read node conditions. The agent itself
 //! holds no right on Node status: what a Node shows of these types is what its node's report says, written by the
 //! controller (server-side apply on `nodes/status`, field manager [`FIELD_MANAGER`], which owns only those entries)
@@ -37,7 +37,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "topology.node.k8s.io",
         resource: "noderesourcetopologies",
         verbs: &["list", "watch"],
-        why: "the watch on every node's NodeResourceTopology: the conditions its agent reports",
+        why: "the watch on every node's NodeResourceTopology: the conditions an agent without a NodeReport \
+              reports there",
+    },
+    ApiAccess {
+        group: isthmus_api::node_report::GROUP,
+        resource: isthmus_api::node_report::PLURAL,
+        verbs: &["list", "watch"],
+        why: "the watch on every node's NodeReport: the conditions its agent reports",
     },
     ApiAccess {
         group: "",

@@ -1,116 +1,189 @@
 //! The conditions each node's agent reports about its own node (device health, `DeviceAllocationConsistent`,
-//! `SlurmJobsConfined`), read
-//! from the node's NodeResourceTopology ([`isthmus_api::conditions`]): an object whose writes the admission
-//! webhook's `own-node-report` rule holds to the writer's own node, failing closed. This is the only source the
-//! controller believes for these condition types. A Node's status may carry them too — the controller projects
-//! them there ([`crate::conditions`]) — but a Node's status is also written by its kubelet (and, where RBAC allows,
-//! others), so the node sync reads these types from here and never from the Node ([`view`]).
+//! `SlurmJobsConfined`, `NrtSingleWriter`), read from the node's NodeReport ([`isthmus_api::node_report`],
+//! [`isthmus_api::conditions`]) — or, for a node without one (an agent from before the NodeReport), from the same
+//! attributes in its NodeResourceTopology. Both are objects whose writes the admission webhook's `own-node-report`
+//! rule holds to the writer's own node, failing closed: the only sources the controller believes for these condition
+//! types. A Node's status may carry them too — the controller projects them there ([`crate::conditions`]) — but a
+//! Node's status is also written by its kubelet (and, where RBAC allows, others), so the node sync reads these types
+//! from here and never from the Node ([`view`]).
 
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
 use isthmus_api::conditions::{AGENT, is_condition_attribute};
-use isthmus_api::nrt::NrtAttributes;
+use isthmus_api::node_report::NodeReport;
+use isthmus_api::nrt::{Attribute, NrtAttributes};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-/// The reported conditions of every node, from a watch of the NodeResourceTopologies (trimmed to the condition
-/// attributes).
+/// The reported conditions of every node, from watches of the NodeReports and the NodeResourceTopologies (each
+/// trimmed to the condition attributes).
 #[derive(Debug, Clone)]
 pub struct Reports {
-    store: Store<NrtAttributes>,
-    /// Each node's conditions as last read, by the resourceVersion they were read from: a pass reads each report
-    /// once per change, not once per pass.
+    reports: Store<NodeReport>,
+    nrts: Store<NrtAttributes>,
+    /// Each node's conditions as last read, by the object (kind and resourceVersion) they were read from: a pass
+    /// reads each report once per change, not once per pass.
     read: Arc<Mutex<HashMap<String, Read>>>,
 }
 
-/// One node's conditions and the resourceVersion of the object they were read from.
-type Read = (Option<String>, Option<Vec<NodeCondition>>);
+/// One node's conditions and the kind and resourceVersion of the object they were read from.
+type Read = (&'static str, Option<String>, Option<Vec<NodeCondition>>);
+
+/// An object that carries reported conditions as attributes.
+trait Carrier:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+    fn attributes(&self) -> &[Attribute];
+    fn attributes_mut(&mut self) -> &mut Vec<Attribute>;
+}
+
+impl Carrier for NodeReport {
+    fn attributes(&self) -> &[Attribute] {
+        &self.attributes
+    }
+    fn attributes_mut(&mut self) -> &mut Vec<Attribute> {
+        &mut self.attributes
+    }
+}
+
+impl Carrier for NrtAttributes {
+    fn attributes(&self) -> &[Attribute] {
+        &self.attributes
+    }
+    fn attributes_mut(&mut self) -> &mut Vec<Attribute> {
+        &mut self.attributes
+    }
+}
+
+/// Watch every object of kind `K` into a store (trimmed to its name, resourceVersion and condition attributes);
+/// `changed` is woken when a node's condition attributes change. The watch runs while the returned future is polled.
+fn watch_kind<K: Carrier>(
+    client: Client,
+    changed: Arc<Notify>,
+    forget: Arc<Mutex<HashMap<String, Read>>>,
+) -> (Store<K>, impl std::future::Future<Output = ()> + Send) {
+    let (store, writer) = reflector::store();
+    let stream = watcher(Api::<K>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(|o| {
+            let m = o.meta_mut();
+            m.managed_fields = None;
+            m.owner_references = None;
+            o.attributes_mut()
+                .retain(|a| is_condition_attribute(&a.name));
+        })
+        .reflect(writer);
+    let kind = K::kind(&()).into_owned();
+    let task = async move {
+        futures::pin_mut!(stream);
+        // Each node's condition attributes as last seen: other changes of the object wake nobody.
+        let mut seen: HashMap<String, Vec<Attribute>> = HashMap::new();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    let name = o.meta().name.clone().unwrap_or_default();
+                    if seen.get(&name).map(Vec::as_slice) == Some(o.attributes()) {
+                        continue;
+                    }
+                    if let Err(e) = isthmus_api::conditions::read(o.attributes()) {
+                        tracing::warn!(node = name, kind, error = %e, "the node's reported conditions are refused: none of them is believed");
+                        metrics::counter!("isthmus_controller_refused_condition_reports_total")
+                            .increment(1);
+                    }
+                    seen.insert(name, o.attributes().to_vec());
+                    changed.notify_one();
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    let name = o.meta().name.as_deref().unwrap_or_default();
+                    seen.remove(name);
+                    forget
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(name);
+                    changed.notify_one();
+                }
+                Ok(watcher::Event::Init) => {}
+                Ok(watcher::Event::InitDone) => changed.notify_one(),
+                Err(e) => {
+                    tracing::warn!(kind, error = %e, "the watch of the reported conditions failed; retrying with backoff");
+                    metrics::counter!("isthmus_controller_reported_conditions_watch_errors_total")
+                        .increment(1);
+                }
+            }
+        }
+    };
+    (store, task)
+}
 
 impl Reports {
-    /// Start the watch (its task wakes `changed` when a node's reported conditions change; abort it with the
+    /// Start the watches (their task wakes `changed` when a node's reported conditions change; abort it with the
     /// returned handle). A report whose conditions do not read is logged once per change and counted in
     /// `isthmus_controller_refused_condition_reports_total`.
     pub fn watch(client: Client, changed: Arc<Notify>) -> (Self, tokio::task::JoinHandle<()>) {
-        let (store, writer) = reflector::store();
-        let stream = watcher(
-            Api::<NrtAttributes>::all(client),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(|o| o.attributes.retain(|a| is_condition_attribute(&a.name)))
-        .reflect(writer);
         let read: Arc<Mutex<HashMap<String, Read>>> = Arc::default();
-        let forget = read.clone();
+        let (reports, a) = watch_kind::<NodeReport>(client.clone(), changed.clone(), read.clone());
+        let (nrts, b) = watch_kind::<NrtAttributes>(client, changed, read.clone());
+        // One task for both: aborting it ends both watches.
         let task = tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            // Each node's condition attributes as last seen: other changes of the object wake nobody.
-            let mut seen: HashMap<String, Vec<isthmus_api::nrt::Attribute>> = HashMap::new();
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        let name = o.metadata.name.clone().unwrap_or_default();
-                        if seen.get(&name) == Some(&o.attributes) {
-                            continue;
-                        }
-                        if let Err(e) = isthmus_api::conditions::read(&o.attributes) {
-                            tracing::warn!(node = name, error = %e, "the node's reported conditions are refused: none of them is believed");
-                            metrics::counter!("isthmus_controller_refused_condition_reports_total")
-                                .increment(1);
-                        }
-                        seen.insert(name, o.attributes);
-                        changed.notify_one();
-                    }
-                    Ok(watcher::Event::Delete(o)) => {
-                        let name = o.metadata.name.as_deref().unwrap_or_default();
-                        seen.remove(name);
-                        forget
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .remove(name);
-                        changed.notify_one();
-                    }
-                    Ok(watcher::Event::Init) => {}
-                    Ok(watcher::Event::InitDone) => changed.notify_one(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the NodeResourceTopology watch (reported conditions) failed; retrying with backoff");
-                        metrics::counter!(
-                            "isthmus_controller_reported_conditions_watch_errors_total"
-                        )
-                        .increment(1);
-                    }
-                }
-            }
+            futures::join!(a, b);
         });
-        (Self { store, read }, task)
+        (
+            Self {
+                reports,
+                nrts,
+                read,
+            },
+            task,
+        )
     }
 
-    /// Wait for the watch's first list (`Err` when the watch ended first).
+    /// Wait for both watches' first list (`Err` when a watch ended first).
     pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.store.wait_until_ready().await
+        self.reports.wait_until_ready().await?;
+        self.nrts.wait_until_ready().await
     }
 
-    /// The conditions Node `node`'s agent reports (its NodeResourceTopology is named after the Node); `None` without
-    /// a report or when the report's conditions are refused.
+    /// The conditions Node `node`'s agent reports (its NodeReport, or without one its NodeResourceTopology: both
+    /// named after the Node); `None` without a report or when the report's conditions are refused.
     pub fn of(&self, node: &str) -> Option<Vec<NodeCondition>> {
-        let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(o) = self.store.get(&ObjectRef::new(node)) else {
-            read.remove(node);
-            return None;
+        let key = ObjectRef::new(node);
+        let (kind, version, attributes) = match self.reports.get(&key) {
+            Some(o) => (
+                isthmus_api::node_report::KIND,
+                o.metadata.resource_version.clone(),
+                o.attributes.clone(),
+            ),
+            None => match self.nrts.get(&ObjectRef::new(node)) {
+                Some(o) => (
+                    isthmus_api::nrt::KIND,
+                    o.metadata.resource_version.clone(),
+                    o.attributes.clone(),
+                ),
+                None => {
+                    self.read
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(node);
+                    return None;
+                }
+            },
         };
-        let version = o.metadata.resource_version.clone();
-        if let Some((v, conditions)) = read.get(node) {
-            if version.is_some() && *v == version {
+        let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((k, v, conditions)) = read.get(node) {
+            if *k == kind && version.is_some() && *v == version {
                 return conditions.clone();
             }
         }
-        let conditions = isthmus_api::conditions::read(&o.attributes).ok();
-        read.insert(node.to_owned(), (version, conditions.clone()));
+        let conditions = isthmus_api::conditions::read(&attributes).ok();
+        read.insert(node.to_owned(), (kind, version, conditions.clone()));
         conditions
     }
 }

@@ -29,18 +29,13 @@ pub const MAPPING: &str = "isthmus.io/slurm-node-name";
 /// The Slurm-managed taint and label.
 pub const MANAGED: &str = "slurm.isthmus.io/managed";
 
-/// The two kinds of node reports: the NodeResourceTopology CRD the agent ships and Volcano's Numatopology.
+/// The three kinds of node reports: the NodeReport and NodeResourceTopology CRDs the agent ships and Volcano's
+/// Numatopology.
 pub fn install_report_crds(api: &ApiServer) {
-    for (path, name) in [
-        (
-            repo_root().join("deploy/daemonset/base/noderesourcetopology-crd.yaml"),
-            crate::controller::NRT_CRD,
-        ),
-        (
-            crate::fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml"),
-            isthmus_api::numatopo::CRD_NAME,
-        ),
-    ] {
+    for (path, name) in crate::controller::agent_crds().into_iter().chain([(
+        crate::fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml"),
+        isthmus_api::numatopo::CRD_NAME,
+    )]) {
         let text =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         api.apply_yaml(&text);

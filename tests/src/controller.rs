@@ -41,14 +41,23 @@ pub fn render_overlay(base: &str, extra: &str) -> Vec<serde_yaml_ng::Value> {
     crate::deploy::render_at(dir.path(), ".")
 }
 
-/// Install the NRT CRD (the agent's copy), the upstream Volcano HyperNode, Kueue Topology and KAI Scheduler Topology
-/// CRDs.
-pub fn install_crds(api: &ApiServer) {
-    for (path, name) in [
+/// The CRDs the agent's kustomization ships, by file and name: the NodeResourceTopology (a copy of upstream's) and
+/// isthmus's NodeReport (the conditions each node reports).
+pub fn agent_crds() -> [(PathBuf, &'static str); 2] {
+    let base = repo_root().join("deploy/daemonset/base");
+    [
+        (base.join("noderesourcetopology-crd.yaml"), NRT_CRD),
         (
-            repo_root().join("deploy/daemonset/base/noderesourcetopology-crd.yaml"),
-            NRT_CRD,
+            base.join("nodereport-crd.yaml"),
+            isthmus_api::node_report::CRD,
         ),
+    ]
+}
+
+/// Install the agent's CRDs ([`agent_crds`]), the upstream Volcano HyperNode, Kueue Topology and KAI Scheduler
+/// Topology CRDs.
+pub fn install_crds(api: &ApiServer) {
+    for (path, name) in agent_crds().into_iter().chain([
         (
             fixtures().join("reference/volcano/topology.volcano.sh_hypernodes.yaml"),
             HYPERNODE_CRD,
@@ -61,7 +70,7 @@ pub fn install_crds(api: &ApiServer) {
             fixtures().join("reference/kai/kai.scheduler_topologies.yaml"),
             KAI_CRD,
         ),
-    ] {
+    ]) {
         // Upstream CRDs written for newer servers carry CEL rules (x-kubernetes-validations, 1.25+): apply_yaml
         // applies them without those to an older server and records that they were not enforced.
         let text =
@@ -71,13 +80,15 @@ pub fn install_crds(api: &ApiServer) {
     }
 }
 
-/// Install only the NRT CRD (the agent's copy): what a cluster without Volcano or Kueue has, and what every
+/// Install only the agent's CRDs ([`agent_crds`]): what a cluster without Volcano or Kueue has, and what every
 /// Kubernetes release the project supports accepts.
 pub fn install_nrt_crd(api: &ApiServer) {
-    let path = repo_root().join("deploy/daemonset/base/noderesourcetopology-crd.yaml");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    api.apply_yaml(&text);
-    api.wait_for_crd(NRT_CRD);
+    for (path, name) in agent_crds() {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        api.apply_yaml(&text);
+        api.wait_for_crd(name);
+    }
 }
 
 /// `kubectl apply -k deploy/controller` as the administrator, then a kubeconfig with a token of the controller's
@@ -284,8 +295,8 @@ pub fn set_attribute(o: &mut NodeResourceTopology, name: &str, value: impl Into<
         .push(isthmus_api::nrt::Attribute::new(name, value.into()));
 }
 
-/// Put `condition` in Node `node`'s NodeResourceTopology as its agent reports it (here written by the
-/// administrator; the object is made when missing, its other reported conditions stay).
+/// Put `condition` in Node `node`'s NodeReport as its agent reports it (here written by the administrator; the
+/// object is made when missing, its other reported conditions stay).
 pub fn report_condition(
     api: &ApiServer,
     node: &str,
@@ -294,7 +305,7 @@ pub fn report_condition(
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let attribute = isthmus_api::conditions::attribute(condition, &now);
-    let out = api.kubectl(&["get", "noderesourcetopology", node, "-o", "json"]);
+    let out = api.kubectl(&["get", isthmus_api::node_report::CRD, node, "-o", "json"]);
     let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     let mut attributes: Vec<serde_json::Value> = live["attributes"]
         .as_array()
@@ -304,14 +315,13 @@ pub fn report_condition(
         .filter(|a| a["name"].as_str() != Some(attribute.name.as_str()))
         .collect();
     attributes.push(serde_json::json!({"name": attribute.name, "value": attribute.value}));
-    let nrt = serde_json::json!({
-        "apiVersion": isthmus_api::nrt::API_VERSION,
-        "kind": isthmus_api::nrt::KIND,
+    let report = serde_json::json!({
+        "apiVersion": isthmus_api::node_report::API_VERSION,
+        "kind": isthmus_api::node_report::KIND,
         "metadata": {"name": node},
-        "zones": live["zones"].as_array().cloned().unwrap_or_default(),
         "attributes": attributes,
     });
-    api.apply_yaml(&nrt.to_string());
+    api.apply_yaml(&report.to_string());
 }
 
 /// Change the `RealMemory=` of the Slurm node line in a node's report (a change the controller must follow).
@@ -331,5 +341,33 @@ pub fn set_real_memory(o: &mut NodeResourceTopology, memory: u64) {
                 .collect::<Vec<_>>()
                 .join(" ");
         }
+    }
+}
+
+/// The controller's projection of the reported conditions onto the Nodes ([`isthmus_controller::conditions::run`]),
+/// in this process, as the controller's shipped ServiceAccount; stopped when dropped.
+#[allow(missing_debug_implementations)]
+pub struct Projection(isthmus_controller::nodesync::CancellationToken);
+
+impl Projection {
+    /// Start it on `rt` against `server` (the controller's kustomization applied first).
+    pub fn start(server: &ApiServer, rt: &tokio::runtime::Runtime) -> Self {
+        let kubeconfig = install_controller(server);
+        let client = rt.block_on(crate::apiserver::client_for(&kubeconfig));
+        let stop = isthmus_controller::nodesync::CancellationToken::new();
+        let guard =
+            isthmus_controller::run::fence::Guard::unfenced(std::time::Duration::from_secs(5));
+        rt.spawn(isthmus_controller::conditions::run(
+            client,
+            guard,
+            stop.clone(),
+        ));
+        Self(stop)
+    }
+}
+
+impl Drop for Projection {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }

@@ -358,7 +358,9 @@ pub fn install_agent(api: &crate::apiserver::ApiServer) -> PathBuf {
         let mut applied = APPLIED.lock().unwrap_or_else(|e| e.into_inner());
         if !applied.contains(&api.url()) {
             api.apply_kustomize(&deploy_dir());
-            api.wait_for_crd("noderesourcetopologies.topology.node.k8s.io");
+            for (_, crd) in crate::controller::agent_crds() {
+                api.wait_for_crd(crd);
+            }
             applied.push(api.url());
         }
     }
@@ -402,4 +404,76 @@ pub fn monitored_services() -> Vec<(Value, Value)> {
             (sm.clone(), selected[0].clone())
         })
         .collect()
+}
+
+/// `deploy/site-example`: the site layout (agent, controller, Slurm, monitoring and the placement policy in one
+/// kustomization).
+pub fn site_dir() -> PathBuf {
+    crate::repo_root().join("deploy/site-example")
+}
+
+/// The Prometheus Operator's two kinds the monitoring objects are, as stand-in CRDs (group `monitoring.coreos.com`,
+/// any content): what lets a test API server accept `deploy/monitoring`. The operator's own schemas are not checked
+/// here (they are not among the reference files); its objects' content is checked offline
+/// (`tests/tests/deploy_manifests/monitoring.rs`).
+pub fn install_monitoring_stand_in_crds(api: &crate::apiserver::ApiServer) {
+    for (kind, plural) in [
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ] {
+        let singular = kind.to_lowercase();
+        api.apply_yaml(&format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: \
+             {plural}.monitoring.coreos.com\nspec:\n  group: monitoring.coreos.com\n  names:\n    kind: {kind}\n    \
+             listKind: {kind}List\n    plural: {plural}\n    singular: {singular}\n  scope: Namespaced\n  versions:\n  \
+             - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: \
+             object\n        x-kubernetes-preserve-unknown-fields: true\n"
+        ));
+        api.wait_for_crd(&format!("{plural}.monitoring.coreos.com"));
+    }
+}
+
+/// The resources the agent's ClusterRole names, as (group, resource, kubectl name), and two it must not touch.
+const AGENT_RESOURCES: &[(&str, &str, &str)] = &[
+    (
+        "topology.node.k8s.io",
+        "noderesourcetopologies",
+        "noderesourcetopologies.topology.node.k8s.io",
+    ),
+    (
+        "nodeinfo.volcano.sh",
+        "numatopologies",
+        "numatopologies.nodeinfo.volcano.sh",
+    ),
+    (
+        isthmus_api::node_report::GROUP,
+        isthmus_api::node_report::PLURAL,
+        isthmus_api::node_report::CRD,
+    ),
+    ("", "nodes", "nodes"),
+    ("", "secrets", "secrets"),
+    ("", "pods", "pods"),
+];
+
+/// Check, verb by verb, that the ServiceAccount of kubeconfig `kc` may do cluster-wide exactly what the agent's
+/// `API_ACCESS` lists on its resources, and nothing on secrets and pods.
+pub fn assert_agent_access(kc: &Path) {
+    let access = isthmus_agent::k8s::access::API_ACCESS;
+    for &(group, resource, name) in AGENT_RESOURCES {
+        for verb in [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ] {
+            let granted = access
+                .iter()
+                .any(|a| a.group == group && a.resource == resource && a.verbs.contains(&verb));
+            let out = crate::apiserver::kubectl_with(kc, &["auth", "can-i", verb, name]);
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                said.trim(),
+                if granted { "yes" } else { "no" },
+                "can-i {verb} {name}: {}",
+                crate::apiserver::describe(&out)
+            );
+        }
+    }
 }

@@ -193,6 +193,7 @@ impl KubeNode {
             self.apply(&std::fs::read_to_string(volcano).unwrap_or_else(|e| panic!("{e}")));
             for crd in [
                 "noderesourcetopologies.topology.node.k8s.io",
+                isthmus_api::node_report::CRD,
                 "numatopologies.nodeinfo.volcano.sh",
             ] {
                 self.kubectl_ok(&[

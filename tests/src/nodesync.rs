@@ -181,9 +181,18 @@ pub fn node_json(api: &ApiServer, name: &str) -> serde_json::Value {
 
 /// Node `name`'s `SlurmNodeState` condition on `api`: (status, reason, message, lastTransitionTime).
 pub fn slurm_condition(api: &ApiServer, name: &str) -> Option<(String, String, String, String)> {
+    node_condition(api, name, "SlurmNodeState")
+}
+
+/// Node `name`'s condition `type_` on `api`: (status, reason, message, lastTransitionTime).
+pub fn node_condition(
+    api: &ApiServer,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String, String)> {
     let node = node_json(api, name);
     let conditions = node["status"]["conditions"].as_array()?.clone();
-    let c = conditions.iter().find(|c| c["type"] == "SlurmNodeState")?;
+    let c = conditions.iter().find(|c| c["type"] == type_)?;
     let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
     Some((
         s("status"),

@@ -1,4 +1,4 @@
-//! `isthmus agent` detecting failed devices on a recorded host and saying so in its node's NodeResourceTopology (the
+//! `isthmus agent` detecting failed devices on a recorded host and saying so in its node's NodeReport (the
 //! conditions the controller projects onto the Node; the agent holds no right on Node status), against the real
 //! kube-apiserver as the shipped ServiceAccount: the 8×H100 fixture through the NVML seam (`--nvml-replay`), XID
 //! events replayed from the kernel-log recordings of `fixtures/xid/kmsg` as they are appended (`--xid-replay`), an
@@ -7,26 +7,15 @@
 //! metric; application errors change nothing; a reset that applied the remap clears it. How long each took is printed (the measured figures are
 //! in docs/benchmarks.md); the waits are generous, not timing assertions.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use isthmus_tests::apiserver::ApiServer;
-use isthmus_tests::deploy::install_agent;
-use isthmus_tests::{copy_tree, fixtures, free_port, http_get, isthmus_bin};
+use isthmus_tests::health_agent::{Host, append, condition, recorded, start};
+use isthmus_tests::{fixtures, http_get};
 
 /// A generous bound on one detection (the target is 5 s; re-discovery runs every second here).
 const DETECT: Duration = Duration::from_secs(30);
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The sum of a metric's series whose labels contain `labels`.
 fn metric(listen: &str, name: &str, labels: &str) -> Option<f64> {
@@ -37,19 +26,6 @@ fn metric(listen: &str, name: &str, labels: &str) -> Option<f64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
-}
-
-/// The condition `type_` the node reports in its NodeResourceTopology, read as the controller reads it: (status,
-/// reason, message).
-fn condition(api: &ApiServer, node: &str, type_: &str) -> Option<(String, String, String)> {
-    let out = api.kubectl(&["get", "noderesourcetopology", node, "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    let c = isthmus_tests::reported_condition(&v, type_)?;
-    Some((
-        c.status,
-        c.reason.unwrap_or_default(),
-        c.message.unwrap_or_default(),
-    ))
 }
 
 /// The NodeResourceTopology's zone holding device `pci`: (allocatable `nvidia.com/gpu`, the device's attribute).
@@ -103,90 +79,6 @@ fn wait(what: &str, log: &Path, mut ok: impl FnMut() -> bool) -> Duration {
     let took = started.elapsed();
     eprintln!("{what}: {took:?}");
     took
-}
-
-fn append(path: &Path, text: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{e}"));
-    f.write_all(text.as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
-}
-
-/// The recorded single lines of `fixtures/xid/kmsg/recorded-lines.tsv` whose XID is one of `xids`.
-fn recorded(xids: &[u32]) -> String {
-    let tsv = std::fs::read_to_string(fixtures().join("xid/kmsg/recorded-lines.tsv"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    tsv.lines()
-        .filter_map(|l| l.splitn(4, '\t').nth(3))
-        .filter(|l| xids.iter().any(|x| l.contains(&format!("): {x},"))))
-        .map(|l| format!("{l}\n"))
-        .collect()
-}
-
-/// The agent on a copy of the XE9680 host: its sysfs tree, its NVML recording (replaced while it runs), an empty
-/// kernel log to append to.
-struct Host {
-    _dir: tempfile::TempDir,
-    root: std::path::PathBuf,
-    nvml: std::path::PathBuf,
-    kmsg: std::path::PathBuf,
-    log: std::path::PathBuf,
-    listen: String,
-}
-
-/// Start the agent re-discovering every `rediscover` seconds, with `extra` arguments.
-fn start(api: &ApiServer, node: &str, rediscover: &str, extra: &[&str]) -> (Host, Agent) {
-    let kubeconfig = install_agent(api);
-    api.create_node(node);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let root = dir.path().join("root");
-    copy_tree(&fixtures().join("hosts/xe9680-8xh100/root"), &root);
-    let nvml = dir.path().join("nvidia-smi-q.txt");
-    std::fs::copy(
-        fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"),
-        &nvml,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let kmsg = dir.path().join("kmsg");
-    std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
-    let listen = format!("127.0.0.1:{}", free_port());
-    let log = dir.path().join("agent.log");
-    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-    let child = Command::new(isthmus_bin())
-        .args(["agent", "--slurm-mode", "off", "--node-name", node])
-        .args(["--rediscover-seconds", rediscover, "--listen", &listen])
-        .args(extra)
-        .args(["--publish-nrt", "true", "--publish-numatopology", "false"])
-        .arg("--host-root")
-        .arg(&root)
-        .arg("--nvml-replay")
-        .arg(&nvml)
-        .arg("--xid-replay")
-        .arg(&kmsg)
-        .arg("--pod-resources-socket")
-        .arg(dir.path().join("no-kubelet.sock"))
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "info")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("ISTHMUS_PUBLISH_NUMATOPOLOGY")
-        .env_remove("ISTHMUS_PUBLISH_NRT")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting the agent: {e}"));
-    let host = Host {
-        _dir: dir,
-        root,
-        nvml,
-        kmsg,
-        log,
-        listen,
-    };
-    (host, Agent(child))
 }
 
 #[test]

@@ -303,38 +303,15 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     refused(&["delete", NRT_CRD, "rbac-node"]);
     refused(&["get", "nodes"]);
     // What the server says the token may do cluster-wide: exactly the agent's list of calls.
-    let access = isthmus_agent::k8s::access::API_ACCESS;
-    for (group, resource, name) in [
-        ("topology.node.k8s.io", "noderesourcetopologies", NRT_CRD),
-        (
-            "nodeinfo.volcano.sh",
-            "numatopologies",
-            "numatopologies.nodeinfo.volcano.sh",
-        ),
-        ("", "nodes", "nodes"),
-        ("", "secrets", "secrets"),
-        ("", "pods", "pods"),
-    ] {
-        for verb in [
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ] {
-            let granted = access
-                .iter()
-                .any(|a| a.group == group && a.resource == resource && a.verbs.contains(&verb));
-            let out = kubectl_with(&kc, &["auth", "can-i", verb, name]);
-            let said = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(
-                said.trim(),
-                if granted { "yes" } else { "no" },
-                "can-i {verb} {name}: {}",
-                describe(&out)
-            );
-        }
-    }
+    deploy::assert_agent_access(&kc);
     let list = ok(&["auth", "can-i", "--list"]);
     let secrets = list.lines().filter(|l| l.starts_with("secrets")).count();
     assert_eq!(secrets, 0, "{list}");
-    for crd in [NRT_CRD, "numatopologies.nodeinfo.volcano.sh"] {
+    for crd in [
+        NRT_CRD,
+        "numatopologies.nodeinfo.volcano.sh",
+        isthmus_api::node_report::CRD,
+    ] {
         let rule = list
             .lines()
             .find(|l| l.starts_with(crd))

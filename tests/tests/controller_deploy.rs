@@ -1,4 +1,5 @@
-//! `deploy/controller` on the real kube-apiserver: `kubectl apply -k` succeeds without a warning; the shipped
+//! `deploy/controller` on the real kube-apiserver: `kubectl apply -k` succeeds without a warning (its Slurm overlay
+//! as part of the site layout `deploy/site-example`, which installs the agent and monitoring with it); the shipped
 //! ClusterRole and Role grant exactly what `isthmus_controller::run` declares (the YAML and, verb by verb, what the
 //! server says the ServiceAccount's TokenRequest token may do); the Deployment runs two replicas and its pod meets
 //! the "restricted" Pod Security level, checked by the server's own admission.
@@ -167,7 +168,12 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
 #[test]
 fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access() {
     let api = ApiServer::start();
+    // The agent first, as docs/deploy.md says (its CRDs, applied as `kubectl apply -k` applies them, so that the
+    // site's apply below finds them as it left them), then the schedulers' CRDs and Volcano's Numatopology.
+    api.apply_kustomize(&isthmus_tests::deploy::deploy_dir());
     controller::install_crds(&api);
+    // Volcano's Numatopology, which the agent may also publish (its access is checked below).
+    isthmus_tests::admission::install_report_crds(&api);
     // The base: the topology task's ClusterRole and the webhook's.
     check_apply(
         &api,
@@ -178,9 +184,38 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
             "base/rbac-webhook.yaml",
         ],
     );
-    // The Slurm overlay adds the node sync's and the placement's.
+    // The Slurm overlay adds the node sync's and the placement's: applied as a site installs it, through the site
+    // layout (deploy/site-example: the agent with Slurm, this overlay, monitoring and the placement policy in one
+    // kustomization with one Namespace).
+    isthmus_tests::deploy::install_monitoring_stand_in_crds(&api);
     let all: Vec<&str> = TASK_ACCESS.iter().map(|(f, _)| *f).collect();
-    check_apply(&api, &controller::deploy_dir().join("overlays/slurm"), &all);
+    let site = isthmus_tests::deploy::site_dir();
+    check_apply(&api, &site, &all);
+    // Everything the site renders is on the server (the webhook configurations were applied and removed again),
+    // in its one Namespace; the agent's ServiceAccount has exactly
+    // its access.
+    let docs = isthmus_tests::deploy::render_at(&site, ".");
+    assert_eq!(
+        isthmus_tests::deploy::of_kind(&docs, "Namespace").len(),
+        1,
+        "one Namespace"
+    );
+    for d in &docs {
+        let kind = d["kind"].as_str().unwrap_or_default();
+        let name = d["metadata"]["name"].as_str().unwrap_or_default();
+        if kind == "ValidatingWebhookConfiguration" {
+            // Removed again by install_controller: no test server can route to the webhook's Service.
+            continue;
+        }
+        let mut args = vec!["get", kind, name];
+        if let Some(ns) = d["metadata"]["namespace"].as_str() {
+            args.extend(["-n", ns]);
+        }
+        let out = api.kubectl(&args);
+        assert!(out.status.success(), "{kind} {name}: {}", describe(&out));
+    }
+    let agent = api.kubeconfig_for_token(&api.token_for(NAMESPACE, "isthmus"));
+    isthmus_tests::deploy::assert_agent_access(&agent);
 }
 
 /// `kubectl apply -k dir` twice without a warning; then, verb by verb, the ServiceAccount may do exactly what the

@@ -40,6 +40,12 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    // The site layout: both halves with Slurm, monitoring and the chosen components in one kustomization.
+    std::fs::write(
+        dir.path().join("site-example.yaml"),
+        isthmus_tests::deploy::render_text_at(&repo_root().join("deploy"), "site-example"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     // The cluster controller, with and without its Slurm tasks.
     for (name, sub) in [("controller", "."), ("controller-slurm", "overlays/slurm")] {
         let path = controller::deploy_dir().join(sub);

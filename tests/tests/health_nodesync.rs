@@ -359,3 +359,55 @@ fn a_pod_on_a_slurm_jobs_device_is_evicted_and_nothing_else_is() {
     ]);
     assert_eq!(events.trim(), format!("on-the-jobs-gpu {uid} Warning"));
 }
+
+/// With `--publish-nrt=false` (a site leaving the NodeResourceTopology to NFD's topology updater), the agent still
+/// reports its device health, in its NodeReport: a GPU's recorded XID 119 stream sets `GpuHealthy` `False` and the
+/// node sync drains the Slurm node; the agent writes no NodeResourceTopology.
+#[test]
+fn without_the_nrt_a_failing_gpu_still_drains_the_slurm_node() {
+    use isthmus_tests::health_agent::{append, condition, start};
+    let mut site = SyncSite::start(
+        &["hx1"],
+        NodeSyncArgs {
+            node_sync: true,
+            condition_hold: HOLD,
+            ..NodeSyncArgs::default()
+        },
+    );
+    let (host, _agent) = start(
+        &site.api,
+        "hx1",
+        "1",
+        &["--publish-nrt", "false", "--report-conditions", "true"],
+    );
+    let log = || std::fs::read_to_string(&host.log).unwrap_or_default();
+    site.wait("GpuHealthy True in the NodeReport", CROSS * 3, || {
+        condition(&site.api, "hx1", "GpuHealthy").is_some_and(|c| c.0 == "True")
+    });
+    assert!(
+        log().contains("nrt=false") && log().contains("health_conditions=true"),
+        "{}",
+        log()
+    );
+    assert!(!site.slurm.state("hx1").contains("DRAIN"));
+
+    let stream = std::fs::read_to_string(
+        isthmus_tests::fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    append(&host.kmsg, &stream);
+    site.wait("hx1 drained in Slurm for its GPU", CROSS * 3, || {
+        reason(&site, "hx1").starts_with("isthmus: health: gpu 0000:9b:00.0")
+            && site.slurm.state("hx1").contains("DRAIN")
+    });
+    assert!(
+        condition(&site.api, "hx1", "GpuHealthy")
+            .is_some_and(|c| c.0 == "False" && c.1 == "Xid119")
+    );
+    let nrt = site.api.kubectl(&["get", "noderesourcetopology", "hx1"]);
+    assert!(
+        String::from_utf8_lossy(&nrt.stderr).contains("NotFound"),
+        "the agent wrote a NodeResourceTopology: {nrt:?}"
+    );
+    site.stop().unwrap_or_else(|e| panic!("{e}"));
+}

@@ -87,6 +87,7 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
         slurm,
         kube: KubeRole {
             publish_nrt: args.publish_nrt,
+            report_conditions: args.report_conditions,
             numatopology: args.publish_numatopology,
             numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),
             takeover: args.nrt_takeover,

@@ -1,6 +1,6 @@
 //! Device health on the node: every discovery and every XID event goes through [`state::HealthState`]; the
 //! findings become the `isthmus_device_health` metric and, when the Kubernetes side is on, the node's health
-//! conditions ([`conditions`]), reported in the node's own NodeResourceTopology ([`crate::k8s::reported`]), from
+//! conditions ([`conditions`]), reported in the node's own NodeReport ([`crate::k8s::reported`]), from
 //! which the controller projects them onto the Node (the agent writes nothing on Node status).
 //!
 //! XID events come from the live NVML's event watcher (with the recovery action NVML reports after each) and, for
@@ -91,7 +91,7 @@ pub struct HealthOptions {
     pub host_root: Option<PathBuf>,
     /// When a port flaps.
     pub flap: FlapPolicy,
-    /// Where the conditions go (the node's NodeResourceTopology), with the client and the Node's name for the
+    /// Where the conditions go (the node's NodeReport), with the client and the Node's name for the
     /// Node's previous conditions and the Events; `None`: metric only.
     pub publish: Option<Publish>,
     /// Report unchanged conditions again this often (their heartbeat); zero: only on change.
@@ -124,7 +124,7 @@ pub struct Publish {
     pub client: kube::Client,
     /// The Node's name.
     pub node: String,
-    /// The conditions the node's NodeResourceTopology carries.
+    /// The conditions the node's NodeReport carries.
     pub reported: crate::k8s::reported::Reported,
 }
 

@@ -25,13 +25,21 @@ pub const API_ACCESS: &[ApiAccess] = &[
               restores it when it is deleted or edited (list, watch)",
     },
     ApiAccess {
+        group: isthmus_api::node_report::GROUP,
+        resource: isthmus_api::node_report::PLURAL,
+        verbs: &["create", "list", "patch", "watch"],
+        why: "the node's NodeReport, which carries the conditions the agent reports about its node: server-side \
+              apply (patch; create when it does not exist yet) and the watch on it, with a field selector on its \
+              name, that restores it when it is deleted or edited (list, watch)",
+    },
+    ApiAccess {
         group: "",
         resource: "nodes",
         verbs: &["get"],
         why: "the Node's UID for the owner reference of the node's objects (garbage collection with the Node); read \
               at start and after an object was deleted; the Node's health conditions as the controller projected \
               them (their transition times), read at start. The agent writes nothing on the Node: the conditions it \
-              reports travel in its NodeResourceTopology",
+              reports travel in its NodeReport",
     },
 ];
 
@@ -191,6 +199,18 @@ mod tests {
             "DELETE",
             "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies/node1"
         ));
+        assert!(allowed(
+            "PATCH",
+            "/apis/isthmus.io/v1alpha1/nodereports/node1?&force=true&fieldManager=isthmus"
+        ));
+        assert!(allowed(
+            "GET",
+            "/apis/isthmus.io/v1alpha1/nodereports?&watch=true&fieldSelector=metadata.name%3Dnode1"
+        ));
+        assert!(!allowed(
+            "DELETE",
+            "/apis/isthmus.io/v1alpha1/nodereports/node1"
+        ));
         assert!(allowed("POST", "/api/v1/namespaces/default/events"));
         assert!(
             !allowed("POST", "/api/v1/namespaces/team-a/events"),
@@ -245,7 +265,7 @@ mod tests {
                 "PATCH",
                 "/api/v1/nodes/node1/status?&force=true&fieldManager=isthmus-health"
             ),
-            "the agent writes nothing on Node status: its conditions travel in its NRT"
+            "the agent writes nothing on Node status: its conditions travel in its NodeReport"
         );
         assert!(!allowed("PUT", "/api/v1/nodes/node1/status"));
         assert!(!allowed("GET", "/api/v1/nodes/node1/status"));

@@ -3,7 +3,6 @@
 //! (the `system:discovery` ClusterRole), so the check needs no RBAC and never fails with 404 on a cluster without
 //! the resource. Used to publish Volcano's Numatopology only where its CRD is installed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use isthmus_api::retry::RetryPolicy;
@@ -12,7 +11,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::publisher::{self, Pacing, Published};
-use crate::metrics::Metrics;
 
 /// Whether the API server serves `plural` in `group/version`.
 pub async fn served(
@@ -46,7 +44,7 @@ pub async fn publish_when_served<K: Published>(
     client: Client,
     node: String,
     desired: watch::Receiver<Option<publisher::Desired<K>>>,
-    metrics: Arc<Metrics>,
+    telling: publisher::Telling,
     recheck: Duration,
     pacing: Pacing,
     shutdown: CancellationToken,
@@ -58,7 +56,7 @@ pub async fn publish_when_served<K: Published>(
         let delay = match served(&client, &group, &version, &plural).await {
             Ok(true) => {
                 tracing::info!(object = K::METRIC, group = %group, version = %version, "the API server serves it: publishing");
-                return publisher::run(client, node, desired, metrics, pacing, shutdown).await;
+                return publisher::run(client, node, desired, telling, pacing, shutdown).await;
             }
             Ok(false) => {
                 if !told_absent {

@@ -138,28 +138,23 @@ pub fn nrt_for(
     )
 }
 
-/// Render an object from the latest discovery, kubelet view, device health and reported conditions each time one
-/// changes, and send it on `out` when it differs from the last one. `render` returns `None` when the discovery cannot
+/// Render an object from the latest discovery, kubelet view and device health each time one changes, and send it on `out` when it differs from the last one. `render` returns `None` when the discovery cannot
 /// be described (no CPU or NUMA facts): the last object stays.
 pub async fn render_task<K: PartialEq>(
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut kubelet: watch::Receiver<KubeletView>,
     mut health: watch::Receiver<Vec<Finding>>,
-    mut reported: watch::Receiver<reported::Conditions>,
-    render: impl Fn(&NodeTopology, &KubeletView, &[Finding], &reported::Conditions) -> Option<K>,
+    render: impl Fn(&NodeTopology, &KubeletView, &[Finding]) -> Option<K>,
     out: watch::Sender<Option<K>>,
     shutdown: CancellationToken,
 ) {
-    // No writer of conditions left (the Kubernetes side reports none): never waited on again.
-    let mut reported_open = true;
     loop {
         let latest = topo.borrow_and_update().clone();
         if let Some(t) = latest {
             let obj = {
                 let view = kubelet.borrow_and_update();
                 let findings = health.borrow_and_update();
-                let conditions = reported.borrow_and_update();
-                render(&t, &view, &findings, &conditions)
+                render(&t, &view, &findings)
             };
             if let Some(obj) = obj {
                 out.send_if_modified(|cur| {
@@ -176,7 +171,6 @@ pub async fn render_task<K: PartialEq>(
             r = topo.changed() => if r.is_err() { return },
             r = kubelet.changed() => if r.is_err() { return },
             r = health.changed() => if r.is_err() { return },
-            r = reported.changed(), if reported_open => reported_open = r.is_ok(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The Kubernetes side's tasks, started together: the kubelet view (polled once for both objects), then per object a
 //! renderer (discovery + kubelet view → desired object, sent only when it changed) and a publisher (server-side
-//! apply, own-object watch). The Numatopology's publisher waits, in `auto`, until the API server serves its CRD.
+//! apply, own-object watch). The Numatopology's publisher waits, in `auto`, until the API server serves its CRD. The
+//! node's NodeReport (the conditions it reports) is written whatever the topology objects' switches say.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,8 +35,10 @@ pub struct Publishing {
     pub kubelet: kubelet_view::Source,
     /// The device health findings (the health task's), which the NRT shows.
     pub health: watch::Receiver<Vec<Finding>>,
-    /// The conditions the node reports about itself, which the NRT carries.
-    pub reported: watch::Receiver<super::reported::Conditions>,
+    /// The conditions the node reports about itself, which its NodeReport carries; `None`: not reported.
+    pub reported: Option<watch::Receiver<super::reported::Conditions>>,
+    /// Where the topology objects' publishers report their other writers (`NrtSingleWriter`); `None`: not reported.
+    pub report_writers: Option<super::reported::Reported>,
 }
 
 impl std::fmt::Debug for Publishing {
@@ -62,6 +65,16 @@ pub fn spawn(
         takeover: p.takeover,
         ..Pacing::default()
     };
+    if let Some(conditions) = p.reported {
+        super::reported::publish(
+            p.client.clone(),
+            p.node.clone(),
+            conditions,
+            metrics.clone(),
+            pacing,
+            shutdown.clone(),
+        );
+    }
     let (view_tx, view_rx) = watch::channel(KubeletView::default());
     tokio::spawn(kubelet_view::run(p.kubelet, view_tx, shutdown.clone()));
 
@@ -72,14 +85,10 @@ pub fn spawn(
             topo.clone(),
             view_rx.clone(),
             p.health.clone(),
-            p.reported.clone(),
-            move |topo, view, health, reported| match topo.require_cpus() {
+            move |topo, view, health| match topo.require_cpus() {
                 Ok(()) => {
                     let keep_existing = kubelet_says(view)?;
-                    let mut object = super::nrt_for(&name, topo, view, health, &options);
-                    object
-                        .attributes
-                        .extend(super::reported::attributes(reported));
+                    let object = super::nrt_for(&name, topo, view, health, &options);
                     Some(publisher::Desired {
                         object,
                         keep_existing,
@@ -97,7 +106,10 @@ pub fn spawn(
             p.client.clone(),
             p.node.clone(),
             nrt_rx,
-            metrics.clone(),
+            publisher::Telling {
+                metrics: metrics.clone(),
+                writers: p.report_writers.clone(),
+            },
             pacing,
             shutdown.clone(),
         ));
@@ -111,7 +123,6 @@ pub fn spawn(
         topo,
         view_rx,
         p.health,
-        p.reported,
         numatopology_renderer(p.node.clone()),
         numa_tx,
         shutdown.clone(),
@@ -122,7 +133,10 @@ pub fn spawn(
                 p.client,
                 p.node,
                 numa_rx,
-                metrics,
+                publisher::Telling {
+                    metrics,
+                    writers: p.report_writers,
+                },
                 p.numatopology_recheck.max(Duration::from_secs(1)),
                 pacing,
                 shutdown,
@@ -130,7 +144,15 @@ pub fn spawn(
         }
         _ => {
             tokio::spawn(publisher::run(
-                p.client, p.node, numa_rx, metrics, pacing, shutdown,
+                p.client,
+                p.node,
+                numa_rx,
+                publisher::Telling {
+                    metrics,
+                    writers: p.report_writers,
+                },
+                pacing,
+                shutdown,
             ));
         }
     }
@@ -151,15 +173,10 @@ fn kubelet_says(view: &KubeletView) -> Option<bool> {
 /// The Numatopology renderer of the node `name`; warnings are logged when they change.
 fn numatopology_renderer(
     name: String,
-) -> impl Fn(
-    &NodeTopology,
-    &KubeletView,
-    &[Finding],
-    &super::reported::Conditions,
-) -> Option<publisher::Desired<Numatopology>> {
+) -> impl Fn(&NodeTopology, &KubeletView, &[Finding]) -> Option<publisher::Desired<Numatopology>> {
     let last_warnings = Mutex::new(Vec::<String>::new());
     // Volcano's Numatopology describes CPUs only: device health and the node's conditions do not change it.
-    move |topo, view, _health, _reported| {
+    move |topo, view, _health| {
         if let Err(e) = topo.require_cpus() {
             tracing::error!(error = %e, "the Numatopology is not published");
             return None;

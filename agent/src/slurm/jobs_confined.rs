@@ -1,6 +1,6 @@
 //! What the agent tells of its Slurm jobs' confinement, and whether it starts slurmd. [`confinement::assess`] is
 //! the one judge; this module reads its inputs ([`observe`]), decides ([`decide`]) and says it: once in the log at
-//! start, as the Node condition `SlurmJobsConfined` (in the node's NodeResourceTopology, projected onto the Node by
+//! start, as the Node condition `SlurmJobsConfined` (in the node's NodeReport, projected onto the Node by
 //! the controller) and as the gauges `isthmus_slurm_jobs_confined{cgroup,reason}` and `isthmus_slurmd_refused`.
 //!
 //! An unconfined job can open every device its slurmd's pod (or host) sees. Where the agent's device plugin serves
@@ -178,7 +178,7 @@ impl Verdict {
     }
 }
 
-/// Report `verdict`: the condition once in `reported` (when the node publishes its NodeResourceTopology), the
+/// Report `verdict`: the condition once in `reported` (when the node reports its conditions), the
 /// gauges now and every minute until `shutdown`.
 pub async fn report(
     verdict: Verdict,

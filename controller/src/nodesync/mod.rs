@@ -6,7 +6,7 @@
 //!   that did not come from us, the `NoSchedule` taint `isthmus.io/slurm-drain`.
 //!
 //! Nodes come from a watch (reflector); the conditions each node's agent reports about itself (device health,
-//! device clashes) from its NodeResourceTopology ([`crate::reported`]), never from the Node; the node sync's own
+//! device clashes) from its NodeReport ([`crate::reported`]), never from the Node; the node sync's own
 //! drain records from ConfigMaps in the controller's namespace ([`records`]). Slurm is read every poll interval with
 //! one `sinfo` of fixed fields (text, the same on every release: [`crate::slurm::nodes`]) and also right after a
 //! Node, a report or a record changed. [`decide::decide`] compares both sides and returns the writes; this shell
@@ -75,7 +75,7 @@ pub struct NodeSyncArgs {
     /// How long a condition-driven drain outlasts its condition (a condition that flaps drains once).
     #[arg(long = "node-sync-condition-hold", default_value = "60s", value_parser = parse_duration)]
     pub condition_hold: Duration,
-    /// Device health condition types (reported by the node agent in its NodeResourceTopology) that drain the Slurm
+    /// Device health condition types (reported by the node agent in its NodeReport) that drain the Slurm
     /// node while `False`, with the reason `isthmus: health: <class> <devices>` (comma-separated; empty: none).
     #[arg(
         long = "node-sync-health-conditions",
@@ -182,7 +182,14 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "noderesourcetopologies",
         verbs: &["list", "watch"],
         why: "the conditions each node's agent reports about itself (device health, DeviceAllocationConsistent), \
-              read from its NodeResourceTopology (admission-checked), never from the Node",
+              read from its NodeResourceTopology where it has no NodeReport (admission-checked), never from the Node",
+    },
+    ApiAccess {
+        group: isthmus_api::node_report::GROUP,
+        resource: isthmus_api::node_report::PLURAL,
+        verbs: &["list", "watch"],
+        why: "the conditions each node's agent reports about itself (device health, DeviceAllocationConsistent), \
+              read from its NodeReport (admission-checked), never from the Node",
     },
     ApiAccess {
         group: "",

@@ -2,7 +2,7 @@
 //!
 //! | rule | requests | who is held to it | refused |
 //! |---|---|---|---|
-//! | `own-node-report` | NodeResourceTopology, Numatopology: CREATE, UPDATE, DELETE | the node agent's ServiceAccount | an object whose name is not the node its token is bound to; a token bound to no pod or node |
+//! | `own-node-report` | NodeReport, NodeResourceTopology, Numatopology: CREATE, UPDATE, DELETE | the node agent's ServiceAccount | an object whose name is not the node its token is bound to; a token bound to no pod or node |
 //! | `slurm-pod-node-name` | pods CREATE, pods/binding and bindings CREATE | all but administrators, the controller, a node's kubelet for its own mirror pods (and, for bindings, the schedulers) | `spec.nodeName` / a binding target that is a Slurm-managed Node (or a Node that does not exist) |
 //! | `slurm-job-id` | pods CREATE, UPDATE; pods/status UPDATE; pods/binding and bindings CREATE | all but administrators and the controller | setting, changing or removing the `slurm.isthmus.io/job-id` annotation |
 //! | `slurm-tolerations` | pods CREATE, UPDATE | all but administrators, the controller and a node's kubelet for its own mirror pods | a toleration of a taint isthmus sets, or one with no key and operator `Exists` ([`super::tolerations`]); on UPDATE only those added |
@@ -149,7 +149,10 @@ pub fn target(req: &Request) -> Target {
         req.sub_resource.as_deref().unwrap_or(""),
     ) {
         (isthmus_api::nrt::GROUP, isthmus_api::nrt::PLURAL, "")
-        | (isthmus_api::numatopo::GROUP, isthmus_api::numatopo::PLURAL, "") => Target::NodeReport,
+        | (isthmus_api::numatopo::GROUP, isthmus_api::numatopo::PLURAL, "")
+        | (isthmus_api::node_report::GROUP, isthmus_api::node_report::PLURAL, "") => {
+            Target::NodeReport
+        }
         ("", "pods", "") => Target::Pod,
         ("", "pods", "status") => Target::PodStatus,
         ("", "pods", "binding") | ("", "bindings", "") => Target::PodBinding,

@@ -96,6 +96,7 @@ fn an_agent_writes_only_the_reports_of_its_own_node() {
     );
     let unbound = user(AGENT, &[], &[]);
     for (group, resource) in [
+        ("isthmus.io", "nodereports"),
         ("topology.node.k8s.io", "noderesourcetopologies"),
         ("nodeinfo.volcano.sh", "numatopologies"),
     ] {

@@ -1,25 +1,44 @@
-//! The agent's conditions (device health, DeviceAllocationConsistent) travel in its own NodeResourceTopology: its
-//! pod-bound token reports them there for its own node and is refused node B's (rule `own-node-report`), and it
-//! holds no right on any Node's status, its own included (RBAC, before admission).
+//! The agent's conditions (device health, DeviceAllocationConsistent, NrtSingleWriter) travel in its own NodeReport
+//! (and, from agents before it, in its NodeResourceTopology): its pod-bound token reports them there for its own node
+//! and is refused node B's (rule `own-node-report`), and it holds no right on any Node's status, its own included
+//! (RBAC, before admission).
 
 use std::path::Path;
 
 use isthmus_tests::admission::*;
 use isthmus_tests::apiserver::ApiServer;
 
-/// A NodeResourceTopology of `node` carrying a failed `GpuHealthy`, as the agent reports it.
-fn report(node: &str) -> String {
+/// The two carriers of a node's conditions: (the path of the objects, `apiVersion`, `kind`, the resource for kubectl).
+const CARRIERS: [(&str, &str, &str, &str); 2] = [
+    (
+        "/apis/isthmus.io/v1alpha1/nodereports/",
+        "isthmus.io/v1alpha1",
+        "NodeReport",
+        "nodereports.isthmus.io",
+    ),
+    (
+        "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/",
+        "topology.node.k8s.io/v1alpha2",
+        "NodeResourceTopology",
+        "noderesourcetopologies.topology.node.k8s.io",
+    ),
+];
+
+/// A report of `node` of `kind` carrying a failed `GpuHealthy`, as the agent reports it.
+fn report(api_version: &str, kind: &str, node: &str) -> String {
     let condition = serde_json::json!({"status": "False", "reason": "Xid79",
         "message": "failed: 0000:9b:00.0. XID 79 on GPU 4 (0000:9b:00.0): reboot",
         "lastTransitionTime": "2026-01-01T00:00:00Z"});
-    serde_json::json!({
-        "apiVersion": "topology.node.k8s.io/v1alpha2",
-        "kind": "NodeResourceTopology",
+    let mut o = serde_json::json!({
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": {"name": node},
-        "zones": [],
         "attributes": [{"name": "isthmus.io/condition.GpuHealthy", "value": condition.to_string()}],
-    })
-    .to_string()
+    });
+    if kind == "NodeResourceTopology" {
+        o["zones"] = serde_json::json!([]);
+    }
+    o.to_string()
 }
 
 fn conditions() -> String {
@@ -33,27 +52,41 @@ const APPLY: &str = "?fieldManager=isthmus&force=true";
 
 /// `kc_a` is agent A's pod-bound token on node-a; node-b exists.
 pub fn health_conditions(api: &ApiServer, kc_a: &Path) {
-    let nrt = |node: &str| {
-        format!("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/{node}{APPLY}")
-    };
-    let r = apply_patch(kc_a, &nrt("node-a"), &report("node-a"));
-    assert!(r.is_ok(), "A reports its own conditions: {r:?}");
-    let got = api.kubectl(&[
-        "get",
-        "noderesourcetopology",
-        "node-a",
-        "-o",
-        "jsonpath={.attributes[?(@.name==\"isthmus.io/condition.GpuHealthy\")].value}",
-    ]);
-    assert!(
-        String::from_utf8_lossy(&got.stdout).contains("\"Xid79\""),
-        "{got:?}"
-    );
-    assert_patch_denied(
-        apply_patch(kc_a, &nrt("node-b"), &report("node-b")),
-        "own-node-report",
-        "A reports B's conditions",
-    );
+    let unbound = api.kubeconfig_for_token(&api.token_for(NAMESPACE, AGENT_SA));
+    for (path, api_version, kind, resource) in CARRIERS {
+        let at = |node: &str| format!("{path}{node}{APPLY}");
+        let r = apply_patch(kc_a, &at("node-a"), &report(api_version, kind, "node-a"));
+        assert!(
+            r.is_ok(),
+            "A reports its own conditions in its {kind}: {r:?}"
+        );
+        let got = api.kubectl(&[
+            "get",
+            resource,
+            "node-a",
+            "-o",
+            "jsonpath={.attributes[?(@.name==\"isthmus.io/condition.GpuHealthy\")].value}",
+        ]);
+        assert!(
+            String::from_utf8_lossy(&got.stdout).contains("\"Xid79\""),
+            "{got:?}"
+        );
+        assert_patch_denied(
+            apply_patch(kc_a, &at("node-b"), &report(api_version, kind, "node-b")),
+            "own-node-report",
+            &format!("A reports B's conditions in B's {kind}"),
+        );
+        // A token bound to no pod proves no node.
+        assert_patch_denied(
+            apply_patch(
+                &unbound,
+                &at("node-a"),
+                &report(api_version, kind, "node-a"),
+            ),
+            "own-node-report",
+            &format!("an unbound token writes a {kind}"),
+        );
+    }
     // No Node status at all, its own included, whatever it carries: refused by RBAC before admission.
     for node in ["node-a", "node-b"] {
         let status = format!("/api/v1/nodes/{node}/status");
@@ -86,12 +119,5 @@ pub fn health_conditions(api: &ApiServer, kc_a: &Path) {
         r.as_ref()
             .is_err_and(|e| e.contains("forbidden") && !e.contains("admission")),
         "{r:?}"
-    );
-    // A token bound to no pod proves no node.
-    let unbound = api.kubeconfig_for_token(&api.token_for(NAMESPACE, AGENT_SA));
-    assert_patch_denied(
-        apply_patch(&unbound, &nrt("node-a"), &report("node-a")),
-        "own-node-report",
-        "an unbound token reports",
     );
 }

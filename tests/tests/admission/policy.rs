@@ -305,6 +305,26 @@ fn the_admission_policies_enforce_the_rules_on_kubernetes_1_30_and_later() {
         &kubectl(&kc_a, &["apply", "--server-side", "-f", &own]),
         "A applies its own",
     );
+    // The NodeReport (the conditions a node reports) under the same rule.
+    let report = |node: &str| {
+        let text = format!(
+            "apiVersion: {}\nkind: {}\nmetadata:\n  name: {node}\nattributes: []\n",
+            isthmus_api::node_report::API_VERSION,
+            isthmus_api::node_report::KIND
+        );
+        file(d, &format!("report-{node}.yaml"), &text)
+            .to_string_lossy()
+            .into_owned()
+    };
+    denied(
+        &kubectl(&kc_a, &["apply", "--server-side", "-f", &report("node-b")]),
+        "own-node-report",
+        "A applies B's NodeReport",
+    );
+    assert_ok(
+        &kubectl(&kc_a, &["apply", "--server-side", "-f", &report("node-a")]),
+        "A applies its own NodeReport",
+    );
     let unbound = api.kubeconfig_for_token(&api.token_for(NAMESPACE, AGENT_SA));
     denied(
         &kubectl(&unbound, &["apply", "--server-side", "-f", &own]),

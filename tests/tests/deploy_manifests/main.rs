@@ -21,6 +21,7 @@ mod config_file;
 mod controller_availability;
 mod images;
 mod monitoring;
+mod site;
 mod slurm_cgroups;
 mod slurm_unconfined;
 mod status_reader;
@@ -144,7 +145,7 @@ fn check_references(variant: &str, docs: &[Value]) {
         s(at(crb, "roleRef/name")),
         s(at(one(docs, "ClusterRole"), "metadata/name"))
     );
-    // The CRD is the upstream one our objects are validated against (tests/tests/nrt.rs).
+    // The NRT's CRD is the upstream one our objects are validated against (tests/tests/nrt.rs).
     let upstream: Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(
             fixtures().join("reference/noderesourcetopology-api_manifests_crd.yaml"),
@@ -152,7 +153,46 @@ fn check_references(variant: &str, docs: &[Value]) {
         .unwrap_or_default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(one(docs, "CustomResourceDefinition"), &upstream);
+    let crds = of_kind(docs, "CustomResourceDefinition");
+    let crd = |name: &str| {
+        *crds
+            .iter()
+            .find(|c| s(at(c, "metadata/name")) == name)
+            .unwrap_or_else(|| panic!("{variant}: no CRD {name}"))
+    };
+    assert_eq!(crds.len(), 2, "{variant}: the NRT's and the NodeReport's");
+    assert_eq!(
+        crd("noderesourcetopologies.topology.node.k8s.io"),
+        &upstream
+    );
+    // The NodeReport's is isthmus's own: cluster-scoped, its names those of api/src/node_report.rs, its bounds room
+    // for every condition the agent reports at the longest value the controller reads.
+    let report = crd(isthmus_api::node_report::CRD);
+    assert_eq!(s(at(report, "spec/group")), isthmus_api::node_report::GROUP);
+    assert_eq!(s(at(report, "spec/scope")), "Cluster");
+    assert_eq!(
+        s(at(report, "spec/names/kind")),
+        isthmus_api::node_report::KIND
+    );
+    assert_eq!(
+        s(at(report, "spec/names/plural")),
+        isthmus_api::node_report::PLURAL
+    );
+    assert_eq!(
+        s(at(report, "spec/versions/0/name")),
+        isthmus_api::node_report::VERSION
+    );
+    let attributes = at(
+        report,
+        "spec/versions/0/schema/openAPIV3Schema/properties/attributes",
+    );
+    assert!(
+        at(attributes, "maxItems").as_u64() >= Some(isthmus_api::conditions::AGENT.len() as u64)
+    );
+    assert_eq!(
+        at(attributes, "items/properties/value/maxLength").as_u64(),
+        Some(isthmus_api::conditions::MAX_VALUE as u64)
+    );
 }
 
 #[test]

@@ -395,10 +395,16 @@ fn pod_events(node: &KubeNode, pod: &str, reason: &str) -> String {
     .to_owned()
 }
 
-/// The `DeviceAllocationConsistent` condition the node's agent reports in its NodeResourceTopology (what the node
-/// sync reads; the controller projects it onto the Node): (status, reason, message); empty strings when absent.
+/// The `DeviceAllocationConsistent` condition the node's agent reports in its NodeReport (what the node sync reads;
+/// the controller projects it onto the Node): (status, reason, message); empty strings when absent.
 fn allocation_condition(node: &KubeNode) -> (String, String, String) {
-    let out = node.kubectl(&["get", "noderesourcetopology", NODE_NAME, "-o", "json"]);
+    let out = node.kubectl(&[
+        "get",
+        isthmus_api::node_report::CRD,
+        NODE_NAME,
+        "-o",
+        "json",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     isthmus_tests::reported_condition(&v, isthmus_api::conditions::DEVICE_ALLOCATION)
         .map(|c| {

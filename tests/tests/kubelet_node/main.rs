@@ -369,7 +369,7 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
         || {
             let v: serde_json::Value = serde_json::from_str(&node.kubectl_ok(&[
                 "get",
-                "noderesourcetopology",
+                isthmus_api::node_report::CRD,
                 NODE_NAME,
                 "-o",
                 "json",

@@ -24,9 +24,9 @@ fn series(site: &Site, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `SlurmJobsConfined` as the node reports it in its NodeResourceTopology (read as the controller reads it).
+/// `SlurmJobsConfined` as the node reports it in its NodeReport (read as the controller reads it).
 fn reported(api: &ApiServer) -> Option<NodeCondition> {
-    let out = api.kubectl(&["get", "noderesourcetopology", NODE, "-o", "json"]);
+    let out = api.kubectl(&["get", isthmus_api::node_report::CRD, NODE, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     isthmus_tests::reported_condition(&v, "SlurmJobsConfined")
 }
@@ -150,14 +150,8 @@ fn beside_the_device_plugin_unconfined_slurmd_is_not_started_unless_allowed() {
     );
     drop(controller);
     site.stop_agent();
-    // A restarted agent never replaces its node's object with one made without the kubelet (there is none here):
-    // the object goes, so that the next agent's report is read.
-    let out = api.kubectl(&["delete", "noderesourcetopology", NODE]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The next agent replaces the node's NodeReport with its own conditions (unlike the NodeResourceTopology, which
+    // a restarted agent without the kubelet never replaces: there is none here).
 
     // With the opt-in: slurmd runs and a job runs, and the metric and the report still say unconfined, and why.
     let mut allowed = serving.clone();

@@ -1,6 +1,6 @@
 //! What the check after admission tells the cluster: the condition `DeviceAllocationConsistent` (`True` while
 //! every pod's devices agree with Slurm's jobs, `False` with reason `DeviceAllocationMismatch` and a message naming
-//! each pod and its devices), reported in the node's own NodeResourceTopology ([`crate::k8s::reported`]; the
+//! each pod and its devices), reported in the node's own NodeReport ([`crate::k8s::reported`]; the
 //! controller projects it onto the Node and its node sync evicts the pods it names), and a `Warning` Event
 //! `DeviceAllocationMismatch` on the Node for each pod whose mismatch is first seen, naming the pod.
 //!
@@ -81,7 +81,7 @@ pub struct Publisher {
     pub client: kube::Client,
     /// The Node's name.
     pub node: String,
-    /// The conditions the node's NodeResourceTopology carries.
+    /// The conditions the node's NodeReport carries.
     pub reported: Reported,
 }
 
@@ -94,7 +94,7 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// Report `cond` in the node's NodeResourceTopology.
+    /// Report `cond` in the node's NodeReport.
     pub fn report(&self, cond: &NodeCondition) {
         self.reported.set(std::slice::from_ref(cond));
     }

@@ -1,4 +1,4 @@
-//! Publishing one of the node's objects (the NodeResourceTopology, Volcano's Numatopology): server-side apply with
+//! Publishing one of the node's objects (the NodeResourceTopology, Volcano's Numatopology, the NodeReport): server-side apply with
 //! field manager `isthmus` and an owner reference to the Node, nothing sent when the object would not change,
 //! retries with backoff when the API server fails, and a watch on the object itself, so that a deleted object or one
 //! whose content someone else changed is put back at once. When to write (one write per interval, a failure's
@@ -11,14 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -28,47 +25,13 @@ use isthmus_api::retry::RetryPolicy;
 pub mod foreign;
 mod foreign_report;
 pub mod pacing;
+mod published;
 
 use foreign::{Change, ForeignWriters};
 pub use foreign_report::{FOREIGN_GONE_REASON, FOREIGN_REASON};
 use foreign_report::{FOREIGN_REFRESH, Mode, tell};
 use pacing::{Decision, Pacer, Restore};
-
-/// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
-pub trait Published:
-    Resource<DynamicType = (), Scope = ClusterResourceScope>
-    + Clone
-    + Debug
-    + PartialEq
-    + Serialize
-    + DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
-    /// The name in metrics (`nrt`, `numatopology`).
-    const METRIC: &'static str;
-
-    /// Whether `live` carries the content the agent owns as `self` does (the rest — status, labels others set —
-    /// is not ours to restore).
-    fn same_content(&self, live: &Self) -> bool;
-}
-
-impl Published for isthmus_api::nrt::NodeResourceTopology {
-    const METRIC: &'static str = "nrt";
-
-    fn same_content(&self, live: &Self) -> bool {
-        isthmus_api::nrt::NodeResourceTopology::same_content(self, live)
-    }
-}
-
-impl Published for isthmus_api::numatopo::Numatopology {
-    const METRIC: &'static str = "numatopology";
-
-    fn same_content(&self, live: &Self) -> bool {
-        isthmus_api::numatopo::Numatopology::same_content(self, live)
-    }
-}
+pub use published::Published;
 
 /// Why a publication failed.
 #[derive(Debug, thiserror::Error)]
@@ -268,6 +231,16 @@ impl<K: Published> Publisher<K> {
     }
 }
 
+/// Where a publisher says what it does: the agent's metrics and, for the topology objects, the node's reported
+/// conditions, which say who else writes them (`NrtSingleWriter`).
+#[derive(Debug, Clone)]
+pub struct Telling {
+    /// The agent's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The node's reported conditions (`None`: the object's other writers are not reported as a condition).
+    pub writers: Option<super::reported::Reported>,
+}
+
 /// How the publisher task paces itself, and whether it writes over another writer.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
@@ -299,15 +272,26 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Publish every desired object sent on `desired` (named `node`) until `shutdown`, and keep the live object equal
 /// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited. When to
-/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides.
+/// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides. With
+/// `telling.writers`, the object's other writers are also reported in the node's `NrtSingleWriter` condition.
 pub async fn run<K: Published>(
     client: Client,
     node: String,
     mut desired: watch::Receiver<Option<Desired<K>>>,
-    metrics: Arc<Metrics>,
+    telling: Telling,
     pacing: Pacing,
     shutdown: CancellationToken,
 ) {
+    let Telling {
+        metrics,
+        writers: reported,
+    } = telling;
+    // Idempotent: the condition changes (and the report is written) only when the writers do.
+    let say = |foreign: &ForeignWriters| {
+        if let Some(r) = &reported {
+            r.set_writers(&K::kind(&()), foreign.managers(), pacing.takeover);
+        }
+    };
     let mut publisher = Publisher::<K>::new(client.clone(), pacing.takeover);
     let mut foreign = ForeignWriters::default();
     let mut refresh: Option<Instant> = None;
@@ -356,6 +340,7 @@ pub async fn run<K: Published>(
                         backoff.reset();
                         match outcome {
                             Outcome::Written => {
+                                say(&foreign);
                                 pacer.written(Instant::now());
                                 metrics.record_publication(K::METRIC, Publication::Written);
                                 tracing::info!(object = K::METRIC, name = %node, "applied");
@@ -369,6 +354,7 @@ pub async fn run<K: Published>(
                                 }
                             }
                             Outcome::Unchanged => {
+                                say(&foreign);
                                 pacer.settled();
                                 metrics.record_publication(K::METRIC, Publication::Skipped);
                             }
@@ -376,6 +362,7 @@ pub async fn run<K: Published>(
                                 pacer.settled();
                                 metrics.record_publication(K::METRIC, Publication::Yielded);
                                 let change = foreign.observe(others);
+                                say(&foreign);
                                 refresh = Some(Instant::now() + FOREIGN_REFRESH);
                                 let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
                                 tell::<K>(
@@ -421,6 +408,7 @@ pub async fn run<K: Published>(
                 Some(Ok(watcher::Event::Delete(_))) => {
                     // The other writers' fields went with the object.
                     let change = foreign.observe(Vec::new());
+                    say(&foreign);
                     let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
                     tell::<K>(&client, &node, uid.as_deref(), &change, 0, mode, &metrics).await;
                     tracing::warn!(object = K::METRIC, name = %node, "the object was deleted; restoring it");
@@ -432,6 +420,7 @@ pub async fn run<K: Published>(
                     watch_failing = false;
                     let (others, more) = foreign::foreign_managers(live.meta(), isthmus_api::AGENT_FIELD_MANAGER);
                     let change = foreign.observe(others);
+                    say(&foreign);
                     let uid = publisher.owner.as_ref().map(|o| o.uid.clone());
                     tell::<K>(&client, &node, uid.as_deref(), &change, more, mode, &metrics).await;
                     match change {
