@@ -28,6 +28,9 @@ pub struct Inputs {
     pub node: Node,
     /// Its NodeResourceTopology (`Ok(None)`: there is none).
     pub nrt: Result<Option<NodeResourceTopology>, String>,
+    /// Its NodeReport, the conditions its agent reports (`Ok(None)`: there is none: an agent from before the
+    /// NodeReport reports them in the NodeResourceTopology, which is read then, as the controller does).
+    pub report: Result<Option<isthmus_api::node_report::NodeReport>, String>,
     /// The node sync's record of the Node (`Ok(None)`: none).
     pub record: Result<Option<String>, String>,
     /// The Slurm node name used.
@@ -184,8 +187,20 @@ pub fn build(inputs: &Inputs) -> Status {
         .iter()
         .map(view)
         .collect();
-    let reported_conditions: Vec<Condition> = match &inputs.nrt {
-        Ok(Some(nrt)) => match isthmus_api::conditions::read(&nrt.attributes) {
+    let carrier = match (&inputs.report, &inputs.nrt) {
+        (Ok(Some(report)), _) => Some(&report.attributes),
+        (Ok(None), Ok(Some(nrt))) => Some(&nrt.attributes),
+        (Err(e), _) => {
+            warnings.push(format!(
+                "the NodeReport could not be read: {}",
+                clean(e, MAX_TEXT)
+            ));
+            None
+        }
+        _ => None,
+    };
+    let reported_conditions: Vec<Condition> = match carrier {
+        Some(attributes) => match isthmus_api::conditions::read(attributes) {
             Ok(cs) => cs.iter().map(view).collect(),
             Err(e) => {
                 warnings.push(format!(

@@ -112,6 +112,7 @@ fn drained_tainted_locked() -> Inputs {
     Inputs {
         node,
         nrt: Ok(Some(nrt)),
+        report: Ok(None),
         record: Ok(Some(format!(
             r#"{{"drain":{{"reason":"{reason}","since":"2026-11-29T05:00:00"}},"slurm":"n1"}}"#
         ))),
@@ -342,4 +343,40 @@ fn a_reported_condition_counts_until_the_node_shows_its_type() {
         "{:?}",
         s.warnings
     );
+}
+
+#[test]
+fn the_node_report_is_read_before_the_nrts_attributes() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut i = drained_tainted_locked();
+    if let Some(st) = i.node.status.as_mut() {
+        st.conditions = Some(vec![]);
+    }
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let attribute = |status: &str, message: &str| {
+        let mut c = condition("GpuHealthy", status, message);
+        c.last_transition_time = Some(now.clone());
+        isthmus_api::conditions::attribute(&c, &now)
+    };
+    // An agent from before the NodeReport: its NRT carries the condition.
+    if let Ok(Some(nrt)) = i.nrt.as_mut() {
+        nrt.attributes
+            .push(attribute("False", "failed: 0000:3b:00.0. "));
+    }
+    let s = build(&i);
+    assert_eq!(s.reported_conditions.len(), 1);
+    assert_eq!(s.reported_conditions[0].status, "False");
+    // With a NodeReport, the NodeReport says it, whatever the NRT still holds.
+    i.report = Ok(Some(isthmus_api::node_report::NodeReport::named(
+        "n1",
+        vec![attribute("True", "")],
+    )));
+    let s = build(&i);
+    assert_eq!(s.reported_conditions.len(), 1);
+    assert_eq!(s.reported_conditions[0].status, "True");
+    // An unreadable NodeReport: a warning, nothing believed from the NRT either.
+    i.report = Err("forbidden".into());
+    let s = build(&i);
+    assert!(s.reported_conditions.is_empty());
+    assert!(s.warnings.iter().any(|w| w.contains("NodeReport")));
 }

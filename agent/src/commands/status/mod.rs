@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use isthmus_api::access::ApiAccess;
+use isthmus_api::node_report::NodeReport;
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_controller::nodesync::records::{shard_name, shard_of};
 use isthmus_controller::placement::lock::{LOCK, parse_lock};
@@ -34,6 +35,12 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: isthmus_api::nrt::PLURAL,
         verbs: &["get"],
         why: "the node's NodeResourceTopology: discovery summary and fabric report",
+    },
+    ApiAccess {
+        group: isthmus_api::node_report::GROUP,
+        resource: isthmus_api::node_report::PLURAL,
+        verbs: &["get"],
+        why: "the node's NodeReport: the conditions its agent reports",
     },
 ];
 
@@ -135,6 +142,13 @@ async fn gather(args: &StatusArgs) -> Result<build::Inputs> {
             .map_err(|e| format!("not a NodeResourceTopology: {e}")),
         Err(e) => Err(e.to_string()),
     };
+    let report = match Api::<NodeReport>::all(client.clone())
+        .get_opt(&args.node)
+        .await
+    {
+        Ok(r) => Ok(r),
+        Err(e) => Err(e.to_string()),
+    };
     let shard = shard_name(shard_of(&args.node));
     let record = match Api::<ConfigMap>::namespaced(client, &args.namespace)
         .get_opt(&shard)
@@ -179,6 +193,7 @@ async fn gather(args: &StatusArgs) -> Result<build::Inputs> {
     Ok(build::Inputs {
         node,
         nrt,
+        report,
         record,
         slurm_name: slurm_name.unwrap_or_else(|_| args.node.clone()),
         slurm,
