@@ -6,7 +6,6 @@
 //! `controller_deploy::kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_access`.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use isthmus_tests::deploy::{
     self, added_capabilities, agent_container, at, documents, of_kind, one,
@@ -174,21 +173,7 @@ fn each_site_value_is_set_once_and_found_where_it_applies() {
 #[test]
 fn the_site_validates_against_the_kubernetes_schemas() {
     let text = deploy::render_text_at(&repo_root().join("deploy"), "site-example");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let file = dir.path().join("site.yaml");
-    std::fs::write(&file, &text).unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::new("kubernetes-validate")
-        .args(["--strict", "-k", "1.33.0"])
-        .arg(&file)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("kubernetes-validate could not run ({e}); `make deploy-tools` installs it")
-        });
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (_, report) = super::kubernetes_validate("site", &text);
     let docs = documents(&text);
     let passed = report
         .lines()
