@@ -289,5 +289,39 @@ impl Drop for Controller {
             stop(child);
         }
         drop(self.munged.take());
+        kill_stray_steps(self.dir.path());
+    }
+}
+
+/// SIGKILL every `slurmstepd` of the site in `dir` that is still there once its slurmd and slurmctld are gone: the
+/// step of a job slurmctld no longer lists (it failed the node, or slurmctld exited) keeps retrying to report its end
+/// and ignores SIGTERM, so neither `scancel` nor a stopped slurmd ends it. A step is the site's when one of its open
+/// files is under `dir` (its slurmd's log; for a release root, the same directory seen through the root's `/tmp`).
+/// Its title (`slurmstepd: [1.batch]`) overwrites its environment, so that cannot say whose it is.
+pub fn kill_stray_steps(dir: &Path) {
+    let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let path = p.path();
+        let is_step =
+            std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "slurmstepd");
+        if !is_step {
+            continue;
+        }
+        let ours = std::fs::read_dir(path.join("fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|t| t.to_string_lossy().contains(&format!("/{name}/")))
+            })
+        });
+        if ours {
+            if let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() {
+                crate::slurm::kill_with(pid, "KILL");
+            }
+        }
     }
 }

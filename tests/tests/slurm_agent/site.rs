@@ -425,5 +425,6 @@ impl Drop for Site {
             let _ = c.kill();
             let _ = c.wait();
         }
+        isthmus_tests::slurmctld::kill_stray_steps(self.dir.path());
     }
 }
