@@ -127,16 +127,17 @@ pub fn spawn(
         numa_tx,
         shutdown.clone(),
     ));
+    let telling = publisher::Telling {
+        metrics,
+        writers: p.report_writers,
+    };
     match p.numatopology {
         Switch::Auto => {
             tokio::spawn(api_discovery::publish_when_served::<Numatopology>(
                 p.client,
                 p.node,
                 numa_rx,
-                publisher::Telling {
-                    metrics,
-                    writers: p.report_writers,
-                },
+                telling,
                 p.numatopology_recheck.max(Duration::from_secs(1)),
                 pacing,
                 shutdown,
@@ -144,15 +145,7 @@ pub fn spawn(
         }
         _ => {
             tokio::spawn(publisher::run(
-                p.client,
-                p.node,
-                numa_rx,
-                publisher::Telling {
-                    metrics,
-                    writers: p.report_writers,
-                },
-                pacing,
-                shutdown,
+                p.client, p.node, numa_rx, telling, pacing, shutdown,
             ));
         }
     }
