@@ -75,12 +75,14 @@ fn auto_waits_for_the_crd_without_failing_calls_and_then_publishes() {
         checks >= 2 && checks <= elapsed / RECHECK_S + 2,
         "{checks} discovery reads in {elapsed} s with a {RECHECK_S} s recheck"
     );
-    // The NRT (which carries the health conditions); nothing of the absent group, nothing on the Node.
+    // The NRT and the NodeReport (which carries the health conditions); nothing of the absent group, nothing on
+    // the Node.
     for w in api.writes_by(&user, started) {
         assert!(
             w.uri
-                .starts_with("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/"),
-            "a write other than the NRT: {w:?}"
+                .starts_with("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/")
+                || w.uri.starts_with("/apis/isthmus.io/v1alpha1/nodereports/"),
+            "a write other than the NRT and the NodeReport: {w:?}"
         );
     }
     assert_eq!(agent.metric("isthmus_numatopology_writes_total"), 0.0);
