@@ -322,8 +322,8 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         .filter(|c| c.code >= 400 || c.code == 0)
         .collect();
     assert!(failed.is_empty(), "calls that failed: {failed:#?}");
-    // Its own objects only: the Numatopology and the NRT (which carries its health conditions; no Node write), and
-    // the Events on its Node about the other writer.
+    // Its own objects only: the Numatopology, the NRT and the NodeReport (which carry its health conditions; no
+    // Node write), and the Events on its Node about the other writer.
     for c in api.writes_by(&user, started) {
         if c.resource == "events" {
             assert!(
@@ -338,7 +338,9 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
                     "/apis/nodeinfo.volcano.sh/v1alpha1/numatopologies/{NODE}?"
                 )) || c.uri.starts_with(&format!(
                     "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/{NODE}?"
-                ))),
+                )) || c
+                    .uri
+                    .starts_with(&format!("/apis/isthmus.io/v1alpha1/nodereports/{NODE}?"))),
             "{c:?}"
         );
     }
