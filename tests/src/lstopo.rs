@@ -18,6 +18,8 @@ pub struct LstopoTruth {
     pub numa_latency: Vec<Vec<u32>>,
     /// Every PU's OS index → the Package and Core above it.
     pub pu_places: BTreeMap<u32, PuPlace>,
+    /// Data or unified caches of XML output: (level, size in bytes, CPUs), in document order.
+    pub caches: Vec<(u8, u64, CpuSet)>,
 }
 
 /// Where one PU sits in the tree.
@@ -221,6 +223,14 @@ pub fn parse_xml(text: &str) -> LstopoTruth {
             }
             ("Package", Some(os)) => packages.push((os, cpuset)),
             ("Core", _) => cores.push(cpuset),
+            ("L1Cache" | "L2Cache" | "L3Cache" | "L4Cache" | "L5Cache", _) => {
+                let level = ty.as_bytes()[1] - b'0';
+                let size = a
+                    .get("cache_size")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                truth.caches.push((level, size, cpuset));
+            }
             _ => {}
         }
     }

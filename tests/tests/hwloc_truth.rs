@@ -150,6 +150,90 @@ fn discovery_matches_lstopo_expected_output() {
     assert_eq!(checked, HWLOC_CASES.len());
 }
 
+/// hwloc's last-level caches (L3, else L2; data or unified) of `root`, from the real `lstopo-no-graphics --of xml
+/// --whole-system` reading the tree.
+fn lstopo_last_level_caches(
+    root: &std::path::Path,
+    env: &[(String, String)],
+) -> Vec<(u8, u64, CpuSet)> {
+    let out = std::process::Command::new("lstopo-no-graphics")
+        .args(["--of", "xml", "--whole-system"])
+        .env("HWLOC_FSROOT", root)
+        .env("HWLOC_COMPONENTS", "linux,stop")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap_or_else(|e| panic!("lstopo-no-graphics: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let caches = lstopo::parse_xml(&String::from_utf8_lossy(&out.stdout)).caches;
+    for level in [3u8, 2] {
+        let mut of: Vec<_> = caches.iter().filter(|c| c.0 == level).cloned().collect();
+        if !of.is_empty() {
+            of.sort_by_key(|c| c.2.first());
+            return of;
+        }
+    }
+    Vec::new()
+}
+
+/// Discovery reads the last-level caches from sysfs itself (hwloc loads without caches, most of its reads): what it
+/// finds is what hwloc finds, cache by cache, on every recorded tree.
+#[test]
+fn last_level_caches_match_hwloc_on_every_recorded_tree() {
+    let h100 = isthmus_tests::fixtures().join("hosts/xe9680-8xh100/root");
+    /// A tree: its name, its root, hwloc's extra environment for it.
+    type Tree = (String, std::path::PathBuf, Vec<(String, String)>);
+    let mut trees: Vec<Tree> = vec![("xe9680-8xh100".to_owned(), h100, Vec::new())];
+    for case in HWLOC_CASES {
+        trees.push((
+            case.name.to_owned(),
+            extract_shared(&case.tarball()),
+            case.env(),
+        ));
+    }
+    let mut with_caches = 0;
+    for (name, root, env) in &trees {
+        let want = lstopo_last_level_caches(root, env);
+        let env_ref: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let root_s = root.display().to_string();
+        let out = isthmus(
+            &[
+                "discover",
+                "--host-root",
+                &root_s,
+                "--output",
+                "json",
+                "--no-nvml",
+            ],
+            &env_ref,
+        );
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let topo: NodeTopology =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got: Vec<(u8, u64, CpuSet)> = topo
+            .caches
+            .iter()
+            .map(|c| (c.level, c.size_bytes, c.cpuset.clone()))
+            .collect();
+        assert_eq!(got, want, "{name}: last-level caches");
+        with_caches += usize::from(!want.is_empty());
+    }
+    // Not a comparison of two empty lists: the trees carry caches.
+    assert!(
+        with_caches >= trees.len() - 2,
+        "{with_caches} of {} trees with caches",
+        trees.len()
+    );
+}
+
 fn slurmd_c(
     release: SlurmRelease,
     case: &HwlocCase,
@@ -209,7 +293,7 @@ fn node_shape_matches_real_slurmd(release) {
 }
 
 #[test]
-fn sysfs_fallback_agrees_with_hwloc_on_cpus_and_numa() {
+fn sysfs_fallback_agrees_with_hwloc_on_cpus_numa_and_caches() {
     for case in HWLOC_CASES {
         let x = extract(&case.tarball());
         let hw = discover(case, &x.root, &[]);
@@ -233,6 +317,7 @@ fn sysfs_fallback_agrees_with_hwloc_on_cpus_and_numa() {
                 .collect::<Vec<_>>()
         };
         assert_eq!(numa(&fs), numa(&hw), "{}: NUMA nodes", case.name);
+        assert_eq!(fs.caches, hw.caches, "{}: last-level caches", case.name);
     }
 }
 

@@ -34,15 +34,63 @@ impl ReadError {
 const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// A directory that stands for the host's `/`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A root other than `/` is held open (`O_PATH`) when it exists, and files are opened relative to it, as hwloc does
+/// with `HWLOC_FSROOT`: the kernel then walks only the host path's components, not the root's own on every open.
+#[derive(Debug, Clone)]
 pub struct HostRoot {
     root: PathBuf,
+    dir: Option<std::sync::Arc<fs::File>>,
 }
+
+impl PartialEq for HostRoot {
+    fn eq(&self, other: &Self) -> bool {
+        self.root == other.root
+    }
+}
+
+impl Eq for HostRoot {}
 
 impl HostRoot {
     /// A host root at `root` (`/` for the machine we run on).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        let root: PathBuf = root.into();
+        let dir = (root != Path::new("/"))
+            .then(|| open_path_dir(&root).ok())
+            .flatten()
+            .map(std::sync::Arc::new);
+        Self { root, dir }
+    }
+
+    /// Open a host file for reading: relative to the held root, or by its joined path.
+    fn open(&self, host_path: &Path) -> io::Result<fs::File> {
+        let Some(dir) = &self.dir else {
+            return fs::File::open(self.join(host_path));
+        };
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::ffi::OsStrExt;
+        let joined = self.join(host_path);
+        let rel = joined.strip_prefix(&self.root).unwrap_or(Path::new("."));
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: `c` is a NUL-terminated path and `dir` an open descriptor for the call's duration.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Ok(unsafe { fs::File::from_raw_fd(fd) })
     }
 
     /// The directory that stands for `/`.
@@ -96,7 +144,7 @@ impl HostRoot {
     pub fn read_bytes(&self, host_path: impl AsRef<Path>) -> Result<Vec<u8>, ReadError> {
         use std::io::Read;
         let host_path = host_path.as_ref();
-        let file = fs::File::open(self.join(host_path)).map_err(|e| Self::err(host_path, e))?;
+        let file = self.open(host_path).map_err(|e| Self::err(host_path, e))?;
         let mut buf = Vec::new();
         file.take(MAX_FILE_BYTES)
             .read_to_end(&mut buf)
@@ -147,6 +195,15 @@ impl HostRoot {
     }
 }
 
+/// `root` opened as a directory with `O_PATH` (no read access needed, only a place to open from).
+fn open_path_dir(root: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(root)
+}
+
 /// Lexically normalise an absolute host path (resolve `.` and `..`).
 pub fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::from("/");
@@ -175,6 +232,35 @@ mod tests {
             PathBuf::from("/host/etc/passwd")
         );
         assert_eq!(r.join("/sys/../../proc"), PathBuf::from("/host/proc"));
+    }
+
+    #[test]
+    fn files_open_relative_to_the_held_root_and_never_above_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let inner = dir.path().join("root");
+        std::fs::create_dir_all(inner.join("sys/class")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(inner.join("sys/class/x"), "in\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("outside"), "out\n").unwrap_or_else(|e| panic!("{e}"));
+        let root = HostRoot::new(&inner);
+        assert!(root.dir.is_some());
+        assert_eq!(root.read_string("/sys/class/x").ok().as_deref(), Some("in"));
+        assert_eq!(
+            root.read_string("/sys/../sys/class/./x").ok().as_deref(),
+            Some("in")
+        );
+        // `..` past the root stays at the root.
+        assert!(
+            root.read_string("/../outside")
+                .is_err_and(|e| e.is_not_found())
+        );
+        // A root that is not there yet: opened by joined paths once it is.
+        let later = HostRoot::new(dir.path().join("later"));
+        assert!(later.dir.is_none());
+        std::fs::create_dir(dir.path().join("later")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("later/f"), "ok").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(later.read_string("/f").ok().as_deref(), Some("ok"));
+        // Equal by path, whatever is held.
+        assert_eq!(root, HostRoot::new(&inner));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use hwlocality::topology::builder::{BuildFlags, TypeFilter};
 use super::{HwlocError, HwlocFacts, check_fsroot};
 use crate::cpuset::CpuSet;
 use crate::hostroot::HostRoot;
-use crate::model::{Cache, Core, HugePages, NumaDistance, NumaNode, Package};
+use crate::model::{Core, HugePages, NumaDistance, NumaNode, Package};
 
 fn ids(it: impl Iterator<Item = BitmapIndex>) -> CpuSet {
     CpuSet::from_ids(it.map(|i| usize::from(i) as u32))
@@ -43,16 +43,29 @@ fn hybrid_failure<E: std::error::Error>(e: &HybridError<E>) -> String {
 }
 
 /// Load the topology of `root` with hwloc.
+///
+/// hwloc builds no cache objects: reading every cache index of every CPU is most of its work, and the last-level
+/// caches are read from sysfs once per cache instead ([`crate::sysfs_cache`]).
 pub(super) fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
+    let topo = load(root)?;
+    let mut facts = facts_from(&topo)?;
+    facts.caches = crate::sysfs_cache::last_level(root, &facts.cpuset);
+    Ok(facts)
+}
+
+fn load(root: &HostRoot) -> Result<Topology, HwlocError> {
     check_fsroot(root)?;
-    let topo = Topology::builder()
+    Topology::builder()
         .with_flags(BuildFlags::INCLUDE_DISALLOWED)
         .map_err(|e| HwlocError::Load(hybrid_failure(&e)))?
         .with_io_type_filter(TypeFilter::KeepNone)
         .map_err(|e| HwlocError::Load(hybrid_failure(&e)))?
+        .with_cpu_cache_type_filter(TypeFilter::KeepNone)
+        .map_err(|e| HwlocError::Load(raw_failure(&e)))?
+        .with_cpu_icache_type_filter(TypeFilter::KeepNone)
+        .map_err(|e| HwlocError::Load(raw_failure(&e)))?
         .build()
-        .map_err(|e| HwlocError::Load(raw_failure(&e)))?;
-    facts_from(&topo)
+        .map_err(|e| HwlocError::Load(raw_failure(&e)))
 }
 
 fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
@@ -102,7 +115,6 @@ fn facts_from(topo: &Topology) -> Result<HwlocFacts, HwlocError> {
                 }
                 _ => None,
             });
-    facts.caches = last_level_caches(topo);
     Ok(facts)
 }
 
@@ -221,24 +233,4 @@ fn numa_nodes(topo: &Topology) -> Vec<NumaNode> {
     }
     nodes.sort_by_key(|n| n.id);
     nodes
-}
-
-fn last_level_caches(topo: &Topology) -> Vec<Cache> {
-    for (ty, level) in [(ObjectType::L3Cache, 3u8), (ObjectType::L2Cache, 2u8)] {
-        let caches: Vec<Cache> = topo
-            .objects_with_type(ty)
-            .filter_map(|c| match c.attributes() {
-                Some(ObjectAttributes::Cache(a)) => Some(Cache {
-                    level,
-                    size_bytes: a.size().map_or(0, |s| s.get()),
-                    cpuset: cpuset_of(c),
-                }),
-                _ => None,
-            })
-            .collect();
-        if !caches.is_empty() {
-            return caches;
-        }
-    }
-    Vec::new()
 }

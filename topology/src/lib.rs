@@ -25,6 +25,7 @@ pub mod nvml;
 pub mod nvml_enrich;
 pub mod pci;
 pub mod pci_ids;
+pub mod sysfs_cache;
 pub mod sysfs_cpu;
 pub mod warning;
 

@@ -339,7 +339,7 @@ pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
     HwlocFacts {
         packages,
         numa_nodes: numa,
-        caches: Vec::new(),
+        caches: crate::sysfs_cache::last_level(root, &cpuset),
         cpuset,
         allowed_cpuset: None,
         architecture: None,
