@@ -9,7 +9,7 @@ use crate::cpuset::CpuSet;
 use crate::hostroot::HostRoot;
 use crate::model::{NumaDistance, NumaNode};
 use crate::sysfs_cpu;
-use crate::warning::Warning;
+use crate::warning::{Warning, WarningSource};
 
 const NODE_DIR: &str = "/sys/devices/system/node";
 
@@ -96,6 +96,29 @@ pub fn add_missing(root: &HostRoot, nodes: &mut Vec<NumaNode>, warnings: &mut Ve
     }
     nodes.extend(added);
     nodes.sort_by_key(|n| n.id);
+}
+
+/// The most NUMA nodes the kubelet's Topology Manager takes without its `max-allowable-numa-nodes` option.
+pub const KUBELET_TOPOLOGY_MANAGER_MAX_NUMA: usize = 8;
+
+/// A warning when the node has more NUMA nodes than the kubelet's Topology Manager takes by default: the kubelet
+/// counts every `nodeN` directory, CPU-less GPU-memory nodes included (cAdvisor's `GetNodesInfo`), and refuses to
+/// start with a policy other than `none` above 8 unless `max-allowable-numa-nodes` (Kubernetes 1.31+) allows it.
+/// A GH200 has 9, a GB200 tray 34.
+pub fn kubelet_limit_warning(nodes: &[NumaNode]) -> Option<Warning> {
+    let n = nodes.len();
+    (n > KUBELET_TOPOLOGY_MANAGER_MAX_NUMA).then(|| {
+        let cpuless = nodes.iter().filter(|n| n.cpuset.is_empty()).count();
+        Warning::new(
+            WarningSource::Numa,
+            Some("/sys/devices/system/node"),
+            format!(
+                "{n} NUMA nodes ({cpuless} without CPUs): the kubelet's Topology Manager refuses a policy other than \
+                 none on more than {KUBELET_TOPOLOGY_MANAGER_MAX_NUMA} unless its policy option \
+                 max-allowable-numa-nodes (Kubernetes 1.31 and later) is at least {n}"
+            ),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -261,5 +284,34 @@ mod tests {
         let mut nodes = vec![node(0, "0-3", 1000, &[(0, 10)])];
         add_missing(&root, &mut nodes, &mut Vec::new());
         assert_eq!(nodes, vec![node(0, "0-3", 1000, &[(0, 10)])]);
+    }
+
+    #[test]
+    fn more_numa_nodes_than_the_kubelet_takes_is_said() {
+        let node = |id: u32, cpus: &[u32]| NumaNode {
+            id,
+            cpuset: CpuSet::from_ids(cpus.iter().copied()),
+            memory_bytes: 1 << 30,
+            hugepages: Vec::new(),
+            distances: Vec::new(),
+        };
+        // A GH200: one node with the Grace CPUs, eight GPU-memory nodes.
+        let mut nodes = vec![node(0, &[0, 1, 2, 3])];
+        nodes.extend((1..=7).map(|id| node(id, &[])));
+        assert!(kubelet_limit_warning(&nodes).is_none(), "8 nodes are taken");
+        nodes.push(node(8, &[]));
+        let w = kubelet_limit_warning(&nodes).unwrap_or_else(|| panic!("9 nodes: no warning"));
+        assert_eq!(w.source, WarningSource::Numa);
+        assert!(
+            w.message.starts_with("9 NUMA nodes (8 without CPUs)"),
+            "{}",
+            w.message
+        );
+        assert!(
+            w.message.contains("max-allowable-numa-nodes"),
+            "{}",
+            w.message
+        );
+        assert!(w.message.contains("at least 9"), "{}", w.message);
     }
 }

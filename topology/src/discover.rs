@@ -35,6 +35,7 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     let mut warnings = Vec::new();
 
     let (facts, cpu_source) = cpu_facts(root, opts, &mut warnings);
+    warnings.extend(cpuless_numa::kubelet_limit_warning(&facts.numa_nodes));
 
     let ib = infiniband::probe(root, opts.ib_counters, &mut warnings);
     let rdma: BTreeSet<String> = ib.iter().filter_map(|d| d.pci_address.clone()).collect();
