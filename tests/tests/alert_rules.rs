@@ -69,12 +69,18 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| w.starts_with("isthmus_"))
         {
-            // Publication counters are recorded as format!("isthmus_{object}_{suffix}") for object "nrt".
+            // Publication counters are recorded as format!("isthmus_{object}_{suffix}") for object "nrt" (the
+            // health reports' publication) and for the publishers' objects, named by their METRIC.
+            let failures = code.contains("format!(\"isthmus_{object}_{suffix}\")")
+                && code.contains("Publication::Failed => \"failures_total\"");
             let found = code.contains(&format!("\"{name}\""))
                 || (name == "isthmus_nrt_failures_total"
-                    && code.contains("format!(\"isthmus_{object}_{suffix}\")")
-                    && code.contains("Publication::Failed => \"failures_total\"")
+                    && failures
                     && code.contains("record_publication(\"nrt\""))
+                || (name == "isthmus_nodereport_failures_total"
+                    && failures
+                    && code.contains("const METRIC: &'static str = \"nodereport\";")
+                    && code.contains("record_publication(K::METRIC, Publication::Failed)"))
                 // The other writers' gauge: format!("isthmus_{object}_foreign_writer") for the NRT publisher's
                 // object, whose metric name is "nrt".
                 || (name == "isthmus_nrt_foreign_writer"
@@ -87,7 +93,7 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 13);
+    assert_eq!(checked, 14);
 }
 
 /// Every rule of the plain file.
@@ -185,5 +191,5 @@ fn every_alert_links_its_section_of_the_troubleshooting_page() {
     let mut all = sections.clone();
     all.sort();
     assert_eq!(linked, all, "one section per alert, one alert per section");
-    assert_eq!(linked.len(), 15);
+    assert_eq!(linked.len(), 16);
 }
