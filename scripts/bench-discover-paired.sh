@@ -17,7 +17,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 declare -A ROOTS=([xe9680-8xh100]=fixtures/hosts/xe9680-8xh100/root)
-for tarball in fixtures/hwloc/*/*.tar.bz2; do
+for tarball in $(find fixtures/hwloc -mindepth 2 -maxdepth 2 -name '*.tar.bz2' | sort); do
     name=$(basename "$tarball" .tar.bz2)
     case $name in 128* | 32* | 40* | 48* | 64*) ;; *) continue ;; esac
     mkdir "$TMP/$name"

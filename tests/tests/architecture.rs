@@ -1,0 +1,92 @@
+//! `docs/architecture.md` draws the crates as they are: its picture is `cargo metadata`'s workspace graph.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use isthmus_tests::repo_root;
+
+/// The workspace's own crates and the normal dependencies between them, from `cargo metadata`.
+fn workspace_edges() -> (BTreeSet<String>, BTreeSet<(String, String)>) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
+    let packages = meta["packages"].as_array().expect("packages");
+    let names: BTreeSet<String> = packages
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect();
+    let mut edges = BTreeSet::new();
+    for p in packages {
+        let from = p["name"].as_str().expect("name").to_owned();
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let to = d["name"].as_str().expect("dependency name");
+            if names.contains(to) && d["kind"].is_null() {
+                edges.insert((from.clone(), to.to_owned()));
+            }
+        }
+    }
+    (names, edges)
+}
+
+/// The `A --> B` lines of the document's mermaid block.
+fn drawn_edges(doc: &str) -> BTreeSet<(String, String)> {
+    let block = doc
+        .split("```mermaid")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a mermaid block");
+    block
+        .lines()
+        .filter_map(|l| l.trim().split_once(" --> "))
+        .map(|(a, b)| (a.trim().to_owned(), b.trim().to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_crate_picture_is_cargo_metadata() {
+    let doc = std::fs::read_to_string(repo_root().join("docs/architecture.md"))
+        .expect("docs/architecture.md");
+    let (names, edges) = workspace_edges();
+    assert!(names.len() >= 6, "{names:?}");
+    assert!(
+        edges.len() >= 10,
+        "the workspace's crates depend on each other: {edges:?}"
+    );
+    assert_eq!(drawn_edges(&doc), edges, "docs/architecture.md's picture");
+    // Every crate of the workspace is described by its name.
+    for n in &names {
+        assert!(doc.contains(&format!("`{n}`")), "{n} is not described");
+    }
+}
+
+#[test]
+fn the_readme_points_at_the_developer_documents() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    for doc in [
+        "docs/architecture.md",
+        "docs/testing.md",
+        "docs/benchmarks.md",
+    ] {
+        assert!(readme.contains(doc), "README does not name {doc}");
+        assert!(repo_root().join(doc).is_file(), "{doc}");
+    }
+    assert!(
+        readme.contains("make test "),
+        "README names the test command"
+    );
+}
