@@ -19,15 +19,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rustc-env=ISTHMUS_BUILD_COMMIT={}", commit());
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "unknown".to_owned());
     println!("cargo:rustc-env=ISTHMUS_BUILD_ARCH={arch}");
-    // The binary's ~37,000 relative relocations packed (DT_RELR): the dynamic loader then reads a few KiB of
-    // relocation table instead of ~900 KiB at every start, which is most of a short command's start-up (each
-    // `isthmus discover`, `gres`, `status`). Needs glibc 2.36 or later at run time (Debian bookworm and later). x86_64
-    // only: bookworm's aarch64 linker (binutils 2.40) ignores the option.
-    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
-    let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
-    if os == "linux" && env == "gnu" && arch == "x86_64" {
-        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
-    }
     Ok(())
 }
 

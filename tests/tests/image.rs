@@ -378,3 +378,39 @@ fn the_munge_key_the_package_makes_is_deleted_in_the_layer_that_installs_it() {
     }
     assert_eq!(installs, 1);
 }
+
+/// The binary asks no more of the C library than glibc 2.34 has (RHEL 9, Ubuntu 22.04: hosts where it runs outside
+/// a pod, beside slurmd): no symbol version above GLIBC_2.34 and no packed relocations (GLIBC_ABI_DT_RELR, 2.36+).
+#[test]
+fn the_binary_runs_on_glibc_2_34() {
+    let out = Command::new("readelf")
+        .args(["--version-info", "--wide"])
+        .arg(isthmus_bin())
+        .output()
+        .expect("readelf (binutils) runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needed: BTreeSet<&str> = text
+        .split_whitespace()
+        .filter(|w| w.starts_with("GLIBC_"))
+        .collect();
+    assert!(
+        needed.contains("GLIBC_2.2.5") || needed.contains("GLIBC_2.17"),
+        "{needed:?}"
+    );
+    let version = |v: &str| -> Vec<u32> {
+        v.trim_start_matches("GLIBC_")
+            .split('.')
+            .map(|p| p.parse().unwrap_or(u32::MAX))
+            .collect()
+    };
+    let too_new: Vec<&&str> = needed.iter().filter(|v| version(v) > vec![2, 34]).collect();
+    assert!(
+        too_new.is_empty(),
+        "needs more than glibc 2.34: {too_new:?}"
+    );
+}
