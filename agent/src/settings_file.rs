@@ -229,5 +229,4 @@ fn first_line(e: &clap::Error) -> String {
 }
 
 #[cfg(test)]
-#[path = "settings_file_tests.rs"]
 mod tests;

@@ -113,5 +113,4 @@ impl MemberSpec {
 }
 
 #[cfg(test)]
-#[path = "hypernode_tests.rs"]
 mod tests;

@@ -36,5 +36,4 @@ pub struct TopologyLevel {
 }
 
 #[cfg(test)]
-#[path = "kai_tests.rs"]
 mod tests;

@@ -34,5 +34,4 @@ pub struct TopologyLevel {
 }
 
 #[cfg(test)]
-#[path = "kueue_tests.rs"]
 mod tests;

@@ -90,3 +90,40 @@ fn the_readme_points_at_the_developer_documents() {
         "README names the test command"
     );
 }
+
+/// The product crates' Rust files (not the test crate's).
+fn product_sources() -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs: Vec<_> = ["topology", "gres", "api", "controller", "agent"]
+        .iter()
+        .map(|c| repo_root().join(c).join("src"))
+        .collect();
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("a source folder").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Modules live where their parent's folder says: no `#[path]` attribute moves one elsewhere.
+#[test]
+fn no_module_is_moved_with_a_path_attribute() {
+    let sources = product_sources();
+    assert!(sources.len() > 100, "{} files", sources.len());
+    let moved: Vec<_> = sources
+        .iter()
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .expect("a source file")
+                .lines()
+                .any(|l| l.trim_start().starts_with("#[path"))
+        })
+        .collect();
+    assert!(moved.is_empty(), "#[path] in {moved:?}");
+}

@@ -11,7 +11,6 @@
 use std::path::Path;
 
 #[cfg(feature = "hwloc")]
-#[path = "hwloc_load.rs"]
 mod load;
 
 use crate::cpuset::CpuSet;

@@ -186,5 +186,4 @@ pub fn noteworthy(v: &XidVerdict) -> bool {
 }
 
 #[cfg(test)]
-#[path = "state_tests.rs"]
 mod tests;

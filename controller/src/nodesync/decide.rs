@@ -405,5 +405,4 @@ pub fn decide(
 }
 
 #[cfg(test)]
-#[path = "decide_tests.rs"]
 mod tests;

@@ -25,11 +25,8 @@ use crate::run::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
 use isthmus_api::retry::{Backoff, RetryPolicy};
 
-#[path = "shell_breaker.rs"]
 mod breaker;
-#[path = "shell_clash.rs"]
 mod clash_io;
-#[path = "shell_records.rs"]
 mod records_io;
 
 /// Delay of the pass after one that changed Slurm (which reads Slurm's new state for the Nodes).

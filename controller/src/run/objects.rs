@@ -274,7 +274,6 @@ where
 }
 
 #[cfg(test)]
-#[path = "objects_tests.rs"]
 mod sink_tests;
 
 #[cfg(test)]

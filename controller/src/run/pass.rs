@@ -305,5 +305,4 @@ where
 }
 
 #[cfg(test)]
-#[path = "pass_tests.rs"]
 mod tests;

@@ -266,5 +266,4 @@ fn warn_nodes(nodes: &[(String, String)], what: &str) {
 }
 
 #[cfg(test)]
-#[path = "retention_tests.rs"]
 mod tests;

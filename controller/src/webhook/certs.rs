@@ -286,5 +286,4 @@ pub fn issue(
 }
 
 #[cfg(test)]
-#[path = "certs_tests.rs"]
 mod tests;

@@ -449,5 +449,4 @@ fn node_verdict(req: &Request, old: Option<&Value>) -> Verdict {
 }
 
 #[cfg(test)]
-#[path = "rules_tests.rs"]
 mod tests;

@@ -328,5 +328,4 @@ pub fn ib_findings(expected: &[IbDevice], found: &[IbDevice]) -> Vec<Finding> {
 }
 
 #[cfg(test)]
-#[path = "detect_tests.rs"]
 mod tests;

@@ -218,5 +218,4 @@ pub fn with_live_state(found: &[IbDevice], reads: &[PortRead]) -> Vec<IbDevice> 
 }
 
 #[cfg(test)]
-#[path = "ports_tests.rs"]
 mod tests;

@@ -371,5 +371,4 @@ impl XidTable {
 }
 
 #[cfg(test)]
-#[path = "xid_tests.rs"]
 mod tests;

@@ -533,5 +533,4 @@ pub fn build(inputs: &Inputs) -> Status {
 }
 
 #[cfg(test)]
-#[path = "build_tests.rs"]
 mod tests;

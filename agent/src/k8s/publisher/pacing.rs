@@ -144,5 +144,4 @@ impl Pacer {
 }
 
 #[cfg(test)]
-#[path = "pacing_tests.rs"]
 mod tests;

@@ -46,7 +46,7 @@ fn a_healthy_node_has_no_findings() {
 #[test]
 fn the_recorded_xid_119_stream_names_the_gpu() {
     let t = xe9680();
-    let log = include_str!("../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");
+    let log = include_str!("../../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");
     let classified = classify_events(&table(), &parse_xid_log(log));
     assert_eq!(classified.len(), 5);
     let f = xid_findings(&table(), Some(&t), &classified);
@@ -67,7 +67,7 @@ fn the_recorded_xid_119_stream_names_the_gpu() {
 #[test]
 fn application_error_lines_are_no_finding() {
     let t = xe9680();
-    let tsv = include_str!("../../../fixtures/xid/kmsg/recorded-lines.tsv");
+    let tsv = include_str!("../../../../fixtures/xid/kmsg/recorded-lines.tsv");
     let lines: String = tsv
         .lines()
         .filter_map(|l| l.splitn(4, '\t').nth(3))
@@ -84,7 +84,7 @@ fn application_error_lines_are_no_finding() {
 #[test]
 fn recovery_action_lines_decide() {
     let t = xe9680();
-    let tsv = include_str!("../../../fixtures/xid/kmsg/recorded-lines.tsv");
+    let tsv = include_str!("../../../../fixtures/xid/kmsg/recorded-lines.tsv");
     let lines: String = tsv
         .lines()
         .filter_map(|l| l.splitn(4, '\t').nth(3))

@@ -8,9 +8,7 @@ use super::*;
 use crate::webhook::identity::{NODE_NAME_EXTRA, NODES_GROUP, POD_NAME_EXTRA, POD_UID_EXTRA};
 use crate::webhook::review::{Resource, UserInfo};
 
-#[path = "rules_more_tests.rs"]
 mod more;
-#[path = "rules_node_tests.rs"]
 mod nodes;
 
 const AGENT: &str = "system:serviceaccount:isthmus-system:isthmus";

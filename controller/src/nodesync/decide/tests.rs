@@ -470,11 +470,8 @@ fn slurm_name_from_label_or_node_name() {
     assert_eq!(slurm_name(&n), None);
 }
 
-#[path = "decide_combos.rs"]
 mod combos;
 
-#[path = "decide_health_tests.rs"]
 mod health_cases;
 
-#[path = "decide_condition_tests.rs"]
 mod condition_cases;

@@ -9,7 +9,7 @@ fn the_builtin_table_is_versioned_and_complete() {
     let t = table();
     assert_eq!(t.version(), 1);
     // Every XID the three sources name (fixtures/xid/comparison.csv) has a row.
-    let comparison = include_str!("../../../fixtures/xid/comparison.csv");
+    let comparison = include_str!("../../../../fixtures/xid/comparison.csv");
     let mut named = 0;
     for l in comparison.lines().skip(1) {
         let f: Vec<&str> = l.split(',').collect();

@@ -27,7 +27,7 @@ fn state() -> HealthState {
     ))
 }
 
-const XID_119: &str = include_str!("../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");
+const XID_119: &str = include_str!("../../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");
 
 #[test]
 fn a_fatal_xid_lasts_until_the_gpu_is_reset() {
@@ -86,7 +86,7 @@ fn application_errors_are_no_finding() {
     let mut s = state();
     s.observe(Arc::new(xe9680()));
     // The recorded application-error lines (13, 31, 45) of fixtures/xid/kmsg.
-    let lines: String = include_str!("../../../fixtures/xid/kmsg/recorded-lines.tsv")
+    let lines: String = include_str!("../../../../fixtures/xid/kmsg/recorded-lines.tsv")
         .lines()
         .filter_map(|l| l.splitn(4, '\t').nth(3))
         .filter(|l| [" 13,", " 31,", " 45,"].iter().any(|x| l.contains(x)))
