@@ -127,3 +127,20 @@ fn no_module_is_moved_with_a_path_attribute() {
         .collect();
     assert!(moved.is_empty(), "#[path] in {moved:?}");
 }
+
+/// No product file grows past 500 lines: a longer one is split by what its parts do.
+#[test]
+fn no_product_file_is_over_500_lines() {
+    let long: Vec<(usize, std::path::PathBuf)> = product_sources()
+        .into_iter()
+        .map(|p| {
+            let n = std::fs::read_to_string(&p)
+                .expect("a source file")
+                .lines()
+                .count();
+            (n, p)
+        })
+        .filter(|(n, _)| *n > 500)
+        .collect();
+    assert!(long.is_empty(), "over 500 lines: {long:?}");
+}

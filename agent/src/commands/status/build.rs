@@ -41,62 +41,6 @@ pub struct Inputs {
     pub lock_job: Option<Result<Option<Job>, String>>,
 }
 
-/// Who writes a condition of this type.
-fn condition_owner(type_: &str) -> &'static str {
-    if type_ == isthmus_controller::nodesync::decide::CONDITION_TYPE {
-        "node sync"
-    } else if isthmus_api::conditions::AGENT.contains(&type_) {
-        "agent"
-    } else {
-        "kubelet or another component"
-    }
-}
-
-fn discovery(nrt: &NodeResourceTopology) -> Discovery {
-    let mut cpus = 0;
-    let mut devices = BTreeMap::new();
-    let zones = nrt
-        .zones
-        .iter()
-        .map(|z| {
-            for r in &z.resources {
-                let n = r.capacity.parse::<u64>().unwrap_or(0);
-                if r.name == "cpu" {
-                    cpus += n;
-                } else if r.name.contains('/') {
-                    *devices.entry(clean(&r.name, MAX_TEXT)).or_insert(0) += n;
-                }
-            }
-            Zone {
-                name: clean(&z.name, MAX_TEXT),
-                cpus: z
-                    .attributes
-                    .iter()
-                    .find(|a| a.name == "isthmus.io/cpus")
-                    .map(|a| clean(&a.value, MAX_TEXT)),
-            }
-        })
-        .collect();
-    let mut fabric = Fabric::default();
-    for a in &nrt.attributes {
-        if let Some(port) = a.name.strip_prefix(isthmus_api::fabric::PORT_PREFIX) {
-            fabric
-                .ports
-                .insert(clean(port, MAX_TEXT), clean(&a.value, MAX_TEXT));
-        } else if a.name == isthmus_api::fabric::ACCELERATOR_DOMAIN {
-            fabric.accelerator_domain = Some(clean(&a.value, MAX_TEXT));
-        } else if a.name == isthmus_api::fabric::SLURM_NODE {
-            fabric.slurm_node = Some(clean(&a.value, MAX_LINE));
-        }
-    }
-    Discovery {
-        zones,
-        cpus,
-        devices,
-        fabric,
-    }
-}
-
 fn verdict(scope: &str, state: &str, ok: bool, owner: &str, rule: String) -> Verdict {
     Verdict {
         scope: scope.to_owned(),
@@ -159,6 +103,9 @@ fn taint_rule<'a>(
     })
 }
 
+mod read;
+use read::{all_conditions, discovery, drain_record_of, slurm_of};
+
 /// Build the answer. Pure.
 pub fn build(inputs: &Inputs) -> Status {
     let node = &inputs.node;
@@ -172,46 +119,7 @@ pub fn build(inputs: &Inputs) -> Status {
     let mut warnings = Vec::new();
     let mut verdicts = Vec::new();
 
-    let view = |c: &NodeCondition| Condition {
-        type_: clean(&c.type_, MAX_TEXT),
-        status: clean(&c.status, MAX_TEXT),
-        reason: cleaned(c.reason.as_deref()),
-        message: cleaned(c.message.as_deref()),
-        owner: condition_owner(&c.type_).to_owned(),
-    };
-    let conditions: Vec<Condition> = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .map(view)
-        .collect();
-    let carrier = match (&inputs.report, &inputs.nrt) {
-        (Ok(Some(report)), _) => Some(&report.attributes),
-        (Ok(None), Ok(Some(nrt))) => Some(&nrt.attributes),
-        (Err(e), _) => {
-            warnings.push(format!(
-                "the NodeReport could not be read: {}",
-                clean(e, MAX_TEXT)
-            ));
-            None
-        }
-        _ => None,
-    };
-    let reported_conditions: Vec<Condition> = match carrier {
-        Some(attributes) => match isthmus_api::conditions::read(attributes) {
-            Ok(cs) => cs.iter().map(view).collect(),
-            Err(e) => {
-                warnings.push(format!(
-                    "the reported conditions are refused: {}",
-                    clean(&e.to_string(), MAX_TEXT)
-                ));
-                Vec::new()
-            }
-        },
-        _ => Vec::new(),
-    };
+    let (conditions, reported_conditions) = all_conditions(inputs, &mut warnings);
     // What the node sync acts on: the Node's condition, else the one reported.
     let condition = |t: &str| {
         conditions
@@ -220,63 +128,8 @@ pub fn build(inputs: &Inputs) -> Status {
             .or_else(|| reported_conditions.iter().find(|c| c.type_ == t))
     };
 
-    // Slurm.
-    let mut slurm = SlurmView {
-        name: inputs.slurm_name.clone(),
-        ..SlurmView::default()
-    };
-    let mut slurm_node = None;
-    match &inputs.slurm {
-        None => {}
-        Some(Err(e)) => {
-            slurm.asked = true;
-            slurm.error = Some(clean(e, MAX_TEXT));
-            warnings.push(format!("Slurm: {}", clean(e, MAX_TEXT)));
-        }
-        Some(Ok(n)) => {
-            slurm.asked = true;
-            if let Some(n) = n {
-                slurm.found = true;
-                slurm.state = Some(clean(&n.state_text(), MAX_TEXT));
-                slurm.reason = (!n.reason.is_empty()).then(|| clean(&n.reason, MAX_TEXT));
-                slurm.reason_time = cleaned(n.reason_time.as_deref());
-                slurm.runs_jobs = Some(n.can_run_jobs());
-                slurm_node = Some(n);
-            }
-        }
-    }
-
-    // The drain record.
-    let record = match &inputs.record {
-        Ok(None) => None,
-        Ok(Some(text)) => Some(NodeRecord::from_value(text)),
-        Err(e) => {
-            warnings.push(format!("drain record: {}", clean(e, MAX_TEXT)));
-            None
-        }
-    };
-    let owned = match (&record, slurm_node) {
-        (Some(Ok(r)), Some(s)) => ownership::owned(r, s),
-        _ => None,
-    };
-    let drain_record = record.map(|r| match r {
-        Ok(r) => DrainRecordView {
-            sent: cleaned(r.sent.as_deref()),
-            reason: cleaned(r.drain.as_ref().map(|d| d.reason.as_str())),
-            since: cleaned(r.drain.as_ref().map(|d| d.since.as_str())),
-            slurm_node: cleaned(r.slurm.as_deref()),
-            owns_slurm_drain: owned.is_some(),
-            invalid: None,
-        },
-        Err(e) => DrainRecordView {
-            sent: None,
-            reason: None,
-            since: None,
-            slurm_node: None,
-            owns_slurm_drain: false,
-            invalid: Some(clean(&e, MAX_TEXT)),
-        },
-    });
+    let (slurm, slurm_node) = slurm_of(inputs, &mut warnings);
+    let (drain_record, owned) = drain_record_of(inputs, slurm_node, &mut warnings);
 
     // Kubernetes' cordon.
     if cordoned {
