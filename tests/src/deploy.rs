@@ -477,3 +477,24 @@ pub fn assert_agent_access(kc: &Path) {
         }
     }
 }
+
+/// `kubernetes-validate --strict` (Kubernetes 1.33's schemas) of a rendered kustomization: whether it passed, and
+/// what it printed.
+pub fn kubernetes_validate(name: &str, text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new("kubernetes-validate")
+        .args(["--strict", "-k", "1.33.0"])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("kubernetes-validate could not run ({e}); `make deploy-tools` installs it")
+        });
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), report)
+}

@@ -88,16 +88,8 @@ fn the_policy_components_cover_the_webhooks_requests_with_the_same_exemptions() 
         policy_docs.len(),
         webhook_docs.len() - 2 + of_kind(&policy_docs, "ValidatingAdmissionPolicy").len() * 2
     );
-    let file = policy_dir.path().join("rendered.yaml");
-    std::fs::write(&file, &text).unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::new("kubernetes-validate")
-        .args(["--strict", "-k", "1.33.0"])
-        .arg(&file)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("kubernetes-validate could not run ({e}); `make deploy-tools` installs it")
-        });
-    assert!(out.status.success(), "{}", describe(&out));
+    let (ok, report) = deploy::kubernetes_validate("policies", &text);
+    assert!(ok, "{report}");
 
     // The same requests. The webhook's pod rules are split between the namespaces Slurm places pods of (label
     // slurm.isthmus.io/tenant: Fail) and the others (Ignore), two selectors that differ only in that label; without

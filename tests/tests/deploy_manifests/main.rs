@@ -8,7 +8,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use isthmus_tests::deploy::{
     VARIANTS, added_capabilities, agent_container, at, container_env, of_kind, one, render,
@@ -40,7 +39,7 @@ fn every_variant_renders_and_validates_against_the_kubernetes_schemas() {
     );
     for (name, sub) in VARIANTS {
         let text = render_text(sub);
-        let (ok, report) = kubernetes_validate(name, &text);
+        let (ok, report) = isthmus_tests::deploy::kubernetes_validate(name, &text);
         assert!(ok, "{name}: {report}");
         let docs = render(sub);
         let passed = report
@@ -56,27 +55,6 @@ fn every_variant_renders_and_validates_against_the_kubernetes_schemas() {
         assert_eq!(passed + unknown.len(), docs.len(), "{name}: {report}");
         check_references(name, &docs);
     }
-}
-
-/// `kubernetes-validate --strict` (Kubernetes 1.33's schemas) of a rendered kustomization: whether it passed, and
-/// what it printed.
-fn kubernetes_validate(name: &str, text: &str) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let file = dir.path().join(format!("{name}.yaml"));
-    std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::new("kubernetes-validate")
-        .args(["--strict", "-k", "1.33.0"])
-        .arg(&file)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("kubernetes-validate could not run ({e}); `make deploy-tools` installs it")
-        });
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), report)
 }
 
 /// What the schemas cannot see: labels, selectors and port names that must agree across objects.

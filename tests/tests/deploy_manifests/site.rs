@@ -173,7 +173,7 @@ fn each_site_value_is_set_once_and_found_where_it_applies() {
 #[test]
 fn the_site_validates_against_the_kubernetes_schemas() {
     let text = deploy::render_text_at(&repo_root().join("deploy"), "site-example");
-    let (_, report) = super::kubernetes_validate("site", &text);
+    let (_, report) = isthmus_tests::deploy::kubernetes_validate("site", &text);
     let docs = documents(&text);
     let passed = report
         .lines()
