@@ -122,6 +122,22 @@ impl Suite {
             .arg("1500")
             .status()
             .unwrap_or_else(|e| panic!("vm.sh: {e}"));
+        // A boot that ended in a kernel panic (a soft lockup is one) was booted again by vm.sh: say so, with the
+        // panic, since the run passes on the next boot (tests/tests/vm_boot.rs).
+        for n in 1.. {
+            let Ok(failed) = std::fs::read_to_string(d.join(format!("console.boot{n}.log"))) else {
+                break;
+            };
+            let lines: Vec<&str> = failed.lines().collect();
+            let at = lines
+                .iter()
+                .position(|l| l.contains("Kernel panic"))
+                .unwrap_or(lines.len());
+            let cause = lines[at.saturating_sub(30)..(at + 10).min(lines.len())].join("\n");
+            eprintln!(
+                "cgroup_v2: boot {n} of the VM ended in a kernel panic and was booted again:\n{cause}"
+            );
+        }
         let console = std::fs::read_to_string(d.join("console.log")).unwrap_or_default();
         let tail: String = console
             .lines()
