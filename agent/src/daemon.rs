@@ -199,6 +199,37 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
         }
     });
 
+    // The name slurmd registers under is the Node's Slurm name, the controller's mapping (k8s::slurm_name); read
+    // before anything names the Slurm node, and waited for (a stop ends the wait).
+    let mut slurm = slurm;
+    let mut slurm_name_refused = false;
+    if let (Some(node), Some(client), Some(name)) = (slurm.as_mut(), &client, &publish_as) {
+        let decided = tokio::select! {
+            d = crate::k8s::slurm_name::read(client, name) => d,
+            _ = sigterm.recv() => return Ok(0),
+            _ = sigint.recv() => return Ok(0),
+        };
+        match decided {
+            crate::k8s::slurm_name::SlurmName::Name(n) => {
+                if n != node.name() {
+                    tracing::info!(
+                        node = %name,
+                        slurm_node = %n,
+                        "slurmd registers under the Node's Slurm name (label {})",
+                        isthmus_api::slurm_node_name::SLURM_NODE_NAME_LABEL
+                    );
+                }
+                node.rename(n);
+            }
+            crate::k8s::slurm_name::SlurmName::Refused(why) => {
+                tracing::error!(
+                    node = %name,
+                    "slurmd is not started: {why}; the controller leaves this node out of Slurm for the same reason"
+                );
+                slurm_name_refused = true;
+            }
+        }
+    }
     let mut supervisor_task = None;
     let mut child_status = None;
     let slurm_report = slurm.as_ref().map(|n| n.name().to_owned());
@@ -219,7 +250,8 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             shutdown.clone(),
         ));
     }
-    let starts_slurmd = jobs.as_ref().is_some_and(|v| v.decision.starts_slurmd());
+    let starts_slurmd =
+        !slurm_name_refused && jobs.as_ref().is_some_and(|v| v.decision.starts_slurmd());
     // The failed GPUs a dynamic node's registered definition leaves out (`--slurm-failed-gpus remove`).
     let (out_of_slurm_tx, out_of_slurm) = watch::channel(std::collections::BTreeSet::new());
     if let Some(node) = slurm {

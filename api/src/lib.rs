@@ -56,6 +56,7 @@ pub mod placement_owners;
 pub mod quantity;
 pub mod report;
 pub mod retry;
+pub mod slurm_node_name;
 
 #[cfg(test)]
 mod upstream;

@@ -7,42 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use isthmus_api::report::{RejectReason, Rejection};
-use isthmus_gres::grammar::{excerpt, is_slurm_hostname};
 
 use crate::facts::NodeFacts;
 use crate::model::NodeInput;
 
-/// Node label naming the Slurm node when it differs from the Node name.
-pub const SLURM_NODE_NAME_LABEL: &str = "isthmus.io/slurm-node-name";
-
-/// The Slurm node name of a Node: its [`SLURM_NODE_NAME_LABEL`] label when set and not empty, else its name, as
-/// long as that is a Slurm host name (letters, digits, `-`, `_` in dot-separated parts; nothing Slurm's parsers
-/// split on).
-pub fn slurm_name<'a>(
-    node_name: &'a str,
-    labels: Option<&'a BTreeMap<String, String>>,
-) -> Result<&'a str, Rejection> {
-    match labels
-        .and_then(|l| l.get(SLURM_NODE_NAME_LABEL))
-        .filter(|v| !v.is_empty())
-    {
-        Some(v) if is_slurm_hostname(v) => Ok(v),
-        Some(v) => Err(Rejection::new(
-            RejectReason::BadSlurmName,
-            format!(
-                "label {SLURM_NODE_NAME_LABEL}={} is not a Slurm host name",
-                excerpt(v)
-            ),
-        )),
-        None if is_slurm_hostname(node_name) => Ok(node_name),
-        None => Err(Rejection::new(
-            RejectReason::BadSlurmName,
-            format!(
-                "the Node name is not a Slurm host name; give one with the label {SLURM_NODE_NAME_LABEL}"
-            ),
-        )),
-    }
-}
+pub use isthmus_api::slurm_node_name::{SLURM_NODE_NAME_LABEL, slurm_name};
 
 /// The detail of a `no-node` entry.
 pub const NO_NODE: &str = "no Node of this name: the report is ignored";

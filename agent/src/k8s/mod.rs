@@ -18,6 +18,7 @@ pub mod podresources;
 pub mod publisher;
 pub mod reported;
 pub mod reservations;
+pub mod slurm_name;
 pub mod tasks;
 #[cfg(test)]
 pub(crate) mod test_topology;

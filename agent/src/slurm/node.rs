@@ -231,6 +231,11 @@ impl SlurmNode {
         &self.node
     }
 
+    /// Register under `name` instead (the Node's Slurm name: `k8s::slurm_name`); checked a Slurm host name there.
+    pub fn rename(&mut self, name: String) {
+        self.node = name;
+    }
+
     /// Where gres.conf is written, if anywhere.
     pub fn gres_out(&self) -> Option<&Path> {
         self.gres_out.as_deref()

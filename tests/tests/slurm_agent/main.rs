@@ -19,6 +19,7 @@ mod cgroups;
 mod confinement;
 mod failed_gpus;
 mod site;
+mod slurm_name;
 mod topology;
 
 use site::*;

@@ -51,6 +51,8 @@ pub(crate) struct Site {
     pub(crate) ctld: Option<Child>,
     /// Environment the agent is started with besides the test process's (a `KUBECONFIG`).
     pub(crate) agent_env: Vec<(String, std::ffi::OsString)>,
+    /// The agent's `--node-name` (its Node's name) where it is not the Slurm node's name.
+    pub(crate) kube_node: Option<String>,
 }
 
 /// The agent's arguments for a dynamic node on the fixture host (memory and address as slurmctld needs them here).
@@ -148,6 +150,7 @@ impl Site {
             agent: None,
             ctld: None,
             agent_env: Vec::new(),
+            kube_node: None,
         }
     }
 
@@ -241,7 +244,7 @@ impl Site {
             .arg(root)
             .args([
                 "--node-name",
-                &self.node,
+                self.kube_node.as_deref().unwrap_or(&self.node),
                 "--no-nvml",
                 "--grace-seconds",
                 "5",

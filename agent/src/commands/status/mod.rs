@@ -158,7 +158,7 @@ async fn gather(args: &StatusArgs) -> Result<build::Inputs> {
         Err(e) => Err(format!("ConfigMap {}/{shard}: {e}", args.namespace)),
     };
     let slurm_name =
-        isthmus_controller::identity::slurm_name(&args.node, node.metadata.labels.as_ref())
+        isthmus_api::slurm_node_name::slurm_name(&args.node, node.metadata.labels.as_ref())
             .map(str::to_owned)
             .map_err(|r| r.to_string());
     let (slurm, lock_job) = if args.no_slurm {
