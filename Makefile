@@ -74,7 +74,7 @@ slurm-roots: deps
 	bash tests/slurm/root.sh 26.05 >/dev/null
 
 build: deps
-	$(CARGO) build --release -p isthmus-agent --bin isthmus
+	$(CARGO) build --release -p isthmus-cli --bin isthmus
 
 run: build
 	./target/release/isthmus discover
@@ -104,7 +104,7 @@ cross-arm64: deps
 	@if [ ! -d "$$(rustc --print target-libdir --target $(AARCH64))" ]; then \
 	  echo "cross-arm64: no Rust standard library for $(AARCH64) (rustup target add $(AARCH64)): not built"; \
 	else \
-	  $(CARGO) build --target $(AARCH64) -p isthmus-agent --bin isthmus && \
+	  $(CARGO) build --target $(AARCH64) -p isthmus-cli --bin isthmus && \
 	  PROPTEST_CASES=32 $(CARGO) test --target $(AARCH64) -p isthmus-topology -p isthmus-gres --lib; \
 	fi
 

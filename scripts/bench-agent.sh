@@ -12,7 +12,7 @@ SCRAPES=${SCRAPES:-200}
 for tool in cargo curl hyperfine; do
     command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
 done
-cargo build --release -q -p isthmus-agent --bin isthmus
+cargo build --release -q -p isthmus-cli --bin isthmus
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
 API_PORT=$(free_port)

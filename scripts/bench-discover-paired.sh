@@ -11,7 +11,7 @@ set -euo pipefail
 PAIRS=${PAIRS:-21}
 ROUND_RUNS=${ROUND_RUNS:-10}
 BIN=${BIN:-target/release/isthmus}
-[[ -n ${BIN_BUILT:-} ]] || cargo build --release -p isthmus-agent --bin isthmus
+[[ -n ${BIN_BUILT:-} ]] || cargo build --release -p isthmus-cli --bin isthmus
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

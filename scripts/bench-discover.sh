@@ -16,7 +16,7 @@ for tool in cargo hyperfine lstopo-no-graphics tar bzip2; do
 done
 [[ -x /usr/bin/time ]] || { echo "missing: /usr/bin/time (GNU time)" >&2; exit 1; }
 
-cargo build --release -p isthmus-agent --bin isthmus
+cargo build --release -p isthmus-cli --bin isthmus
 BIN=target/release/isthmus
 
 TMP=$(mktemp -d)

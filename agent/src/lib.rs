@@ -1,6 +1,6 @@
-//! The `isthmus` binary's library. One role per module:
+//! The node agent: everything that runs on a node, and nothing of the cluster controller (the `isthmus` binary, in
+//! the `isthmus-cli` crate, links both). One role per module:
 //!
-//! - [`cli`]: the command line; [`commands`]: one module per subcommand (`discover`, `render`, `agent`).
 //! - [`discovery`]: host root → [`isthmus_topology::NodeTopology`], and the daemon's discovery worker (the one
 //!   thread that owns NVML).
 //! - [`health`]: device health (XID classification, failed devices) → metric and Node conditions.
@@ -11,22 +11,16 @@
 //!   and what `/readyz` says.
 //! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
-//! - [`fatal`]: the error that ends a start, in the log format asked for; [`settings_file`]: the `--config` file of
-//!   agent and controller, merged into the command line.
 
 pub mod build_info;
 pub mod cadence;
-pub mod cli;
-pub mod commands;
 pub mod config_file;
 pub mod daemon;
 pub mod discovery;
-pub mod fatal;
 pub mod health;
 pub mod http;
 pub mod k8s;
 pub mod metrics;
 pub mod privileges;
 pub mod readiness;
-pub mod settings_file;
 pub mod slurm;

@@ -44,15 +44,7 @@ pub fn runs_as(owner: &str, user: &str, uid: &str) -> bool {
 }
 
 /// A DNS label (RFC 1123), as namespace names are (and placement's gang names).
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
+pub use isthmus_gres::grammar::is_dns_label;
 
 /// Why a ConfigMap's data is not an owners map.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

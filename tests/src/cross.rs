@@ -105,7 +105,7 @@ pub fn aarch64_isthmus_bin() -> PathBuf {
             "--target",
             AARCH64,
             "-p",
-            "isthmus-agent",
+            "isthmus-cli",
             "--bin",
             "isthmus",
         ])

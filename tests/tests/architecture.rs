@@ -94,7 +94,7 @@ fn the_readme_points_at_the_developer_documents() {
 /// The product crates' Rust files (not the test crate's).
 fn product_sources() -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
-    let mut dirs: Vec<_> = ["topology", "gres", "api", "controller", "agent"]
+    let mut dirs: Vec<_> = ["topology", "gres", "api", "controller", "agent", "cli"]
         .iter()
         .map(|c| repo_root().join(c).join("src"))
         .collect();
@@ -143,4 +143,81 @@ fn no_product_file_is_over_500_lines() {
         .filter(|(n, _)| *n > 500)
         .collect();
     assert!(long.is_empty(), "over 500 lines: {long:?}");
+}
+
+/// Every package `root` links (normal dependencies, all features the workspace build enables), from `cargo
+/// metadata`'s resolved graph.
+fn linked_by(root: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+        ])
+        .arg(format!("{}-unknown-linux-gnu", std::env::consts::ARCH))
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
+    let name_of = |id: &str| -> String {
+        meta["packages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["id"] == id)
+            .and_then(|p| p["name"].as_str())
+            .expect("a package of the graph")
+            .to_owned()
+    };
+    let nodes = meta["resolve"]["nodes"].as_array().expect("resolve.nodes");
+    let root_id = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == root)
+        .and_then(|p| p["id"].as_str())
+        .expect("the root package")
+        .to_owned();
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root_id];
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        let node = nodes.iter().find(|n| n["id"] == id.as_str()).expect("node");
+        for d in node["deps"].as_array().into_iter().flatten() {
+            let normal = d["dep_kinds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|k| k["kind"].is_null());
+            if normal {
+                todo.push(d["pkg"].as_str().expect("pkg").to_owned());
+            }
+        }
+    }
+    seen.iter().map(|id| name_of(id)).collect()
+}
+
+#[test]
+fn the_node_agent_links_no_controller_webhook_or_certificate_crate() {
+    let agent = linked_by("isthmus-agent");
+    assert!(agent.contains("kube"), "the closure was walked: {agent:?}");
+    // The controller, and what only its admission webhook's TLS server and certificate authority need.
+    for c in ["isthmus-controller", "isthmus-cli", "rcgen", "x509-parser"] {
+        assert!(!agent.contains(c), "the node agent links {c}");
+    }
+    // The binary links both halves.
+    let binary = linked_by("isthmus-cli");
+    for c in ["isthmus-agent", "isthmus-controller", "rcgen"] {
+        assert!(binary.contains(c), "the isthmus binary does not link {c}");
+    }
 }

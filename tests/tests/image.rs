@@ -61,7 +61,7 @@ fn the_build_context_is_exactly_what_the_containerfile_copies() {
     }
     for needed in [
         "Cargo.lock",
-        "agent/src/main.rs",
+        "cli/src/main.rs",
         "agent/proto/podresources.proto",
         "target/release/isthmus",
     ] {

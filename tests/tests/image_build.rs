@@ -228,7 +228,7 @@ fn a_source_change_rebuilds_only_the_workspace_crates() {
         )
     );
     // A source change: the dependency step is cached; cargo compiles only our crates.
-    let main = ctx.path().join("agent/src/main.rs");
+    let main = ctx.path().join("cli/src/main.rs");
     let text = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(&main, text + "// changed\n").unwrap_or_else(|e| panic!("{e}"));
     let log = build(&engine, ctx.path(), "runtime", &tag, &args);
@@ -265,7 +265,7 @@ fn a_source_change_rebuilds_only_the_workspace_crates() {
 fn dependency_step_cached(log: &str) -> bool {
     let lines: Vec<&str> = log.lines().collect();
     let Some(i) = lines.iter().position(|l| {
-        l.contains("RUN cargo build --release --locked -p isthmus-agent") && !l.contains("&&")
+        l.contains("RUN cargo build --release --locked -p isthmus-cli") && !l.contains("&&")
     }) else {
         return false;
     };

@@ -8,7 +8,8 @@
 //! `docs/placement.md`.
 
 pub mod annotations;
-pub mod comment;
+/// The job-comment protocol (`isthmus_gres::comment`).
+pub use isthmus_gres::comment;
 pub mod confirm;
 pub mod decide;
 pub mod execute;

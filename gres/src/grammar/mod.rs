@@ -9,6 +9,17 @@
 
 pub mod gres_line;
 pub mod node_line;
+/// A DNS label (RFC 1123), as namespace names are (and placement's gang names).
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
 #[cfg(test)]
 mod props;
 

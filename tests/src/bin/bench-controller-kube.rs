@@ -6,7 +6,7 @@
 //! minute (audit log; Lease renewals counted apart).
 //!
 //! ```text
-//! cargo build --release -p isthmus-agent --bin isthmus
+//! cargo build --release -p isthmus-cli --bin isthmus
 //! cargo build --release -p isthmus-tests --bin bench-controller-kube
 //! target/release/bench-controller-kube [NODES] [CHANGES] [IDLE_SECONDS]     # 10000 10 60 by default
 //! BENCH_CONTROLLER_ARGS="--write-concurrency 64" target/release/bench-controller-kube   # more controller flags

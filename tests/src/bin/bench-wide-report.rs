@@ -4,7 +4,7 @@
 //! `topology-conf` for each size, and whether the wide report was left out.
 //!
 //! ```text
-//! cargo build --release -p isthmus-agent --bin isthmus -p isthmus-tests --bin bench-wide-report
+//! cargo build --release -p isthmus-cli --bin isthmus -p isthmus-tests --bin bench-wide-report
 //! target/release/bench-wide-report [PORTS...]        # 3000 1024 0 by default
 //! BENCH_ISTHMUS=/path/to/other/isthmus target/release/bench-wide-report 3000   # another build, for comparison
 //! ```

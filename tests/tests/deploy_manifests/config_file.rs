@@ -47,13 +47,13 @@ fn check(docs: &[Value], kind: &str, command: &[&str]) -> Vec<String> {
         .map(OsString::from)
         .collect();
     args.extend(["--config".into(), file.into_os_string()]);
-    let merged = isthmus_agent::settings_file::merged(args.clone())
+    let merged = isthmus_cli::settings_file::merged(args.clone())
         .unwrap_or_else(|e| panic!("{kind}: the example is refused: {e}"));
     assert!(
         merged.len() > args.len(),
         "{kind}: the example sets nothing"
     );
-    <isthmus_agent::cli::Cli as clap::Parser>::try_parse_from(&merged)
+    <isthmus_cli::cli::Cli as clap::Parser>::try_parse_from(&merged)
         .unwrap_or_else(|e| panic!("{kind}: {e}"));
     let keys: Value = serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}"));
     keys.as_mapping()

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use isthmus_agent::commands::status::{API_ACCESS, NAMESPACE_ACCESS};
 use isthmus_api::access::ApiAccess;
+use isthmus_cli::commands::status::{API_ACCESS, NAMESPACE_ACCESS};
 use isthmus_controller::nodesync::records::{SHARDS, shard_name};
 use isthmus_tests::deploy::{at, documents, one};
 use serde_yaml_ng::Value;

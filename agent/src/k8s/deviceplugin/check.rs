@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use isthmus_controller::placement::comment::JobRef;
+use isthmus_gres::comment::JobRef;
 
 use super::slurm_jobs::Holds;
 use crate::k8s::podresources::proto::ListPodResourcesResponse;

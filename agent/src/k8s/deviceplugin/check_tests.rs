@@ -34,7 +34,7 @@ fn the_check_names_pods_on_slurms_devices_or_not_on_their_jobs() {
     use super::check::mismatches;
     use crate::k8s::podresources::proto::ListPodResourcesResponse;
     let placed = |name: &str, id: &str| {
-        isthmus_controller::placement::comment::parse_comment(&format!("k8s:ns/{name}/{id}"))
+        isthmus_gres::comment::parse_comment(&format!("k8s:ns/{name}/{id}"))
             .unwrap_or_else(|| panic!("comment"))
     };
     let uid = "0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d";
@@ -88,7 +88,7 @@ fn the_pod_being_admitted_is_told_by_the_kubelet_listing_it_without_devices() {
     use super::check::admitting;
     use crate::k8s::podresources::proto::ListPodResourcesResponse;
     let placed = |name: &str, id: &str| {
-        isthmus_controller::placement::comment::parse_comment(&format!("k8s:ns/{name}/{id}"))
+        isthmus_gres::comment::parse_comment(&format!("k8s:ns/{name}/{id}"))
             .unwrap_or_else(|| panic!("comment"))
     };
     let (ua, ub) = (
@@ -178,7 +178,7 @@ fn a_pod_on_another_pods_placeholder_device_is_a_clash() {
     use super::check::mismatches;
     use crate::k8s::podresources::proto::ListPodResourcesResponse;
     let placed = |ns: &str, name: &str, id: &str| {
-        isthmus_controller::placement::comment::parse_comment(&format!("k8s:{ns}/{name}/{id}"))
+        isthmus_gres::comment::parse_comment(&format!("k8s:{ns}/{name}/{id}"))
             .unwrap_or_else(|| panic!("comment"))
     };
     let (ua, ub, gang) = (

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use isthmus_api::placement_owners::{Owners, runs_as};
-use isthmus_controller::placement::comment::JobRef;
+use isthmus_gres::comment::JobRef;
 
 /// The devices one running job holds on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@
 use serde::Deserialize;
 
 use super::slurm_jobs::{HeldJob, parse_gres};
-use isthmus_controller::placement::comment::parse_comment;
+use isthmus_gres::comment::parse_comment;
 
 /// Why Slurm's answer could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -160,7 +160,7 @@ pub fn parse_jobs(json: &[u8], node: &str) -> Result<Vec<HeldJob>, ParseError> {
         serde_json::from_slice(json).map_err(|e| ParseError::Json(e.to_string()))?;
     if !answer.errors.is_empty() {
         let all = serde_json::json!({ "errors": answer.errors });
-        let text = isthmus_controller::slurm::refusal::json_errors(&all)
+        let text = isthmus_gres::slurm_json::json_errors(&all)
             .unwrap_or_else(|| bounded(&all.to_string()));
         return Err(ParseError::Errors(text));
     }

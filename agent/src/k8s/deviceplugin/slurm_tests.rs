@@ -327,10 +327,9 @@ fn a_slurm_jobs_device_is_refused_and_a_placeholders_is_preferred() {
     let topo = super::tests::gpus();
     let (mut inv, _) = inventory::inventory(&topo, &[], &|_: &str| true);
     let devs = inv.remove("nvidia.com/gpu").unwrap_or_default();
-    let jobref = isthmus_controller::placement::comment::parse_comment(
-        "k8s:ns/p/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d",
-    )
-    .unwrap_or_else(|| panic!("comment"));
+    let jobref =
+        isthmus_gres::comment::parse_comment("k8s:ns/p/0b5a5c52-52b8-4a49-9c4a-3c2f6c5e1f8d")
+            .unwrap_or_else(|| panic!("comment"));
     let holds = Holds {
         slurm: BTreeMap::from([("0000:19:00.0".into(), 42)]),
         placeholders: BTreeMap::from([("0000:bb:00.0".into(), jobref)]),
@@ -431,7 +430,7 @@ fn held(job_id: u64, user: &str, comment: Option<&str>, idx: &[u32]) -> HeldJob 
         job_id,
         user: user.to_owned(),
         uid: if user == "daemon" { 1 } else { 65534 },
-        placeholder: comment.and_then(isthmus_controller::placement::comment::parse_comment),
+        placeholder: comment.and_then(isthmus_gres::comment::parse_comment),
         indexes: BTreeMap::from([("gpu".into(), idx.iter().copied().collect())]),
     }
 }

@@ -5,7 +5,7 @@ use isthmus_gres::{gres_conf, node_def, topology_conf};
 use isthmus_topology::NodeTopology;
 
 use crate::cli::{RenderArgs, RenderTarget};
-use crate::config_file::{WriteOutcome, write_if_changed};
+use isthmus_agent::config_file::{WriteOutcome, write_if_changed};
 
 /// Render the requested text; warnings go to the returned list.
 pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Vec<String>)> {
@@ -50,15 +50,15 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             topo.require_cpus()?;
             let name = slurm.node_name()?;
             let (view, warnings) = kubelet_view(args);
-            let options = crate::k8s::NrtOptions {
+            let options = isthmus_agent::k8s::NrtOptions {
                 mig_strategy: args.mig_strategy,
-                slurm: args.slurm_report.then(|| crate::k8s::SlurmFacts {
+                slurm: args.slurm_report.then(|| isthmus_agent::k8s::SlurmFacts {
                     name: name.clone(),
                     options: slurm.node_options(),
                 }),
             };
             // One discovery, no history: no health findings (they compare discoveries over time).
-            let mut obj = crate::k8s::nrt_for(&name, topo, &view, &[], &options);
+            let mut obj = isthmus_agent::k8s::nrt_for(&name, topo, &view, &[], &options);
             obj.metadata.owner_references = owner(&name, args.node_uid.as_ref());
             Ok((object_text(&obj, args.output)?, warnings))
         }
@@ -66,9 +66,9 @@ pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Ve
             topo.require_cpus()?;
             let name = slurm.node_name()?;
             let (view, mut warnings) = kubelet_view(args);
-            let (mut obj, more) = crate::k8s::numatopo::render(
+            let (mut obj, more) = isthmus_agent::k8s::numatopo::render(
                 topo,
-                &crate::k8s::numatopo::NumatopoInputs {
+                &isthmus_agent::k8s::numatopo::NumatopoInputs {
                     node_name: &name,
                     kubelet: &view.settings,
                     pods: view.pod_resources.as_ref().map(|a| &a.list),
@@ -105,12 +105,13 @@ fn owner(
 
 /// The kubelet as the agent sees it, asked once: its settings (configuration file and flags) and, with
 /// `--pod-resources-socket`, its PodResources answers; what could not be read becomes a warning.
-fn kubelet_view(args: &RenderArgs) -> (crate::k8s::kubelet_view::KubeletView, Vec<String>) {
-    use crate::k8s::kubelet_view::{KubeletAnswer, KubeletView};
+fn kubelet_view(args: &RenderArgs) -> (isthmus_agent::k8s::kubelet_view::KubeletView, Vec<String>) {
+    use isthmus_agent::k8s::kubelet_view::{KubeletAnswer, KubeletView};
     let root = isthmus_topology::HostRoot::new(&args.host.host_root);
-    let (settings, mut warnings) = crate::k8s::kubelet::read_settings(&root, &args.kubelet_config);
+    let (settings, mut warnings) =
+        isthmus_agent::k8s::kubelet::read_settings(&root, &args.kubelet_config);
     let pods = match &args.pod_resources_socket {
-        Some(socket) => match crate::k8s::podresources::query_blocking(
+        Some(socket) => match isthmus_agent::k8s::podresources::query_blocking(
             socket,
             std::time::Duration::from_secs(10),
         ) {
@@ -125,7 +126,7 @@ fn kubelet_view(args: &RenderArgs) -> (crate::k8s::kubelet_view::KubeletView, Ve
         None => None,
     };
     let view = KubeletView {
-        topology_manager: crate::k8s::kubelet::topology_manager(&settings),
+        topology_manager: isthmus_agent::k8s::kubelet::topology_manager(&settings),
         settings,
         answer: if pods.is_some() {
             KubeletAnswer::Answered
@@ -146,9 +147,9 @@ fn object_text(obj: &impl serde::Serialize, format: crate::cli::ObjectFormat) ->
 
 /// Run `render`.
 pub fn run(args: &RenderArgs) -> Result<()> {
-    let mut topo = crate::discovery::discover(&(&args.host).into(), false)?;
+    let mut topo = isthmus_agent::discovery::discover(&(&args.host).into(), false)?;
     if args.neighbours {
-        crate::discovery::probe_neighbours(&mut topo);
+        isthmus_agent::discovery::probe_neighbours(&mut topo);
     }
     let (text, warnings) = render_text(&topo, args)?;
     for w in &warnings {

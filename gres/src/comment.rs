@@ -1,7 +1,9 @@
 //! How a placeholder job names the pods it holds: its `--comment` is `k8s:<namespace>/<name>/<id>`, where `<id>` is
 //! the pod's UID for a single pod, or for a gang `g-` and 16 hex digits of a hash of its members' UIDs (so that a
 //! gang of any size fits: slurmctld refuses comments over 1024 characters). The controller writes the comment and
-//! reads it back; it never reads which job a pod belongs to from the pod. Pure.
+//! reads it back; it never reads which job a pod belongs to from the pod. The node agent's device plugin reads it to
+//! know which pod a Slurm job holds devices for: the protocol between the two, kept beside the rest of what isthmus
+//! says to Slurm. Pure.
 
 /// Prefix of a placeholder job's comment.
 pub const COMMENT_PREFIX: &str = "k8s:";
@@ -28,7 +30,7 @@ impl JobRef {
 }
 
 /// A DNS label (RFC 1123), as namespaces and gang names are.
-pub use isthmus_api::placement_owners::is_dns_label;
+pub use crate::grammar::is_dns_label;
 
 /// A DNS subdomain (RFC 1123), as pod names are.
 pub fn is_dns_subdomain(s: &str) -> bool {

@@ -10,10 +10,10 @@ use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_controller::nodesync::decide::{REASON_PREFIX, TAINT_KEY, is_ours};
 use isthmus_controller::nodesync::health::{TAINT_PREFIX, class_of};
 use isthmus_controller::nodesync::ownership::{self, NodeRecord};
-use isthmus_controller::placement::comment::parse_comment;
 use isthmus_controller::placement::lock::{LOCK, parse_lock};
 use isthmus_controller::slurm::jobs::Job;
 use isthmus_controller::slurm::nodes::SlurmNode;
+use isthmus_gres::comment::parse_comment;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 
 use super::model::{

@@ -1,9 +1,9 @@
-//! `isthmus`: the node agent binary.
+//! `isthmus`: the one binary (node agent, controller, discover, render, status).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use isthmus_agent::fatal;
+use isthmus_cli::fatal;
 
 fn main() -> ExitCode {
     // The test suite's builds only: fault points armed from the environment (never in a release).
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
     let env_format = std::env::var_os(fatal::LOG_FORMAT_ENV);
     let format = fatal::requested(&args, env_format.as_deref());
     // The configuration file, merged into the arguments (flags and their environment variables win).
-    let args = match isthmus_agent::settings_file::merged(args) {
+    let args = match isthmus_cli::settings_file::merged(args) {
         Ok(args) => args,
         Err(e) => {
             fatal::report(format, &e.to_string());
@@ -26,14 +26,14 @@ fn main() -> ExitCode {
         }
     };
     let format = fatal::requested(&args, env_format.as_deref());
-    let cli = match isthmus_agent::cli::Cli::try_parse_from(&args) {
+    let cli = match isthmus_cli::cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => return fatal::clap_error(format, &e),
     };
     if let Some(host) = cli.command.host() {
         isthmus_agent::discovery::prepare_environment(&host.into());
     }
-    match isthmus_agent::commands::run(cli.command) {
+    match isthmus_cli::commands::run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             fatal::report(format, &format!("{e:#}"));

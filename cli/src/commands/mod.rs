@@ -10,7 +10,7 @@ pub mod table;
 use anyhow::Result;
 
 use crate::cli::{Command, HostArgs};
-use crate::discovery::HostConfig;
+use isthmus_agent::discovery::HostConfig;
 
 impl From<&HostArgs> for HostConfig {
     fn from(a: &HostArgs) -> Self {

@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::k8s::Switch;
-use crate::slurm::SlurmMode;
-use crate::slurm::node::NodeNameError;
+use isthmus_agent::k8s::Switch;
+use isthmus_agent::slurm::SlurmMode;
+use isthmus_agent::slurm::node::NodeNameError;
 
 /// isthmus: one node agent for Kubernetes and Slurm.
 #[derive(Debug, Parser)]
-#[command(name = "isthmus", version = crate::build_info::LONG_VERSION, about)]
+#[command(name = "isthmus", version = isthmus_agent::build_info::LONG_VERSION, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -218,10 +218,10 @@ pub struct AgentArgs {
     pub slurm: SlurmArgs,
     /// Device health options.
     #[command(flatten)]
-    pub health: crate::health::HealthArgs,
+    pub health: isthmus_agent::health::HealthArgs,
     /// The kubelet device plugin.
     #[command(flatten)]
-    pub device_plugin: crate::k8s::deviceplugin::args::DevicePluginArgs,
+    pub device_plugin: isthmus_agent::k8s::deviceplugin::args::DevicePluginArgs,
     /// How slurmd runs.
     #[arg(long, value_enum, env = "ISTHMUS_SLURM_MODE", default_value_t = SlurmMode::Configured)]
     pub slurm_mode: SlurmMode,
@@ -252,15 +252,15 @@ pub struct AgentArgs {
     /// definition (the node sync drains the node), or `remove` it: the node re-registers without that GPU (at once
     /// when no job runs there, otherwise once its jobs have ended; Slurm cannot change a busy node's GRES) and comes
     /// back when it recovers. Only with `--slurm-mode dynamic`. docs/health.md.
-    #[arg(long, value_enum, env = "ISTHMUS_SLURM_FAILED_GPUS", default_value_t = crate::slurm::FailedGpus::Keep)]
-    pub slurm_failed_gpus: crate::slurm::FailedGpus,
+    #[arg(long, value_enum, env = "ISTHMUS_SLURM_FAILED_GPUS", default_value_t = isthmus_agent::slurm::FailedGpus::Keep)]
+    pub slurm_failed_gpus: isthmus_agent::slurm::FailedGpus,
     /// Where slurmd's cgroup plugins (`ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup`, a cgroup.conf
     /// with `ConstrainDevices=yes`) make their cgroups, which decides the capabilities the agent keeps for its
     /// children: `off` (no cgroup plugins: the five of slurmd), `host` (the node's cgroup roots: also
     /// CAP_SYS_ADMIN and CAP_DAC_OVERRIDE) or `pod` (the pod's own cgroup, mounted by `components/slurm-cgroups`:
     /// also CAP_SYS_ADMIN). docs/deploy.md, "Confining Slurm jobs".
-    #[arg(long, value_enum, env = "ISTHMUS_SLURM_CGROUPS", default_value_t = crate::privileges::SlurmCgroups::Off)]
-    pub slurm_cgroups: crate::privileges::SlurmCgroups,
+    #[arg(long, value_enum, env = "ISTHMUS_SLURM_CGROUPS", default_value_t = isthmus_agent::privileges::SlurmCgroups::Off)]
+    pub slurm_cgroups: isthmus_agent::privileges::SlurmCgroups,
     /// Start slurmd even where its jobs would not be confined (the verdict of `--slurm-cgroups`, slurm.conf and
     /// cgroup.conf) on a node whose accelerators the agent serves to pods (`--device-plugin`): an unconfined job can
     /// open the accelerators the kubelet gives to pods. Without it the agent does not start slurmd there, and says
@@ -337,10 +337,10 @@ pub struct AgentArgs {
     #[arg(long, env = "ISTHMUS_NRT_TAKEOVER", default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub nrt_takeover: bool,
     /// The kubelet PodResources socket (a path as seen by the agent).
-    #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = crate::k8s::podresources::DEFAULT_SOCKET, value_name = "PATH")]
+    #[arg(long, env = "ISTHMUS_POD_RESOURCES_SOCKET", default_value = isthmus_agent::k8s::podresources::DEFAULT_SOCKET, value_name = "PATH")]
     pub pod_resources_socket: PathBuf,
     /// The kubelet configuration file (a host path), for its manager policies and reservations.
-    #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
+    #[arg(long, default_value = isthmus_agent::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
     /// Seconds between questions to the kubelet's PodResources API (what the pods hold changes the NRT's
     /// `available`; the object is only written when it changed), rounded up to whole 64 ms steps (0.75 → 0.768).
@@ -420,7 +420,7 @@ pub struct RenderArgs {
     pub pod_resources_socket: Option<PathBuf>,
     /// nrt, numatopology: the kubelet configuration file (a host path), for its manager policies (and, for the
     /// numatopology, its reservations).
-    #[arg(long, default_value = crate::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
+    #[arg(long, default_value = isthmus_agent::k8s::kubelet::DEFAULT_CONFIG, value_name = "PATH")]
     pub kubelet_config: String,
     /// nrt: how the NVIDIA device plugin names MIG devices (`none`, `single`, `mixed`).
     #[arg(

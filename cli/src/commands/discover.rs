@@ -22,9 +22,9 @@ pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String>
 
 /// Run `discover`.
 pub fn run(host: &HostArgs, output: OutputFormat, counters: bool, neighbours: bool) -> Result<()> {
-    let mut topo = crate::discovery::discover(&host.into(), counters)?;
+    let mut topo = isthmus_agent::discovery::discover(&host.into(), counters)?;
     if neighbours {
-        crate::discovery::probe_neighbours(&mut topo);
+        isthmus_agent::discovery::probe_neighbours(&mut topo);
     }
     let text = render_model(&topo, output)?;
     let mut stdout = std::io::stdout().lock();

@@ -11,8 +11,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ControllerCommand, LogFormat};
-use crate::http::{Endpoint, Health};
-use crate::metrics::Metrics;
+use isthmus_agent::http::{Endpoint, Health};
+use isthmus_agent::metrics::Metrics;
 
 /// Arguments of `isthmus controller run`.
 #[derive(Debug, clap::Args)]
@@ -64,12 +64,13 @@ pub fn run(command: ControllerCommand) -> Result<()> {
 fn run_controller(args: ControllerRunArgs) -> Result<()> {
     crate::commands::agent::init_logging(args.log_format);
     let metrics = Arc::new(Metrics::install_global().map_err(anyhow::Error::msg)?);
-    let listener =
-        crate::http::bind(&args.listen).with_context(|| format!("binding {}", args.listen))?;
+    let listener = isthmus_agent::http::bind(&args.listen)
+        .with_context(|| format!("binding {}", args.listen))?;
     let webhook = match &args.run.webhook.listen {
-        Some(addr) => {
-            Some(crate::http::bind(addr).with_context(|| format!("binding the webhook's {addr}"))?)
-        }
+        Some(addr) => Some(
+            isthmus_agent::http::bind(addr)
+                .with_context(|| format!("binding the webhook's {addr}"))?,
+        ),
         None => None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -98,7 +99,11 @@ async fn serve(
         stale_after: HEARTBEAT * 6,
     };
     tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
-    let http = tokio::spawn(crate::http::serve(listener, endpoint, shutdown.clone()));
+    let http = tokio::spawn(isthmus_agent::http::serve(
+        listener,
+        endpoint,
+        shutdown.clone(),
+    ));
 
     let client = kube::Client::try_default()
         .await

@@ -42,7 +42,7 @@ fn a_file_sets_flags_of_every_kind() {
          pod-resources-interval: 0.5\nslurm-allow-unconfined: true\nslurmd-arg: [-vv, --foo]\nnode-name: n7\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(a.slurm_mode, crate::slurm::SlurmMode::Dynamic);
+    assert_eq!(a.slurm_mode, isthmus_agent::slurm::SlurmMode::Dynamic);
     assert_eq!(a.slurm.features, ["ib", "nvlink"]);
     assert!(a.no_munged && a.slurm_allow_unconfined);
     assert_eq!(a.publish_nrt, Some(false));
@@ -74,7 +74,7 @@ fn flags_on_the_command_line_win() {
         "slurm-mode: dynamic\nfeature: [ib]\ngrace-seconds: 3\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(a.slurm_mode, crate::slurm::SlurmMode::Configured);
+    assert_eq!(a.slurm_mode, isthmus_agent::slurm::SlurmMode::Configured);
     assert_eq!(a.slurm.features, ["x"]);
     assert_eq!(a.grace_seconds, 3);
 }

@@ -5,11 +5,11 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use crate::cli::{AgentArgs, LogFormat};
-use crate::daemon::{DaemonConfig, DaemonError, HealthRole, KubeRole, SlurmRole};
-use crate::discovery::HostConfig;
-use crate::slurm::SlurmMode;
-use crate::slurm::munge::MungeConfig;
-use crate::slurm::node::{SlurmConfig, SlurmConfigError};
+use isthmus_agent::daemon::{DaemonConfig, DaemonError, HealthRole, KubeRole, SlurmRole};
+use isthmus_agent::discovery::HostConfig;
+use isthmus_agent::slurm::SlurmMode;
+use isthmus_agent::slurm::munge::MungeConfig;
+use isthmus_agent::slurm::node::{SlurmConfig, SlurmConfigError};
 
 /// Structured logs to stderr (`RUST_LOG` filters; default `info`).
 pub fn init_logging(format: LogFormat) {
@@ -30,13 +30,13 @@ pub fn init_logging(format: LogFormat) {
 pub fn run(args: &AgentArgs) -> Result<()> {
     init_logging(args.log_format);
     // Still the only thread: capabilities are per thread, and every later thread and child inherits these.
-    crate::privileges::apply(
+    isthmus_agent::privileges::apply(
         args.slurm_mode,
         args.slurm_cgroups,
         args.slurm_conf.as_deref(),
     );
-    let plan = crate::daemon::Plan::new(daemon_config(args)?)?;
-    let code = crate::daemon::run(plan)?;
+    let plan = isthmus_agent::daemon::Plan::new(daemon_config(args)?)?;
+    let code = isthmus_agent::daemon::run(plan)?;
     if code != 0 {
         bail!("agent stopped with code {code}");
     }
@@ -69,7 +69,7 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
             }),
             grace: Duration::from_secs(args.grace_seconds),
             slurmd_readyz: args.slurmd_readyz,
-            confinement: crate::slurm::jobs_confined::observe(
+            confinement: isthmus_agent::slurm::jobs_confined::observe(
                 args.slurm_cgroups,
                 args.slurm_conf
                     .as_deref()
@@ -92,7 +92,7 @@ pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
             numatopology_recheck: Duration::from_secs(args.numatopology_recheck_seconds),
             takeover: args.nrt_takeover,
             mig_strategy: args.mig_strategy,
-            kubelet: crate::k8s::kubelet_view::Source {
+            kubelet: isthmus_agent::k8s::kubelet_view::Source {
                 root: isthmus_topology::HostRoot::new(&args.host.host_root),
                 config: args.kubelet_config.clone(),
                 socket: args.pod_resources_socket.clone(),
