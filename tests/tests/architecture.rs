@@ -5,17 +5,12 @@ use std::process::Command;
 
 use isthmus_tests::repo_root;
 
-/// The workspace's own crates and the normal dependencies between them, from `cargo metadata`.
-fn workspace_edges() -> (BTreeSet<String>, BTreeSet<(String, String)>) {
+/// `cargo metadata --format-version 1 --offline` with `extra`, parsed.
+fn cargo_metadata(extra: &[&str]) -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(extra)
         .current_dir(repo_root())
         .output()
         .expect("cargo metadata runs");
@@ -24,7 +19,12 @@ fn workspace_edges() -> (BTreeSet<String>, BTreeSet<(String, String)>) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
+    serde_json::from_slice(&out.stdout).expect("cargo metadata JSON")
+}
+
+/// The workspace's own crates and the normal dependencies between them, from `cargo metadata`.
+fn workspace_edges() -> (BTreeSet<String>, BTreeSet<(String, String)>) {
+    let meta = cargo_metadata(&["--no-deps"]);
     let packages = meta["packages"].as_array().expect("packages");
     let names: BTreeSet<String> = packages
         .iter()
@@ -148,25 +148,8 @@ fn no_product_file_is_over_500_lines() {
 /// Every package `root` links (normal dependencies, all features the workspace build enables), from `cargo
 /// metadata`'s resolved graph.
 fn linked_by(root: &str) -> BTreeSet<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--filter-platform",
-        ])
-        .arg(format!("{}-unknown-linux-gnu", std::env::consts::ARCH))
-        .current_dir(repo_root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
+    let platform = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    let meta = cargo_metadata(&["--filter-platform", &platform]);
     let name_of = |id: &str| -> String {
         meta["packages"]
             .as_array()
