@@ -439,6 +439,21 @@ impl Metrics {
         self.with(|| counter!(format!("isthmus_{object}_{suffix}")).increment(1));
     }
 
+    /// A publisher of `object` starts: each of its counters is exported, at 0 until something happens.
+    pub fn start_publication(&self, object: &str) {
+        self.with(|| {
+            for suffix in [
+                "writes_total",
+                "skips_total",
+                "failures_total",
+                "restores_total",
+                "yields_total",
+            ] {
+                counter!(format!("isthmus_{object}_{suffix}")).increment(0);
+            }
+        });
+    }
+
     /// The other writers of one of the agent's objects: `present` at 1, `gone` at 0 (`manager`: a name already
     /// made safe by the publisher).
     pub fn record_foreign_writers(&self, object: &str, present: &[String], gone: &[String]) {
@@ -478,3 +493,6 @@ pub enum Publication {
     /// A publication was due but not written: another writer owns the object.
     Yielded,
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,6 +15,7 @@ use isthmus_tests::slurm::{children_of, wait_until};
 use isthmus_tests::slurm_release::SlurmRelease;
 use isthmus_tests::{each_release, fixtures, isthmus_bin};
 
+mod alert_series;
 mod cgroups;
 mod confinement;
 mod failed_gpus;

@@ -292,6 +292,9 @@ pub async fn run<K: Published>(
             r.set_writers(&K::kind(&()), foreign.managers(), pacing.takeover);
         }
     };
+    // Its counters exist from the start at 0: an alert on `increase(…_failures_total[…])` sees the first failure
+    // (a series that appears at 1 has no increase).
+    metrics.start_publication(K::METRIC);
     let mut publisher = Publisher::<K>::new(client.clone(), pacing.takeover);
     let mut foreign = ForeignWriters::default();
     let mut refresh: Option<Instant> = None;
