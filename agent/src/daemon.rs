@@ -200,17 +200,30 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
     });
 
     // The name slurmd registers under is the Node's Slurm name, the controller's mapping (k8s::slurm_name); read
-    // before anything names the Slurm node, and waited for (a stop ends the wait).
+    // before anything names the Slurm node, waited for up to SLURM_NAME_WAIT (a stop ends the wait): an API server
+    // that does not answer delays slurmd by that much, never longer (slurmd then registers as --node-name, said).
     let mut slurm = slurm;
     let mut slurm_name_refused = false;
     if let (Some(node), Some(client), Some(name)) = (slurm.as_mut(), &client, &publish_as) {
+        let read = tokio::time::timeout(
+            crate::k8s::slurm_name::SLURM_NAME_WAIT,
+            crate::k8s::slurm_name::read(client, name),
+        );
         let decided = tokio::select! {
-            d = crate::k8s::slurm_name::read(client, name) => d,
+            d = read => d,
             _ = sigterm.recv() => return Ok(0),
             _ = sigint.recv() => return Ok(0),
         };
         match decided {
-            crate::k8s::slurm_name::SlurmName::Name(n) => {
+            Err(_) => tracing::warn!(
+                node = %name,
+                slurm_node = %node.name(),
+                wait_s = crate::k8s::slurm_name::SLURM_NAME_WAIT.as_secs(),
+                "the Node could not be read for its Slurm name (label {}): slurmd registers under the node name; \
+                 if the Node has that label, restart this pod once the API server answers",
+                isthmus_api::slurm_node_name::SLURM_NODE_NAME_LABEL
+            ),
+            Ok(crate::k8s::slurm_name::SlurmName::Name(n)) => {
                 if n != node.name() {
                     tracing::info!(
                         node = %name,
@@ -221,7 +234,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 }
                 node.rename(n);
             }
-            crate::k8s::slurm_name::SlurmName::Refused(why) => {
+            Ok(crate::k8s::slurm_name::SlurmName::Refused(why)) => {
                 tracing::error!(
                     node = %name,
                     "slurmd is not started: {why}; the controller leaves this node out of Slurm for the same reason"

@@ -159,7 +159,13 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
             .into_iter()
             .find(|(_, c, _)| c == "slurmd" || c == "sh")
     };
+    // slurmd waits for the Node's Slurm name only so long (10 s), then starts under the node name and says so.
     wait_until("slurmd", Duration::from_secs(30), || slurmd_pid().is_some());
+    assert!(
+        log().contains("the Node could not be read for its Slurm name"),
+        "{}",
+        log()
+    );
     let (child_pid, _, _) = slurmd_pid().unwrap_or_default();
     // The next discovery blocks reading a FIFO.
     let meminfo = root.join("sys/devices/system/node/node0/meminfo");

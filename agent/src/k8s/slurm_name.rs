@@ -1,15 +1,19 @@
 //! The name the agent's slurmd registers under when the agent talks to Kubernetes: the mapping the controller's tasks
 //! use ([`isthmus_api::slurm_node_name::slurm_name`]: the Node's `isthmus.io/slurm-node-name` label, else the Node's
 //! name), read from the agent's own Node at start (`get nodes`, which the agent holds for its objects' owner
-//! reference). slurmd is not started before the Node has been read: a name taken without it could register a
-//! dynamic node the controller never maps. A label that is no Slurm host name is refused (logged; slurmd is not
-//! started), never replaced by the Node's name. The label is read once: a relabelled Node takes effect when the
-//! agent restarts.
+//! reference). slurmd waits for that read up to [`SLURM_NAME_WAIT`]: a name taken without it could register a
+//! dynamic node the controller never maps, but an API server that does not answer must not keep a node out of
+//! Slurm, so after the wait slurmd starts under the node name, with a warning. A label that is no Slurm host name
+//! is refused (logged; slurmd is not started), never replaced by the Node's name. The label is read once: a
+//! relabelled Node takes effect when the agent restarts.
 
 use isthmus_api::retry::RetryPolicy;
 use isthmus_api::slurm_node_name::{SLURM_NODE_NAME_LABEL, slurm_name};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+
+/// How long slurmd's start waits for the Node to be read.
+pub const SLURM_NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the Node says the Slurm name is.
 #[derive(Debug, Clone, PartialEq, Eq)]
