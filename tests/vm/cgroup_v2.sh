@@ -174,7 +174,9 @@ jobs_of() { # OUT BIN CASE CGROUP
   done
   wait "${both[@]}"
   rm -f "/tmp/both-$name-a" "/tmp/both-$name-b"
-  timeout 60 "$bin/srun" -N1 -n1 --mem=20 bash -c 'x=$(head -c 60000000 /dev/zero | tr "\0" a); echo "survived ${#x}"' > "$o/job-oom.txt" 2>&1
+  # 200 MB in one read(): past memory.max inside one system call, so the kernel OOM-kills at once (a program that grows
+  # a little per system call is throttled at memory.high, which Slurm sets to the same limit, and may take minutes).
+  timeout 60 "$bin/srun" -N1 -n1 --mem=20 bash -c 'dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null && echo survived' > "$o/job-oom.txt" 2>&1
   echo "rc=$?" >> "$o/job-oom.txt"
   timeout 60 "$bin/srun" -N1 -n1 --mem=50 --gres=gpu:1 bash -c "$ESCAPE; $PROBE" > "$o/job-escape.txt" 2>&1
   # slurmd killed: the agent starts it again in the same namespace (Slurm's tree, controllers enabled, stays), and
