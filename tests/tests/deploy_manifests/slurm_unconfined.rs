@@ -53,7 +53,8 @@ fn beside_the_device_plugin_the_slurm_overlay_starts_no_unconfined_slurmd_unless
     want.push((OPT_IN.to_owned(), "true".to_owned()));
     assert_eq!(allowed, want);
     assert!(
-        isthmus_tests::code_text(&["agent/src"]).contains(&format!("env = \"{OPT_IN}\"")),
+        isthmus_tests::code_text(&["agent/src", "cli/src"])
+            .contains(&format!("env = \"{OPT_IN}\"")),
         "the agent reads {OPT_IN}"
     );
 }
