@@ -351,7 +351,7 @@ mod tests {
         let wanted: CapsHashSet = [Capability::CAP_KILL].into_iter().collect();
         let before = caps::read(None, CapSet::Bounding).unwrap_or_default();
         let (report, effective, permitted, bounding) = std::thread::spawn(move || {
-            let r = restrict(&wanted).unwrap_or_else(|e| panic!("{e}"));
+            let r = restrict(&wanted).unwrap();
             (
                 r,
                 caps::read(None, CapSet::Effective).unwrap_or_default(),

@@ -188,7 +188,7 @@ mod tests {
     use super::*;
 
     fn at(s: &str) -> Time {
-        Time(s.parse().unwrap_or_else(|e| panic!("{e}")))
+        Time(s.parse().unwrap())
     }
 
     fn cond(type_: &str, status: &str, message: &str) -> NodeCondition {

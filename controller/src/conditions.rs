@@ -264,7 +264,7 @@ mod tests {
     use serde_json::json;
 
     fn at(s: &str) -> Time {
-        Time(s.parse().unwrap_or_else(|e| panic!("{e}")))
+        Time(s.parse().unwrap())
     }
 
     fn cond(type_: &str, status: &str, heartbeat: &str, transition: &str) -> NodeCondition {
@@ -279,8 +279,7 @@ mod tests {
     }
 
     fn node(conditions: &[NodeCondition]) -> Node {
-        let mut n: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}}))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut n: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
         let mut all = vec![NodeCondition {
             type_: "Ready".into(),
             status: "True".into(),

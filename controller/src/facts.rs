@@ -220,7 +220,7 @@ mod tests {
                 "CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory={memory}"
             ))
             .ok(),
-            gres: vec![GresLine::parse("Name=gpu File=/dev/nvidia0", "/dev").unwrap_or_else(|e| panic!("{e}"))],
+            gres: vec![GresLine::parse("Name=gpu File=/dev/nvidia0", "/dev").unwrap()],
             ..NodeReport::default()
         }
     }

@@ -250,7 +250,7 @@ mod tests {
                 "capacity": {"nvidia.com/gpu": "0"},
             },
         }))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     }
 
     #[test]

@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn what_each_line_has() {
-        let v = |text| SlurmVersion::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        let v = |text| SlurmVersion::parse(text).unwrap();
         let (old, mid, new) = (
             v("slurm-wlm 22.05.8"),
             v("slurm-wlm 24.11.5"),

@@ -54,7 +54,7 @@ fn webhook_count(file: &str) -> usize {
 /// A kustomization in a new temporary directory: `deploy/controller/<sub>` (and `components`), with every shipped
 /// webhook's `clientConfig` replaced by `url` when one is given.
 pub fn overlay(sub: &str, components: &[&str], url: Option<&str>) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let deploy = repo_root().join("deploy/controller");
     let mut text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n",
@@ -70,8 +70,7 @@ pub fn overlay(sub: &str, components: &[&str], url: Option<&str>) -> tempfile::T
         }
     }
     let Some(url) = url else {
-        std::fs::write(dir.path().join("kustomization.yaml"), text)
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
         return dir;
     };
     text.push_str("patches:\n");
@@ -90,7 +89,7 @@ pub fn overlay(sub: &str, components: &[&str], url: Option<&str>) -> tempfile::T
             ops.join(",")
         ));
     }
-    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
     dir
 }
 
@@ -123,7 +122,7 @@ fn patch_as(kubeconfig: &Path, path: &str, content_type: &str, body: &str) -> Re
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     rt.block_on(async {
         let client = crate::apiserver::client_for(kubeconfig).await;
         let request = http::Request::patch(path)

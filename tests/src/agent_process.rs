@@ -69,7 +69,7 @@ impl AgentProcess {
         kubelet_config: &str,
         args: impl FnOnce(&Path) -> Vec<OsString>,
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         let copied = Command::new("cp")
             .arg("-a")
@@ -77,12 +77,11 @@ impl AgentProcess {
             .arg(&root)
             .status();
         assert!(copied.is_ok_and(|s| s.success()), "copying the host root");
-        std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(root.join("var/lib/kubelet/config.yaml"), kubelet_config)
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
+        std::fs::write(root.join("var/lib/kubelet/config.yaml"), kubelet_config).unwrap();
         let log = dir.path().join("agent.log");
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
         let mut child = Command::new(isthmus_bin())
             .args(args(&root))
             .env("KUBECONFIG", kubeconfig)

@@ -99,7 +99,7 @@ impl ApiServer {
     /// A private server for this test alone (stopped and removed when dropped). Panics when it could not be built
     /// or started.
     pub fn start() -> ApiServer {
-        Self::try_start().unwrap_or_else(|e| panic!("{e}"))
+        Self::try_start().unwrap()
     }
 
     fn try_start() -> Result<ApiServer, String> {
@@ -162,7 +162,7 @@ impl ApiServer {
     /// wait until it is ready: clients holding an old kubeconfig reconnect.
     pub fn restart(&mut self) {
         self.stop();
-        self.start_apiserver().unwrap_or_else(|e| panic!("{e}"));
+        self.start_apiserver().unwrap();
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -185,7 +185,7 @@ impl ApiServer {
         let n = self.kubeconfigs.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!("token-{n}.kubeconfig"));
         self.write_kubeconfig(&path, &format!("token-{n}"), token)
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         path
     }
 

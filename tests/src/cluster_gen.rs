@@ -67,8 +67,7 @@ impl Template {
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
         Self {
-            topo: serde_json::from_str(&run(&["discover", "--output", "json"]))
-                .unwrap_or_else(|e| panic!("{e}")),
+            topo: serde_json::from_str(&run(&["discover", "--output", "json"])).unwrap(),
             nrt: serde_json::from_str(&run(&[
                 "render",
                 "nrt",
@@ -77,7 +76,7 @@ impl Template {
                 "--output",
                 "json",
             ]))
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
             gres: run(&["render", "gres"])
                 .lines()
                 .filter(|l| !l.starts_with('#') && !l.trim().is_empty())

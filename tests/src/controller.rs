@@ -31,13 +31,13 @@ pub fn deploy_dir() -> PathBuf {
 /// `kubectl kustomize` of a new overlay of `deploy/controller/<base>` with `extra` (YAML fields of the
 /// kustomization, paths relative to `deploy/controller` written as `@/`), as documents.
 pub fn render_overlay(base: &str, extra: &str) -> Vec<serde_yaml_ng::Value> {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = crate::deploy::relative_path(dir.path(), &deploy_dir());
     let text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {root}/{base}\n{}",
         extra.replace("@/", &format!("{root}/"))
     );
-    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
     crate::deploy::render_at(dir.path(), ".")
 }
 
@@ -136,11 +136,11 @@ pub fn apply_nrts(api: &ApiServer, nrts: &[NodeResourceTopology]) {
 
 /// Write `nrts` into `dir` (one JSON file each) for `isthmus controller render --nrt-dir`.
 pub fn write_nrt_dir(dir: &Path, nrts: &[NodeResourceTopology]) {
-    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(dir).unwrap();
     for o in nrts {
         let name = o.metadata.name.clone().unwrap_or_default();
-        let text = serde_json::to_string(o).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(dir.join(format!("{name}.json")), text).unwrap_or_else(|e| panic!("{e}"));
+        let text = serde_json::to_string(o).unwrap();
+        std::fs::write(dir.join(format!("{name}.json")), text).unwrap();
     }
 }
 
@@ -207,10 +207,10 @@ impl ControllerProcess {
     /// Start `isthmus ARGS` (which must run the controller as replica `identity`, logging in text) with
     /// `KUBECONFIG=kubeconfig` and none of the test's own `POD_*`/`ISTHMUS_CONFIG` settings.
     pub fn start_with(identity: &str, kubeconfig: &Path, args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("controller.log");
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
         // ISTHMUS_CONTROLLER_WRAPPER (e.g. `heaptrack`) runs the controller under a profiler, for benchmarks.
         let mut cmd = match std::env::var_os("ISTHMUS_CONTROLLER_WRAPPER") {
             Some(w) => {

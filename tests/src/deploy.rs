@@ -37,12 +37,12 @@ pub fn render_text_at(root: &Path, sub: &str) -> String {
         Ok(text) => text,
         // kustomize 2 rejects directory resources ("must be a file") and reads `patches` as another field.
         Err(err) if err.contains("must be a file") || err.contains("patch.StrategicMerge") => {
-            let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+            let tmp = tempfile::tempdir().unwrap();
             let copy = tmp.path().join("root");
             let st = Command::new("cp").arg("-a").arg(root).arg(&copy).status();
             assert!(st.is_ok_and(|s| s.success()));
             legacy_spelling(&copy);
-            run_kustomize(&copy.join(sub)).unwrap_or_else(|e| panic!("{e}"))
+            run_kustomize(&copy.join(sub)).unwrap()
         }
         Err(err) => panic!("{err}"),
     }
@@ -59,9 +59,9 @@ pub fn relative_path(from: &Path, to: &Path) -> String {
 /// `kubectl kustomize` of an overlay of `deploy/daemonset/<sub>` with the shipped `components`
 /// (`deploy/daemonset/components/<name>`), as text. Components need kustomize 3.7 or later (no kustomize 2 copy).
 pub fn render_with_components(sub: &str, components: &[&str]) -> String {
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let overlay = tmp.path().join("overlay");
-    std::fs::create_dir(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&overlay).unwrap();
     let d = deploy_dir();
     let list: String = components
         .iter()
@@ -79,8 +79,8 @@ pub fn render_with_components(sub: &str, components: &[&str]) -> String {
             relative_path(&overlay, &d.join(sub))
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    run_kustomize(&overlay).unwrap_or_else(|e| panic!("{e}"))
+    .unwrap();
+    run_kustomize(&overlay).unwrap()
 }
 
 /// The rendered documents of `root/sub`.
@@ -160,8 +160,8 @@ fn legacy_spelling(dir: &Path) {
                     .collect();
                 k.insert("patchesStrategicMerge".into(), Value::Sequence(paths));
             }
-            let text = serde_yaml_ng::to_string(&k).unwrap_or_else(|e| panic!("{e}"));
-            std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+            let text = serde_yaml_ng::to_string(&k).unwrap();
+            std::fs::write(&p, text).unwrap();
         }
     }
 }
@@ -173,7 +173,7 @@ pub fn render(sub: &str) -> Vec<Value> {
 
 pub fn documents(text: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(text)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
         .filter(|v| !v.is_null())
         .collect()
 }
@@ -329,7 +329,7 @@ pub fn start_as_in_the_pod(
         .env_remove("HWLOC_COMPONENTS")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}")))
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap_or_else(|e| panic!("setpriv: {e}"))
 }
@@ -481,9 +481,9 @@ pub fn assert_agent_access(kc: &Path) {
 /// `kubernetes-validate --strict` (Kubernetes 1.33's schemas) of a rendered kustomization: whether it passed, and
 /// what it printed.
 pub fn kubernetes_validate(name: &str, text: &str) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(format!("{name}.yaml"));
-    std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, text).unwrap();
     let out = Command::new("kubernetes-validate")
         .args(["--strict", "-k", "1.33.0"])
         .arg(&file)

@@ -35,7 +35,7 @@ pub struct State {
 
 /// Start the server on 127.0.0.1; returns its address and state.
 pub fn start(node_uid: &str) -> (String, Arc<Mutex<State>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -121,6 +121,6 @@ pub fn kubeconfig(dir: &std::path::Path, addr: &str) -> std::path::PathBuf {
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
     );
-    std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&p, text).unwrap();
     p
 }

@@ -46,7 +46,7 @@ pub fn start(api: &ApiServer, node: &str, rediscover: &str, extra: &[&str]) -> (
     if !api.kubectl(&["get", "node", node]).status.success() {
         api.create_node(node);
     }
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     copy_tree(&fixtures().join("hosts/xe9680-8xh100/root"), &root);
     let nvml = dir.path().join("nvidia-smi-q.txt");
@@ -54,13 +54,13 @@ pub fn start(api: &ApiServer, node: &str, rediscover: &str, extra: &[&str]) -> (
         fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"),
         &nvml,
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let kmsg = dir.path().join("kmsg");
-    std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&kmsg, "").unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let log = dir.path().join("agent.log");
-    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
     let nrt: &[&str] = if extra.contains(&"--publish-nrt") {
         &[]
     } else {
@@ -104,18 +104,13 @@ pub fn start(api: &ApiServer, node: &str, rediscover: &str, extra: &[&str]) -> (
 
 /// Append `text` to the file at `path`.
 pub fn append(path: &Path, text: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{e}"));
-    f.write_all(text.as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
 }
 
 /// The recorded single lines of `fixtures/xid/kmsg/recorded-lines.tsv` whose XID is one of `xids`.
 pub fn recorded(xids: &[u32]) -> String {
-    let tsv = std::fs::read_to_string(fixtures().join("xid/kmsg/recorded-lines.tsv"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tsv = std::fs::read_to_string(fixtures().join("xid/kmsg/recorded-lines.tsv")).unwrap();
     tsv.lines()
         .filter_map(|l| l.splitn(4, '\t').nth(3))
         .filter(|l| xids.iter().any(|x| l.contains(&format!("): {x},"))))

@@ -100,7 +100,7 @@ impl HeldBodies {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
@@ -108,7 +108,7 @@ impl HeldBodies {
             .worker_threads(2)
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let stats = Arc::new(Stats::default());
         for (n, shape) in shapes {
             for _ in 0..*n {

@@ -85,15 +85,14 @@ impl Sim {
         }
         let library = umad2sim_library();
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        std::fs::write(dir.path().join("fabric.net"), net).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("fabric.net"), net).unwrap();
         let socket = format!(
             "isthmus-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         );
-        let log =
-            std::fs::File::create(dir.path().join("ibsim.log")).unwrap_or_else(|e| panic!("{e}"));
-        let err = log.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let log = std::fs::File::create(dir.path().join("ibsim.log")).unwrap();
+        let err = log.try_clone().unwrap();
         let child = Command::new(ibsim)
             .args(["-n", "-s"])
             .args([
@@ -190,10 +189,9 @@ impl Sim {
             if let Some(p) = path {
                 let dest = root.join(p.strip_prefix("/").unwrap_or(p));
                 if let Some(parent) = dest.parent() {
-                    std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+                    std::fs::create_dir_all(parent).unwrap();
                 }
-                std::fs::write(&dest, format!("{}\n", content.trim()))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                std::fs::write(&dest, format!("{}\n", content.trim())).unwrap();
             }
             content.clear();
         };

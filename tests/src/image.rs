@@ -300,12 +300,11 @@ pub fn layers(engine: &str, image: &str, tmp: &Path) -> Vec<(String, Vec<String>
         engine_ok(engine, &["save", "-o", &archive_s, image]);
     }
     let dir = tmp.join("image");
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&dir).unwrap();
     tar(&["-xf", &archive_s, "-C", &dir.display().to_string()]);
-    let manifest: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("manifest.json")).unwrap_or_else(|e| panic!("{e}")),
-    )
-    .unwrap_or_else(|e| panic!("manifest.json: {e}"));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
+            .unwrap_or_else(|e| panic!("manifest.json: {e}"));
     manifest[0]["Layers"]
         .as_array()
         .into_iter()

@@ -173,7 +173,7 @@ pub fn serve(socket: &Path, kubelet: FakeKubelet) -> tokio::runtime::Runtime {
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let listener = rt
         .block_on(async { tokio::net::UnixListener::bind(socket) })
         .unwrap_or_else(|e| panic!("bind: {e}"));

@@ -139,9 +139,9 @@ impl KubeNode {
     /// Server-side apply of `text` as the administrator (idempotent, also for objects a controller of the node
     /// creates at the same time, such as a namespace's `default` ServiceAccount); panics unless it succeeds.
     pub fn apply(&self, text: &str) {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("objects.yaml");
-        std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&file, text).unwrap();
         self.kubectl_ok(&[
             "apply",
             "--server-side",
@@ -190,7 +190,7 @@ impl KubeNode {
             self.apply(&list.to_string());
             let volcano =
                 crate::fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-            self.apply(&std::fs::read_to_string(volcano).unwrap_or_else(|e| panic!("{e}")));
+            self.apply(&std::fs::read_to_string(volcano).unwrap());
             for crd in [
                 "noderesourcetopologies.topology.node.k8s.io",
                 isthmus_api::node_report::CRD,
@@ -232,7 +232,7 @@ impl KubeNode {
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "u"}}],
             "current-context": "test",
         });
-        std::fs::write(&path, config.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, config.to_string()).unwrap();
         path
     }
 

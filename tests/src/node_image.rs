@@ -46,12 +46,12 @@ impl Rootfs {
 
     /// Write the image `name` (`isthmus.local/x:tag`) to `out` (an OCI archive) with `entrypoint`.
     pub fn build(self, name: &str, entrypoint: &str, out: &Path) {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("rootfs");
         let mut elves: BTreeSet<PathBuf> = BTreeSet::new();
         let copy = |from: &Path, to: &Path| {
             if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::create_dir_all(parent).unwrap();
             }
             // -L: a library's symlink becomes the file it names, under the name the loader asks for.
             let st = Command::new("cp").arg("-L").arg(from).arg(to).status();
@@ -71,7 +71,7 @@ impl Rootfs {
         }
         for d in &self.dirs {
             let to = root.join(d.strip_prefix("/").unwrap_or(d));
-            std::fs::create_dir_all(to.parent().unwrap_or(&root)).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::create_dir_all(to.parent().unwrap_or(&root)).unwrap();
             let st = Command::new("cp").arg("-a").arg(d).arg(&to).status();
             assert!(st.is_ok_and(|s| s.success()), "copying {}", d.display());
             for entry in walk(d) {
@@ -88,12 +88,12 @@ impl Rootfs {
         for (at, content) in &self.text {
             let to = root.join(at.strip_prefix("/").unwrap_or(at));
             if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::create_dir_all(parent).unwrap();
             }
-            std::fs::write(&to, content).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&to, content).unwrap();
         }
         for d in ["tmp", "run", "etc", "var/run", "proc", "sys", "dev"] {
-            std::fs::create_dir_all(root.join(d)).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::create_dir_all(root.join(d)).unwrap();
         }
         let out_run = Command::new("python3")
             .arg(crate::repo_root().join("tests/kubernetes/mkimage.py"))

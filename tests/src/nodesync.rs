@@ -64,7 +64,7 @@ impl NodeSync {
             .worker_threads(2)
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let client = rt.block_on(client_for(&kubeconfig));
         let slurm_client = SlurmClient::new(SlurmArgs {
             slurm_conf: Some(conf),

@@ -107,7 +107,7 @@ impl Placement {
             .worker_threads(2)
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let admin = rt.block_on(client_for(api.admin()));
         Self {
             rt,
@@ -276,7 +276,7 @@ impl Placement {
                     "resources": {"requests": {"cpu": o.cpu.unwrap_or("1"), "memory": "64Mi"}}}],
             }
         }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         if let (Some(image), Some(c)) = (o.image, pod.spec.as_mut().map(|s| &mut s.containers[0])) {
             c.image = Some(image.to_owned());
             c.image_pull_policy = Some("Never".to_owned());

@@ -68,15 +68,13 @@ impl Placement {
     /// Start a replica `identity` that reaches the API server at `server` (`None`: directly) and runs only the
     /// placement task while it leads the Lease `lease-<namespace>`; Slurm and API calls time out after 2 s.
     pub fn start_replica(&self, identity: &str, server: Option<&str>, timing: Timing) -> Replica {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let kubeconfig = match server {
             None => self.sa_kubeconfig().to_path_buf(),
             Some(url) => {
-                let text =
-                    std::fs::read_to_string(self.sa_kubeconfig()).unwrap_or_else(|e| panic!("{e}"));
+                let text = std::fs::read_to_string(self.sa_kubeconfig()).unwrap();
                 let path = dir.path().join("kubeconfig");
-                std::fs::write(&path, text.replace(self.api_url(), url))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                std::fs::write(&path, text.replace(self.api_url(), url)).unwrap();
                 path
             }
         };
@@ -126,7 +124,7 @@ impl Placement {
             .and_then(|h| clap::ValueEnum::to_possible_value(&h))
             .map(|v| format!("--placement-submit-as={}", v.get_name()));
         let args = Cli::try_parse_from(argv.iter().copied().chain(how.as_deref()))
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .run;
         let timing = args.lease_timing();
         let fence = Fence::new(timing.duration, timing.renew_deadline);

@@ -108,7 +108,7 @@ mod tests {
     use super::*;
 
     fn spec(text: &str) -> Value {
-        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}"))
+        serde_yaml_ng::from_str(text).unwrap()
     }
 
     #[test]

@@ -41,11 +41,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cut: Arc<AtomicBool>, stop: Arc<
 impl Proxy {
     /// Forward a free loopback port to `target`.
     pub fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-        listener
-            .set_nonblocking(true)
-            .unwrap_or_else(|e| panic!("{e}"));
+        listener.set_nonblocking(true).unwrap();
         let cut = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let (c, s) = (cut.clone(), stop.clone());

@@ -65,7 +65,7 @@ impl SlurmDir {
         for n in names {
             let p = self.dev().join(n);
             if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::create_dir_all(parent).unwrap();
             }
             let st = Command::new("mknod")
                 .arg(&p)
@@ -86,12 +86,11 @@ impl SlurmDir {
             .map(|m| format!("AuthInfo=socket={}\n", m.socket().display()))
             .unwrap_or_default();
         if let Some(cgroup) = self.release.cgroup_conf() {
-            std::fs::write(self.path().join("cgroup.conf"), cgroup)
-                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(self.path().join("cgroup.conf"), cgroup).unwrap();
         }
         // From 24.11 on `slurmd -G` opens its spool directory (its domain socket's, and where it caches hwloc's
         // topology) and logs errors without it.
-        std::fs::create_dir_all(self.path().join("spool")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(self.path().join("spool")).unwrap();
         let conf = format!(
             "ClusterName=isthmus-test\nSlurmctldHost=localhost\nAuthType=auth/munge\n{auth_info}SlurmUser=root\n\
              StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\n\
@@ -100,7 +99,7 @@ impl SlurmDir {
              {node_line} NodeAddr=127.0.0.1\nPartitionName=debug Nodes=ALL Default=YES\n"
         );
         let p = self.path().join("slurm.conf");
-        std::fs::write(&p, conf).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&p, conf).unwrap();
         p
     }
 }
@@ -187,7 +186,7 @@ pub fn term(pid: u32) -> bool {
 /// `dir/munge.key` with mode 0400.
 pub fn prepare_site(dir: &Path, subdirs: &[&str]) {
     for sub in subdirs.iter().chain(["dev", "munge"].iter()) {
-        std::fs::create_dir_all(dir.join(sub)).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
     for i in 0..8 {
         let st = Command::new("mknod")
@@ -203,7 +202,7 @@ pub fn prepare_site(dir: &Path, subdirs: &[&str]) {
 /// same bytes serve as auth/slurm's `slurm.key`.
 pub fn write_munge_key(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir.join("munge")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(dir.join("munge")).unwrap();
     let key: Vec<u8> = (0..1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -211,9 +210,8 @@ pub fn write_munge_key(dir: &Path) {
     if path.exists() {
         return;
     }
-    std::fs::write(&path, key).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, key).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
 }
 
 /// A munged of a release: key `dir/munge.key`, socket and files in `dir/munge`; stopped when dropped.
@@ -227,7 +225,7 @@ impl Munged {
     /// Start munged and wait for its socket.
     pub fn start(release: SlurmRelease, dir: &Path) -> Self {
         let m = dir.join("munge");
-        std::fs::create_dir_all(&m).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(&m).unwrap();
         let socket = m.join("munge.sock");
         let child = release
             .command("munged")

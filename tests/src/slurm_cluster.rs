@@ -106,7 +106,7 @@ impl Cluster {
     /// Replace the `nodes.conf` of a cluster started with [`Self::start_included`] (slurmctld reads it at the
     /// next `scontrol reconfigure`).
     pub fn write_nodes_conf(&self, text: &str) {
-        std::fs::write(self.ctld.path().join("nodes.conf"), text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(self.ctld.path().join("nodes.conf"), text).unwrap();
     }
 
     fn build(
@@ -164,7 +164,7 @@ impl Cluster {
                 n.gpus - 1
             ));
         }
-        std::fs::write(ctld.path().join("gres.conf"), gres).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(ctld.path().join("gres.conf"), gres).unwrap();
         let mut cluster = Self {
             ctld,
             nodes: nodes.to_vec(),
@@ -205,12 +205,12 @@ impl Cluster {
     pub fn start_slurmd(&mut self, name: &str) {
         self.stop_slurmd(name);
         let d = self.ctld.path().to_path_buf();
-        std::fs::create_dir_all(d.join("spool").join(name)).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(d.join("spool").join(name)).unwrap();
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(d.join(format!("slurmd-{name}.out")))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let child = self
             .release()
             .command("slurmd")

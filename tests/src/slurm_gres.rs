@@ -37,8 +37,7 @@ pub fn expand(file: &str) -> Vec<String> {
     match (file.find('['), file.strip_suffix(']')) {
         (Some(open), Some(body)) => {
             let prefix = &file[..open];
-            let ids = isthmus_topology::CpuSet::parse_list(&body[open + 1..])
-                .unwrap_or_else(|e| panic!("{e}"));
+            let ids = isthmus_topology::CpuSet::parse_list(&body[open + 1..]).unwrap();
             ids.ids().iter().map(|i| format!("{prefix}{i}")).collect()
         }
         _ => file.split(',').map(str::to_owned).collect(),
@@ -128,7 +127,7 @@ pub fn check_with_slurmd_on(
     } else {
         isthmus_agent::slurm::node::owned_gres_conf(&gres)
     };
-    std::fs::write(sd.path().join("gres.conf"), &written).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(sd.path().join("gres.conf"), &written).unwrap();
     let conf = sd.write_slurm_conf(node.trim(), &gres_types(&gres), "");
     let (mut printed, output) = slurmd_g(release, &conf, "node1", Path::new(root));
     let file_key =

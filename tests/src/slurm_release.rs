@@ -224,8 +224,7 @@ fn write_script(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 

@@ -42,7 +42,7 @@ impl Tools {
     /// Wrappers for `programs` of `release` (and its `setpriv`, for a controller that switches user with it: a call
     /// `setpriv … <dir>/sbatch ARGS` is logged and faulted as sbatch's).
     pub fn for_release(release: SlurmRelease, programs: &[&str]) -> Tools {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let d = dir.path().display().to_string();
         write_setpriv(
             dir.path(),
@@ -120,21 +120,19 @@ impl Tools {
             self.dir.path().join(format!("{program}.empty")),
             n.to_string(),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     }
 
     /// The next call of `program` runs the real program and then does not end (until killed, or 60 s).
     pub fn hang_after_next(&self, program: &str) {
-        std::fs::write(self.dir.path().join(format!("{program}.hang")), "")
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(self.dir.path().join(format!("{program}.hang")), "").unwrap();
     }
 }
 
 fn write_executable(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// `setpriv OPTIONS PROGRAM ARGS` in `d`: logged as a call of PROGRAM (its name, its arguments) and subject to

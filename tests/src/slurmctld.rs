@@ -61,14 +61,13 @@ impl Controller {
             auth == Auth::Munge || release.has_auth_slurm(),
             "{release} has no auth/slurm"
         );
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         // Open to every user, as a site's slurm.conf and munged's socket are: a client run as a tenant's user
         // (`setpriv`, where sbatch has no `--uid`) reads slurm.conf and asks munged for its credential.
         {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         prepare_site(d, &["state", "spool"]);
         let p = d.display();
@@ -100,15 +99,15 @@ impl Controller {
             free_port(),
             free_port()
         );
-        std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(d.join("slurm.conf"), conf).unwrap();
         if let Some(cgroup) = release.cgroup_conf() {
-            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap();
         }
         if auth == Auth::Slurm {
             write_slurm_key(d);
         }
         for (name, content) in files {
-            std::fs::write(d.join(name), content).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(d.join(name), content).unwrap();
         }
         let munged = (auth == Auth::Munge).then(|| Munged::start(release, d));
         let mut site = Self {
@@ -139,7 +138,7 @@ impl Controller {
             .create(true)
             .append(true)
             .open(d.join("slurmctld.out"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let mut cmd = self.release.command("slurmctld");
         cmd.arg("-D");
         if clean {
@@ -263,9 +262,8 @@ pub fn write_slurm_key(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     crate::slurm::write_munge_key(dir);
     let key = dir.join("slurm.key");
-    std::fs::copy(dir.join("munge.key"), &key).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::copy(dir.join("munge.key"), &key).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// SIGTERM a child, SIGKILL it after 10 s, and reap it.

@@ -137,7 +137,7 @@ pub(crate) fn webhook_ca(api: &ApiServer, d: &Path) -> PathBuf {
         "go-template={{index .data \"ca.crt\" | base64decode}}",
     ]);
     assert_ok(&decoded, "reading the CA");
-    std::fs::write(&ca, &decoded.stdout).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&ca, &decoded.stdout).unwrap();
     ca
 }
 
@@ -169,7 +169,7 @@ fn secret_field(api: &ApiServer, field: &str) -> String {
 #[test]
 fn the_webhook_enforces_every_rule_on_the_real_api_server() {
     let api = ApiServer::start();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (port, kc) = site(&api, "overlays/slurm");
     let mut first = start_controller(&api, "admission-1", &kc, port, &BOTH);
@@ -221,7 +221,7 @@ fn the_webhook_enforces_every_rule_on_the_real_api_server() {
 #[test]
 fn the_base_alone_guards_node_reports_and_leaves_pods_alone() {
     let api = ApiServer::start();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (port, kc) = site(&api, ".");
     let ctl = start_controller(&api, "base-1", &kc, port, &BOTH[..1]);

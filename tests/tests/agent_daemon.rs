@@ -60,7 +60,7 @@ fn rediscovery_keeps_one_runtime_and_a_constant_set_of_threads() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let pid = child.id();
     let _agent = Reaped(child);
     wait_until("the first discovery", Duration::from_secs(30), || {
@@ -89,7 +89,7 @@ fn rediscovery_keeps_one_runtime_and_a_constant_set_of_threads() {
 
 /// A unix socket that accepts and never answers: the kubelet's PodResources call hangs.
 fn silent_unix_listener(path: &Path) -> std::os::unix::net::UnixListener {
-    std::os::unix::net::UnixListener::bind(path).unwrap_or_else(|e| panic!("{e}"))
+    std::os::unix::net::UnixListener::bind(path).unwrap()
 }
 
 /// SIGTERM while a discovery is blocked on a file (a FIFO in sysfs), a PodResources call and an API request hang,
@@ -97,14 +97,14 @@ fn silent_unix_listener(path: &Path) -> std::os::unix::net::UnixListener {
 /// termination grace (30 s, 60 s with Slurm) would have the kubelet kill it: within grace + 5 s, on a loaded machine too.
 #[test]
 fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let root = d.join("root");
     copy_fixture(&root);
     // The kubelet and the API server accept connections and never answer.
     let _kubelet = silent_unix_listener(&d.join("kubelet.sock"));
-    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let api_addr = api.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api_addr = api.local_addr().unwrap();
     let kubeconfig = d.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -113,16 +113,14 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
              contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // A slurmd that ignores SIGTERM.
     let slurmd = d.join("slurmd");
-    let mut f = std::fs::File::create(&slurmd).unwrap_or_else(|e| panic!("{e}"));
-    writeln!(f, "#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 1; done")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut f = std::fs::File::create(&slurmd).unwrap();
+    writeln!(f, "#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 1; done").unwrap();
     drop(f);
-    std::fs::set_permissions(&slurmd, std::fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(d.join("slurm.conf"), "# test\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&slurmd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(d.join("slurm.conf"), "# test\n").unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let grace = 2;
     let child = Command::new(isthmus_bin())
@@ -148,9 +146,9 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
         .env_remove("HWLOC_COMPONENTS")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}")))
+        .stderr(std::fs::File::create(d.join("agent.log")).unwrap())
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let pid = child.id();
     let mut agent = Reaped(child);
     let log = || std::fs::read_to_string(d.join("agent.log")).unwrap_or_default();
@@ -169,7 +167,7 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
     let (child_pid, _, _) = slurmd_pid().unwrap_or_default();
     // The next discovery blocks reading a FIFO.
     let meminfo = root.join("sys/devices/system/node/node0/meminfo");
-    std::fs::remove_file(&meminfo).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&meminfo).unwrap();
     let st = Command::new("mkfifo").arg(&meminfo).status();
     assert!(st.is_ok_and(|s| s.success()));
     assert!(isthmus_tests::slurm::kill_with(pid, "HUP"));
@@ -180,7 +178,7 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
         .unwrap_or_else(|e| panic!("no API request: {e}\n{}", log()));
     api_conn
         .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -189,9 +187,7 @@ fn sigterm_stops_everything_within_the_grace_period_whatever_is_in_flight() {
         assert!(n > 0, "the agent closed the API connection\n{}", log());
         head.extend_from_slice(&buf[..n]);
     }
-    _kubelet
-        .set_nonblocking(true)
-        .unwrap_or_else(|e| panic!("{e}"));
+    _kubelet.set_nonblocking(true).unwrap();
     let mut kubelet_conn = None;
     wait_until("a PodResources connection", Duration::from_secs(30), || {
         kubelet_conn = _kubelet.accept().ok();
@@ -259,11 +255,8 @@ fn with_json_logs_every_line_of_a_failed_start_is_json() {
         "127.0.0.1:0",
     ];
     // An address in use: binding it fails at once.
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let taken = taken
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().map(|a| a.to_string()).unwrap();
     let bind_error = format!("binding {taken}");
     let cases: [(Vec<&str>, bool, &str); 4] = [
         (
@@ -316,7 +309,7 @@ fn with_json_logs_every_line_of_a_failed_start_is_json() {
         if env {
             cmd.env("ISTHMUS_LOG_FORMAT", "json");
         }
-        let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
+        let out = cmd.output().unwrap();
         assert!(!out.status.success(), "{args:?}");
         let text = format!(
             "{}{}",

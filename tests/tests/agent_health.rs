@@ -132,8 +132,8 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
     assert_eq!(metric(listen, "isthmus_device_health", gpu4), Some(1.0));
 
     // The recorded XID 119 stream of an XE9680 (GPU at 0000:9b:00): GpuHealthy False naming the GPU.
-    let stream = std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stream =
+        std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log")).unwrap();
     append(kmsg, &stream);
     wait("XID 119 → GpuHealthy False", log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| {
@@ -154,8 +154,8 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
 
     // An InfiniBand port leaves ACTIVE/LinkUp in sysfs.
     let port = root.join("sys/class/infiniband/mlx5_0/ports/1");
-    std::fs::write(port.join("state"), "1: DOWN\n").unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(port.join("phys_state"), "3: Disabled\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(port.join("state"), "1: DOWN\n").unwrap();
+    std::fs::write(port.join("phys_state"), "3: Disabled\n").unwrap();
     wait("port down → InfinibandHealthy False", log, || {
         condition(api, node, "InfinibandHealthy").is_some_and(|c| {
             c.0 == "False"
@@ -166,8 +166,7 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
     });
 
     // A GPU vanishes from the bus: both GPUs named.
-    std::fs::remove_file(root.join("sys/bus/pci/devices/0000:19:00.0"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(root.join("sys/bus/pci/devices/0000:19:00.0")).unwrap();
     wait("a GPU gone → GpuHealthy names both", log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| {
             c.0 == "False"
@@ -177,8 +176,8 @@ fn each_class_sets_its_condition_and_metric_and_application_errors_change_nothin
     });
 
     // The port comes back: InfinibandHealthy True again; the GPUs stay failed.
-    std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
+    std::fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap();
     wait("port back → InfinibandHealthy True", log, || {
         condition(api, node, "InfinibandHealthy").is_some_and(|c| c.0 == "True")
     });
@@ -238,8 +237,8 @@ fn xe9680_with_the_a10s_pending_remap() -> String {
 /// Write `text` as the NVML recording, replacing it whole (as the agent may read it at any moment).
 fn replace(path: &Path, text: &str) {
     let tmp = path.with_extension("new");
-    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 #[test]
@@ -290,8 +289,7 @@ fn a_pending_row_remap_fails_its_gpu_until_a_reset_applies_it() {
     // The GPU was reset: the remap applied, nothing pending (the recording as it was).
     replace(
         &host.nvml,
-        &std::fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"))
-            .unwrap_or_else(|e| panic!("{e}")),
+        &std::fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt")).unwrap(),
     );
     wait("the reset → GpuHealthy True", &host.log, || {
         condition(api, node, "GpuHealthy").is_some_and(|c| c.0 == "True")
@@ -317,9 +315,7 @@ fn infiniband_ports_are_read_between_discoveries_and_a_flapping_port_holds_until
         nrt_gpu(api, node, "0000:9b:00.0").is_some_and(|(alloc, _)| alloc == "4")
     });
     let port = host.root.join("sys/class/infiniband/mlx5_0/ports/1");
-    let write = |file: &str, text: &str| {
-        std::fs::write(port.join(file), text).unwrap_or_else(|e| panic!("{e}"))
-    };
+    let write = |file: &str, text: &str| std::fs::write(port.join(file), text).unwrap();
 
     write("state", "1: DOWN\n");
     write("phys_state", "2: Polling\n");

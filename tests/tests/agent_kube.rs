@@ -30,7 +30,7 @@ fn rt() -> &'static tokio::runtime::Runtime {
             .worker_threads(1)
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
 }
 
@@ -56,7 +56,7 @@ fn start_agent(kubeconfig: &Path, node: &str) -> Running {
 fn start_agent_with(kubeconfig: &Path, node: &str, args: &[&str]) -> Running {
     let docs = render("overlays/kubernetes-only");
     let container = agent_container(&docs);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let kubelet = FakeKubelet::default();
     if let Ok(mut pods) = kubelet.pods.lock() {
@@ -194,7 +194,7 @@ fn publishes_restores_and_stays_quiet_as_its_service_account() {
 
     // Deleted: back.
     rt().block_on(nrts.delete(node, &DeleteParams::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let (back, took) = rt().block_on(until(&nrts, node, "the deleted NRT back", |_| true));
     // How fast is a benchmark's question (docs/benchmarks.md); here it is enough that it comes back.
     eprintln!("deleted NRT restored in {took:?}");

@@ -40,25 +40,23 @@ fn the_rules_pass_promtool_and_their_unit_tests() {
 #[test]
 fn the_prometheus_rule_is_the_rule_file() {
     let plain: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(alerts().join("isthmus.rules.yaml"))
-            .unwrap_or_else(|e| panic!("{e}")),
+        &std::fs::read_to_string(alerts().join("isthmus.rules.yaml")).unwrap(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let out = Command::new(deploy::kubectl())
         .arg("kustomize")
         .arg(alerts())
         .output()
         .unwrap_or_else(|e| panic!("kubectl: {e}"));
     assert!(out.status.success(), "{}", describe(&out));
-    let rule: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let rule: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert_eq!(rule["kind"].as_str(), Some("PrometheusRule"));
     assert_eq!(rule["spec"]["groups"], plain["groups"]);
 }
 
 #[test]
 fn every_metric_a_rule_reads_is_recorded_by_the_code() {
-    let rules = std::fs::read_to_string(alerts().join("isthmus.rules.yaml"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rules = std::fs::read_to_string(alerts().join("isthmus.rules.yaml")).unwrap();
     let code = isthmus_tests::code_text(&["agent/src", "controller/src"]);
     let mut checked = 0;
     for expr in rules
@@ -99,10 +97,9 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
 /// Every rule of the plain file.
 fn rules() -> Vec<Value> {
     let plain: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(alerts().join("isthmus.rules.yaml"))
-            .unwrap_or_else(|e| panic!("{e}")),
+        &std::fs::read_to_string(alerts().join("isthmus.rules.yaml")).unwrap(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     plain["groups"]
         .as_sequence()
         .into_iter()
@@ -156,16 +153,14 @@ fn anchor(heading: &str) -> String {
 
 #[test]
 fn every_alert_links_its_section_of_the_troubleshooting_page() {
-    let cargo =
-        std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
     let repository = cargo
         .lines()
         .find_map(|l| l.strip_prefix("repository = \""))
         .and_then(|l| l.strip_suffix('"'))
         .unwrap_or_else(|| panic!("no repository in Cargo.toml"));
     let prefix = format!("{repository}/blob/main/docs/troubleshooting.md#");
-    let page = std::fs::read_to_string(repo_root().join("docs/troubleshooting.md"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let page = std::fs::read_to_string(repo_root().join("docs/troubleshooting.md")).unwrap();
     let sections: Vec<String> = page
         .lines()
         .filter_map(|l| l.strip_prefix("### "))

@@ -36,8 +36,8 @@ fn truth(root: &Path) -> Truth {
     let mut node_uid: BTreeMap<u64, u64> = BTreeMap::new();
     let mut partitions: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     let mut links: Vec<(u64, u64, u64)> = Vec::new();
-    for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
-        let entry = entry.unwrap_or_else(|e| panic!("{e}"));
+    for entry in fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
         let id: u64 = entry
             .file_name()
             .to_string_lossy()
@@ -54,12 +54,8 @@ fn truth(root: &Path) -> Truth {
             .or_default()
             .insert(p["drm_render_minor"]);
         let io = entry.path().join("io_links");
-        for l in fs::read_dir(&io).unwrap_or_else(|e| panic!("{e}")) {
-            let lp = props(
-                &l.unwrap_or_else(|e| panic!("{e}"))
-                    .path()
-                    .join("properties"),
-            );
+        for l in fs::read_dir(&io).unwrap() {
+            let lp = props(&l.unwrap().path().join("properties"));
             links.push((id, lp["node_to"], lp["type"]));
         }
     }
@@ -171,8 +167,8 @@ fn mi308x_cpx_partitions_match_the_kfd_properties() {
 fn derive_layout(root: &Path, keep: u64) {
     let dir = root.join(NODES);
     let mut dropped = BTreeSet::new();
-    for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
-        let entry = entry.unwrap_or_else(|e| panic!("{e}"));
+    for entry in fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
         let p = props(&entry.path().join("properties"));
         if p.get("simd_count").copied().unwrap_or(0) > 0 && p["location_id"] & 7 >= keep {
             dropped.insert(
@@ -182,18 +178,15 @@ fn derive_layout(root: &Path, keep: u64) {
                     .parse::<u64>()
                     .unwrap_or(0),
             );
-            fs::remove_dir_all(entry.path()).unwrap_or_else(|e| panic!("{e}"));
+            fs::remove_dir_all(entry.path()).unwrap();
         }
     }
-    for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
-        let io = entry
-            .unwrap_or_else(|e| panic!("{e}"))
-            .path()
-            .join("io_links");
-        for l in fs::read_dir(&io).unwrap_or_else(|e| panic!("{e}")) {
-            let l = l.unwrap_or_else(|e| panic!("{e}")).path();
+    for entry in fs::read_dir(&dir).unwrap() {
+        let io = entry.unwrap().path().join("io_links");
+        for l in fs::read_dir(&io).unwrap() {
+            let l = l.unwrap().path();
             if dropped.contains(&props(&l.join("properties"))["node_to"]) {
-                fs::remove_dir_all(&l).unwrap_or_else(|e| panic!("{e}"));
+                fs::remove_dir_all(&l).unwrap();
             }
         }
     }

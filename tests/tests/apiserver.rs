@@ -50,8 +50,7 @@ fn server_starts_and_serves_the_version_of_its_binary() {
     let api = ApiServer::shared();
     let out = api.kubectl(&["get", "--raw", "/version"]);
     assert!(out.status.success(), "{}", describe(&out));
-    let version: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let version: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (major, minor) = isthmus_tests::apiserver::version();
     assert_eq!(
         (version["major"].as_str(), version["minor"].as_str()),
@@ -85,7 +84,7 @@ fn upstream_nrt_crd_is_served_and_its_schema_enforced() {
         if let Some(zones) = zones {
             obj["zones"] = zones;
         }
-        serde_json::from_value::<DynamicObject>(obj).unwrap_or_else(|e| panic!("{e}"))
+        serde_json::from_value::<DynamicObject>(obj).unwrap()
     };
     let cpu = |capacity: &str| serde_json::json!([{"name": "cpu", "capacity": capacity, "allocatable": "1", "available": "1"}]);
     let cases = [
@@ -118,7 +117,7 @@ fn upstream_nrt_crd_is_served_and_its_schema_enforced() {
         ),
     ];
 
-    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let gvk = GroupVersionKind::gvk("topology.node.k8s.io", "v1alpha2", "NodeResourceTopology");
         let resource = ApiResource::from_gvk_with_plural(&gvk, "noderesourcetopologies");
@@ -178,8 +177,7 @@ fn the_agents_rendered_nrt_is_accepted_with_its_node_owner() {
     api.apply_yaml(&String::from_utf8_lossy(&out.stdout));
     let out = api.kubectl(&["get", NRT_CRD, "render-h100", "-o", "json"]);
     assert!(out.status.success(), "{}", describe(&out));
-    let live: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(live["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
     assert_eq!(live["zones"].as_array().map(Vec::len), Some(2), "{live}");
 }
@@ -206,7 +204,7 @@ fn the_agents_service_account_has_exactly_its_rbac() {
     api.create_node("rbac-node");
     // Volcano's CRD, so that the server knows the resource the agent may also publish.
     let volcano = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-    api.apply_yaml(&std::fs::read_to_string(&volcano).unwrap_or_else(|e| panic!("{e}")));
+    api.apply_yaml(&std::fs::read_to_string(&volcano).unwrap());
     api.wait_for_crd("numatopologies.nodeinfo.volcano.sh");
 
     let token = api.token_for("isthmus-system", "isthmus");
@@ -415,13 +413,13 @@ fn a_private_server_restarts_under_a_kube_client() {
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let client = rt.block_on(client_for(api.admin_kubeconfig()));
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some("survives-restart".into());
     rt.block_on(cms.create(&PostParams::default(), &cm))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
 
     api.stop();
     let down = rt.block_on(cms.get("survives-restart"));
@@ -447,9 +445,9 @@ fn kubectl_apply_k_the_slurm_overlay_succeeds_with_its_secret() {
     let namespace = deploy::deploy_dir().join("base/namespace.yaml");
     let ns = api.kubectl(&["apply", "-f", &namespace.display().to_string()]);
     assert!(ns.status.success(), "{}", describe(&ns));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("munge.key");
-    std::fs::write(&key, [7u8; 1024]).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&key, [7u8; 1024]).unwrap();
     let secret = api.kubectl(&[
         "-n",
         "isthmus-system",

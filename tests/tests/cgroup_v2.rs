@@ -59,16 +59,15 @@ struct Suite {
 impl Suite {
     /// Boot once and run every case.
     fn run() -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let vm = repo_root().join("tests/vm");
-        std::fs::copy(vm.join("cgroup_v2.sh"), d.join("inside.sh"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::copy(vm.join("cgroup_v2.sh"), d.join("inside.sh")).unwrap();
         std::fs::copy(
             repo_root().join("deploy/daemonset/components/slurm-cgroups-v2/cgroup.conf"),
             d.join("cgroup.conf"),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let roots: Vec<String> = [
             SlurmRelease::V22_05,
             SlurmRelease::V24_11,
@@ -106,7 +105,7 @@ impl Suite {
         // the run's directory, which it shares.
         let bin = d.join("isthmus");
         if std::fs::hard_link(isthmus_bin(), &bin).is_err() {
-            std::fs::copy(isthmus_bin(), &bin).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::copy(isthmus_bin(), &bin).unwrap();
         }
         let env = format!(
             "ISTHMUS_BIN={}\nROOTS=\"{}\"\nCASES=\"{}\"\n",
@@ -114,7 +113,7 @@ impl Suite {
             roots.join(" "),
             cases.join(" ")
         );
-        std::fs::write(d.join("env"), env).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(d.join("env"), env).unwrap();
         let status = Command::new("bash")
             .arg(vm.join("vm.sh"))
             .arg("run")

@@ -20,7 +20,7 @@ const KUBELET_CONFIG: &str =
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
-    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, text).unwrap();
     path.display().to_string()
 }
 
@@ -33,7 +33,7 @@ fn agent_and_controller_run_from_a_configuration_file_alone() {
     api.wait_for_crd(NRT_CRD);
     api.create_node(NODE);
     let agent_kc = api.kubeconfig_for_token(&api.token_for("isthmus-system", "isthmus"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let _kubelet = serve(&socket, FakeKubelet::default());
 
@@ -100,7 +100,7 @@ fn isthmus(args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().unwrap_or_else(|e| panic!("{e}"))
+    cmd.output().unwrap()
 }
 
 /// The error messages of a refused start that printed only JSON lines.
@@ -121,7 +121,7 @@ fn json_errors(out: &Output) -> Vec<String> {
 
 #[test]
 fn a_file_with_an_unknown_key_or_a_bad_value_is_refused_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = fixtures().join("hosts/xe9680-8xh100/root");
     let cases = [
         (

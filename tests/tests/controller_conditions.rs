@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn at(s: &str) -> Time {
-    Time(s.parse().unwrap_or_else(|e| panic!("{e}")))
+    Time(s.parse().unwrap())
 }
 
 fn gpu(status: &str, heartbeat: &str, transition: &str) -> NodeCondition {

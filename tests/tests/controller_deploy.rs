@@ -149,7 +149,7 @@ fn the_shipped_rbac_files_equal_the_declared_access() {
         let kustomization = controller::deploy_dir()
             .join(dir)
             .join("kustomization.yaml");
-        let text = std::fs::read_to_string(&kustomization).unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(&kustomization).unwrap();
         assert!(
             text.contains(&format!("- {name}")),
             "{name} is not in {}",
@@ -384,7 +384,7 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
     let agent = std::fs::read_to_string(
         isthmus_tests::repo_root().join("deploy/daemonset/base/daemonset.yaml"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let image = c["image"].as_str().unwrap_or_default();
     assert!(
         agent.contains(&format!("image: {image}")),
@@ -427,9 +427,9 @@ fn the_deployment_runs_two_replicas_and_its_pod_is_restricted() {
         "metadata": {"name": "controller", "namespace": "restricted-check"},
         "spec": spec,
     });
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pod.json");
-    std::fs::write(&file, pod.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, pod.to_string()).unwrap();
     let out = api.kubectl(&["create", "--dry-run=server", "-f", &file.to_string_lossy()]);
     let text = describe(&out);
     assert!(out.status.success(), "{text}");

@@ -180,7 +180,7 @@ fn cordon_drains_slurm_drains_taint_and_foreign_drains_survive(release) {
     assert!(site.running());
 
     // Stopped, its watch ends, and the audit log (which logs a watch when it ends) shows it.
-    site.stop().unwrap_or_else(|e| panic!("{e}"));
+    site.stop().unwrap();
     site.wait(
         "the watch in the audit log",
         Duration::from_secs(30),
@@ -323,17 +323,17 @@ fn outages_of_slurmctld_and_the_api_server_converge_without_a_write_storm(releas
 
 each_release! {
 fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon(release) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("fail");
     let epilog = dir.path().join("epilog.sh");
     std::fs::write(
         &epilog,
         format!("#!/bin/sh\n[ -e '{}' ] && exit 1\nexit 0\n", flag.display()),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&epilog, std::fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut site = SyncSite::start_with(
         release,
         &["ep1", "ep2"],
@@ -357,7 +357,7 @@ fn a_node_drained_by_an_epilog_failure_stays_drained_after_uncordon(release) {
         site.slurm.state("ep1").starts_with("MIXED")
             || site.slurm.state("ep1").starts_with("ALLOCATED")
     });
-    std::fs::write(&flag, "").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&flag, "").unwrap();
     site.kubectl_ok(&["cordon", "ep1"]);
     site.wait("ep1 drained by the cordon, recorded", CROSS * 2, || {
         site.slurm.state("ep1").contains("DRAIN") && site.drain_recorded("ep1")

@@ -139,7 +139,7 @@ fn a_cut_off_leader_stops_within_its_renew_deadline_and_the_new_leaders_jobs_sur
         .api_url()
         .trim_start_matches("https://")
         .parse()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let proxy = Proxy::start(addr);
     let mut old = p.start_replica("old", Some(&proxy.url()), timing);
     wait_until("the old replica leads", WAIT, || old.fence.is_leading());

@@ -111,7 +111,7 @@ fn tenants_are_isolated_and_jobs_run_as_the_mapped_user_and_account(release) {
     let pods_b: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(p.admin.clone(), B);
     p.rt.block_on(pods_b.delete("x2", &Default::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     wait_until("x2's job cancelled", WAIT, || {
         job(&cluster, j2).is_none_or(|j| j.is_finished())
     });

@@ -27,12 +27,12 @@ use isthmus_tests::slurmctld::Controller;
 /// Write the crafted NRTs and Nodes into `dir/nrts` and `dir/nodes`.
 fn write_dirs(c: &Crafted, dir: &Path) {
     controller::write_nrt_dir(&dir.join("nrts"), &c.nrts);
-    std::fs::create_dir_all(dir.join("nodes")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(dir.join("nodes")).unwrap();
     std::fs::write(
         dir.join("nodes/nodes.json"),
         crafted::nodes_json(c).to_string(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// `isthmus controller render` of one output with the Nodes: (stdout, stderr).
@@ -156,7 +156,7 @@ fn assert_slurmctld_loads(data: &BTreeMap<String, String>, names: &[String]) {
 #[test]
 fn crafted_reports_offline_leave_only_real_nodes_that_slurmctld_loads() {
     let c = crafted::crafted(&Template::h100());
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write_dirs(&c, dir.path());
     let (nodes, warnings) = render(dir.path(), "node-conf");
     let data = BTreeMap::from([
@@ -226,7 +226,7 @@ fn rejected(api: &ApiServer) -> BTreeMap<String, String> {
 #[test]
 fn crafted_reports_live_are_left_out_listed_and_counted() {
     let c = crafted::crafted(&Template::h100());
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write_dirs(&c, dir.path());
     let api = ApiServer::start();
     controller::install_nrt_crd(&api);

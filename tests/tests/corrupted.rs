@@ -56,7 +56,7 @@ fn discover(root: &Path, extra: &[&str]) -> NodeTopology {
 
 #[test]
 fn corrupted_h100_tree_yields_a_model_and_warnings() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     copy_tree(&fixtures().join("hosts/xe9680-8xh100/root"), &root);
     let pci = "sys/bus/pci/devices";
@@ -225,7 +225,7 @@ fn missing_or_empty_roots_give_clear_results() {
         "{stderr}"
     );
 
-    let empty = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let empty = tempfile::tempdir().unwrap();
     let t = discover(empty.path(), &[]);
     assert!(t.devices.is_empty());
     assert!(
@@ -270,7 +270,7 @@ fn numa_corruptions_warn_on_both_paths() {
             |r| {
                 remove_dir(r, "sys/devices/system/node/node1");
                 std::os::unix::fs::symlink("node1", r.join("sys/devices/system/node/node1"))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                    .unwrap();
             },
             "node1",
         ),
@@ -302,7 +302,7 @@ fn numa_corruptions_warn_on_both_paths() {
 
 #[test]
 fn an_empty_root_has_no_cpu_facts_to_render() {
-    let empty = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let empty = tempfile::tempdir().unwrap();
     let t = discover(empty.path(), &[]);
     assert!(t.require_cpus().is_err());
     let out = isthmus(

@@ -16,7 +16,7 @@ fn dir() -> PathBuf {
 }
 
 fn raw() -> String {
-    std::fs::read_to_string(dir().join("isthmus.json")).unwrap_or_else(|e| panic!("{e}"))
+    std::fs::read_to_string(dir().join("isthmus.json")).unwrap()
 }
 
 fn dashboard() -> Value {
@@ -329,13 +329,13 @@ fn every_query_is_valid_promql() {
             )
         })
         .collect();
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("dashboard.rules.yaml");
     std::fs::write(
         &file,
         format!("groups:\n  - name: dashboard\n    rules:\n{rules}"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let out = Command::new("promtool")
         .args(["check", "rules"])
         .arg(&file)
@@ -358,7 +358,7 @@ fn kustomize_makes_one_config_map_with_the_file() {
         .unwrap_or_else(|e| panic!("kubectl: {e}"));
     assert!(out.status.success(), "{}", describe(&out));
     let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_slice(&out.stdout)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
     assert_eq!(docs.len(), 1);
     let cm = &docs[0];
@@ -366,8 +366,7 @@ fn kustomize_makes_one_config_map_with_the_file() {
     assert_eq!(cm["metadata"]["name"].as_str(), Some("isthmus-dashboard"));
     assert_eq!(cm["metadata"]["namespace"].as_str(), Some("isthmus-system"));
     let labels: BTreeMap<String, String> =
-        serde_yaml_ng::from_value(cm["metadata"]["labels"].clone())
-            .unwrap_or_else(|e| panic!("{e}"));
+        serde_yaml_ng::from_value(cm["metadata"]["labels"].clone()).unwrap();
     assert_eq!(
         labels,
         BTreeMap::from([("grafana_dashboard".to_owned(), "1".to_owned())])

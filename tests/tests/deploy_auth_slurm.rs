@@ -23,9 +23,9 @@ fn the_auth_slurm_component_mounts_the_slurm_key_and_runs_no_munged() {
     let namespace = deploy::deploy_dir().join("base/namespace.yaml");
     let ns = api.kubectl(&["apply", "-f", &namespace.display().to_string()]);
     assert!(ns.status.success(), "{}", describe(&ns));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("slurm.key");
-    std::fs::write(&key, [7u8; 1024]).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&key, [7u8; 1024]).unwrap();
     let secret = api.kubectl(&[
         "-n",
         "isthmus-system",
@@ -37,15 +37,14 @@ fn the_auth_slurm_component_mounts_the_slurm_key_and_runs_no_munged() {
     ]);
     assert!(secret.status.success(), "{}", describe(&secret));
     let overlay = dir.path().join("overlay");
-    std::fs::create_dir(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&overlay).unwrap();
     let d = deploy::deploy_dir();
     let kustomization = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
         deploy::relative_path(&overlay, &d.join("overlays/kubernetes-slurm")),
         deploy::relative_path(&overlay, &d.join("components/auth-slurm")),
     );
-    std::fs::write(overlay.join("kustomization.yaml"), kustomization)
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
     let out = api.apply_kustomize(&overlay);
     let text = describe(&out);
     assert!(!text.to_lowercase().contains("warning"), "{text}");
@@ -60,7 +59,7 @@ fn the_auth_slurm_component_mounts_the_slurm_key_and_runs_no_munged() {
         "json",
     ]);
     assert!(ds.status.success(), "{}", describe(&ds));
-    let ds: Value = serde_json::from_slice(&ds.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let ds: Value = serde_json::from_slice(&ds.stdout).unwrap();
     let pod = &ds["spec"]["template"]["spec"];
     let containers = pod["containers"].as_array().cloned().unwrap_or_default();
     assert_eq!(

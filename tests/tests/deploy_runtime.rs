@@ -35,7 +35,7 @@ fn the_kubernetes_only_agent_publishes_with_no_capability() {
     let agent = agent_container(&docs);
     let caps = added_capabilities(agent);
     assert!(caps.is_empty());
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let kubelet = isthmus_tests::kubelet::FakeKubelet::default();
     let _kubelet_rt = isthmus_tests::kubelet::serve(&socket, kubelet);
@@ -88,12 +88,11 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     let agent = agent_container(&docs);
     let caps = added_capabilities(agent);
     let cm = one(&docs, "ConfigMap");
-    let site = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let site = tempfile::tempdir().unwrap();
     let d = site.path();
     use std::os::unix::fs::PermissionsExt;
     // `nobody` must reach slurm.conf and munged's socket.
-    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     isthmus_tests::slurm::prepare_site(d, &["state", "spool", "etc-slurm"]);
     let (ctld_port, slurmd_port) = (free_port(), free_port());
     let p = d.display();
@@ -119,7 +118,7 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
     ));
     // What the overlay's init container does: slurm.conf into the writable directory gres.conf goes to.
     let slurm_conf = d.join("etc-slurm/slurm.conf");
-    std::fs::write(&slurm_conf, conf).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&slurm_conf, conf).unwrap();
 
     let api = ApiServer::shared();
     let kubeconfig = install_agent(api);
@@ -263,9 +262,8 @@ fn the_slurm_agent_runs_and_cancels_user_jobs_with_exactly_the_overlay_capabilit
 
     // A batch job as nobody: slurmd writes its script into the spool for the user, the output file is the user's.
     let jobs = d.join("jobs");
-    std::fs::create_dir_all(&jobs).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o1777))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&jobs).unwrap();
+    std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let out = as_nobody(&["timeout", "60", "sbatch", "--parsable", "-w", node])
         .arg(format!("--chdir={}", jobs.display()))
         .arg(format!("--output={}/batch-%j.out", jobs.display()))

@@ -17,10 +17,9 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
     let dir = tempfile::Builder::new()
         .prefix("isthmus-checkov-")
         .tempdir()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     for (name, sub) in VARIANTS.iter().skip(1) {
-        std::fs::write(dir.path().join(format!("{name}.yaml")), render_text(sub))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join(format!("{name}.yaml")), render_text(sub)).unwrap();
     }
     // The Slurm variant with its jobs confined on the pod's cgroup (components/slurm-cgroups).
     std::fs::write(
@@ -30,7 +29,7 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
             &["slurm-cgroups"],
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // The same on cgroup v2 (components/slurm-cgroups-v2).
     std::fs::write(
         dir.path().join("kubernetes-slurm-cgroups-v2.yaml"),
@@ -39,13 +38,13 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
             &["slurm-cgroups-v2"],
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // The site layout: both halves with Slurm, monitoring and the chosen components in one kustomization.
     std::fs::write(
         dir.path().join("site-example.yaml"),
         isthmus_tests::deploy::render_text_at(&repo_root().join("deploy"), "site-example"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // The cluster controller, with and without its Slurm tasks.
     for (name, sub) in [("controller", "."), ("controller-slurm", "overlays/slurm")] {
         let path = controller::deploy_dir().join(sub);
@@ -62,13 +61,11 @@ fn the_security_scan_fails_only_checks_that_docs_deploy_md_accepts() {
             path.display(),
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::write(dir.path().join(format!("{name}.yaml")), &out.stdout)
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join(format!("{name}.yaml")), &out.stdout).unwrap();
     }
     let docker = dir.path().join("containerfile");
-    std::fs::create_dir_all(&docker).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::copy(repo_root().join("Containerfile"), docker.join("Dockerfile"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&docker).unwrap();
+    std::fs::copy(repo_root().join("Containerfile"), docker.join("Dockerfile")).unwrap();
     let out = Command::new("checkov")
         .arg("-d")
         .arg(dir.path())
@@ -176,10 +173,7 @@ fn the_runtime_images_hold_what_the_binary_links_and_runs() {
             .collect()
     };
     // Every shared library the binary needs, and the package that ships it here (Debian bookworm, as the image).
-    let ldd = Command::new("ldd")
-        .arg(isthmus_bin())
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ldd = Command::new("ldd").arg(isthmus_bin()).output().unwrap();
     let base = ["libc6", "libgcc-s1"];
     let mut needed = BTreeSet::new();
     for line in String::from_utf8_lossy(&ldd.stdout).lines() {
@@ -223,7 +217,7 @@ fn which(program: &str) -> PathBuf {
     let out = Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     std::fs::canonicalize(&p).unwrap_or(p)
 }

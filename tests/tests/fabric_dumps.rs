@@ -42,9 +42,8 @@ fn args(dump_name: &str, output: OutputKind, exclude: &[&str]) -> RenderArgs {
 fn golden(name: &str, actual: &str) {
     let path = fixtures().join("expected/fabric").join(name);
     if std::env::var_os("ISTHMUS_BLESS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
-            .unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&path, actual).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).unwrap();
+        std::fs::write(&path, actual).unwrap();
     }
     let want = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (ISTHMUS_BLESS=1 writes it)", path.display()));
@@ -57,7 +56,7 @@ fn golden(name: &str, actual: &str) {
 }
 
 fn render(a: &RenderArgs) -> String {
-    offline::run_render(a).unwrap_or_else(|e| panic!("{e}"))
+    offline::run_render(a).unwrap()
 }
 
 /// Every `Nodes=` host of a topology.conf, checking none appears twice.
@@ -68,7 +67,7 @@ fn nodes_of(conf: &str) -> BTreeSet<String> {
             .split_whitespace()
             .find_map(|kv| kv.strip_prefix("Nodes="))
         {
-            for n in hostlist::expand(nodes).unwrap_or_else(|e| panic!("{e}")) {
+            for n in hostlist::expand(nodes).unwrap() {
                 assert!(seen.insert(n.clone()), "{n} is under two switches");
             }
         }
@@ -199,8 +198,7 @@ fn a_degenerate_dump_never_replaces_a_topology() {
 }
 
 fn crd_schema(path: &str, version: &str) -> Value {
-    let crd: Value =
-        serde_yaml_ng::from_str(&read(&fixtures().join(path))).unwrap_or_else(|e| panic!("{e}"));
+    let crd: Value = serde_yaml_ng::from_str(&read(&fixtures().join(path))).unwrap();
     crd["spec"]["versions"]
         .as_array()
         .and_then(|vs| {
@@ -250,7 +248,7 @@ fn hypernodes_and_the_kueue_topology_match_the_upstream_schemas() {
         assert!(!objects.is_empty());
         let mut members = BTreeSet::new();
         for o in &objects {
-            let v = serde_json::to_value(o).unwrap_or_else(|e| panic!("{e}"));
+            let v = serde_json::to_value(o).unwrap();
             validate(&hn, &v, name);
             for mem in &o.spec.members {
                 let n = mem
@@ -262,8 +260,7 @@ fn hypernodes_and_the_kueue_topology_match_the_upstream_schemas() {
                 assert!(members.insert(n.clone()), "{name}: {n} has two parents");
             }
         }
-        let t = serde_json::to_value(render::kueue::render(&m, &opts))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let t = serde_json::to_value(render::kueue::render(&m, &opts)).unwrap();
         validate(&topo, &t, name);
         let levels = t["spec"]["levels"].as_array().map(Vec::len).unwrap_or(0);
         assert_eq!(
@@ -282,7 +279,7 @@ fn the_kai_topology_of_every_dump_matches_the_upstream_schema() {
     let schema = crd_schema("reference/kai/kai.scheduler_topologies.yaml", "v1alpha1");
     let opts = RenderOptions::default();
     let mut names: Vec<String> = std::fs::read_dir(fixtures().join("fabric/dumps"))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| !n.starts_with("LICENSE") && !n.starts_with("PROVENANCE"))
         .collect();
@@ -296,7 +293,7 @@ fn the_kai_topology_of_every_dump_matches_the_upstream_schema() {
             &ModelOptions::default(),
         );
         let kai = render::kai::render(&m, &opts);
-        let v = serde_json::to_value(&kai).unwrap_or_else(|e| panic!("{e}"));
+        let v = serde_json::to_value(&kai).unwrap();
         validate(&schema, &v, name);
         assert_eq!(v["apiVersion"], "kai.scheduler/v1alpha1", "{name}");
         let labels: Vec<&str> = kai

@@ -161,7 +161,7 @@ fn check_generated(g: Generated) {
             .split_whitespace()
             .find_map(|kv| kv.strip_prefix("Nodes="))
         {
-            for n in hostlist::expand(nodes).unwrap_or_else(|e| panic!("{e}")) {
+            for n in hostlist::expand(nodes).unwrap() {
                 assert!(seen.insert(n.clone()), "{}: {n} under two switches", g.name);
             }
         }
@@ -187,7 +187,7 @@ fn rail_optimized_pods_with_partial_cabling() {
 /// Discover what a process attached at `ca` sees (a copy of the simulated sysfs), then learn its neighbour with
 /// the real smpquery.
 fn probe(sim: &Sim, ca: &CaTruth, timeout: Duration) -> isthmus_topology::NodeTopology {
-    let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = tempfile::tempdir().unwrap();
     sim.capture_sysfs(&ca.sim_id, root.path());
     let opts = DiscoverOptions {
         use_hwloc: false,
@@ -279,7 +279,7 @@ fn a_failed_query_leaves_no_neighbour_and_a_warning() {
     let g = fabric_gen::fat_tree_two_level(2, 2, 1);
     let mut sim = Sim::start(&g.net, g.sizes);
     let ca = g.truth.hosts["gpu001"][0].clone();
-    let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = tempfile::tempdir().unwrap();
     sim.capture_sysfs(&ca.sim_id, root.path());
     let env = sim.env(Some(&ca.sim_id));
     sim.stop();

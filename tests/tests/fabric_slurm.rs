@@ -35,8 +35,7 @@ fn args(dump: Option<&Path>, nrt_dir: Option<&Path>) -> RenderArgs {
 }
 
 fn render(model: &ClusterModel, a: &RenderArgs, kind: OutputKind) -> String {
-    offline::render_output(model, kind, &offline::render_options(a))
-        .unwrap_or_else(|e| panic!("{e}"))
+    offline::render_output(model, kind, &offline::render_options(a)).unwrap()
 }
 
 /// `scontrol show topology` as switch → key/value map.
@@ -114,7 +113,7 @@ each_release! {
 fn slurmctld_loads_the_director_topology(release) {
     let dump = fixtures().join("fabric/dumps/ufm_sdk-ibnetdiscover_director.txt");
     let a = args(Some(&dump), None);
-    let (model, _) = offline::build_model(&a).unwrap_or_else(|e| panic!("{e}"));
+    let (model, _) = offline::build_model(&a).unwrap();
     let conf = render(&model, &a, OutputKind::TopologyConf);
     let names = hostlist::compress(model.nodes.values().filter_map(|n| n.slurm_name.as_deref()));
     let nodes = format!("NodeName={names} CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1");
@@ -187,17 +186,17 @@ only [V26_05]
 fn slurmctld_loads_the_topology_yaml_of_the_slurm_configmap(release) {
     let dump = fixtures().join("fabric/dumps/ufm_sdk-ibnetdiscover_director.txt");
     let a = args(Some(&dump), None);
-    let (model, _) = offline::build_model(&a).unwrap_or_else(|e| panic!("{e}"));
+    let (model, _) = offline::build_model(&a).unwrap();
     let flags = ControllerFlags::parse_from(["isthmus", "--slurm-topology-yaml", "true"]);
-    let files = outputs::slurm_files(&model, &flags.topology).unwrap_or_else(|e| panic!("{e}"));
+    let files = outputs::slurm_files(&model, &flags.topology).unwrap();
     assert_eq!(
         files.keys().map(String::as_str).collect::<Vec<_>>(),
         ["gres.conf", "nodes.conf", "topology.conf", "topology.yaml"]
     );
     let yaml = &files["topology.yaml"];
-    let named = check::read_back_yaml(yaml).unwrap_or_else(|e| panic!("{e}"));
+    let named = check::read_back_yaml(yaml).unwrap();
     // The blocks the file names, with their nodes.
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
     let blocks: BTreeMap<String, BTreeSet<String>> = doc
         .as_sequence()
         .into_iter()
@@ -266,8 +265,7 @@ fn rendered(dev: &str, nvml: bool) -> Rendered {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     Rendered {
-        topo: serde_json::from_str(&run(&["discover", "--output", "json"]))
-            .unwrap_or_else(|e| panic!("{e}")),
+        topo: serde_json::from_str(&run(&["discover", "--output", "json"])).unwrap(),
         gres: run(&["render", "gres", "--dev-dir", dev])
             .lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
@@ -325,28 +323,28 @@ fn slurm_accepts_the_topology_gres_conf_and_node_definitions_built_from_nrts(rel
     // computed their gres.conf with NVML (Links=), the others without.
     let g = fabric_gen::rail_pods(2, 16, 8, 2);
     let (with_nvml, without) = (rendered(&dev, true), rendered(&dev, false));
-    let nrt_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let nrt_dir = tempfile::tempdir().unwrap();
     let mut list = Vec::new();
     for (i, (host, cas)) in g.truth.hosts.iter().enumerate() {
         let nvml = ["01", "02", "03", "04"].iter().any(|n| host.ends_with(n));
         let nrt = node_nrt(host, i, cas, if nvml { &with_nvml } else { &without });
         if i % 2 == 0 {
-            let text = serde_yaml_ng::to_string(&nrt).unwrap_or_else(|e| panic!("{e}"));
+            let text = serde_yaml_ng::to_string(&nrt).unwrap();
             std::fs::write(nrt_dir.path().join(format!("{host}.yaml")), text)
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
         } else {
-            list.push(serde_json::to_value(&nrt).unwrap_or_else(|e| panic!("{e}")));
+            list.push(serde_json::to_value(&nrt).unwrap());
         }
     }
     // The other half as one `kubectl get -o json` List.
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": list});
     std::fs::write(nrt_dir.path().join("list.json"), list.to_string())
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
 
     let mut a = args(None, Some(nrt_dir.path()));
     // The device files are the test's own nodes: the controller accepts paths under that directory only.
     a.model.gres_device_dir.clone_from(&dev);
-    let (model, warnings) = offline::build_model(&a).unwrap_or_else(|e| panic!("{e}"));
+    let (model, warnings) = offline::build_model(&a).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(model.nodes.len(), 32);
     // The pods are the two leaves, under one root.
@@ -401,7 +399,7 @@ fn slurm_accepts_the_topology_gres_conf_and_node_definitions_built_from_nrts(rel
     for host in ["su1-dgx01", "su2-dgx16"] {
         let t0 = std::time::Instant::now();
         // From 24.11 on slurmd -G opens its spool directory (its domain socket's) and logs an error without it.
-        std::fs::create_dir_all(c.path().join("spool").join(host)).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(c.path().join("spool").join(host)).unwrap();
         let (printed, output) = slurmd_g(release, &c.conf(), host, &root);
         eprintln!("slurmd -G {host}: {:?}", t0.elapsed());
         // 26.05 warns that slurmd reads a local slurm.conf while slurmctld serves configless nodes: what this

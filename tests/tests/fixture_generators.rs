@@ -5,7 +5,7 @@ use isthmus_tests::fixtures;
 
 #[test]
 fn the_generator_reproduces_the_committed_tree() {
-    let out_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let out_dir = tempfile::tempdir().unwrap();
     let target = out_dir.path().join("root");
     let status = std::process::Command::new("python3")
         .arg(fixtures().join("generators/xe9680_8xh100.py"))

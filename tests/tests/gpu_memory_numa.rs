@@ -47,14 +47,14 @@ fn gpu_memory_numa_nodes_are_zones_without_cpus_whatever_hwloc_hides() {
         case.dir()
             .join("expected-hwloc-2.9.0/nvidiagpunumanodes.kept.output"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let gpu_memory = gpu_memory_nodes(&kept_output);
     assert_eq!(gpu_memory.len(), 6, "hwloc's kept output: {gpu_memory:?}");
 
     let x = extract(&case.tarball());
     let root = x.root.display().to_string();
     let node_dirs = std::fs::read_dir(x.root.join("sys/devices/system/node"))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| {
             e.file_name()
@@ -76,7 +76,7 @@ fn gpu_memory_numa_nodes_are_zones_without_cpus_whatever_hwloc_hides() {
             ],
             env,
         ))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     };
     let hidden = discover(&[]);
     let kept = discover(&[KEEP]);
@@ -124,7 +124,7 @@ fn gpu_memory_numa_nodes_are_zones_without_cpus_whatever_hwloc_hides() {
     ];
     let nrt = run(&nrt_args, &[]);
     assert_eq!(nrt, run(&nrt_args, &[KEEP]), "NRT with hwloc keeping them");
-    let nrt: Value = serde_json::from_slice(&nrt).unwrap_or_else(|e| panic!("{e}"));
+    let nrt: Value = serde_json::from_slice(&nrt).unwrap();
     let zones = nrt["zones"].as_array().cloned().unwrap_or_default();
     assert_eq!(zones.len(), node_dirs, "zones");
     let resource = |z: &Value, name: &str| -> Option<String> {
@@ -182,7 +182,7 @@ fn gpu_memory_numa_nodes_are_zones_without_cpus_whatever_hwloc_hides() {
     ];
     let numatopo = run(&numatopo_args, &[]);
     assert_eq!(numatopo, run(&numatopo_args, &[KEEP]), "Numatopology");
-    let numatopo: Value = serde_json::from_slice(&numatopo).unwrap_or_else(|e| panic!("{e}"));
+    let numatopo: Value = serde_json::from_slice(&numatopo).unwrap();
     let detail = numatopo["spec"]["cpuDetail"]
         .as_object()
         .cloned()

@@ -192,7 +192,7 @@ fn a_failed_gpu_leaves_slurm_and_kubernetes_and_recovery_lifts_only_ours() {
         2,
         "one drain and one undrain of hs1: {updates:?}"
     );
-    site.stop().unwrap_or_else(|e| panic!("{e}"));
+    site.stop().unwrap();
 }
 
 each_release! {
@@ -278,7 +278,7 @@ fn the_circuit_breaker_holds_new_drains_while_too_many_nodes_fail_at_once(releas
             !site.slurm.state(n).contains("DRAIN")
         });
     }
-    site.stop().unwrap_or_else(|e| panic!("{e}"));
+    site.stop().unwrap();
 }
 }
 
@@ -394,7 +394,7 @@ fn without_the_nrt_a_failing_gpu_still_drains_the_slurm_node() {
     let stream = std::fs::read_to_string(
         isthmus_tests::fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     append(&host.kmsg, &stream);
     site.wait("hx1 drained in Slurm for its GPU", CROSS * 3, || {
         reason(&site, "hx1").starts_with("isthmus: health: gpu 0000:9b:00.0")
@@ -409,5 +409,5 @@ fn without_the_nrt_a_failing_gpu_still_drains_the_slurm_node() {
         String::from_utf8_lossy(&nrt.stderr).contains("NotFound"),
         "the agent wrote a NodeResourceTopology: {nrt:?}"
     );
-    site.stop().unwrap_or_else(|e| panic!("{e}"));
+    site.stop().unwrap();
 }

@@ -446,7 +446,7 @@ fn remove_cores(root: &std::path::Path) {
             .unwrap_or_default();
         if name == "core_id" || name.starts_with("thread_siblings") || name.starts_with("core_cpus")
         {
-            std::fs::remove_file(&f).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::remove_file(&f).unwrap();
         }
     }
 }
@@ -497,7 +497,7 @@ fn contradict_last_package(root: &std::path::Path) {
         .map(|d| std::fs::read_to_string(d.join(mask)).unwrap_or_default())
         .unwrap_or_default();
     for d in dirs.iter().filter(|d| &package_of(d) == last) {
-        std::fs::write(d.join(mask), &first_mask).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(d.join(mask), &first_mask).unwrap();
     }
 }
 

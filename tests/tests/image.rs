@@ -202,7 +202,7 @@ fn is_proto_dir(p: &Path) -> bool {
 /// The manifests stage's context copies into a temporary /src, then the stub script; `extra_test` is appended to
 /// tests/Cargo.toml first.
 fn replay_manifests_stage(cf: &Containerfile, extra_test: Option<&str>) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = repo_root();
     for i in cf.stage("manifests").instructions.iter() {
         if i.keyword != "COPY" {
@@ -221,15 +221,14 @@ fn replay_manifests_stage(cf: &Containerfile, extra_test: Option<&str>) -> tempf
                 dir.path().join(&c.dest).join(name)
             };
             let st = if src.is_dir() {
-                std::fs::create_dir_all(&dest).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::create_dir_all(&dest).unwrap();
                 Command::new("cp")
                     .arg("-a")
                     .arg(format!("{}/.", src.display()))
                     .arg(&dest)
                     .status()
             } else {
-                std::fs::create_dir_all(dest.parent().unwrap_or(dir.path()))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                std::fs::create_dir_all(dest.parent().unwrap_or(dir.path())).unwrap();
                 Command::new("cp").arg("-a").arg(&src).arg(&dest).status()
             };
             assert!(st.is_ok_and(|s| s.success()), "copying {s}");
@@ -237,8 +236,8 @@ fn replay_manifests_stage(cf: &Containerfile, extra_test: Option<&str>) -> tempf
     }
     if let Some(extra) = extra_test {
         let p = dir.path().join("tests/Cargo.toml");
-        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&p, text + extra).unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::write(&p, text + extra).unwrap();
     }
     let out = Command::new("sh")
         .arg(root.join("scripts/cargo-stubs.sh"))
@@ -350,7 +349,7 @@ fn the_images_default_commands_are_what_the_binary_runs() {
         .args(cmd("runtime-slurm"))
         .arg("--help")
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--slurm-mode"));
 }

@@ -26,11 +26,11 @@ fn make_image_builds_both_images_and_they_run() {
         }
     };
     let base = base_image(&engine);
-    let ctx = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let ctx = tempfile::tempdir().unwrap();
     copy_context(ctx.path());
     let bin = ctx.path().join("target/release/isthmus");
-    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::copy(isthmus_bin(), &bin).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap();
+    std::fs::copy(isthmus_bin(), &bin).unwrap();
     let repo = format!("localhost/isthmus-test-{}", std::process::id());
     let out = Command::new("make")
         .arg("-C")
@@ -69,7 +69,7 @@ fn make_image_builds_both_images_and_they_run() {
     }
     // No layer of either image holds a key (a key deleted in a later layer would still be in an earlier one).
     for image in [&k8s, &slurm] {
-        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let tmp = tempfile::tempdir().unwrap();
         let all = layers(&engine, image, tmp.path());
         assert!(all.len() >= 2, "{image}: {} layers", all.len());
         for (layer, paths) in &all {
@@ -210,7 +210,7 @@ fn a_source_change_rebuilds_only_the_workspace_crates() {
         format!("--build-arg=BASE_IMAGE={}", base_image(&engine)),
         format!("--build-arg=BUILDER_IMAGE={}", builder_image(&engine)),
     ];
-    let ctx = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let ctx = tempfile::tempdir().unwrap();
     copy_context(ctx.path());
     let tag = format!(
         "localhost/isthmus-source-test-{}:{VERSION}",
@@ -229,8 +229,8 @@ fn a_source_change_rebuilds_only_the_workspace_crates() {
     );
     // A source change: the dependency step is cached; cargo compiles only our crates.
     let main = ctx.path().join("cli/src/main.rs");
-    let text = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&main, text + "// changed\n").unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&main).unwrap();
+    std::fs::write(&main, text + "// changed\n").unwrap();
     let log = build(&engine, ctx.path(), "runtime", &tag, &args);
     assert!(dependency_step_cached(&log), "{log}");
     let compiled: BTreeSet<&str> = log
@@ -252,9 +252,8 @@ fn a_source_change_rebuilds_only_the_workspace_crates() {
     }
     // A new test: nothing in the build stage runs again.
     let manifest = ctx.path().join("tests/Cargo.toml");
-    let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&manifest, text + "\n[[test]]\nname = \"added_later\"\n")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text + "\n[[test]]\nname = \"added_later\"\n").unwrap();
     let log = build(&engine, ctx.path(), "runtime", &tag, &args);
     assert!(dependency_step_cached(&log), "{log}");
     assert!(!log.contains("Compiling "), "{log}");

@@ -31,11 +31,11 @@ fn the_slurm_image_follows_the_slurm_line_of_its_base() {
     }
     let base = base_image(&engine);
     let sid = suite_base_image(&engine, "sid");
-    let ctx = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let ctx = tempfile::tempdir().unwrap();
     copy_context(ctx.path());
     let bin = ctx.path().join("target/release/isthmus");
-    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::copy(isthmus_bin(), &bin).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap();
+    std::fs::copy(isthmus_bin(), &bin).unwrap();
     let repo = format!("localhost/isthmus-line-{}", std::process::id());
     let tag = format!("{VERSION}-slurm26.05");
     let out = Command::new("make")
@@ -106,7 +106,7 @@ fn the_slurm_image_follows_the_slurm_line_of_its_base() {
     );
     assert_eq!(k8s_suite, "bookworm");
     // No layer of the Slurm image holds a key (munge's install-time key is deleted in the layer that installs it).
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     for (layer, paths) in layers(&engine, &slurm, tmp.path()) {
         let keys: Vec<&String> = paths
             .iter()

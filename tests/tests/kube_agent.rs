@@ -68,7 +68,7 @@ fn fingerprint(body: &str) -> String {
 
 #[test]
 fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let st = Command::new("cp")
         .arg("-a")
@@ -76,14 +76,14 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
         .arg(&root)
         .status();
     assert!(st.is_ok_and(|s| s.success()));
-    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
     std::fs::write(
         root.join("var/lib/kubelet/config.yaml"),
         "topologyManagerPolicy: single-numa-node\ntopologyManagerScope: pod\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let checkpoint = root.join("var/lib/kubelet/cpu_manager_state");
-    std::fs::write(&checkpoint, "{}").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&checkpoint, "{}").unwrap();
 
     let kubelet = FakeKubelet::default();
     if let Ok(mut pods) = kubelet.pods.lock() {
@@ -118,7 +118,7 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     );
 
     // One apply at start, with the owner reference and the kubelet's view.
@@ -129,7 +129,7 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
         "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/gpu001?&force=true&fieldManager=isthmus"
     );
     assert_eq!(p.content_type, "application/apply-patch+yaml");
-    let obj: Value = serde_json::from_str(&p.body).unwrap_or_else(|e| panic!("{e}"));
+    let obj: Value = serde_json::from_str(&p.body).unwrap();
     assert_eq!(
         obj["metadata"]["ownerReferences"][0]["uid"],
         "3f2a-node-uid"
@@ -158,7 +158,7 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
     if let Ok(mut pods) = kubelet.pods.lock() {
         pods.push(pod("ml", "trainer-1", &[4], &[9, 10]));
     }
-    std::fs::write(&checkpoint, "{\"changed\":1}").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&checkpoint, "{\"changed\":1}").unwrap();
     let changed_at = Instant::now();
     let after = wait_for_patches(&state, 2, Duration::from_secs(30));
     let latency = after[1].at.saturating_duration_since(changed_at);
@@ -191,7 +191,7 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
     if let Ok(mut pods) = kubelet.pods.lock() {
         pods.pop();
     }
-    std::fs::write(&checkpoint, "{\"changed\":2}").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&checkpoint, "{\"changed\":2}").unwrap();
     wait_until(
         "a 500 answered and counted",
         Duration::from_secs(30),

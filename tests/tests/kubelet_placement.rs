@@ -63,9 +63,7 @@ fn ordinary_pod(node: &KubeNode, ns: &str, name: &str, tolerate_all: bool) {
 /// The Node's lock taints (value, effect) and its lock annotation.
 fn lock_of(p: &Placement) -> (Vec<(String, String)>, Option<String>) {
     let nodes: kube::Api<Node> = kube::Api::all(p.admin.clone());
-    let n =
-        p.rt.block_on(nodes.get(NODE_NAME))
-            .unwrap_or_else(|e| panic!("{e}"));
+    let n = p.rt.block_on(nodes.get(NODE_NAME)).unwrap();
     let taints = n
         .spec
         .and_then(|s| s.taints)

@@ -38,7 +38,7 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let start = Instant::now();
     let body = loop {
         if let Ok((200, body)) = http_get(&addr, "/metrics") {
@@ -70,10 +70,8 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
         .take()
         .map(|mut i| i.write_all(body.as_bytes()))
         .transpose()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let out = promtool
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
     let findings = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -143,7 +141,7 @@ fn metrics_pass_promtool_and_follow_the_fixture() {
     gpu_series_join_dcgm_exporters(&body);
 
     assert!(isthmus_tests::slurm::term(agent.id()));
-    let status = agent.wait().unwrap_or_else(|e| panic!("{e}"));
+    let status = agent.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
 
@@ -180,7 +178,7 @@ const IB_OWN: [&str; 3] = [
 fn infiniband_names_are_node_exporters(body: &str) {
     let recorded =
         std::fs::read_to_string(fixtures().join("node_exporter/infiniband-e2e-output.txt"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     let theirs = series(&recorded, "node_infiniband_");
     let ours = series(body, "isthmus_infiniband_");
     assert_eq!(ours.len(), 15, "{ours:?}");
@@ -247,8 +245,8 @@ fn dcgm_exporter_series(smi: &str) -> Vec<(String, String)> {
 /// In Prometheus' query engine (`promtool test rules`): DCGM exporter's temperature minus the agent's, joined on
 /// `pci_bus_id`, on `gpu`, and on `UUID` (the agent's `uuid` renamed by `label_replace`), is one row per GPU, each 0.
 fn gpu_series_join_dcgm_exporters(body: &str) {
-    let smi = std::fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let smi =
+        std::fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt")).unwrap();
     let dcgm = dcgm_exporter_series(&smi);
     assert_eq!(dcgm.len(), 8);
     let ours: Vec<&str> = body
@@ -283,9 +281,9 @@ fn gpu_series_join_dcgm_exporters(body: &str) {
     let file = format!(
         "rule_files: []\ntests:\n  - interval: 1m\n    input_series:\n{input}    promql_expr_test:\n{tests}"
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("join.yml");
-    std::fs::write(&path, &file).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, &file).unwrap();
     let out = Command::new("promtool")
         .args(["test", "rules"])
         .arg(&path)

@@ -32,7 +32,7 @@ fn install(site: &SyncSite, files: &[&str]) {
     for file in files {
         let path = isthmus_tests::repo_root().join(file);
         site.api
-            .apply_yaml(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")));
+            .apply_yaml(&std::fs::read_to_string(&path).unwrap());
     }
 }
 
@@ -126,7 +126,7 @@ fn a_compromised_node_cannot_act_on_another_node_nor_lift_its_own_drain() {
         },
     );
     site.bound_pod("victim", B, "{nvidia.com/gpu: \"1\"}");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     // The agent's shipped ServiceAccount and ClusterRole, A's agent pod and its token, A's kubelet.
     install(
         &site,

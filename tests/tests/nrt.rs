@@ -6,9 +6,7 @@ use serde_json::Value;
 
 fn v1alpha2_schema() -> Value {
     let path = fixtures().join("reference/noderesourcetopology-api_manifests_crd.yaml");
-    let crd: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")))
-            .unwrap_or_else(|e| panic!("{e}"));
+    let crd: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     crd["spec"]["versions"]
         .as_array()
         .and_then(|vs| vs.iter().find(|v| v["name"] == "v1alpha2"))
@@ -39,7 +37,7 @@ fn render(root: &str, env: &[(String, String)]) -> Value {
         "{root}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"))
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn validate(obj: &Value, what: &str) {
@@ -70,7 +68,7 @@ fn validate(obj: &Value, what: &str) {
 #[test]
 fn the_schema_rejects_a_broken_object() {
     let schema = v1alpha2_schema();
-    let validator = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{e}"));
+    let validator = jsonschema::validator_for(&schema).unwrap();
     let bad = serde_json::json!({"zones": [{"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "capacity": "x"}]}]});
     assert!(
         !validator.is_valid(&bad),

@@ -30,7 +30,7 @@ const KUBELET_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: K
 
 fn install_volcano_crd(api: &ApiServer) {
     let path = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-    api.apply_yaml(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")));
+    api.apply_yaml(&std::fs::read_to_string(&path).unwrap());
     api.wait_for_crd(isthmus_api::numatopo::CRD_NAME);
 }
 
@@ -61,8 +61,7 @@ fn nrt_zones(nrt: &DynamicObject) -> BTreeMap<u32, (CpuSet, u64, u64, u64)> {
             let numa = attr("isthmus.io/numa-node")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(i as u32);
-            let cpus = CpuSet::parse_list(&attr("isthmus.io/cpus").unwrap_or_default())
-                .unwrap_or_else(|e| panic!("{e}"));
+            let cpus = CpuSet::parse_list(&attr("isthmus.io/cpus").unwrap_or_default()).unwrap();
             let cpu = z["resources"]
                 .as_array()
                 .and_then(|r| r.iter().find(|r| r["name"] == "cpu"))
@@ -93,7 +92,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
     let kubeconfig = api.kubeconfig_for_token(&token);
     let user = service_account_user("isthmus-system", "isthmus");
 
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubelet = FakeKubelet::default();
     if let Ok(mut pods) = kubelet.pods.lock() {
         *pods = vec![
@@ -113,7 +112,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         &["--publish-nrt", "true"],
     );
 
-    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
     let admin = rt.block_on(client_for(api.admin_kubeconfig()));
     let numatopos: Api<Numatopology> = Api::all(admin.clone());
     let nrts = nrt_api(admin);
@@ -128,9 +127,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
     let live = rt
         .block_on(numatopos.get(NODE))
         .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
-    let nrt = rt
-        .block_on(nrts.get(NODE))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let nrt = rt.block_on(nrts.get(NODE)).unwrap();
 
     // The server stored it (its schema accepted it), owned by the Node; a broken one it rejects.
     for owner in [
@@ -152,7 +149,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         "metadata": {"name": "numa-broken"},
         "spec": {"cpuDetail": {"0": {"numa": -1}}, "numares": {"cpu": {"capacity": "many"}}}
     }))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let gvk = GroupVersionKind::gvk("nodeinfo.volcano.sh", "v1alpha1", "Numatopology");
     let dynamic: Api<DynamicObject> = Api::all_with(
         rt.block_on(client_for(api.admin_kubeconfig())),
@@ -180,8 +177,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         zones.keys().collect::<Vec<_>>(),
         "NUMA nodes"
     );
-    let free =
-        CpuSet::parse_list(&spec.numa_res[CPU].allocatable).unwrap_or_else(|e| panic!("{e}"));
+    let free = CpuSet::parse_list(&spec.numa_res[CPU].allocatable).unwrap();
     let reserved = CpuSet::from_ids([0, 8]);
     let mut capacity = 0;
     for (numa, (cpus, cap, allocatable, available)) in &zones {
@@ -247,13 +243,9 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
     // Deleted: back. Five times, for the latency's spread.
     let mut latencies = Vec::new();
     for _ in 0..5 {
-        let before = rt
-            .block_on(numatopos.get(NODE))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .metadata
-            .uid;
+        let before = rt.block_on(numatopos.get(NODE)).unwrap().metadata.uid;
         rt.block_on(numatopos.delete(NODE, &DeleteParams::default()))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let deleted = Instant::now();
         let back = loop {
             let now = rt.block_on(numatopos.get_opt(NODE)).ok().flatten();
@@ -278,9 +270,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         latencies[latencies.len() - 1],
         latencies.len()
     );
-    let restored = rt
-        .block_on(numatopos.get(NODE))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let restored = rt.block_on(numatopos.get(NODE)).unwrap();
     assert_eq!(restored.spec, live.spec, "restored with the same content");
 
     // Edited by someone else (Volcano's own exporter, say): another writer, which the agent leaves alone and
@@ -292,7 +282,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         ..PatchParams::default()
     };
     rt.block_on(numatopos.patch(NODE, &params, &Patch::Merge(&edit)))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     wait_until("the other writer reported", Duration::from_secs(30), || {
         agent.metric(r#"isthmus_numatopology_foreign_writer{manager="resource-exporter"}"#) == 1.0
     });
@@ -302,7 +292,7 @@ fn the_agent_publishes_volcanos_numatopology_beside_the_nrt() {
         "left to the other writer"
     );
     rt.block_on(numatopos.delete(NODE, &DeleteParams::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     wait_until("the agent's object back", Duration::from_secs(30), || {
         rt.block_on(numatopos.get(NODE))
             .is_ok_and(|o| o.spec == live.spec)

@@ -24,7 +24,7 @@ fn auto_waits_for_the_crd_without_failing_calls_and_then_publishes() {
     let token = api.token_for("isthmus-system", "isthmus");
     let kubeconfig = api.kubeconfig_for_token(&token);
     let user = service_account_user("isthmus-system", "isthmus");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let started = SystemTime::now();
     let agent = AgentProcess::start(
         NODE,
@@ -39,7 +39,7 @@ fn auto_waits_for_the_crd_without_failing_calls_and_then_publishes() {
         ],
     );
 
-    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
     let admin = rt.block_on(client_for(api.admin_kubeconfig()));
     let gvk = GroupVersionKind::gvk("topology.node.k8s.io", "v1alpha2", "NodeResourceTopology");
     let nrts: Api<DynamicObject> = Api::all_with(
@@ -90,7 +90,7 @@ fn auto_waits_for_the_crd_without_failing_calls_and_then_publishes() {
 
     // The CRD arrives: the agent notices at its next check.
     let path = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-    api.apply_yaml(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")));
+    api.apply_yaml(&std::fs::read_to_string(&path).unwrap());
     api.wait_for_crd(isthmus_api::numatopo::CRD_NAME);
     let numatopos: Api<Numatopology> = Api::all(admin);
     wait_until(
@@ -103,9 +103,7 @@ fn auto_waits_for_the_crd_without_failing_calls_and_then_publishes() {
                 .is_some()
         },
     );
-    let live = rt
-        .block_on(numatopos.get(NODE))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let live = rt.block_on(numatopos.get(NODE)).unwrap();
     assert_eq!(live.spec.cpu_detail.len(), 32, "{:?}", live.spec);
     let failed: Vec<_> = api
         .requests_by(&user, started)

@@ -13,9 +13,7 @@ use serde_json::Value;
 
 fn crd_schema() -> Value {
     let path = fixtures().join("reference/volcano/nodeinfo.volcano.sh_numatopologies.yaml");
-    let crd: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")))
-            .unwrap_or_else(|e| panic!("{e}"));
+    let crd: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     crd["spec"]["versions"]
         .as_array()
         .and_then(|vs| vs.iter().find(|v| v["name"] == "v1alpha1"))
@@ -42,15 +40,15 @@ fn keys(detail: &BTreeMap<String, isthmus_api::numatopo::CpuInfo>) -> CpuSet {
 
 #[test]
 fn the_schema_rejects_a_negative_socket() {
-    let validator = jsonschema::validator_for(&crd_schema()).unwrap_or_else(|e| panic!("{e}"));
+    let validator = jsonschema::validator_for(&crd_schema()).unwrap();
     let bad = serde_json::json!({"spec": {"cpuDetail": {"0": {"socket": -1}}}});
     assert!(!validator.is_valid(&bad));
 }
 
 #[test]
 fn every_hwloc_tree_agrees_with_lstopo_and_allocatable_reads_back() {
-    let validator = jsonschema::validator_for(&crd_schema()).unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let validator = jsonschema::validator_for(&crd_schema()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
     for (i, case) in HWLOC_CASES.iter().enumerate() {
         let x = extract(&case.tarball());
         let root = x.root.display().to_string();
@@ -89,13 +87,13 @@ fn every_hwloc_tree_agrees_with_lstopo_and_allocatable_reads_back() {
                 &socket,
             ],
         );
-        let value: Value = serde_json::from_slice(&stdout).unwrap_or_else(|e| panic!("{e}"));
+        let value: Value = serde_json::from_slice(&stdout).unwrap();
         let errors: Vec<String> = validator
             .iter_errors(&value)
             .map(|e| format!("{e} at {}", e.instance_path()))
             .collect();
         assert!(errors.is_empty(), "{}: {errors:#?}", case.name);
-        let obj: Numatopology = serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"));
+        let obj: Numatopology = serde_json::from_value(value).unwrap();
         let detail = &obj.spec.cpu_detail;
 
         // Every CPU of a NUMA node, and only those (CPUs of an offline node are left out, with a warning).

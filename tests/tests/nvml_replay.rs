@@ -13,7 +13,7 @@ use isthmus_topology::{
 
 fn a100_xml() -> String {
     fs::read_to_string(fixtures().join("mig/telegraf-nvidia-smi-q-x.a100-sxm4-80gb-mig.xml"))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 fn xe9680() -> String {
@@ -24,8 +24,7 @@ fn xe9680() -> String {
 }
 
 fn xe9680_dump() -> String {
-    fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt"))
-        .unwrap_or_else(|e| panic!("{e}"))
+    fs::read_to_string(fixtures().join("hosts/xe9680-8xh100/nvidia-smi-q.txt")).unwrap()
 }
 
 fn messages(t: &NodeTopology) -> Vec<String> {
@@ -34,9 +33,9 @@ fn messages(t: &NodeTopology) -> Vec<String> {
 
 /// Discover `root` with a replay written to a temporary file.
 fn discover_with_replay(root: &str, replay: &str) -> NodeTopology {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("replay");
-    fs::write(&p, replay).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(&p, replay).unwrap();
     discover_json(root, &["--nvml-replay", &p.display().to_string()])
 }
 
@@ -112,24 +111,24 @@ fn resources_are_named_as_the_nvidia_device_plugin_names_them() {
     let mixed = names(MigStrategy::Mixed);
     assert_eq!(mixed, vec![("nvidia.com/mig-1g.20gb".into(), 4)]);
     // GPU feature discovery labels each resource `<resource>.count` etc.: the name fits its expected labels.
-    let labels = fs::read_to_string(fixtures().join("mig/gfd-expected-labels-mig-mixed.txt"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let labels =
+        fs::read_to_string(fixtures().join("mig/gfd-expected-labels-mig-mixed.txt")).unwrap();
     let count_re = labels
         .lines()
         .find(|l| l.contains("gb\\.count="))
         .unwrap_or_else(|| panic!("no count label"));
-    let re = regex::Regex::new(&format!("^{count_re}$")).unwrap_or_else(|e| panic!("{e}"));
+    let re = regex::Regex::new(&format!("^{count_re}$")).unwrap();
     assert!(re.is_match(&format!("{}.count=4", mixed[0].0)));
 }
 
 #[test]
 fn a_replay_without_the_profile_table_names_no_profile_and_says_so() {
     let host = accel_host("h100-vm-mig");
-    let bundle = fs::read_to_string(&host.replay).unwrap_or_else(|e| panic!("{e}"));
+    let bundle = fs::read_to_string(&host.replay).unwrap();
     let xml_only =
         &bundle[..bundle.find("</nvidia_smi_log>").unwrap_or(0) + "</nvidia_smi_log>".len()];
     let replay = host.root.with_extension("xml");
-    fs::write(&replay, xml_only).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(&replay, xml_only).unwrap();
     let replay = replay.display().to_string();
     let t = discover_json(&host.root_str(), &["--nvml-replay", &replay]);
     let w = messages(&t);
@@ -245,7 +244,7 @@ fn a_recording_of_another_machine_changes_no_device() {
         fs::read_to_string(fixtures().join(
             "gpud/historic/pkg/nvidia-query/testdata/nvidia-smi-query.535.154.05.out.0.valid",
         ))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let plain = discover_json(&xe9680(), &["--no-nvml"]);
     let t = discover_with_replay(&xe9680(), &other);
     assert_eq!(t.devices, plain.devices);

@@ -50,14 +50,14 @@ fn render_on(root: &Path, socket: &Path) -> (Value, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}")),
+        serde_json::from_slice(&out.stdout).unwrap(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
 
 #[test]
 fn allocation_and_fingerprint_come_from_the_kubelet() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let kubelet = FakeKubelet::default();
     if let Ok(mut pods) = kubelet.pods.lock() {
@@ -129,7 +129,7 @@ fn allocation_and_fingerprint_come_from_the_kubelet() {
 
 #[test]
 fn an_absent_kubelet_is_a_warning_not_a_failure() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (obj, stderr) = render(&dir.path().join("missing.sock"));
     assert!(
         stderr.contains("warning") && stderr.contains("PodResources"),
@@ -153,18 +153,14 @@ fn an_absent_kubelet_is_a_warning_not_a_failure() {
 /// kubelet configuration's reservations, devices from discovery, and what pods hold from `List`.
 #[test]
 fn a_1_20_kubelet_without_allocatable_resources_still_gives_what_pods_hold() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     // The fixture's host root, with a kubelet configuration beside it.
     let root = dir.path().join("root");
     let fixture = fixtures().join("hosts/xe9680-8xh100/root");
-    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap_or_else(|e| panic!("{e}"));
-    for entry in std::fs::read_dir(&fixture)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .flatten()
-    {
+    std::fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
+    for entry in std::fs::read_dir(&fixture).unwrap().flatten() {
         if entry.file_name() != "var" {
-            std::os::unix::fs::symlink(entry.path(), root.join(entry.file_name()))
-                .unwrap_or_else(|e| panic!("{e}"));
+            std::os::unix::fs::symlink(entry.path(), root.join(entry.file_name())).unwrap();
         }
     }
     std::fs::write(
@@ -172,7 +168,7 @@ fn a_1_20_kubelet_without_allocatable_resources_still_gives_what_pods_hold() {
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n\
          reservedSystemCPUs: \"0,8\"\ntopologyManagerPolicy: single-numa-node\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let socket = dir.path().join("kubelet.sock");
     let kubelet = FakeKubelet {
         v1_20: true,
@@ -242,7 +238,7 @@ fn list_asks_the_kubelet_only_for_the_pod_list() {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let kubelet = FakeKubelet::default();
     let asked = kubelet.allocatable_calls.clone();
@@ -251,14 +247,12 @@ fn list_asks_the_kubelet_only_for_the_pod_list() {
     }
     let rt = serve(&socket, kubelet);
     rt.block_on(async {
-        let once = list(&socket, Duration::from_secs(5))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let once = list(&socket, Duration::from_secs(5)).await.unwrap();
         assert_eq!(once.pod_resources.len(), 1);
         assert_eq!(once.pod_resources[0].name, "trainer-0");
         let mut client = Kubelet::new(&socket, Duration::from_secs(5));
         for _ in 0..3 {
-            let l = client.list().await.unwrap_or_else(|e| panic!("{e}"));
+            let l = client.list().await.unwrap();
             assert_eq!(l, once);
         }
         assert_eq!(
@@ -266,7 +260,7 @@ fn list_asks_the_kubelet_only_for_the_pod_list() {
             0,
             "list asked GetAllocatableResources"
         );
-        let answers = client.query().await.unwrap_or_else(|e| panic!("{e}"));
+        let answers = client.query().await.unwrap();
         assert_eq!(answers.list, once);
         assert!(answers.allocatable.is_some());
         assert_eq!(asked.load(Ordering::SeqCst), 1);

@@ -28,7 +28,7 @@ fn every_claim_names_a_test_that_exists() {
         rust_sources(&root.join(d), &mut code);
     }
     // `name`, `module::name`, `name::on_22_05`: the test function's name.
-    let ident = regex::Regex::new(r"`([a-z][a-z0-9_:]{2,})`").unwrap_or_else(|e| panic!("{e}"));
+    let ident = regex::Regex::new(r"`([a-z][a-z0-9_:]{2,})`").unwrap();
     let mut rows = 0;
     let mut missing = BTreeSet::new();
     let mut in_claims = false;

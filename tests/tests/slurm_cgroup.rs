@@ -40,7 +40,7 @@ fn a_job_opens_only_the_gpus_slurm_gave_it_and_its_memory_is_capped() {
     let cgroup = std::fs::read_to_string(
         isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-slurm/cgroup.conf"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let cluster = Cluster::start_with_files(
         SlurmRelease::V22_05,
         Auth::Munge,

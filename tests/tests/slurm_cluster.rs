@@ -60,7 +60,7 @@ fn a_client_of_another_release_is_reported_as_such_never_as_unreachable() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let nodes = "NodeName=m1 CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1";
     for (server, client, mismatch) in [
         (SlurmRelease::V26_05, SlurmRelease::V22_05, true),

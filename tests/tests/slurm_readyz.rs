@@ -40,7 +40,7 @@ fn start_agent(ctl: &Controller, node: &str, listen: &str, extra: &[&str]) -> Ag
     let release = ctl.release();
     let d = ctl.path();
     let log = d.join("agent.log");
-    let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let file = std::fs::File::create(&log).unwrap();
     // A release in a root runs each program through `enter`, which needs capabilities the agent would take from
     // its children when it narrows their bounding set; without CAP_SETPCAP it cannot narrow it (slurm_agent/).
     let mut cmd = if release.root_dir().is_some() {
@@ -72,7 +72,7 @@ fn start_agent(ctl: &Controller, node: &str, listen: &str, extra: &[&str]) -> Ag
         .stdout(Stdio::null())
         .stderr(file)
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     Agent { child, log }
 }
 
@@ -89,7 +89,7 @@ fn the_agent_is_ready_while_slurmds_readyz_succeeds(release) {
         "",
         &[],
     );
-    let conf = std::fs::read_to_string(ctl.conf()).unwrap_or_else(|e| panic!("{e}"));
+    let conf = std::fs::read_to_string(ctl.conf()).unwrap();
     let port = conf
         .lines()
         .find_map(|l| l.strip_prefix("SlurmdPort="))

@@ -125,9 +125,8 @@ fn render_node_agrees_with_slurmd_c_on_every_fixture(release) {
 fn golden(name: &str, actual: &str) {
     let path = fixtures().join("expected/xe9680-8xh100").join(name);
     if std::env::var_os("ISTHMUS_BLESS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
-            .unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&path, actual).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).unwrap();
+        std::fs::write(&path, actual).unwrap();
     }
     let want = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (ISTHMUS_BLESS=1 writes it)", path.display()));
@@ -218,7 +217,7 @@ fn bad_input_gives_one_clear_error_line() {
 
 #[test]
 fn out_is_written_atomically_and_only_on_change() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("gres.conf");
     let o = out.display().to_string();
     let root = h100();
@@ -251,7 +250,7 @@ fn out_is_written_atomically_and_only_on_change() {
     assert!(!bad.status.success());
     assert_eq!(std::fs::read(&out).unwrap_or_default(), before);
     let stray: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .filter_map(Result::ok)
         .collect();
     assert_eq!(stray.len(), 1, "temp files left behind");

@@ -27,7 +27,7 @@ const READER: (&str, &str) = ("status-ops", "reader");
 /// A ServiceAccount bound to the shipped `deploy/status` roles and nothing else; its kubeconfig.
 fn reader_kubeconfig(api: &ApiServer) -> std::path::PathBuf {
     let rbac = isthmus_tests::repo_root().join("deploy/status/rbac.yaml");
-    api.apply_yaml(&std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("{e}")));
+    api.apply_yaml(&std::fs::read_to_string(&rbac).unwrap());
     let (ns, sa) = READER;
     api.apply_yaml(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: v1\nkind: ServiceAccount\n\
@@ -59,7 +59,7 @@ fn status(
         .env("KUBECONFIG", kubeconfig)
         .env_remove("ISTHMUS_NAMESPACE")
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(out.status.success(), "isthmus status: {}", describe(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

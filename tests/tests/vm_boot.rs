@@ -23,9 +23,9 @@ exit "$(cat "$RUN/state/rc")"
 "#;
 
 fn run(dir: &Path, boots: Option<&str>, rc: &str) -> (Option<i32>, String) {
-    std::fs::write(dir.join("inside.sh"), INSIDE).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::create_dir_all(dir.join("state")).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.join("state/rc"), rc).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("inside.sh"), INSIDE).unwrap();
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    std::fs::write(dir.join("state/rc"), rc).unwrap();
     let mut cmd = Command::new("bash");
     cmd.arg(repo_root().join("tests/vm/vm.sh"))
         .arg("run")
@@ -49,7 +49,7 @@ fn read(p: &Path) -> String {
 #[test]
 fn a_kernel_panic_boots_the_vm_again_and_a_failed_scenario_does_not() {
     // Booted again: the second boot finds the run's directory as it was before the first.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (code, stderr) = run(d, None, "0");
     let boots = read(&d.join("state/boots"));
@@ -76,7 +76,7 @@ fn a_kernel_panic_boots_the_vm_again_and_a_failed_scenario_does_not() {
     assert!(!d.join("left-by-the-failed-boot").exists());
 
     // One boot allowed: the panic is the answer (125, the VM stopped before its script ended), nothing more.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (code, stderr) = run(d, Some("1"), "0");
     assert_eq!(code, Some(125), "vm.sh: {stderr}");
@@ -84,7 +84,7 @@ fn a_kernel_panic_boots_the_vm_again_and_a_failed_scenario_does_not() {
     assert!(!d.join("console.boot1.log").exists());
 
     // A scenario that fails after a panic is not booted a third time: its status is the answer.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (code, stderr) = run(d, Some("3"), "7");
     assert_eq!(code, Some(7), "vm.sh: {stderr}");

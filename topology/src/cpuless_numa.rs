@@ -127,14 +127,14 @@ mod tests {
 
     fn write(root: &std::path::Path, path: &str, text: &str) {
         let p = root.join(path.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap_or(root)).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(p.parent().unwrap_or(root)).unwrap();
+        std::fs::write(&p, text).unwrap();
     }
 
     fn node(id: u32, cpus: &str, kib: u64, distances: &[(u32, u32)]) -> NumaNode {
         NumaNode {
             id,
-            cpuset: CpuSet::parse_list(cpus).unwrap_or_else(|e| panic!("{e}")),
+            cpuset: CpuSet::parse_list(cpus).unwrap(),
             memory_bytes: kib * 1024,
             hugepages: Vec::new(),
             distances: distances
@@ -146,7 +146,7 @@ mod tests {
 
     /// Two CPU nodes (0, 8) as hwloc reports them with the GPU memory hidden, and sysfs with two GPU memory nodes.
     fn gpu_memory_tree() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let nodes = [
             (0, "0-3", 1000, "10 40 80 80"),
             (8, "4-7", 2000, "40 10 80 80"),
@@ -246,8 +246,7 @@ mod tests {
     #[test]
     fn an_unreadable_added_node_says_so() {
         let dir = gpu_memory_tree();
-        std::fs::remove_file(dir.path().join("sys/devices/system/node/node255/meminfo"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::remove_file(dir.path().join("sys/devices/system/node/node255/meminfo")).unwrap();
         let root = HostRoot::new(dir.path());
         let mut nodes = vec![node(0, "0-3", 1000, &[(0, 10)])];
         let mut warnings = Vec::new();
@@ -279,7 +278,7 @@ mod tests {
 
     #[test]
     fn no_node_directory_changes_nothing() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let root = HostRoot::new(dir.path());
         let mut nodes = vec![node(0, "0-3", 1000, &[(0, 10)])];
         add_missing(&root, &mut nodes, &mut Vec::new());

@@ -149,7 +149,7 @@ mod tests {
             gpu("0000:01:00.0", 0, mig),
             gpu("0000:02:00.0", 0, "{}"),
         );
-        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"))
+        serde_json::from_str(&json).unwrap()
     }
 
     fn names(t: &NodeTopology, s: MigStrategy) -> (Vec<(Option<u32>, String, u64)>, usize) {

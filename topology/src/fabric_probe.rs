@@ -324,12 +324,12 @@ VendorId:........................0x000000
             "nvml": {"status": "not-needed"},
             "warnings": []
         });
-        serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"))
+        serde_json::from_value(json).unwrap()
     }
 
     #[test]
     fn records_switches_and_warns_otherwise() {
-        let switch = parse_nodeinfo(IBSIM_SWITCH).unwrap_or_else(|e| panic!("{e}"));
+        let switch = parse_nodeinfo(IBSIM_SWITCH).unwrap();
         let mut topo = one_port_topology(Some(4), Some(5), Some("InfiniBand"));
         probe_neighbours(&mut topo, &Fixed(Ok(switch.clone())));
         assert_eq!(
@@ -381,7 +381,7 @@ VendorId:........................0x000000
 
     #[test]
     fn learned_neighbours_carry_over_to_the_same_port_while_it_is_up() {
-        let switch = parse_nodeinfo(IBSIM_SWITCH).unwrap_or_else(|e| panic!("{e}"));
+        let switch = parse_nodeinfo(IBSIM_SWITCH).unwrap();
         let mut old = one_port_topology(Some(4), Some(5), Some("InfiniBand"));
         probe_neighbours(&mut old, &Fixed(Ok(switch)));
         let mut fresh = one_port_topology(Some(4), Some(5), Some("InfiniBand"));

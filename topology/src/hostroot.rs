@@ -236,11 +236,11 @@ mod tests {
 
     #[test]
     fn files_open_relative_to_the_held_root_and_never_above_it() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let inner = dir.path().join("root");
-        std::fs::create_dir_all(inner.join("sys/class")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(inner.join("sys/class/x"), "in\n").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(dir.path().join("outside"), "out\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(inner.join("sys/class")).unwrap();
+        std::fs::write(inner.join("sys/class/x"), "in\n").unwrap();
+        std::fs::write(dir.path().join("outside"), "out\n").unwrap();
         let root = HostRoot::new(&inner);
         assert!(root.dir.is_some());
         assert_eq!(root.read_string("/sys/class/x").ok().as_deref(), Some("in"));
@@ -256,8 +256,8 @@ mod tests {
         // A root that is not there yet: opened by joined paths once it is.
         let later = HostRoot::new(dir.path().join("later"));
         assert!(later.dir.is_none());
-        std::fs::create_dir(dir.path().join("later")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(dir.path().join("later/f"), "ok").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir(dir.path().join("later")).unwrap();
+        std::fs::write(dir.path().join("later/f"), "ok").unwrap();
         assert_eq!(later.read_string("/f").ok().as_deref(), Some("ok"));
         // Equal by path, whatever is held.
         assert_eq!(root, HostRoot::new(&inner));

@@ -110,8 +110,8 @@ mod tests {
 
     fn write(root: &std::path::Path, path: &str, text: &str) {
         let p = root.join(path.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap_or(root)).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(p, text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(p.parent().unwrap_or(root)).unwrap();
+        std::fs::write(p, text).unwrap();
     }
 
     fn cache(root: &std::path::Path, cpu: u32, index: u32, level: u32, ty: &str, map: &str) {
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn one_cache_per_shared_set_and_l2_without_l3() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         // Four CPUs, two L2 caches of two CPUs each, instruction L2 beside them, no L3.
         for cpu in 0..4u32 {
             let pair = if cpu < 2 { "3" } else { "c" };
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn no_cache_files_no_caches() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let root = HostRoot::new(dir.path());
         assert!(last_level(&root, &CpuSet::from_ids(0..4)).is_empty());
     }

@@ -189,7 +189,7 @@ mod tests {
     }
 
     fn at(secs: i64) -> Time {
-        Time(Timestamp::from_second(secs).unwrap_or_else(|e| panic!("{e}")))
+        Time(Timestamp::from_second(secs).unwrap())
     }
 
     fn finding(class: HealthClass, device: &str, reason: &str, message: &str) -> Finding {

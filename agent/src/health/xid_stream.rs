@@ -94,20 +94,18 @@ mod tests {
 
     #[test]
     fn lines_are_read_as_they_are_appended() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kmsg");
         let mut tail = XidTail::new(path.clone());
         assert!(tail.read().is_empty(), "no file yet: nothing");
         let log = include_str!("../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");
-        let mut f = std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut f = std::fs::File::create(&path).unwrap();
         let cut = log.find("): 119").unwrap_or_else(|| panic!("no XID")) + 3;
-        f.write_all(&log.as_bytes()[..cut])
-            .unwrap_or_else(|e| panic!("{e}"));
-        f.flush().unwrap_or_else(|e| panic!("{e}"));
+        f.write_all(&log.as_bytes()[..cut]).unwrap();
+        f.flush().unwrap();
         assert!(tail.read().is_empty(), "half a line is kept for later");
-        f.write_all(&log.as_bytes()[cut..])
-            .unwrap_or_else(|e| panic!("{e}"));
-        f.flush().unwrap_or_else(|e| panic!("{e}"));
+        f.write_all(&log.as_bytes()[cut..]).unwrap();
+        f.flush().unwrap();
         let ev = tail.read();
         assert_eq!(ev.len(), 5);
         assert!(ev.iter().all(|e| e.xid == 119));
@@ -117,7 +115,7 @@ mod tests {
             &path,
             "NVRM: Xid (PCI:0000:9b:00): 79, GPU has fallen off the bus.\n",
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let ev = tail.read();
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].xid, 79);

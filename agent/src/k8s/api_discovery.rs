@@ -104,7 +104,7 @@ mod tests {
             Response::builder()
                 .status(StatusCode::OK)
                 .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
-                .unwrap_or_else(|e| panic!("{e}")),
+                .unwrap(),
         );
     }
 
@@ -149,6 +149,6 @@ mod tests {
         let ask = || served(&client, "nodeinfo.volcano.sh", "v1alpha1", "numatopologies");
         assert!(matches!(ask().await, Ok(false)), "another version only");
         assert!(matches!(ask().await, Ok(true)));
-        server.await.unwrap_or_else(|e| panic!("{e}"));
+        server.await.unwrap();
     }
 }

@@ -64,7 +64,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_missing_socket_is_an_error_not_a_panic() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let r = channel(&dir.path().join("none.sock"), Duration::from_millis(200)).await;
         assert!(r.is_err());
     }

@@ -337,8 +337,7 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../fixtures/hosts/xe9680-8xh100"
         );
-        let q = std::fs::read_to_string(format!("{host}/nvidia-smi-q.txt"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let q = std::fs::read_to_string(format!("{host}/nvidia-smi-q.txt")).unwrap();
         isthmus_topology::discover(
             &isthmus_topology::HostRoot::new(format!("{host}/root")),
             &isthmus_topology::RecordedNvml::parse("xe9680", &q, None),

@@ -253,11 +253,7 @@ mod tests {
             status: status.into(),
             reason: Some("R".into()),
             message: Some("m".into()),
-            last_transition_time: Some(Time(
-                "2026-01-01T00:00:00Z"
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{e}")),
-            )),
+            last_transition_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
             last_heartbeat_time: None,
         }
     }
@@ -284,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_time_given_by_no_reporter_moves_only_with_the_status_and_survives_a_restart() {
-        let at = |s: &str| Time(s.parse().unwrap_or_else(|e| panic!("{e}")));
+        let at = |s: &str| Time(s.parse().unwrap());
         let mut single = cond(NRT_SINGLE_WRITER, "True");
         single.last_transition_time = None;
         let mut gpu = cond("GpuHealthy", "True");

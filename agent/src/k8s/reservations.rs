@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn config(yaml: &str) -> KubeletConfig {
-        serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+        serde_yaml_ng::from_str(yaml).unwrap()
     }
 
     #[test]

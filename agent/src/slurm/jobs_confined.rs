@@ -234,11 +234,7 @@ mod tests {
     /// bounded message), and a refusal says what to do.
     #[test]
     fn the_condition_carries_the_reason_word_and_sentence() {
-        let now = Time(
-            "2026-01-01T00:00:00Z"
-                .parse()
-                .unwrap_or_else(|e| panic!("{e}")),
-        );
+        let now = Time("2026-01-01T00:00:00Z".parse().unwrap());
         let cases = [
             (SlurmCgroups::Host, false, false, "True", "Confined"),
             (SlurmCgroups::Off, false, false, "False", "CgroupPluginsOff"),
@@ -256,7 +252,7 @@ mod tests {
             let message = c.message.clone().unwrap_or_default();
             assert!(message.contains(&v.confinement.reason), "{message}");
             let attr = isthmus_api::conditions::attribute(&c, &now);
-            let back = isthmus_api::conditions::read(&[attr]).unwrap_or_else(|e| panic!("{e}"));
+            let back = isthmus_api::conditions::read(&[attr]).unwrap();
             assert_eq!(back, vec![c]);
         }
         let refused = Verdict::new(assessed(SlurmCgroups::Off), true, false).message();
@@ -296,10 +292,9 @@ mod tests {
     /// only verdicts that do not depend on it are checked).
     #[test]
     fn observe_reads_slurm_conf_and_the_cgroup_conf_beside_it() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("slurm.conf");
-        std::fs::write(&conf, "ProctrackType=proctrack/linuxproc\n")
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&conf, "ProctrackType=proctrack/linuxproc\n").unwrap();
         assert_eq!(
             observe(SlurmCgroups::Off, Some(&conf)).code,
             Reason::CgroupPluginsOff
@@ -309,13 +304,12 @@ mod tests {
             Reason::PluginsMissing
         );
         assert_eq!(observe(SlurmCgroups::Host, None).code, Reason::NotLocal);
-        std::fs::write(&conf, CONFINED).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&conf, CONFINED).unwrap();
         assert_eq!(
             observe(SlurmCgroups::Host, Some(&conf)).code,
             Reason::ConstraintsMissing
         );
-        std::fs::write(dir.path().join("cgroup.conf"), "ConstrainDevices=yes\n")
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("cgroup.conf"), "ConstrainDevices=yes\n").unwrap();
         let c = observe(SlurmCgroups::Host, Some(&conf));
         assert!(
             c.code == Reason::ConstraintsMissing && c.reason.contains("ConstrainRAMSpace"),

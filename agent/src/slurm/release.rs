@@ -114,7 +114,7 @@ mod tests {
     use crate::slurm::supervisor::process::Reaper;
 
     fn v(text: &str) -> SlurmVersion {
-        SlurmVersion::parse(text).unwrap_or_else(|e| panic!("{e}"))
+        SlurmVersion::parse(text).unwrap()
     }
 
     const PLAIN: Asked = Asked {
@@ -155,13 +155,12 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
         let script = |name: &str, text: &str| {
             let p = dir.path().join(name);
-            std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
             p
         };
         let good = script(

@@ -30,7 +30,7 @@ fn the_rendered_hypernodes_read_back_byte_for_byte() {
             Some("isthmus")
         );
         assert!(h.status.is_none());
-        let again = serde_yaml_ng::to_string(&h).unwrap_or_else(|e| panic!("{e}"));
+        let again = serde_yaml_ng::to_string(&h).unwrap();
         assert_eq!(again, doc);
     }
 }
@@ -59,7 +59,7 @@ fn every_selector_form_and_the_status_survive_a_round_trip() {
                             "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1}]
         }
     });
-    let h: HyperNode = serde_json::from_value(server.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let h: HyperNode = serde_json::from_value(server.clone()).unwrap();
     assert_eq!(h.spec.tier, 2);
     assert_eq!(h.spec.members[1].member_type, MemberType::Node);
     assert_eq!(
@@ -102,7 +102,7 @@ fn a_member_without_a_selector_or_an_unknown_type_is_read_as_the_schema_says() {
         "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode", "metadata": {"name": "x"},
         "spec": {"tier": 0, "members": [{"type": "Node"}]}
     }))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(h.spec.members[0].selector, MemberSelector::default());
     let bad = serde_json::from_value::<HyperNode>(json!({
         "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode", "metadata": {"name": "x"},

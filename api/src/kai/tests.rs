@@ -14,7 +14,7 @@ fn names_group_version_and_scope_are_the_upstream_crds() {
 #[test]
 fn the_rendered_topology_reads_back_byte_for_byte() {
     let text = fixture("expected/fabric/compute-storage.kai.yaml");
-    let t: Topology = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    let t: Topology = serde_yaml_ng::from_str(&text).unwrap();
     assert_eq!(t.metadata.name.as_deref(), Some("isthmus"));
     assert_eq!(
         t.spec.levels.last().map(|l| l.node_label.as_str()),
@@ -22,10 +22,7 @@ fn the_rendered_topology_reads_back_byte_for_byte() {
     );
     assert_eq!(t.spec.levels.len(), 3);
     assert!(t.spec.levels.iter().all(|l| l.alias.is_none()));
-    assert_eq!(
-        serde_yaml_ng::to_string(&t).unwrap_or_else(|e| panic!("{e}")),
-        text
-    );
+    assert_eq!(serde_yaml_ng::to_string(&t).unwrap(), text);
 }
 
 #[test]
@@ -59,7 +56,7 @@ fn an_alias_written_by_someone_else_reads_back() {
         "spec": {"levels": [{"nodeLabel": "cloud.provider.com/topology-rack", "alias": "rack"},
                             {"nodeLabel": "kubernetes.io/hostname"}]}
     }))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(t.spec.levels[0].alias.as_deref(), Some("rack"));
     assert_eq!(t.spec.levels[1].alias, None);
 }

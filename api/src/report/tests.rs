@@ -184,7 +184,7 @@ fn the_agents_encoding_is_accepted() {
           "devices":[],"infiniband":[],"links":{"devices":[],"links":[]},"nvml":{"status":"not-needed"},
           "warnings":[]}"#,
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let attrs = crate::fabric::node_report_attributes(
         &topo,
         Some("uuid.1"),

@@ -6,9 +6,8 @@ use super::*;
 use crate::cli::{Command, ControllerCommand};
 
 fn file(text: &str) -> tempfile::NamedTempFile {
-    let mut f = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("{e}"));
-    f.write_all(text.as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
     f
 }
 
@@ -41,7 +40,7 @@ fn a_file_sets_flags_of_every_kind() {
         "slurm-mode: dynamic\nfeature: [ib, nvlink]\nno-munged: true\npublish-nrt: false\n\
          pod-resources-interval: 0.5\nslurm-allow-unconfined: true\nslurmd-arg: [-vv, --foo]\nnode-name: n7\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(a.slurm_mode, isthmus_agent::slurm::SlurmMode::Dynamic);
     assert_eq!(a.slurm.features, ["ib", "nvlink"]);
     assert!(a.no_munged && a.slurm_allow_unconfined);
@@ -54,16 +53,16 @@ fn a_file_sets_flags_of_every_kind() {
         &["agent"],
         "nvml-replay: /r/smi.txt\nnvlink-replay: /r/nvlink.txt\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(a.host.nvml.nvlink_replay.is_some());
     let e = agent(&["agent"], "nvlink-replay: /r/nvlink.txt\n")
         .err()
         .unwrap_or_default();
     assert!(e.contains("--nvml-replay"), "{e}");
     // A switch set false stays off; an empty file changes nothing.
-    let a = agent(&["agent"], "no-munged: false\n").unwrap_or_else(|e| panic!("{e}"));
+    let a = agent(&["agent"], "no-munged: false\n").unwrap();
     assert!(!a.no_munged);
-    let a = agent(&["agent"], "").unwrap_or_else(|e| panic!("{e}"));
+    let a = agent(&["agent"], "").unwrap();
     assert_eq!(a.rediscover_seconds, 60);
 }
 
@@ -73,7 +72,7 @@ fn flags_on_the_command_line_win() {
         &["agent", "--slurm-mode", "configured", "--feature=x"],
         "slurm-mode: dynamic\nfeature: [ib]\ngrace-seconds: 3\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(a.slurm_mode, isthmus_agent::slurm::SlurmMode::Configured);
     assert_eq!(a.slurm.features, ["x"]);
     assert_eq!(a.grace_seconds, 3);
@@ -119,8 +118,8 @@ fn an_unknown_key_or_a_bad_value_is_refused_naming_the_key() {
 #[test]
 fn the_controller_reads_its_own_flags() {
     let f = file("node-sync: true\nslurm-timeout: 5s\nlisten: 127.0.0.1:0\nnamespace: ops\n");
-    let merged = merged(args(&["controller", "run"], &f)).unwrap_or_else(|e| panic!("{e}"));
-    let cli = Cli::try_parse_from(merged).unwrap_or_else(|e| panic!("{e}"));
+    let merged = merged(args(&["controller", "run"], &f)).unwrap();
+    let cli = Cli::try_parse_from(merged).unwrap();
     let Command::Controller(ControllerCommand::Run(r)) = cli.command else {
         panic!("not controller run");
     };

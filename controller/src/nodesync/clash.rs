@@ -105,7 +105,7 @@ mod tests {
                 {"type": "DeviceAllocationConsistent", "status": status, "reason": reason, "message": message},
             ]},
         }))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     }
 
     fn pod(node: Option<&str>, resource: &str, terminating: bool) -> Pod {
@@ -119,7 +119,7 @@ mod tests {
         if terminating {
             p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         }
-        serde_json::from_value(p).unwrap_or_else(|e| panic!("{e}"))
+        serde_json::from_value(p).unwrap()
     }
 
     fn n(ns: &str, name: &str) -> Named {
@@ -144,8 +144,7 @@ mod tests {
         );
         assert!(named(&node("True", "DeviceAllocationMismatch", message)).is_empty());
         assert!(named(&node("False", "SomethingElse", message)).is_empty());
-        let none: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}}))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let none: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
         assert!(named(&none).is_empty());
     }
 

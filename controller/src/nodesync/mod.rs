@@ -358,9 +358,9 @@ mod tests {
 
     #[test]
     fn flags() {
-        let cli = Cli::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
+        let cli = Cli::try_parse_from(["x"]).unwrap();
         assert!(!cli.sync.enabled() && cli.sync.taint);
-        let cli = Cli::try_parse_from(["x", "--node-sync"]).unwrap_or_else(|e| panic!("{e}"));
+        let cli = Cli::try_parse_from(["x", "--node-sync"]).unwrap();
         assert!(cli.sync.enabled());
         assert_eq!(cli.sync.interval, Duration::from_secs(1));
         assert!(cli.sync.drain_conditions.is_empty());
@@ -372,7 +372,7 @@ mod tests {
             "--node-sync-drain-conditions=GpuUnhealthy,NicDown",
             "--node-sync-taint=false",
         ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         assert!(!cli.sync.enabled() && !cli.sync.taint);
         assert_eq!(cli.sync.interval, Duration::from_millis(500));
         assert_eq!(
@@ -400,7 +400,7 @@ mod tests {
     fn rbac_yaml_matches_the_list() {
         let text = include_str!("../../../deploy/controller/overlays/slurm/rbac-nodesync.yaml");
         let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(text)
-            .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
             .collect();
         let role = docs
             .iter()

@@ -298,7 +298,7 @@ mod tests {
             ("switches", "1@10:00"),
             ("job-id", "anything: never read"),
         ]))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         assert_eq!(r.partition.as_deref(), Some("gpu"));
         assert_eq!(r.time, Some(86_400));
         assert_eq!(r.switches.as_deref(), Some("1@10:00"));

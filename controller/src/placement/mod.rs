@@ -373,7 +373,7 @@ mod tests {
             #[command(flatten)]
             placement: PlacementArgs,
         }
-        let cli = <Cli as clap::Parser>::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
+        let cli = <Cli as clap::Parser>::try_parse_from(["x"]).unwrap();
         let d = PlacementArgs::default();
         assert_eq!(cli.placement.scheduler_name, d.scheduler_name);
         assert_eq!(cli.placement.poll_interval, d.poll_interval);
@@ -384,15 +384,15 @@ mod tests {
             "--placement",
             "--placement-partition=gpu",
         ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         assert!(cli.placement.enabled);
         assert_eq!(cli.placement.partition.as_deref(), Some("gpu"));
         let d = PlacementArgs::default();
         assert_eq!(cli.placement.policy, d.policy);
         assert_eq!(cli.placement.submit_as, d.submit_as);
         assert_eq!(d.submit_as, None, "detected unless given");
-        let cli = <Cli as clap::Parser>::try_parse_from(["x", "--placement-submit-as=setpriv"])
-            .unwrap_or_else(|e| panic!("{e}"));
+        let cli =
+            <Cli as clap::Parser>::try_parse_from(["x", "--placement-submit-as=setpriv"]).unwrap();
         assert_eq!(cli.placement.submit_as, Some(SubmitAs::Setpriv));
         assert_eq!(cli.placement.mig_gpu_type, None);
     }
@@ -415,8 +415,7 @@ mod tests {
         let text = include_str!("../../../deploy/controller/overlays/slurm/rbac-placement.yaml");
         let mut granted = Vec::new();
         for doc in serde_yaml_ng::Deserializer::from_str(text) {
-            let v = <serde_json::Value as serde::Deserialize>::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let v = <serde_json::Value as serde::Deserialize>::deserialize(doc).unwrap();
             if v["kind"] != "ClusterRole" {
                 continue;
             }

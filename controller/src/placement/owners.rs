@@ -221,7 +221,7 @@ mod tests {
              - {name: c, namespaceSelector: {matchLabels: {slurm: c}}, user: carol, group: carol}\n\
              - {name: d, namespaceSelector: {matchLabels: {both: x}}, user: dave, group: dave}\n",
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let b = labels(&[("slurm", "b")]);
         let both = labels(&[("slurm", "c"), ("both", "x")]);
         let named_and_labelled = labels(&[("slurm", "b")]);
@@ -236,7 +236,7 @@ mod tests {
                 ("no-labels", None),
             ],
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let want: Owners = [
             ("not-created-yet", "alice"),
             ("team-a", "alice"),
@@ -258,7 +258,7 @@ mod tests {
         let policy = super::super::policy::parse(
             "tenants: [{name: a, namespaceSelector: {matchLabels: {slurm: a}}, user: alice, group: alice}]",
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let l = labels(&[("slurm", "a")]);
         let names: Vec<String> = (0..=MAX_NAMESPACES).map(|i| format!("ns-{i}")).collect();
         assert_eq!(

@@ -114,7 +114,7 @@ mod tests {
                 "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true,
                     "restartCount": 0}]}
         }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let labels = Default::default();
         let cx = Context {
             policy: Err("none"),
@@ -149,7 +149,7 @@ mod tests {
         assert!(view.admitted && view.active);
         assert_eq!(view.grace, Some(5));
         assert!(matches!(view.gang, Some(Err(_))), "{:?}", view.gang);
-        let r = view.resources.unwrap_or_else(|e| panic!("{e}"));
+        let r = view.resources.unwrap();
         assert_eq!(r.cpus, 3, "the sidecar's CPU counts: {r:?}");
     }
 }

@@ -93,7 +93,7 @@ mod tests {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     }
 
     fn sbatch(dir: &Path, text: &str) {
@@ -101,15 +101,14 @@ mod tests {
         let p = dir.join("sbatch");
         // Written beside and renamed: a running script is never rewritten in place.
         let tmp = dir.join("sbatch.new");
-        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-            .unwrap_or_else(|e| panic!("{e}"));
-        std::fs::rename(&tmp, &p).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
     }
 
     #[test]
     fn each_release_gets_its_method() {
-        let v = |text| SlurmVersion::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        let v = |text| SlurmVersion::parse(text).unwrap();
         assert_eq!(choose(v("slurm-wlm 22.05.8")).0, SubmitAs::UidOption);
         assert_eq!(choose(v("slurm-wlm 24.11.5")).0, SubmitAs::UidOption);
         assert_eq!(choose(v("slurm 26.05.0")).0, SubmitAs::Setpriv);
@@ -118,7 +117,7 @@ mod tests {
 
     #[test]
     fn detected_once_known_and_the_flag_always_wins() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let slurm = SlurmClient::new(SlurmArgs {
             slurm_bin_dir: Some(dir.path().to_path_buf()),
             ..SlurmArgs::default()

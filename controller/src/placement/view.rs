@@ -149,7 +149,7 @@ mod tests {
             "spec": {"containers": [], "nodeName": "n1"},
             "status": status,
         }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let labels = BTreeMap::new();
         let cx = Context {
             policy: Err("none"),
@@ -179,12 +179,12 @@ mod tests {
         let policy = super::super::policy::parse(
             "tenants: [{name: a, namespaces: [ns], user: nobody, group: nogroup}]",
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
             "spec": {"containers": []},
         }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let tenant_of = |labels: &[(&str, &str)]| {
             let mut all = BTreeMap::new();
             if !labels.is_empty() {

@@ -211,12 +211,10 @@ mod tests {
 
     fn node(def: &str, gres: &[&str]) -> NodeLines {
         NodeLines {
-            definition: Some(Arc::new(
-                NodeDefinition::parse(def).unwrap_or_else(|e| panic!("{e}")),
-            )),
+            definition: Some(Arc::new(NodeDefinition::parse(def).unwrap())),
             gres: gres
                 .iter()
-                .map(|g| GresLine::parse(g, "/dev").unwrap_or_else(|e| panic!("{e}")))
+                .map(|g| GresLine::parse(g, "/dev").unwrap())
                 .collect::<Vec<_>>()
                 .into(),
         }

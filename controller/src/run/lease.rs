@@ -336,8 +336,7 @@ mod tests {
             holder_identity: Some("b".into()),
             lease_duration_seconds: Some(15),
             renew_time: Some(MicroTime(
-                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000)
-                    .unwrap_or_else(|e| panic!("{e}")),
+                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
             )),
             ..LeaseSpec::default()
         };
@@ -349,8 +348,7 @@ mod tests {
                 .is_some_and(|t| t.starts_with("2023-11-14T22:13:20"))
         );
         spec.renew_time = Some(MicroTime(
-            k8s_openapi::jiff::Timestamp::from_second(1_700_000_002)
-                .unwrap_or_else(|e| panic!("{e}")),
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_002).unwrap(),
         ));
         assert_ne!(a, Record::from_spec(Some(&spec)), "a renewal is a change");
         assert_eq!(Record::from_spec(None).holder, "");

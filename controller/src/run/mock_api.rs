@@ -20,7 +20,7 @@ pub fn reply(status: StatusCode, body: &Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// A `Status` failure with `code`.
@@ -127,11 +127,7 @@ pub async fn next(handle: &mut Handle) -> Arrived {
             "every write is a server-side apply: {uri}"
         );
     }
-    let bytes = req
-        .into_body()
-        .collect_bytes()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = req.into_body().collect_bytes().await.unwrap();
     let body = if bytes.is_empty() {
         Value::Null
     } else {

@@ -383,7 +383,7 @@ mod tests {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     }
 
     #[test]
@@ -402,12 +402,11 @@ mod tests {
     #[test]
     fn a_wrapper_in_the_bin_dir_comes_before_path() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let script = |name: &str, text: &str| {
             let p = dir.path().join(name);
-            std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         };
         script("sbatch", "#!/bin/sh\necho \"sbatch $*\"\n");
         script("setpriv", "#!/bin/sh\necho \"wrapped $*\"\n");
@@ -418,7 +417,7 @@ mod tests {
         let wrapper = ["setpriv".to_owned(), "--reuid=nobody".to_owned()];
         let out = rt()
             .block_on(c.run_with(&wrapper, "sbatch", &["--parsable"]))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let sbatch = dir.path().join("sbatch");
         assert_eq!(
             out,
@@ -455,7 +454,7 @@ mod tests {
         assert!(matches!(e, SlurmError::Json { .. }), "{e}");
         let v: serde_json::Value = rt()
             .block_on(c.json("/bin/echo", &[r#"{"nodes":[]}"#]))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(v["nodes"], serde_json::json!([]));
         let e = rt()
             .block_on(c.json::<serde_json::Value>(

@@ -315,7 +315,7 @@ mod tests {
     #[test]
     fn the_reader_runs_sinfo_and_scontrol() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("args");
         for (name, out) in [
             ("sinfo", SINFO),
@@ -332,9 +332,8 @@ mod tests {
                     log.display()
                 ),
             )
-            .unwrap_or_else(|e| panic!("{e}"));
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let reader = NodeReader::new(SlurmClient::new(crate::slurm::SlurmArgs {
             slurm_bin_dir: Some(dir.path().to_path_buf()),
@@ -343,7 +342,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(rt.block_on(reader.nodes()).map(|n| n.len()).ok(), Some(4));
         assert_eq!(
             rt.block_on(reader.last_busy("n2"))

@@ -147,13 +147,13 @@ mod tests {
             status, 0,
             "22.05's squeue --json exits 0 on a 26.05 slurmctld"
         );
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert_eq!(
             json_errors(&v).as_deref(),
             Some("Failed while looking for jobs: Unspecified error")
         );
         let (stdout, _, _) = recorded("client-22.05-server-26.05-sinfo-json");
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert_eq!(json_errors(&v).as_deref(), Some("Unspecified error"));
         assert_eq!(
             json_errors(&serde_json::json!({"errors": [], "jobs": []})),

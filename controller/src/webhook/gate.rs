@@ -377,7 +377,7 @@ mod tests {
     async fn bytes_are_bounded_and_a_slow_holder_makes_room_for_a_new_request() {
         let gate = small(8, 100);
         let slow = gate.admit().unwrap_or_else(|| panic!("slow"));
-        let held = slow.reserve(80).await.unwrap_or_else(|e| panic!("{e}"));
+        let held = slow.reserve(80).await.unwrap();
         assert_eq!(gate.bytes_in_use(), 80);
         tokio::time::sleep(Duration::from_millis(2)).await;
         let fast = gate.admit().unwrap_or_else(|| panic!("fast"));
@@ -388,7 +388,7 @@ mod tests {
             drop(held);
         };
         let (got, ()) = tokio::join!(wanted, release);
-        let got = got.unwrap_or_else(|e| panic!("{e}"));
+        let got = got.unwrap();
         assert_eq!(gate.bytes_in_use(), 30);
         drop(got);
         assert_eq!(gate.bytes_in_use(), 0);
@@ -398,7 +398,7 @@ mod tests {
     async fn bytes_held_by_requests_being_decided_are_waited_for_then_refused() {
         let gate = small(8, 100);
         let deciding = gate.admit().unwrap_or_else(|| panic!("a"));
-        let _held = deciding.reserve(90).await.unwrap_or_else(|e| panic!("{e}"));
+        let _held = deciding.reserve(90).await.unwrap();
         deciding.deciding();
         let other = gate.admit().unwrap_or_else(|| panic!("b"));
         let e = other.reserve(20).await.expect_err("busy");

@@ -202,8 +202,8 @@ mod tests {
 
     #[test]
     fn the_head_is_read_without_the_objects() {
-        let head = parse(REVIEW.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        let r = head.check().unwrap_or_else(|e| panic!("{e}"));
+        let head = parse(REVIEW.as_bytes()).unwrap();
+        let r = head.check().unwrap();
         assert_eq!(
             (r.uid.as_str(), r.resource.resource.as_str()),
             ("u1", "pods")
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(r.user_info.username, "alice");
         assert!(r.object.is_none() && r.old_object.is_none() && r.sub_resource.is_none());
         // The full decode agrees.
-        let full = super::super::review::parse(REVIEW.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        let full = super::super::review::parse(REVIEW.as_bytes()).unwrap();
         assert_eq!(
             (full.uid, full.resource, full.user_info),
             (r.uid, r.resource, r.user_info)
@@ -231,7 +231,7 @@ mod tests {
         let at = REVIEW.find("\"object\"").unwrap_or_default();
         for cut in [at + 12, at + 40, REVIEW.len()] {
             let head = from_prefix(&REVIEW.as_bytes()[..cut]).unwrap_or_else(|| panic!("{cut}"));
-            let r = head.check().unwrap_or_else(|e| panic!("{e}"));
+            let r = head.check().unwrap();
             assert_eq!(
                 (r.uid.as_str(), r.user_info.username.as_str()),
                 ("u1", "alice")
@@ -249,10 +249,10 @@ mod tests {
     #[test]
     fn other_versions_and_garbage_are_refused() {
         let v1beta1 = REVIEW.replace("admission.k8s.io/v1", "admission.k8s.io/v1beta1");
-        let head = parse(v1beta1.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        let head = parse(v1beta1.as_bytes()).unwrap();
         assert!(matches!(head.check(), Err(ReviewError::Version { .. })));
-        let none = parse(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let none =
+            parse(br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#).unwrap();
         assert!(matches!(none.check(), Err(ReviewError::NoRequest)));
         for bad in [&b"\xff{"[..], b"[]", b"{\"request\":5}", b"{} x"] {
             assert!(parse(bad).is_err(), "{bad:?}");

@@ -181,20 +181,19 @@ mod tests {
             "name":"p","namespace":"team-b","operation":"UPDATE",
             "userInfo":{"username":"alice","groups":["g"],"extra":{"k":["v"]}},
             "object":{"metadata":{"name":"p"}},"oldObject":null}}"#;
-        let r = parse(body).unwrap_or_else(|e| panic!("{e}"));
+        let r = parse(body).unwrap();
         assert_eq!(r.uid, "u1");
         assert_eq!(r.resource.resource, "pods");
         assert_eq!(r.sub_resource.as_deref(), Some("status"));
         assert_eq!(r.user_info.extra["k"], vec!["v".to_owned()]);
         assert!(r.old_object.is_none());
-        let out = serde_json::to_value(ReviewOut::deny("u1", "no".into()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let out = serde_json::to_value(ReviewOut::deny("u1", "no".into())).unwrap();
         assert_eq!(
             out,
             serde_json::json!({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
                 "response":{"uid":"u1","allowed":false,"status":{"code":403,"message":"no"}}})
         );
-        let out = serde_json::to_value(ReviewOut::allow("u2")).unwrap_or_else(|e| panic!("{e}"));
+        let out = serde_json::to_value(ReviewOut::allow("u2")).unwrap();
         assert_eq!(
             out["response"],
             serde_json::json!({"uid":"u2","allowed":true})

@@ -40,7 +40,7 @@ impl ApiServer {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     }
 
     /// A bound token of ServiceAccount `ns/sa` (TokenRequest, `POST
@@ -65,7 +65,7 @@ impl ApiServer {
                 .map(|s| s.token)
                 .ok_or_else(|| format!("TokenRequest for {ns}/{sa}: no token in the answer"))
         })
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     }
 
     /// Create the Node `name` (only metadata: no kubelet runs) and return its UID.
@@ -90,16 +90,14 @@ impl ApiServer {
                 .uid
                 .ok_or_else(|| format!("Node {name} has no uid"))
         })
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     }
 }
 
 /// A kube-rs client from a kubeconfig file (the administrator's or [`ApiServer::kubeconfig_for_token`]'s). Call it
 /// inside the Tokio runtime that will use the client. Panics when the file is not a usable kubeconfig.
 pub async fn client_for(kubeconfig: &Path) -> kube::Client {
-    try_client_for(kubeconfig)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    try_client_for(kubeconfig).await.unwrap()
 }
 
 pub(super) async fn try_client_for(kubeconfig: &Path) -> Result<kube::Client, String> {

@@ -15,7 +15,7 @@ pub const DEBIAN_KUBERNETES: &str = "v1.20.2";
 /// controller-manager, scheduler, kubelet and the test images): `$KUBEBUILDER_ASSETS`, or the one the build script
 /// makes (once per test binary). Panics when there is none.
 pub fn assets() -> PathBuf {
-    assets_dir().unwrap_or_else(|e| panic!("{e}"))
+    assets_dir().unwrap()
 }
 
 pub(super) fn assets_dir() -> Result<PathBuf, String> {
@@ -74,7 +74,7 @@ pub fn version() -> (u32, u32) {
             parse_version(&text).ok_or_else(|| format!("{} --version said {text:?}", bin.display()))
         })
         .clone()
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// `Kubernetes v1.20.2` (or a bare `v1.31.0-rc.1`) → `(1, 20)`.

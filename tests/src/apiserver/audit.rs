@@ -125,13 +125,13 @@ mod tests {
 
     #[test]
     fn reads_a_patch_and_skips_the_rest() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("audit.log");
         let patch = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/n/configmaps/c?fieldManager=kubectl-patch","verb":"patch","user":{"username":"system:serviceaccount:n:s","groups":["system:serviceaccounts"]},"sourceIPs":["127.0.0.1"],"objectRef":{"resource":"configmaps","namespace":"n","name":"c","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2024-05-01T10:00:00.123456Z","stageTimestamp":"2024-05-01T10:00:00.130000Z"}"#;
         let other_user = patch.replace("system:serviceaccount:n:s", "admin");
         let get = patch.replace(r#""verb":"patch""#, r#""verb":"get""#);
         let text = format!("{patch}\n{other_user}\n{get}\n{{\"kind\":\"Ev");
-        std::fs::write(&log, text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&log, text).unwrap();
 
         let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_714_557_600);
         let found = writes_by(&log, "system:serviceaccount:n:s", t0);

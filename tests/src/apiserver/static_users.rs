@@ -39,7 +39,7 @@ impl ApiServer {
             &format!("system:node:{node}"),
             "system:nodes",
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let path = self.dir.join(format!("{stem}.kubeconfig"));
         let config = serde_json::json!({
             "apiVersion": "v1",
@@ -50,7 +50,7 @@ impl ApiServer {
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": stem}}],
             "current-context": "test",
         });
-        std::fs::write(&path, config.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, config.to_string()).unwrap();
         path
     }
 

@@ -104,7 +104,7 @@ pub(super) fn configure(dir: &Path) -> Result<Vec<OsString>, String> {
 impl ApiServer {
     /// A private server (as [`ApiServer::start`]) that presents a client certificate to every admission webhook.
     pub fn start_presenting_webhook_client_cert() -> ApiServer {
-        Self::try_start_with(true).unwrap_or_else(|e| panic!("{e}"))
+        Self::try_start_with(true).unwrap()
     }
 
     /// The CA bundle that signed the client certificate the server presents to webhooks (a server from

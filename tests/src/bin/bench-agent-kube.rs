@@ -45,7 +45,7 @@ fn bench() {
     let kubeconfig = install_agent(&server);
     let node = "bench-node";
     server.create_node(node);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let kubelet = FakeKubelet::default();
     if let Ok(mut pods) = kubelet.pods.lock() {
@@ -84,14 +84,14 @@ fn bench() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let pid = child.id();
     let _agent = Reaped(child);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let nrts: Api<NodeResourceTopology> =
         Api::all(rt.block_on(client_for(server.admin_kubeconfig())));
     let fp = |o: &NodeResourceTopology| {

@@ -71,7 +71,7 @@ fn bench() {
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
 
     let api = ApiServer::start();
     controller::install_crds(&api);
@@ -162,7 +162,7 @@ fn bench() {
             &PatchParams::apply("bench").force(),
             &Patch::Apply(&*o),
         ))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         loop {
             let cm = rt
                 .block_on(cms.get_opt("isthmus-slurm-topology"))

@@ -68,12 +68,12 @@ fn bench() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let nodes: Api<Node> = Api::all(rt.block_on(client_for(site.api.admin_kubeconfig())));
     let set = |cordon: bool| {
         let patch = serde_json::json!({"spec": {"unschedulable": cordon}});
         rt.block_on(nodes.patch("bench1", &PatchParams::default(), &Patch::Merge(&patch)))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     };
     let (mut drain, mut idle) = (Vec::new(), Vec::new());
     let (mut drain_issued, mut idle_issued) = (Vec::new(), Vec::new());
@@ -93,9 +93,7 @@ fn bench() {
     // Slurm → Kubernetes: a drain made in Slurm until the Node has the taint and the condition False, RESUME until
     // both are cleared.
     let node_shows = |drained: bool| {
-        let node = rt
-            .block_on(nodes.get("bench2"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let node = rt.block_on(nodes.get("bench2")).unwrap();
         let tainted = node
             .spec
             .and_then(|s| s.taints)

@@ -34,7 +34,7 @@ fn main() {
     println!("binary: {}", bin.display());
     let t = Template::h100();
     for ports in sizes {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let mut nrts: Vec<_> = (0..64).map(|i| cluster_gen::node_nrt(&t, i)).collect();
         if ports > 0 {
             let mut wide = cluster_gen::node_nrt(&t, 64);

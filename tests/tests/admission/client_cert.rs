@@ -12,7 +12,7 @@ use super::{BOTH, curl_webhook, s, site, start_controller_with, wait_until, webh
 #[test]
 fn with_a_client_ca_only_the_api_servers_certificate_reaches_the_webhook() {
     let api = ApiServer::start_presenting_webhook_client_cert();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (port, kc) = site(&api, "overlays/slurm");
     let client_ca = api.webhook_client_ca().to_string_lossy().into_owned();
@@ -49,10 +49,8 @@ fn with_a_client_ca_only_the_api_servers_certificate_reaches_the_webhook() {
         "without a certificate: {}",
         describe(&none)
     );
-    let stranger = Ca::new("another CA").unwrap_or_else(|e| panic!("{e}"));
-    let (cert, key) = stranger
-        .client("kube-apiserver-webhook-client")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stranger = Ca::new("another CA").unwrap();
+    let (cert, key) = stranger.client("kube-apiserver-webhook-client").unwrap();
     let (cert_path, key_path) = (
         file(d, "stranger.crt", &cert),
         file(d, "stranger.key", &key),
@@ -79,7 +77,7 @@ fn with_a_client_ca_only_the_api_servers_certificate_reaches_the_webhook() {
 #[test]
 fn an_unreadable_client_ca_stops_the_controller_with_the_reason() {
     let api = ApiServer::shared();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let empty = file(dir.path(), "empty.crt", "no certificate here\n");
     let kc = api.admin_kubeconfig();
     for (ca, why) in [

@@ -19,9 +19,8 @@ use super::{BOTH, site, start_controller, wait_until, webhook_ca};
 /// The controller container's memory limit in the shipped Deployment.
 fn deployment_memory_limit() -> u64 {
     let path = isthmus_tests::controller::deploy_dir().join("base/deployment.yaml");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
-    let doc: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     let q = doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
         .as_str()
         .unwrap_or_else(|| panic!("no memory limit"));
@@ -33,7 +32,7 @@ const MIB: f64 = 1048576.0;
 #[test]
 fn two_hundred_held_bodies_leave_a_replica_under_its_memory_limit_and_admitting_pods() {
     let api = ApiServer::start();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (port, kc) = site(&api, "overlays/slurm");
     let ctl = start_controller(&api, "held-bodies", &kc, port, &BOTH);
@@ -57,11 +56,9 @@ fn two_hundred_held_bodies_leave_a_replica_under_its_memory_limit_and_admitting_
     let (idle_rss, _) = memory(pid).unwrap_or_else(|| panic!("memory of {pid}"));
     let limit = deployment_memory_limit();
 
-    let ca = std::fs::read(webhook_ca(&api, d)).unwrap_or_else(|e| panic!("{e}"));
+    let ca = std::fs::read(webhook_ca(&api, d)).unwrap();
     let max_body = Limits::default().max_body as u64;
-    let addr: SocketAddr = format!("127.0.0.1:{port}")
-        .parse()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let started = Instant::now();
     let attack = HeldBodies::start(
         addr,

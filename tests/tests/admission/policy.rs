@@ -31,7 +31,7 @@ fn render(dir: &Path) -> (String, Vec<Value>) {
     assert!(out.status.success(), "{}", describe(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let docs = serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
     (text, docs)
 }
@@ -245,7 +245,7 @@ fn the_admission_policies_enforce_the_rules_on_kubernetes_1_30_and_later() {
         }
     }
     let api = ApiServer::start();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     install_report_crds(&api);
     api.apply_kustomize(&deploy::deploy_dir());

@@ -17,7 +17,7 @@ fn nfd_applies(nrts: &Api<NodeResourceTopology>, node: &str) {
         "zones": [{"name": "nfd-0", "type": "Node"}],
     });
     rt().block_on(nrts.patch(node, &PatchParams::apply(NFD).force(), &Patch::Apply(&body)))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
 }
 
 /// The agent's writes of its NRT at or after `since` (the audit log records a write a few milliseconds after it
@@ -102,9 +102,7 @@ fn stops_for_another_writer_says_so_and_resumes_when_it_is_gone_or_taken_over() 
     wait_until("a declined pass", Duration::from_secs(30), || {
         scrape(&agent.listen, "isthmus_nrt_yields_total") > yields
     });
-    let live = rt()
-        .block_on(nrts.get(node))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let live = rt().block_on(nrts.get(node)).unwrap();
     assert_eq!(live.zones.len(), 1, "NFD's zones stay");
     let warned = agent
         .log()

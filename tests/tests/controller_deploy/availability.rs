@@ -29,8 +29,8 @@ fn refused_by(api: &ApiServer, webhook: &str, args: &[&str], what: &str) {
 /// priority, although every webhook is down.
 fn controller_pod_admitted(api: &ApiServer, dir: &Path) {
     let docs = controller::render_overlay("overlays/slurm", "");
-    let mut spec = serde_json::to_value(&one(&docs, "Deployment")["spec"]["template"]["spec"])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut spec =
+        serde_json::to_value(&one(&docs, "Deployment")["spec"]["template"]["spec"]).unwrap();
     spec["automountServiceAccountToken"] = serde_json::Value::Bool(false);
     let pod = serde_json::json!({
         "apiVersion": "v1",
@@ -57,7 +57,7 @@ fn controller_pod_admitted(api: &ApiServer, dir: &Path) {
 #[test]
 fn with_no_replica_behind_the_service_exactly_the_fail_closed_requests_are_refused() {
     let api = ApiServer::start();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     install_report_crds(&api);
     api.apply_kustomize(&deploy::deploy_dir());

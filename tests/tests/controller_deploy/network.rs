@@ -72,7 +72,7 @@ fn the_network_policy_admits_metrics_from_monitoring_and_the_slurm_overlay_reach
     let from: Value = serde_yaml_ng::from_str(
         "[{namespaceSelector: {matchLabels: {isthmus.io/metrics-scraper: \"true\"}}}]",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(rules[0].1, from);
     // The webhook: every source by default.
     assert_eq!(rules[1], (vec![webhook], Value::Null));

@@ -143,8 +143,7 @@ fn outputs_equal_the_offline_render_follow_a_change_and_stay_idle() {
         let name = o.metadata.name.clone().unwrap_or_default();
         let out = api.kubectl(&["delete", controller::NRT_CRD, &name]);
         assert!(out.status.success(), "{}", describe(&out));
-        std::fs::remove_file(dir.path().join(format!("{name}.json")))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::remove_file(dir.path().join(format!("{name}.json"))).unwrap();
     }
     let want = expected(dir.path());
     let want_labels = with_hand_label(&want, &hand, &key0);
@@ -329,11 +328,11 @@ fn an_ibnetdiscover_configmap_is_used_and_a_degenerate_one_is_refused() {
     let t = Template::h100();
     let nrts: Vec<_> = (0..64).map(|i| cluster_gen::node_nrt(&t, i)).collect();
     controller::create_cluster(&api, &nrts);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let nrt_dir = dir.path().join("nrts");
     controller::write_nrt_dir(&nrt_dir, &nrts);
     let dump = dir.path().join("fabric.txt");
-    std::fs::write(&dump, cluster_gen::dump(64)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&dump, cluster_gen::dump(64)).unwrap();
     let dump_arg = format!("ibnetdiscover={}", dump.display());
     let out = api.kubectl(&[
         "create",
@@ -350,7 +349,7 @@ fn an_ibnetdiscover_configmap_is_used_and_a_degenerate_one_is_refused() {
     let with_dump = ["--ibnetdiscover", &dump.to_string_lossy()];
     let r = |o: &str| controller::render_offline(&nrt_dir, o, &with_dump);
     let want_labels: BTreeMap<String, BTreeMap<String, String>> =
-        serde_yaml_ng::from_str(&r("labels")).unwrap_or_else(|e| panic!("{e}"));
+        serde_yaml_ng::from_str(&r("labels")).unwrap();
     assert_eq!(want_labels.len(), 64, "every node placed offline");
     let want_topology = r("topology-conf");
     // The dump adds the tiers above the leaves and the switch names: not what the reports alone give.

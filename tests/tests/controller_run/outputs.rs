@@ -84,7 +84,7 @@ pub(crate) fn hypernodes(api: &ApiServer) -> BTreeMap<String, (Value, Value)> {
 
 pub(crate) fn yaml_docs(text: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{e}")))
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .filter(|v: &Value| !v.is_null())
         .collect()
 }
@@ -100,7 +100,7 @@ pub(crate) struct Expected {
 
 pub(crate) fn expected(dir: &Path) -> Expected {
     let r = |o: &str| controller::render_offline(dir, o, &[]);
-    let labels = serde_yaml_ng::from_str(&r("labels")).unwrap_or_else(|e| panic!("{e}"));
+    let labels = serde_yaml_ng::from_str(&r("labels")).unwrap();
     let hypernodes = yaml_docs(&r("hypernodes"))
         .into_iter()
         .map(|h| {
@@ -134,7 +134,7 @@ pub(crate) fn cluster(api: &ApiServer, n: usize) -> (Vec<NodeResourceTopology>, 
     let t = Template::h100();
     let nrts: Vec<_> = (0..n).map(|i| cluster_gen::node_nrt(&t, i)).collect();
     controller::create_cluster(api, &nrts);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     controller::write_nrt_dir(dir.path(), &nrts);
     (nrts, dir)
 }

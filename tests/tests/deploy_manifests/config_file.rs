@@ -39,9 +39,9 @@ fn check(docs: &[Value], kind: &str, command: &[&str]) -> Vec<String> {
         .find(|c| s(at(c, "metadata/name")) == cm_name)
         .unwrap_or_else(|| panic!("{kind}: no ConfigMap {cm_name}"));
     let text = s(at(cm, &format!("data/{key}")));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(key);
-    std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, text).unwrap();
     let mut args: Vec<OsString> = std::iter::once("isthmus")
         .chain(command.iter().copied())
         .map(OsString::from)
@@ -55,7 +55,7 @@ fn check(docs: &[Value], kind: &str, command: &[&str]) -> Vec<String> {
     );
     <isthmus_cli::cli::Cli as clap::Parser>::try_parse_from(&merged)
         .unwrap_or_else(|e| panic!("{kind}: {e}"));
-    let keys: Value = serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}"));
+    let keys: Value = serde_yaml_ng::from_str(text).unwrap();
     keys.as_mapping()
         .into_iter()
         .flatten()

@@ -28,8 +28,7 @@ fn selects_the_pods(selector: &Value, labels: &Value) {
 
 /// The failure policy of each webhook as the table of docs/deploy.md ("Failure policies") states it.
 fn documented_failure_policies() -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(repo_root().join("docs/deploy.md"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(repo_root().join("docs/deploy.md")).unwrap();
     let table = text
         .split("### Failure policies")
         .nth(1)

@@ -75,7 +75,7 @@ fn the_manifests_name_the_images_make_image_builds() {
 #[test]
 fn the_registry_overlays_of_docs_deploy_md_replace_every_image() {
     let doc = std::fs::read_to_string(repo_root().join("docs/deploy.md")).unwrap_or_default();
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let st = Command::new("cp")
         .arg("-a")
         .arg(repo_root().join("deploy"))
@@ -97,9 +97,8 @@ fn the_registry_overlays_of_docs_deploy_md_replace_every_image() {
         };
         examples += 1;
         let file = tmp.path().join(path);
-        std::fs::create_dir_all(file.parent().unwrap_or(tmp.path()))
-            .unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&file, body).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(file.parent().unwrap_or(tmp.path())).unwrap();
+        std::fs::write(&file, body).unwrap();
         let kust: Value = serde_yaml_ng::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}"));
         let base = s(at(&kust, "resources/0"))
             .trim_start_matches("../../")

@@ -137,7 +137,7 @@ fn check_references(variant: &str, docs: &[Value]) {
         )
         .unwrap_or_default(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let crds = of_kind(docs, "CustomResourceDefinition");
     let crd = |name: &str| {
         *crds
@@ -465,7 +465,7 @@ fn every_repository_path_the_manifests_and_docs_name_exists() {
     let path = regex::Regex::new(
         r"(^|[^\w./-])((?:topology|gres|api|agent|controller|deploy|tests|fixtures|docs|scripts|\.ci)/[\w./*-]*[\w*])",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let slurm_plugins = [
         "topology/tree",
         "topology/block",

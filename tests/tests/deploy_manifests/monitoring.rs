@@ -14,10 +14,9 @@ fn s(v: &Value) -> &str {
 /// The release label's value as deploy/monitoring/kustomization.yaml sets it.
 fn release_in_kustomization() -> String {
     let k: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo_root().join("deploy/monitoring/kustomization.yaml"))
-            .unwrap_or_else(|e| panic!("{e}")),
+        &std::fs::read_to_string(repo_root().join("deploy/monitoring/kustomization.yaml")).unwrap(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(at(&k, "labels/0/includeSelectors").as_bool(), Some(false));
     s(at(&k, "labels/0/pairs/release")).to_owned()
 }
@@ -71,13 +70,13 @@ fn the_release_label_is_set_in_one_place_and_an_overlay_changes_it() {
         );
     }
     // A site's overlay sets its own release with kustomize's `labels`.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let base = deploy::relative_path(dir.path(), &repo_root().join("deploy/monitoring"));
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!("resources:\n  - {base}\nlabels:\n  - pairs:\n      release: prom-site\n"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let docs = deploy::render_at(dir.path(), ".");
     assert_eq!(docs.len(), 3);
     for d in &docs {

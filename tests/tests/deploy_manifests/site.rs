@@ -111,10 +111,9 @@ fn the_site_is_the_parts_once_with_one_namespace() {
 fn each_site_value_is_set_once_and_found_where_it_applies() {
     let site = site();
     let k: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(deploy::site_dir().join("kustomization.yaml"))
-            .unwrap_or_else(|e| panic!("{e}")),
+        &std::fs::read_to_string(deploy::site_dir().join("kustomization.yaml")).unwrap(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // The image: every container of both halves.
     let image = format!(
         "{}:{}",
@@ -124,8 +123,7 @@ fn each_site_value_is_set_once_and_found_where_it_applies() {
     assert_eq!(deploy::images(&site), [image]);
     // The Slurm configuration: the agents' slurm.conf and the controller's client tools' are the site's file; the
     // chosen cgroup component's cgroup.conf stays beside it; the pods mount the generated ConfigMaps.
-    let conf = std::fs::read_to_string(deploy::site_dir().join("slurm.conf"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let conf = std::fs::read_to_string(deploy::site_dir().join("slurm.conf")).unwrap();
     for (name, keys) in [
         ("slurm-config", vec!["cgroup.conf", "slurm.conf"]),
         ("slurm-client-config", vec!["slurm.conf"]),

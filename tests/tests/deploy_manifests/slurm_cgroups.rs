@@ -116,7 +116,7 @@ fn the_cgroups_component_mounts_only_the_pods_own_cgroup_writable() {
     let shipped = std::fs::read_to_string(
         repo_root().join("deploy/daemonset/overlays/kubernetes-slurm/cgroup.conf"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(constraints(conf), constraints(&shipped));
     let init = at(pod, "initContainers/0/command");
     let args: Vec<&str> = init.as_sequence().into_iter().flatten().map(s).collect();

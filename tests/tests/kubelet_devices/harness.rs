@@ -51,11 +51,11 @@ pub(crate) fn prepare_root(dir: &Path) -> PathBuf {
 }
 
 pub(crate) fn start_agent() -> Agent {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = prepare_root(dir.path());
     let log = dir.path().join("agent.log");
-    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
     let child = Command::new(isthmus_bin())
         .args([
             "agent",
@@ -197,14 +197,12 @@ pub(crate) fn pod_devices_in(node: &KubeNode, ns: &str, pod: &str) -> Vec<(Strin
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut kubelet = isthmus_agent::k8s::podresources::Kubelet::new(
         &node.pod_resources_socket(),
         Duration::from_secs(10),
     );
-    let answers = rt
-        .block_on(kubelet.query())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let answers = rt.block_on(kubelet.query()).unwrap();
     answers
         .list
         .pod_resources
@@ -269,14 +267,14 @@ pub(crate) fn start_node_sync(
         "deploy/controller/base/role.yaml",
     ] {
         let path = isthmus_tests::repo_root().join(rbac);
-        node.apply(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")));
+        node.apply(&std::fs::read_to_string(&path).unwrap());
     }
     let kubeconfig = node.kubeconfig_for_token(&node.token_for(ns, sa));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let client = rt.block_on(isthmus_tests::apiserver::client_for(&kubeconfig));
     let slurm = SlurmClient::new(SlurmArgs {
         slurm_conf: Some(slurm_conf.to_path_buf()),

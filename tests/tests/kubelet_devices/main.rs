@@ -217,7 +217,7 @@ fn mismatches_metric(listen: &str) -> Option<String> {
 fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let node = KubeNode::shared();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let root = prepare_root(dir.path());
     let s = slurm_site(node, &root);
     node.apply(&format!(

@@ -27,14 +27,14 @@ fn a_job_of_the_pods_slurmd_lives_in_the_pods_cgroup_and_opens_only_its_gpu() {
         "",
         &[],
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let host = dir.path().join("host");
     isthmus_tests::slurm::prepare_site(&host, &[]);
     let root = isthmus_tests::fixtures().join("hosts/xe9680-8xh100/root");
     let shipped = std::fs::read_to_string(
         isthmus_tests::repo_root().join("deploy/daemonset/components/slurm-cgroups/cgroup.conf"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(shipped.contains("ConstrainCores=yes\n"), "{shipped}");
     let cgroup_conf = shipped.replace("ConstrainCores=yes\n", "ConstrainCores=no\n");
     let cgroup_root = isthmus_tests::kubenode::CGROUP_ROOT;

@@ -15,7 +15,7 @@ use super::node::wait_until_ok;
 /// the metrics port on the host's address then). Applied with `kubectl apply -k`.
 pub(crate) fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
     let overlay = dir.join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&overlay).unwrap();
     let (name, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
     let base = isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-only");
     std::fs::write(
@@ -26,7 +26,7 @@ pub(crate) fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
             isthmus_tests::deploy::relative_path(&overlay, &base)
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     std::fs::write(
         overlay.join("test.yaml"),
         format!(
@@ -37,7 +37,7 @@ pub(crate) fn apply_agent_overlay(node: &KubeNode, dir: &Path, image: &str) {
             node.api_port(),
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
     assert!(out.status.success(), "{}", describe(&out));
 }
@@ -110,7 +110,7 @@ impl NrtWatch {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
         let seen = std::thread::spawn(move || {
             let stream =

@@ -32,7 +32,7 @@ fn an_exclusive_cpu_leaves_the_nrt_and_the_numatopology_and_comes_back() {
     let _turn = turn();
     let node = KubeNode::shared();
     let kubeconfig = prepare(node);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("agent.log");
     let _agent = start_agent(node, &kubeconfig, &log);
 
@@ -92,7 +92,7 @@ fn a_restarted_agent_never_publishes_a_held_cpu_as_free() {
     let _turn = turn();
     let node = KubeNode::shared();
     let kubeconfig = prepare(node);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let cpus = online_cpus();
     let (allocatable, held) = ((cpus - 1).to_string(), (cpus - 2).to_string());
 
@@ -130,7 +130,7 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it_and_rolls_out_without_
     let _turn = turn();
     let node = KubeNode::shared();
     let _ = prepare(node);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("isthmus.tar");
     let image = isthmus_tests::node_image::agent_image("test", &archive);
     node.import_image(&archive);
@@ -223,7 +223,7 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it_and_rolls_out_without_
                 std::process::Command::new("sh")
                     .args(["-c", "while :; do :; done"])
                     .spawn()
-                    .unwrap_or_else(|e| panic!("{e}")),
+                    .unwrap(),
             )
         })
         .collect();
@@ -337,7 +337,7 @@ fn the_slurm_overlays_pod_registers_a_dynamic_node_and_runs_a_job() {
     let node = KubeNode::shared();
     let _ = prepare(node);
     let ctld = Controller::start("MaxNodeCount=16\nTreeWidth=65533\nGresTypes=gpu\n", "", &[]);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     // With the shipped device plugin component: the agent also serves the kubelet's device plugin API and checks
     // the pods' devices against Slurm's jobs (this machine has no accelerator: it registers none). The overlay's
     // jobs are not confined (proctrack/linuxproc): beside the device plugin the agent starts slurmd only with the

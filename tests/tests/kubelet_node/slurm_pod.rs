@@ -50,7 +50,7 @@ pub(crate) fn apply_slurm_overlay<'a>(
 ) -> SlurmPod<'a> {
     // The pod's slurm.conf is the cluster's, with the node-side paths of the overlay and munged's default socket
     // (the pod's own munged).
-    let conf = std::fs::read_to_string(ctld.conf()).unwrap_or_else(|e| panic!("{e}"));
+    let conf = std::fs::read_to_string(ctld.conf()).unwrap();
     let pod_conf: String = conf
         .lines()
         .filter(|l| {
@@ -67,11 +67,11 @@ pub(crate) fn apply_slurm_overlay<'a>(
         .collect::<String>()
         + "SlurmdSpoolDir=/var/spool/slurmd\nSlurmdPidFile=/run/slurm/slurmd.pid\n";
     let overlay = dir.join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(overlay.join("slurm.conf"), pod_conf).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(overlay.join("slurm.conf"), pod_conf).unwrap();
     let mut files = String::from("      - slurm.conf\n");
     for (name, content) in extra.files {
-        std::fs::write(overlay.join(name), content).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(overlay.join(name), content).unwrap();
         files.push_str(&format!("      - {name}\n"));
     }
     // What a failed run before may have left.
@@ -96,7 +96,7 @@ pub(crate) fn apply_slurm_overlay<'a>(
     // The shipped overlay with the components, one level down: the test's ConfigMap files and patch apply after
     // the components' (kustomize applies a kustomization's components after its own generators).
     let shipped = overlay.join("shipped");
-    std::fs::create_dir_all(&shipped).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&shipped).unwrap();
     let components: String = extra
         .components
         .iter()
@@ -115,7 +115,7 @@ pub(crate) fn apply_slurm_overlay<'a>(
             if components.is_empty() { "" } else { "components:\n" },
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
@@ -125,7 +125,7 @@ pub(crate) fn apply_slurm_overlay<'a>(
              files:\n{files}patches:\n  - path: test.yaml\n",
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let mut env = vec![
         json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}),
         json!({"name": "KUBERNETES_SERVICE_PORT", "value": node.api_port().to_string()}),
@@ -151,7 +151,7 @@ pub(crate) fn apply_slurm_overlay<'a>(
             "volumes": extra.volumes.as_array().cloned().unwrap_or_default(),
         }}},
     });
-    std::fs::write(overlay.join("test.yaml"), patch.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(overlay.join("test.yaml"), patch.to_string()).unwrap();
     let out = node.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
     assert!(out.status.success(), "{}", describe(&out));
     SlurmPod {

@@ -31,10 +31,8 @@ fn scrape(listen: &str) -> String {
 
 /// Every `isthmus_*` metric of every alert's expression, with the alert's name.
 fn alert_metrics() -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(isthmus_tests::repo_root().join(RULES))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let doc: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(isthmus_tests::repo_root().join(RULES)).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     let mut out = Vec::new();
     for rule in doc["groups"]
         .as_sequence()
@@ -66,7 +64,7 @@ fn every_metric_an_alert_reads_is_in_a_real_scrape_of_the_agent_or_the_controlle
         "deploy/controller/overlays/slurm/placement-policy.example.yaml",
     ] {
         let path = isthmus_tests::repo_root().join(rbac);
-        let out = api.apply_yaml(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}")));
+        let out = api.apply_yaml(&std::fs::read_to_string(&path).unwrap());
         assert!(out.status.success(), "{rbac}: {}", describe(&out));
     }
     api.create_node(NODE);
@@ -96,7 +94,7 @@ fn every_metric_an_alert_reads_is_in_a_real_scrape_of_the_agent_or_the_controlle
              topologyPolicies: [\"None\"]\nzones:\n  - name: nfd-0\n    type: Node\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     wait_until("the agent's NRT", Duration::from_secs(60), || {
         api.kubectl(&["get", "noderesourcetopology", NODE])
             .status

@@ -63,27 +63,27 @@ impl Drop for NodeCgroups {
 /// The site with the cgroup plugins and the shipped cgroup.conf.
 fn cgroup_site(root: &Path) -> Site {
     let site = Site::new(NODE, root, Mode::Configured);
-    let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
+    let conf = std::fs::read_to_string(site.conf()).unwrap();
     let plugins = "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n";
     assert!(conf.contains(plugins), "{conf}");
     let conf = conf.replace(
         plugins,
         "ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\n",
     );
-    std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(site.conf(), conf).unwrap();
     // The shipped file, but for ConstrainCores: the node is the fixture's 32-CPU host, and a cpuset naming CPUs
     // this machine lacks is refused ("Numerical result out of range"). slurm_cgroup.rs confines cores with the
     // file as shipped on a node of this machine's size.
     let shipped = std::fs::read_to_string(
         isthmus_tests::repo_root().join("deploy/daemonset/overlays/kubernetes-slurm/cgroup.conf"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(shipped.contains("ConstrainCores=yes\n"), "{shipped}");
     std::fs::write(
         site.path().join("cgroup.conf"),
         shipped.replace("ConstrainCores=yes\n", "ConstrainCores=no\n"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     site
 }
 

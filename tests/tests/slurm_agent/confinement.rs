@@ -55,7 +55,7 @@ fn beside_the_device_plugin_unconfined_slurmd_is_not_started_unless_allowed() {
     site.start_slurmctld();
     site.agent_env = vec![("KUBECONFIG".to_owned(), agent_kubeconfig.into())];
     let plugins = site.path().join("device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&plugins).unwrap();
     let (plugins, runtime_root, no_kubelet) = (
         plugins.display().to_string(),
         root.display().to_string(),

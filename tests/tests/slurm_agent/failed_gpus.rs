@@ -23,7 +23,7 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     let root = h100();
     let mut site = Site::on(SlurmRelease::V22_05, "pg1", &root, Mode::Dynamic);
     let kmsg = site.path().join("kmsg");
-    std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&kmsg, "").unwrap();
     let kmsg_arg = kmsg.to_string_lossy().into_owned();
     let extra = ["--slurm-failed-gpus", "remove", "--xid-replay", &kmsg_arg];
     site.start_agent(&root, &[&DYNAMIC[..], &extra[..]].concat());
@@ -40,9 +40,9 @@ fn a_failed_gpu_leaves_the_dynamic_node_once_its_jobs_have_ended() {
     wait_until("the job runs", Duration::from_secs(30), || {
         job_state(&site, &job) == "RUNNING"
     });
-    let stream = std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&kmsg, stream).unwrap_or_else(|e| panic!("{e}"));
+    let stream =
+        std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log")).unwrap();
+    std::fs::write(&kmsg, stream).unwrap();
     wait_until(
         "the agent told that slurmctld keeps the busy node",
         Duration::from_secs(30),
@@ -101,7 +101,7 @@ fn a_failed_gpus_removal_converges_after_the_agent_dies_at_each_step() {
         let root = h100();
         let mut site = Site::on(SlurmRelease::V22_05, "pk1", &root, Mode::Dynamic);
         let kmsg = site.path().join("kmsg");
-        std::fs::write(&kmsg, "").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&kmsg, "").unwrap();
         let kmsg_arg = kmsg.to_string_lossy().into_owned();
         let extra = ["--slurm-failed-gpus", "remove", "--xid-replay", &kmsg_arg];
         let args = [&DYNAMIC[..], &extra[..]].concat();
@@ -116,8 +116,8 @@ fn a_failed_gpus_removal_converges_after_the_agent_dies_at_each_step() {
         assert!(gres(&site).starts_with("gpu:nvidia_h100_80gb_hbm3:8"));
         let stream =
             std::fs::read_to_string(fixtures().join("xid/kmsg/gpud-dmesg-with-xid-119.log"))
-                .unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&kmsg, stream).unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
+        std::fs::write(&kmsg, stream).unwrap();
         wait_until(
             &format!("the agent to die at {point}"),
             Duration::from_secs(60),

@@ -216,7 +216,7 @@ fn as_pid_1_of_its_own_pid_namespace_the_agent_runs_restarts_and_reaps_its_child
     // A temp file a PID 1 killed mid-write left in the configuration directory (an emptyDir outlives the
     // container): the agent, PID 1 again, still writes gres.conf.
     let stale = site.path().join(".gres.conf.isthmus-1.tmp");
-    std::fs::write(&stale, "Name=gpu File=/dev/nvidia0\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&stale, "Name=gpu File=/dev/nvidia0\n").unwrap();
     site.start_agent_under(
         &["unshare", "-pf", "--mount-proc", "--kill-child"],
         &root,
@@ -305,7 +305,7 @@ fn metric(site: &Site, name: &str, labels: &[&str]) -> Option<f64> {
 #[test]
 fn hardware_change_restarts_slurmd_only_when_gres_changes() {
     // A copy of the fixture that the test can change; no slurmctld needed (slurmd keeps retrying to register).
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let st = Command::new("cp").arg("-a").arg(h100()).arg(&root).status();
     assert!(st.is_ok_and(|s| s.success()));
@@ -329,7 +329,7 @@ fn hardware_change_restarts_slurmd_only_when_gres_changes() {
         root.join("sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data"),
         "300000000000000\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let mut seen_at = None;
     wait_until(
         "a discovery that read the new counter",
@@ -360,10 +360,8 @@ fn hardware_change_restarts_slurmd_only_when_gres_changes() {
     );
 
     // GPU 7 disappears (driver no longer lists it and its PCI function is gone): gres.conf rewritten, slurmd restarted.
-    std::fs::remove_dir_all(root.join("proc/driver/nvidia/gpus/0000:db:00.0"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::remove_file(root.join("sys/bus/pci/devices/0000:db:00.0"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_dir_all(root.join("proc/driver/nvidia/gpus/0000:db:00.0")).unwrap();
+    std::fs::remove_file(root.join("sys/bus/pci/devices/0000:db:00.0")).unwrap();
     wait_until("gres.conf without GPU 7", Duration::from_secs(15), || {
         std::fs::read_to_string(&gres_path).is_ok_and(|t| t != before && !t.contains("nvidia7"))
     });
@@ -399,17 +397,15 @@ fn bad_configuration_gives_one_error_line() {
     // A key in a directory only its owner (munge, as Debian ships /etc/munge) may enter: the agent holds no DAC
     // capability, so it says so instead of starting a munged that cannot read it.
     let locked = site.path().join("locked");
-    std::fs::create_dir_all(&locked).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::copy(site.path().join("munge.key"), locked.join("munge.key"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&locked).unwrap();
+    std::fs::copy(site.path().join("munge.key"), locked.join("munge.key")).unwrap();
     let chown = Command::new("chown")
         .args(["nobody:nogroup"])
         .arg(&locked)
         .status();
     assert!(chown.is_ok_and(|s| s.success()));
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
     let mut cases = cases;
     cases.push(vec![
         "--slurm-conf".into(),
@@ -449,7 +445,7 @@ fn bad_configuration_gives_one_error_line() {
             .arg(&root)
             .args(&extra)
             .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(!out.status.success(), "{extra:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         let errors: Vec<&str> = err

@@ -72,11 +72,11 @@ impl Site {
 
     /// A site whose daemons and clients are `release`'s.
     pub(crate) fn on(release: SlurmRelease, node: &str, root: &Path, mode: Mode) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         isthmus_tests::slurm::prepare_site(d, &["state", "spool"]);
         if let Some(cgroup) = release.cgroup_conf() {
-            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(d.join("cgroup.conf"), cgroup).unwrap();
         }
         let node_line = if mode != Mode::Configured {
             "MaxNodeCount=16\nTreeWidth=65533\n".to_owned()
@@ -96,7 +96,7 @@ impl Site {
                 .arg("--dev-dir")
                 .arg(d.join("dev"))
                 .output()
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             assert!(out.status.success());
             format!(
                 "{} NodeAddr=127.0.0.1\n",
@@ -121,9 +121,9 @@ impl Site {
                     .arg("--dev-dir")
                     .arg(d.join("dev"))
                     .output()
-                    .unwrap_or_else(|e| panic!("{e}"));
+                    .unwrap();
                 assert!(gres.status.success());
-                std::fs::write(d.join("gres.conf"), &gres.stdout).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::write(d.join("gres.conf"), &gres.stdout).unwrap();
                 "SlurmctldParameters=enable_configless\n".to_owned()
             }
             _ => format!("AuthInfo=socket={p}/munge/munge.sock\n"),
@@ -138,7 +138,7 @@ impl Site {
              ReturnToService=2\nSlurmdTimeout=30\nGresTypes=gpu\n{node_line}PartitionName=debug Nodes=ALL Default=YES\n",
             free_port()
         );
-        std::fs::write(d.join("slurm.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(d.join("slurm.conf"), conf).unwrap();
         Self {
             release,
             auth_slurm: false,
@@ -169,13 +169,13 @@ impl Site {
     ) -> Self {
         let mut site = Self::on(release, node, root, mode);
         let p = site.path().display().to_string();
-        let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
+        let conf = std::fs::read_to_string(site.conf()).unwrap();
         let munge = format!(
             "AuthType=auth/munge\nAuthInfo=socket={p}/munge/munge.sock\nCredType=cred/munge\n"
         );
         assert!(conf.contains(&munge), "{conf}");
         let conf = conf.replace(&munge, "AuthType=auth/slurm\nCredType=cred/slurm\n");
-        std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(site.conf(), conf).unwrap();
         isthmus_tests::slurmctld::write_slurm_key(site.path());
         site.auth_slurm = true;
         site
@@ -203,7 +203,7 @@ impl Site {
     /// Start the agent through `wrapper` (e.g. `unshare -pf --mount-proc`, as a pod's PID namespace).
     pub(crate) fn start_agent_under(&mut self, wrapper: &[&str], root: &Path, extra: &[&str]) {
         let d = self.path().to_path_buf();
-        let log = std::fs::File::create(d.join("agent.log")).unwrap_or_else(|e| panic!("{e}"));
+        let log = std::fs::File::create(d.join("agent.log")).unwrap();
         let sock = self.munge_socket();
         let mut slurm_source = vec!["--slurm-conf".to_owned(), self.conf().display().to_string()];
         if self.mode == Mode::Configless {
@@ -266,7 +266,7 @@ impl Site {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         self.agent = Some(child);
         if !self.auth_slurm {
             wait_until("munged's socket", Duration::from_secs(30), || sock.exists());
@@ -274,8 +274,7 @@ impl Site {
     }
 
     pub(crate) fn start_slurmctld(&mut self) {
-        let out = std::fs::File::create(self.path().join("slurmctld.out"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let out = std::fs::File::create(self.path().join("slurmctld.out")).unwrap();
         let child = self
             .release
             .command("slurmctld")

@@ -15,16 +15,16 @@ only [V26_05]
 fn dynamic_node_registers_under_its_leaf(release) {
     let root = h100();
     let mut site = Site::with_auth_slurm_as(release, "dyn2", &root, Mode::Dynamic);
-    let conf = std::fs::read_to_string(site.conf()).unwrap_or_else(|e| panic!("{e}"));
+    let conf = std::fs::read_to_string(site.conf()).unwrap();
     // Two placed nodes that never run, one per leaf: the leaves exist before the dynamic node comes.
     let conf = conf.replace(
         "PartitionName=",
         "NodeName=st1,st2 CPUs=1 RealMemory=100 State=FUTURE NodeAddr=127.0.0.1\nPartitionName=",
     );
-    std::fs::write(site.conf(), conf).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(site.conf(), conf).unwrap();
     let yaml = "- topology: isthmus-tree\n  cluster_default: true\n  tree:\n    switches:\n    - switch: leaf-1\n      \
                 nodes: st1\n    - switch: leaf-2\n      nodes: st2\n    - switch: spine\n      children: leaf-[1-2]\n";
-    std::fs::write(site.path().join("topology.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(site.path().join("topology.yaml"), yaml).unwrap();
     site.start_slurmctld();
     site.start_agent(
         &root,

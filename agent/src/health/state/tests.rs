@@ -9,8 +9,7 @@ const HOST: &str = concat!(
 );
 
 fn xe9680() -> NodeTopology {
-    let q = std::fs::read_to_string(format!("{HOST}/nvidia-smi-q.txt"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let q = std::fs::read_to_string(format!("{HOST}/nvidia-smi-q.txt")).unwrap();
     discover(
         &HostRoot::new(format!("{HOST}/root")),
         &RecordedNvml::parse("xe9680", &q, None),
@@ -22,9 +21,7 @@ fn xe9680() -> NodeTopology {
 }
 
 fn state() -> HealthState {
-    HealthState::new(Arc::new(
-        XidTable::builtin().unwrap_or_else(|e| panic!("{e}")),
-    ))
+    HealthState::new(Arc::new(XidTable::builtin().unwrap()))
 }
 
 const XID_119: &str = include_str!("../../../../fixtures/xid/kmsg/gpud-dmesg-with-xid-119.log");

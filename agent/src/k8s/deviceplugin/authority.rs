@@ -323,19 +323,19 @@ mod tests {
     #[test]
     fn a_path_authority_becomes_localhost_and_the_rest_is_kept() {
         let input = kubelet_call("/v1beta1.DevicePlugin/GetDevicePluginOptions");
-        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let _guard = rt.enter();
-        a.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
-        let mut fix = AuthorityFix::new(UnixStream::from_std(a).unwrap_or_else(|e| panic!("{e}")));
+        a.set_nonblocking(true).unwrap();
+        let mut fix = AuthorityFix::new(UnixStream::from_std(a).unwrap());
         // Fed in two pieces, cut inside a frame.
         fix.raw.extend_from_slice(&input[..40]);
-        fix.process().unwrap_or_else(|e| panic!("{e}"));
+        fix.process().unwrap();
         fix.raw.extend_from_slice(&input[40..]);
-        fix.process().unwrap_or_else(|e| panic!("{e}"));
+        fix.process().unwrap();
         let out = std::mem::take(&mut fix.out);
         assert_eq!(&out[..PREFACE.len()], PREFACE);
         let mut frames = Vec::new();
@@ -363,14 +363,14 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let _guard = rt.enter();
-        a.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
-        let stream = || UnixStream::from_std(a.try_clone().unwrap_or_else(|e| panic!("{e}")));
+        a.set_nonblocking(true).unwrap();
+        let stream = || UnixStream::from_std(a.try_clone().unwrap());
         for input in [
             b"GET / HTTP/1.1\r\n\r\n".to_vec(),
             {
@@ -389,7 +389,7 @@ mod tests {
                 v
             },
         ] {
-            let mut fix = AuthorityFix::new(stream().unwrap_or_else(|e| panic!("{e}")));
+            let mut fix = AuthorityFix::new(stream().unwrap());
             fix.raw = input;
             assert!(fix.process().is_err());
         }
@@ -398,9 +398,9 @@ mod tests {
     /// Through the real server: the call the server would refuse is answered.
     #[tokio::test]
     async fn the_grpc_server_answers_a_call_with_a_path_authority() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("p.sock");
-        let listener = tokio::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("{e}"));
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
         let (_tx, rx) = tokio::sync::watch::channel(super::super::inventory::Devices::new());
         let plugin = super::super::service::Plugin {
             resource: "nvidia.com/gpu".into(),
@@ -411,14 +411,12 @@ mod tests {
         };
         let stop = tokio_util::sync::CancellationToken::new();
         tokio::spawn(super::super::serve(plugin, listener, stop.clone()));
-        let mut conn = UnixStream::connect(&sock)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = UnixStream::connect(&sock).await.unwrap();
         conn.write_all(&kubelet_call(
             "/v1beta1.DevicePlugin/GetDevicePluginOptions",
         ))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         // Read frames until the response's trailers (a HEADERS frame with END_STREAM on stream 1).
         let mut dec = loona_hpack::Decoder::new();
         let mut buf = Vec::new();
@@ -429,7 +427,7 @@ mod tests {
             let n = tokio::time::timeout_at(deadline, conn.read(&mut chunk))
                 .await
                 .unwrap_or_else(|_| panic!("no answer within 10 s"))
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             assert!(n > 0, "the server closed the connection");
             buf.extend_from_slice(&chunk[..n]);
             while buf.len() >= 9 {

@@ -127,7 +127,7 @@ mod tests {
 
     #[test]
     fn only_a_whole_owners_map_is_taken() {
-        let good = read(&cm(&[("team-a", "alice")])).unwrap_or_else(|e| panic!("{e}"));
+        let good = read(&cm(&[("team-a", "alice")])).unwrap();
         assert_eq!(good.get("team-a").map(String::as_str), Some("alice"));
         assert!(read(&cm(&[("team-a", "alice"), ("team-b", "root")])).is_err());
         assert!(read(&cm(&[("Team", "alice")])).is_err());

@@ -148,7 +148,7 @@ mod tests {
     }
 
     fn at(s: &str) -> Time {
-        Time(s.parse().unwrap_or_else(|e| panic!("{e}")))
+        Time(s.parse().unwrap())
     }
 
     #[test]

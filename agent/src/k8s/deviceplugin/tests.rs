@@ -33,8 +33,7 @@ pub(super) fn gpus() -> NodeTopology {
             "device_nodes": ["/dev/nvidia-uvm", format!("/dev/nvidia{minor}"), "/dev/nvidiactl"],
             "pci_path": [], "nvidia": {"uuid": format!("GPU-{minor}"), "minor": minor}
         });
-        t.devices
-            .push(serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}")));
+        t.devices.push(serde_json::from_value(json).unwrap());
     }
     t
 }
@@ -108,7 +107,7 @@ fn allocation_gives_device_nodes_and_visibility_and_refuses_unknown_ids() {
         Path::new("/"),
         &Holds::default(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let specs: Vec<(&str, &str, &str)> = r
         .devices
         .iter()
@@ -141,7 +140,7 @@ fn allocation_gives_device_nodes_and_visibility_and_refuses_unknown_ids() {
         Path::new("/tmp/h"),
         &Holds::default(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.devices[0].host_path, "/tmp/h/dev/nvidia0");
     assert_eq!(r.devices[0].container_path, "/dev/nvidia0");
 
@@ -241,7 +240,7 @@ fn fake_kubelet(
     let (tx, rx) = mpsc::unbounded_channel();
     let sock = dir.join("kubelet.sock");
     let _ = std::fs::remove_file(&sock);
-    let listener = tokio::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
     let incoming = futures::stream::unfold(listener, |l| async move {
         Some((l.accept().await.map(|(s, _)| s), l))
     });
@@ -273,7 +272,7 @@ async fn plugin_client(socket: PathBuf) -> DevicePluginClient<tonic::transport::
             }
         }))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     DevicePluginClient::new(channel)
 }
 
@@ -281,19 +280,18 @@ async fn plugin_client(socket: PathBuf) -> DevicePluginClient<tonic::transport::
 /// symlinks to `/dev/null` (a character device) stand in for them.
 fn host_root(dir: &Path, nodes: &[&str]) -> HostRoot {
     let root = dir.join("root");
-    std::fs::create_dir_all(root.join("dev")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(root.join("dev")).unwrap();
     for n in nodes {
-        std::os::unix::fs::symlink("/dev/null", root.join(n.trim_start_matches('/')))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink("/dev/null", root.join(n.trim_start_matches('/'))).unwrap();
     }
     HostRoot::new(root)
 }
 
 #[tokio::test]
 async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("device-plugins");
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&dir).unwrap();
     let root = host_root(
         tmp.path(),
         &["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"],
@@ -337,7 +335,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
     let mut stream = client
         .list_and_watch(proto::Empty {})
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .into_inner();
     let health_of = |r: &proto::ListAndWatchResponse| -> BTreeMap<String, String> {
         r.devices
@@ -345,11 +343,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
             .map(|d| (d.id.clone(), d.health.clone()))
             .collect()
     };
-    let first = stream
-        .message()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_default();
+    let first = stream.message().await.unwrap().unwrap_or_default();
     assert_eq!(
         health_of(&first),
         BTreeMap::from([
@@ -365,11 +359,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
         reason: "Xid79".into(),
         message: "gone".into(),
     }]);
-    let second = stream
-        .message()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_default();
+    let second = stream.message().await.unwrap().unwrap_or_default();
     assert_eq!(
         health_of(&second).get("0000:19:00.0").map(String::as_str),
         Some("Unhealthy")
@@ -382,7 +372,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
             }],
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .into_inner();
     let paths: Vec<&str> = alloc.container_responses[0]
         .devices
@@ -416,7 +406,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
             }],
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .into_inner();
     assert_eq!(
         pref.container_responses[0].device_i_ds,

@@ -22,7 +22,7 @@ fn pod(ns: &str, name: &str, containers: Vec<ContainerResources>) -> PodResource
 }
 
 fn config(yaml: &str) -> KubeletConfig {
-    serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+    serde_yaml_ng::from_str(yaml).unwrap()
 }
 
 #[test]

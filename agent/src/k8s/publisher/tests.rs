@@ -17,7 +17,7 @@ fn object(pods_fp: &str) -> NodeResourceTopology {
         "zones": [{"name": "node-0", "type": "Node", "costs": [{"name": "node-0", "value": 10}],
                    "resources": [{"name": "cpu", "capacity": "16", "allocatable": "15", "available": "12"}]}]
     }))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     o.attributes
         .push(Attribute::new("nodeTopologyPodsFingerprint", pods_fp));
     o
@@ -38,7 +38,7 @@ fn reply(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 async fn expect_node_get(handle: &mut Handle, uid: Option<&str>) {
@@ -83,12 +83,8 @@ async fn expect_apply(handle: &mut Handle, want: &NodeResourceTopology, status: 
             .and_then(|v| v.to_str().ok()),
         Some("application/apply-patch+yaml")
     );
-    let body = req
-        .into_body()
-        .collect_bytes()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let sent: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let body = req.into_body().collect_bytes().await.unwrap();
+    let sent: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(sent, serde_json::to_value(want).unwrap_or_default());
     send.send_response(if status.is_success() {
         reply(status, sent)
@@ -131,7 +127,7 @@ async fn applies_once_with_the_owner_skips_identical_and_patches_on_change() {
         p.publish(&object("pfp0v001bbbbbbbbbbbbbbbb")).await.ok(),
         Some(Outcome::Written)
     );
-    let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
+    let mut handle = server.await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(50), handle.next_request())
             .await
@@ -163,7 +159,7 @@ async fn failures_are_errors_and_the_next_publish_retries() {
         Some(Outcome::Written),
         "recovered"
     );
-    server.await.unwrap_or_else(|e| panic!("{e}"));
+    server.await.unwrap();
 }
 
 #[tokio::test]
@@ -188,7 +184,7 @@ async fn a_missing_node_is_an_error_never_an_empty_owner_and_is_asked_again() {
         Err(PublishError::NodeWithoutUid(_))
     ));
     assert_eq!(p.publish(&obj).await.ok(), Some(Outcome::Written));
-    server.await.unwrap_or_else(|e| panic!("{e}"));
+    server.await.unwrap();
 }
 
 #[test]
@@ -196,7 +192,7 @@ fn drift_is_only_about_our_content() {
     let (mock, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let _guard = rt.enter();
     let mut p = Publisher::<NodeResourceTopology>::new(Client::new(mock, "default"), false);
     let applied = owned(object("pfp0v001aaaaaaaaaaaaaaaa"), "u-1");
@@ -329,7 +325,7 @@ async fn an_object_already_right_is_adopted_without_a_write() {
         p.publish(&object("pfp0v001bbbbbbbbbbbbbbbb")).await.ok(),
         Some(Outcome::Written)
     );
-    let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
+    let mut handle = server.await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(50), handle.next_request())
             .await
@@ -368,7 +364,7 @@ async fn an_object_another_manager_writes_is_left_alone_unless_taken_over() {
             Some(Outcome::Foreign(vec!["nfd-topology-updater".into()], 0))
         );
     }
-    let mut handle = server.await.unwrap_or_else(|e| panic!("{e}"));
+    let mut handle = server.await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(50), handle.next_request())
             .await
@@ -389,5 +385,5 @@ async fn an_object_another_manager_writes_is_left_alone_unless_taken_over() {
         .await;
     });
     assert_eq!(p.publish(&ours).await.ok(), Some(Outcome::Written));
-    server.await.unwrap_or_else(|e| panic!("{e}"));
+    server.await.unwrap();
 }

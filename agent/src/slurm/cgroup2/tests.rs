@@ -7,7 +7,7 @@ const HOST_SHARED: &str = "1503 1502 0:27 /../../.. /sys/fs/cgroup ro,nosuid,nod
 
 #[test]
 fn a_container_with_its_own_namespace_and_nsdelegate_is_delegated() {
-    let m = check(CONTAINER, "0::/\n").unwrap_or_else(|e| panic!("{e}"));
+    let m = check(CONTAINER, "0::/\n").unwrap();
     assert!(m.options.contains(&"ro".to_owned()));
     assert_eq!(m.root, "/");
 }

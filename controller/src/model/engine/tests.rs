@@ -11,7 +11,7 @@ fn facts(memory: u64, switch: u64, interner: &mut Interner) -> Arc<NodeFacts> {
     let def = NodeDefinition::parse(&format!(
         "CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory={memory}"
     ))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     Arc::new(NodeFacts {
         ib_ports: 1,
         deciding: vec![DecidingPort {

@@ -17,7 +17,7 @@ fn rec(n: &Node) -> NodeRecord {
         .annotations
         .as_ref()
         .and_then(|a| a.get(TEST_RECORD))
-        .map(|v| NodeRecord::from_value(v).unwrap_or_else(|e| panic!("{e}")))
+        .map(|v| NodeRecord::from_value(v).unwrap())
         .unwrap_or_default()
 }
 
@@ -31,7 +31,7 @@ fn keep(n: &mut Node, r: &NodeRecord) {
 }
 
 fn time(secs: i64) -> Time {
-    Time(Timestamp::from_second(secs).unwrap_or_else(|e| panic!("{e}")))
+    Time(Timestamp::from_second(secs).unwrap())
 }
 
 fn node(name: &str) -> Node {

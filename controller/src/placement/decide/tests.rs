@@ -9,7 +9,7 @@ const POLICY: &str = "tenants:\n\
     - {name: team-b, namespaces: [other], user: daemon, group: daemon, partitions: [low]}\n";
 
 fn tenant(ns: &str) -> Result<Arc<Tenant>, String> {
-    let p = policy::parse(POLICY).unwrap_or_else(|e| panic!("{e}"));
+    let p = policy::parse(POLICY).unwrap();
     p.tenant_for(ns, None).cloned()
 }
 

@@ -22,7 +22,7 @@ tenants:
 "#;
 
 fn good() -> Policy {
-    parse(GOOD).unwrap_or_else(|e| panic!("{e}"))
+    parse(GOOD).unwrap()
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn namespaces_find_their_tenant() {
         "tenants:\n- {name: x, namespaceSelector: {matchLabels: {a: '1'}}, user: u, group: g}\n\
          - {name: y, namespaceSelector: {matchLabels: {b: '1'}}, user: v, group: g}\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let both: BTreeMap<String, String> = [
         ("a".to_owned(), "1".to_owned()),
         ("b".to_owned(), "1".to_owned()),
@@ -82,7 +82,7 @@ fn requests_inside_the_policy_are_submitted_and_others_refused_by_rule() {
     let a = &p.tenants[0];
     let spec = a
         .evaluate(&Requested::default(), 1, Some("global"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         spec,
         SubmitSpec {
@@ -104,9 +104,7 @@ fn requests_inside_the_policy_are_submitted_and_others_refused_by_rule() {
         time: Some(7200),
         ..Requested::default()
     };
-    let spec = a
-        .evaluate(&asked, 8, None)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let spec = a.evaluate(&asked, 8, None).unwrap();
     assert_eq!(
         (spec.partition.as_deref(), spec.time),
         (Some("gpu"), Some(7200))
@@ -248,8 +246,7 @@ fn bad_policies_name_the_field() {
 fn the_shipped_example_is_a_valid_policy() {
     let text =
         include_str!("../../../../deploy/controller/overlays/slurm/placement-policy.example.yaml");
-    let cm: k8s_openapi::api::core::v1::ConfigMap =
-        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}"));
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_yaml_ng::from_str(text).unwrap();
     assert_eq!(
         cm.metadata.name.as_deref(),
         Some("isthmus-placement-policy")
@@ -259,7 +256,7 @@ fn the_shipped_example_is_a_valid_policy() {
         .as_ref()
         .and_then(|d| d.get(POLICY_KEY))
         .unwrap_or_else(|| panic!("no {POLICY_KEY}"));
-    let p = parse(doc).unwrap_or_else(|e| panic!("{e}"));
+    let p = parse(doc).unwrap();
     assert_eq!(p.tenants.len(), 1);
 }
 

@@ -1,7 +1,7 @@
 use super::*;
 
 fn pod(yaml: &str) -> Pod {
-    serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+    serde_yaml_ng::from_str(yaml).unwrap()
 }
 
 fn plain() -> Translation<'static> {
@@ -31,7 +31,7 @@ spec:
     - {name: d, resources: {requests: {cpu: "1", memory: 100Mi}}}
     - {name: e, resources: {limits: {cpu: "1", memory: 1Mi}}}
 "#);
-    let r = resources(&p, &plain()).unwrap_or_else(|e| panic!("{e}"));
+    let r = resources(&p, &plain()).unwrap();
     assert_eq!(r.cpus, 3, "the init container's 3 CPUs exceed 2.5");
     assert_eq!(
         r.mem_mib, 1125,
@@ -54,7 +54,7 @@ spec:
   containers:
     - {name: c, resources: {requests: {cpu: "2", memory: 1Gi}}}
 "#);
-    let r = resources(&p, &plain()).unwrap_or_else(|e| panic!("{e}"));
+    let r = resources(&p, &plain()).unwrap();
     assert_eq!((r.cpus, r.mem_mib), (4, 2304));
     // An init container larger than everything else sets the pod's amount.
     let p = pod(r#"
@@ -92,7 +92,7 @@ spec:
         extended: Some(&extended),
         mig_gpu_type: Some("nvidia_a100"),
     };
-    let r = resources(&p, &t).unwrap_or_else(|e| panic!("{e}"));
+    let r = resources(&p, &t).unwrap();
     assert_eq!(r.gres.get("gpu:nvidia_a100_1g.10gb"), Some(&2));
     assert_eq!(r.gres.get("fpga:u280"), Some(&1));
     assert_eq!(r.cpus, 1, "at least one CPU");

@@ -45,12 +45,12 @@ fn desired<K: serde::de::DeserializeOwned + Serialize>(
     objects
         .iter()
         .map(|v| {
-            let typed: K = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let typed: K = serde_json::from_value(v.clone()).unwrap();
             let name = v["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            (name, Desired::new(&typed).unwrap_or_else(|e| panic!("{e}")))
+            (name, Desired::new(&typed).unwrap())
         })
         .collect()
 }

@@ -14,9 +14,8 @@ fn lines(cpus: u32) -> NodeLines {
     let def = NodeDefinition::parse(&format!(
         "CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory=1000"
     ))
-    .unwrap_or_else(|e| panic!("{e}"));
-    let gres =
-        GresLine::parse("Name=gpu File=/dev/nvidia0", "/dev").unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
+    let gres = GresLine::parse("Name=gpu File=/dev/nvidia0", "/dev").unwrap();
     NodeLines {
         definition: Some(Arc::new(def)),
         gres: vec![gres].into(),

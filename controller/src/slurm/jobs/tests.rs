@@ -6,7 +6,7 @@ fn slurm_22_05_shape() {
       {"job_id":12,"name":"k8s-a","comment":"k8s:ns/a/u1","job_state":"RUNNING","state_reason":"None",
        "nodes":"n[1-2]","partition":"high","start_time":1700000000},
       {"job_id":13,"name":"x","job_state":"PENDING","state_reason":"Resources","nodes":"","partition":"low"}]}"#;
-    let jobs = parse_jobs(json).unwrap_or_else(|e| panic!("{e}"));
+    let jobs = parse_jobs(json).unwrap();
     assert_eq!(jobs.len(), 2);
     assert_eq!(jobs[0].id, 12);
     assert_eq!(jobs[0].comment, "k8s:ns/a/u1");
@@ -21,7 +21,7 @@ fn slurm_22_05_shape() {
 fn slurm_23_11_shape() {
     let json = r#"{"jobs":[{"job_id":7,"job_state":["PREEMPTED","REQUEUED"],
       "start_time":{"set":true,"infinite":false,"number":5},"nodes":"n1"},{"name":"no id"}]}"#;
-    let jobs = parse_jobs(json).unwrap_or_else(|e| panic!("{e}"));
+    let jobs = parse_jobs(json).unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].state, "PREEMPTED");
     assert!(jobs[0].is_finished());
@@ -34,7 +34,7 @@ fn the_list_format() {
                 6|PENDING|Resources||all|nobody|65534|proj|1764300001|k8s:default/p5/uid-5|6\n\
                 7|RUNNING|None|n[1-2]|high|daemon|1|(null)|1764300002|k8s:ns/g/g-0123456789abcdef|7\n"
         .replace('|', &SEP.to_string());
-    let jobs = parse_list(&text).unwrap_or_else(|e| panic!("{e}"));
+    let jobs = parse_list(&text).unwrap();
     assert_eq!(jobs.len(), 3, "{jobs:?}");
     assert_eq!(jobs[0].id, 1);
     assert!(jobs[0].is_finished());
@@ -93,7 +93,7 @@ fn no_comment_forges_a_record() {
     }
     // A comment with control characters but neither is read whole, and names no placeholder.
     let text = record(7, "PENDING", "nobody", 65534, "k8s:ns/p/0000-aa\r\t");
-    let jobs = parse_list(&text).unwrap_or_else(|e| panic!("{e}"));
+    let jobs = parse_list(&text).unwrap();
     assert_eq!(jobs[0].comment, "k8s:ns/p/0000-aa\r\t");
     assert_eq!(
         crate::placement::comment::parse_comment(&jobs[0].comment),

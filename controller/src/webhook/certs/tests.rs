@@ -49,7 +49,7 @@ fn verifies(bundle: &str, m: &Material, name: &str, at: i64) -> bool {
 }
 
 fn issued(previous: Option<&Material>, plan: &Plan, names: &[String], at: i64) -> Material {
-    issue(previous, plan, names, at).unwrap_or_else(|e| panic!("{e}"))
+    issue(previous, plan, names, at).unwrap()
 }
 
 #[test]

@@ -12,8 +12,7 @@ const HOST: &str = concat!(
 
 /// The recorded Dell XE9680 (8 H100, 8 ConnectX-7), discovered through the NVML seam.
 fn xe9680() -> NodeTopology {
-    let q = std::fs::read_to_string(format!("{HOST}/nvidia-smi-q.txt"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let q = std::fs::read_to_string(format!("{HOST}/nvidia-smi-q.txt")).unwrap();
     let nvml = RecordedNvml::parse("xe9680", &q, None);
     discover(
         &HostRoot::new(format!("{HOST}/root")),
@@ -26,7 +25,7 @@ fn xe9680() -> NodeTopology {
 }
 
 fn table() -> XidTable {
-    XidTable::builtin().unwrap_or_else(|e| panic!("{e}"))
+    XidTable::builtin().unwrap()
 }
 
 #[test]
@@ -200,9 +199,7 @@ fn ib_ports_leaving_active_and_hcas_that_vanish() {
 fn recorded(path: &str) -> NvmlSnapshot {
     let q = std::fs::read_to_string(format!("{}/../fixtures/{path}", env!("CARGO_MANIFEST_DIR")))
         .unwrap_or_else(|e| panic!("{path}: {e}"));
-    RecordedNvml::parse(path, &q, None)
-        .snapshot()
-        .unwrap_or_else(|e| panic!("{e}"))
+    RecordedNvml::parse(path, &q, None).snapshot().unwrap()
 }
 
 #[test]

@@ -151,7 +151,7 @@ fn unknown_xids_are_ignored_unless_the_driver_says_otherwise() {
 fn overrides_replace_table_rows() {
     let t = table()
         .with_overrides("# site policy\n\n63, reset-gpu, row remaps are rare here\n119,ignore\n")
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(t.override_count(), 2);
     let v = t.classify(63, None);
     assert_eq!(
@@ -160,14 +160,10 @@ fn overrides_replace_table_rows() {
     );
     assert_eq!(t.classify(119, None).action, XidAction::Ignore);
     // An override may make an application error quieter.
-    let t = table()
-        .with_overrides("13,ignore\n")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let t = table().with_overrides("13,ignore\n").unwrap();
     assert_eq!(t.classify(13, None).action, XidAction::Ignore);
     // The driver still takes precedence over an override.
-    let t = table()
-        .with_overrides("48,ignore\n")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let t = table().with_overrides("48,ignore\n").unwrap();
     assert_eq!(
         t.classify(48, Some(RecoveryAction::GpuReset)).action,
         XidAction::ResetGpu

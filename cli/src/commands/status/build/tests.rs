@@ -206,7 +206,7 @@ fn the_json_form_is_stable() {
     assert_eq!(v["drainRecord"]["ownsSlurmDrain"], true);
     assert_eq!(v["slurm"]["reasonTime"], "2026-11-29T05:00:00");
     assert_eq!(v["conditions"][0]["type"], "GpuHealthy");
-    let back: Status = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+    let back: Status = serde_json::from_value(v).unwrap();
     assert_eq!(back, s);
 }
 
