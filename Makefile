@@ -17,8 +17,9 @@ APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc slurmd slurmctld slurm
   golang-1.19-go etcd-server ibsim-utils libumad2sim0 infiniband-diags rsync busybox-static \
   golang-github-modern-go-reflect2-dev libc6-dev containerd runc containernetworking-plugins openssl iproute2 curl debootstrap \
   $(ARM64_APT_PACKAGES)
-# The manifest checkers, from PyPI, in a project-local virtual environment.
-PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30
+# The manifest checkers, from PyPI, in a project-local virtual environment: the Kubernetes schemas, checkov, and the
+# Prometheus Operator's schemas (pydantic models generated from its CRDs, for tests/monitoring/operator_schema.py).
+PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30 cloudcoil==0.6.0 cloudcoil-models-prometheus-operator==0.80.1.0
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
@@ -50,10 +51,10 @@ deploy-tools:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends kubernetes-client; \
 	fi
-	@if [ ! -x $(VENV)/bin/checkov ] || [ ! -x $(VENV)/bin/kubernetes-validate ]; then \
-	  python3 -m venv $(VENV) || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	@if [ "$$(cat $(VENV)/.py-tools 2>/dev/null)" != "$(PY_TOOLS)" ]; then \
+	  [ -x $(VENV)/bin/pip ] || python3 -m venv $(VENV) || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	    $$SUDO apt-get install -y -qq python3-venv && /usr/bin/python3 -m venv $(VENV); }; \
-	  $(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_TOOLS); \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_TOOLS) && echo "$(PY_TOOLS)" > $(VENV)/.py-tools; \
 	fi
 
 deploy-check: deploy-tools

@@ -413,9 +413,9 @@ pub fn site_dir() -> PathBuf {
 }
 
 /// The Prometheus Operator's two kinds the monitoring objects are, as stand-in CRDs (group `monitoring.coreos.com`,
-/// any content): what lets a test API server accept `deploy/monitoring`. The operator's own schemas are not checked
-/// here (they are not among the reference files); its objects' content is checked offline
-/// (`tests/tests/deploy_manifests/monitoring.rs`).
+/// any content): what lets a test API server accept `deploy/monitoring`. The operator's own schemas are checked
+/// beside it, offline, with the models generated from its CRDs (`tests/monitoring/operator_schema.py`, run by
+/// `tests/tests/deploy_manifests/monitoring.rs`).
 pub fn install_monitoring_stand_in_crds(api: &crate::apiserver::ApiServer) {
     for (kind, plural) in [
         ("ServiceMonitor", "servicemonitors"),

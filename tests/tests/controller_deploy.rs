@@ -216,6 +216,83 @@ fn kubectl_apply_k_deploy_controller_succeeds_and_grants_exactly_the_declared_ac
     }
     let agent = api.kubeconfig_for_token(&api.token_for(NAMESPACE, "isthmus"));
     isthmus_tests::deploy::assert_agent_access(&agent);
+    each_service_monitor_selects_its_service_on_the_server(&api);
+}
+
+/// Each ServiceMonitor the site installed, read back from the server, selects exactly one Service on the server —
+/// the agent's and the controller's, one each — and that Service has the port the monitor scrapes: the Prometheus
+/// Operator's discovery is this query (the selector's labels, in the namespaces the monitor names).
+fn each_service_monitor_selects_its_service_on_the_server(api: &ApiServer) {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = api.kubectl(args);
+        assert!(out.status.success(), "{args:?}: {}", describe(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let monitors = json(&[
+        "get",
+        "servicemonitors.monitoring.coreos.com",
+        "-A",
+        "-o",
+        "json",
+    ]);
+    let monitors = monitors["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(monitors.len(), 2, "the agent's and the controller's");
+    let mut components = Vec::new();
+    for sm in &monitors {
+        let name = sm["metadata"]["name"].as_str().unwrap_or_default();
+        let selector: Vec<String> = sm["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(!selector.is_empty(), "{name}: a selector");
+        let namespaces = sm["spec"]["namespaceSelector"]["matchNames"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(namespaces.len(), 1, "{name}: one namespace");
+        let mut selected = Vec::new();
+        for ns in &namespaces {
+            let ns = ns.as_str().unwrap_or_default();
+            let list = json(&[
+                "get",
+                "services",
+                "-n",
+                ns,
+                "-l",
+                &selector.join(","),
+                "-o",
+                "json",
+            ]);
+            selected.extend(list["items"].as_array().cloned().unwrap_or_default());
+        }
+        assert_eq!(
+            selected.len(),
+            1,
+            "{name} selects one Service: {selected:#?}"
+        );
+        let svc = &selected[0];
+        let port = sm["spec"]["endpoints"][0]["port"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            svc["spec"]["ports"]
+                .as_array()
+                .is_some_and(|ports| ports.iter().any(|p| p["name"].as_str() == Some(port))),
+            "{name}: the Service has no port {port:?}: {svc:#?}"
+        );
+        components.push(
+            svc["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    components.sort();
+    assert_eq!(components, ["controller-metrics", "metrics"]);
 }
 
 /// `kubectl apply -k dir` twice without a warning; then, verb by verb, the ServiceAccount may do exactly what the
