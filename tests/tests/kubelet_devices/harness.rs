@@ -78,6 +78,8 @@ pub(crate) fn start_agent() -> Agent {
             "--device-plugin",
             "--device-plugin-dir",
             "/var/lib/kubelet/device-plugins",
+            // The test node's kubelet is v1.20: it names the socket's path as the call's :authority.
+            "--device-plugin-rewrite-authority",
         ])
         .arg("--device-plugin-runtime-root")
         .arg(&root)

@@ -186,6 +186,8 @@ fn slurm_site(node: &KubeNode, root: &Path) -> site::Site {
             "--device-plugin",
             "--device-plugin-dir",
             "/var/lib/kubelet/device-plugins",
+            // The test node's kubelet is v1.20: it names the socket's path as the call's :authority.
+            "--device-plugin-rewrite-authority",
             "--device-plugin-runtime-root",
             &root.to_string_lossy(),
             "--pod-resources-socket",

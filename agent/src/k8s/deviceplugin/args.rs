@@ -16,6 +16,11 @@ pub struct DevicePluginArgs {
     /// (`/` on a node; a recorded host root when the node's devices are stand-ins).
     #[arg(long, default_value = "/", value_name = "DIR")]
     pub device_plugin_runtime_root: PathBuf,
+    /// For kubelets before Kubernetes 1.26: re-encode each call's HTTP/2 `:authority`, which those kubelets set to
+    /// the socket's path and the plugin's HTTP/2 server refuses, as `localhost`. Newer kubelets send `localhost`
+    /// themselves and need nothing.
+    #[arg(long, env = "ISTHMUS_DEVICE_PLUGIN_REWRITE_AUTHORITY", default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub device_plugin_rewrite_authority: bool,
     /// The ConfigMap where the placement controller publishes each placement namespace's Slurm user (beside Slurm,
     /// a job counts as a pod's placeholder only when it runs as that user); in `--namespace`.
     #[arg(long = "placement-owners", default_value = isthmus_api::placement_owners::CONFIGMAP, value_name = "CONFIGMAP")]
@@ -36,6 +41,7 @@ impl DevicePluginArgs {
         self.device_plugin.then(|| super::DevicePluginRole {
             dir: self.device_plugin_dir.clone(),
             runtime_root: self.device_plugin_runtime_root.clone(),
+            rewrite_authority: self.device_plugin_rewrite_authority,
             pod_resources: pod_resources.to_path_buf(),
             owners: (self.namespace.clone(), self.placement_owners.clone()),
         })

@@ -395,9 +395,10 @@ mod tests {
         }
     }
 
-    /// Through the real server: the call the server would refuse is answered.
-    #[tokio::test]
-    async fn the_grpc_server_answers_a_call_with_a_path_authority() {
+    /// What the real server answers to a kubelet's call with a path `:authority` (as kubelets before 1.26 send it):
+    /// the call's `grpc-status`, or `Err` with what the server did instead (reset the stream, closed the
+    /// connection).
+    async fn answer_to_a_path_authority(rewrite: bool) -> Result<Vec<u8>, &'static str> {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("p.sock");
         let listener = tokio::net::UnixListener::bind(&sock).unwrap();
@@ -410,7 +411,8 @@ mod tests {
             slurm: None,
         };
         let stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(super::super::serve(plugin, listener, stop.clone()));
+        tokio::spawn(super::super::serve(plugin, listener, stop.clone(), rewrite));
+        let _stop = stop.drop_guard();
         let mut conn = UnixStream::connect(&sock).await.unwrap();
         conn.write_all(&kubelet_call(
             "/v1beta1.DevicePlugin/GetDevicePluginOptions",
@@ -420,15 +422,16 @@ mod tests {
         // Read frames until the response's trailers (a HEADERS frame with END_STREAM on stream 1).
         let mut dec = loona_hpack::Decoder::new();
         let mut buf = Vec::new();
-        let mut status = None;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while status.is_none() {
+        loop {
             let mut chunk = [0u8; 4096];
             let n = tokio::time::timeout_at(deadline, conn.read(&mut chunk))
                 .await
-                .unwrap_or_else(|_| panic!("no answer within 10 s"))
+                .expect("an answer within 10 s")
                 .unwrap();
-            assert!(n > 0, "the server closed the connection");
+            if n == 0 {
+                return Err("the server closed the connection");
+            }
             buf.extend_from_slice(&chunk[..n]);
             while buf.len() >= 9 {
                 let len =
@@ -437,16 +440,31 @@ mod tests {
                     break;
                 }
                 let f: Vec<u8> = buf.drain(..9 + len).collect();
-                assert_ne!(f[3], 0x3, "the server reset the stream");
-                if f[3] == HEADERS {
-                    let fields = dec.decode(&f[9..]).unwrap_or_else(|e| panic!("{e:?}"));
-                    if let Some((_, v)) = fields.iter().find(|(k, _)| k == b"grpc-status") {
-                        status = Some(v.clone());
+                match f[3] {
+                    0x3 => return Err("the server reset the stream"),
+                    0x7 => return Err("the server sent GOAWAY"),
+                    HEADERS => {
+                        let fields = dec.decode(&f[9..]).unwrap();
+                        if let Some((_, v)) = fields.iter().find(|(k, _)| k == b"grpc-status") {
+                            return Ok(v.clone());
+                        }
                     }
+                    _ => {}
                 }
             }
         }
-        assert_eq!(status, Some(b"0".to_vec()));
-        stop.cancel();
+    }
+
+    /// With `--device-plugin-rewrite-authority`, the real server answers the call it would otherwise refuse.
+    #[tokio::test]
+    async fn the_grpc_server_answers_a_call_with_a_path_authority_when_asked_to_rewrite_it() {
+        assert_eq!(answer_to_a_path_authority(true).await, Ok(b"0".to_vec()));
+    }
+
+    /// Without it (the default, for kubelets from 1.26 on), the call goes to the server as sent, which refuses it:
+    /// the option is what makes old kubelets work.
+    #[tokio::test]
+    async fn without_the_rewrite_the_server_refuses_a_path_authority() {
+        assert!(answer_to_a_path_authority(false).await.is_err());
     }
 }

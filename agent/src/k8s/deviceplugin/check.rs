@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use isthmus_gres::comment::JobRef;
 
+pub use super::mismatch::Mismatch;
 use super::slurm_jobs::Holds;
 use crate::k8s::podresources::proto::ListPodResourcesResponse;
 
@@ -23,17 +24,6 @@ pub const PERIOD: Duration = Duration::from_secs(2);
 
 /// The resource names the plugin serves.
 pub const SERVED: [&str; 4] = isthmus_api::conditions::DEVICE_RESOURCES;
-
-/// One pod whose devices disagree with Slurm's.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Mismatch {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// The pod's name.
-    pub name: String,
-    /// What disagrees.
-    pub message: String,
-}
 
 /// The devices of the one placed pod the kubelet is admitting, when that can be told: the placeholder job (a
 /// single pod's, not a gang's) whose pod the kubelet lists while none of its containers holds a served device yet
@@ -66,15 +56,6 @@ pub fn admitting(holds: &Holds, list: &ListPodResourcesResponse) -> Option<BTree
             Some(devices)
         }
         _ => None,
-    }
-}
-
-impl Mismatch {
-    /// Whether the pod holds a device a Slurm job holds (the controller's node sync evicts such a pod), not only
-    /// other devices than its own job's.
-    pub fn is_clash(&self) -> bool {
-        self.message
-            .starts_with(isthmus_api::conditions::CLASH_PREFIX)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod check;
 #[cfg(test)]
 mod check_tests;
 pub mod inventory;
+mod mismatch;
 pub mod owners;
 pub mod registration;
 pub mod report;
@@ -66,6 +67,9 @@ pub struct DevicePluginRole {
     pub dir: PathBuf,
     /// The host's `/` as the container runtime sees it (`/` on a node): device nodes are handed out below it.
     pub runtime_root: PathBuf,
+    /// Whether calls go through [`authority::AuthorityFix`] (`--device-plugin-rewrite-authority`: kubelets before
+    /// Kubernetes 1.26).
+    pub rewrite_authority: bool,
     /// The kubelet's PodResources socket, for the check after admission.
     pub pod_resources: PathBuf,
     /// The namespace and name of the placement owners ConfigMap.
@@ -309,7 +313,12 @@ impl Session {
                         refresh,
                     }),
             };
-            let server = tokio::spawn(serve(plugin, listener, session.stop.clone()));
+            let server = tokio::spawn(serve(
+                plugin,
+                listener,
+                session.stop.clone(),
+                role.rewrite_authority,
+            ));
             let (count, healthy) = {
                 let d = tx.borrow();
                 (d.len(), d.values().filter(|d| d.healthy()).count())
@@ -359,23 +368,36 @@ impl Session {
     }
 }
 
+/// Serve `plugin` on `listener` until `stop`; with `rewrite_authority`, each connection goes through
+/// [`authority::AuthorityFix`] (kubelets before Kubernetes 1.26).
 pub(crate) async fn serve(
     plugin: service::Plugin,
     listener: tokio::net::UnixListener,
     stop: CancellationToken,
+    rewrite_authority: bool,
 ) {
     let resource = plugin.resource.clone();
-    let incoming = futures::stream::unfold(listener, |l| async move {
-        let r = l
-            .accept()
+    let router = tonic::transport::Server::builder()
+        .add_service(proto::device_plugin_server::DevicePluginServer::new(plugin));
+    let result = if rewrite_authority {
+        let incoming = futures::stream::unfold(listener, |l| async move {
+            let r = l
+                .accept()
+                .await
+                .map(|(s, _)| authority::AuthorityFix::new(s));
+            Some((r, l))
+        });
+        router
+            .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
             .await
-            .map(|(s, _)| authority::AuthorityFix::new(s));
-        Some((r, l))
-    });
-    let result = tonic::transport::Server::builder()
-        .add_service(proto::device_plugin_server::DevicePluginServer::new(plugin))
-        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-        .await;
+    } else {
+        let incoming = futures::stream::unfold(listener, |l| async move {
+            Some((l.accept().await.map(|(s, _)| s), l))
+        });
+        router
+            .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+            .await
+    };
     if let Err(e) = result {
         tracing::warn!(resource = %resource, error = %e, "device plugin server stopped");
     }

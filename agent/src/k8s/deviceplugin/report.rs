@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::check::Mismatch;
+use super::mismatch::Mismatch;
 use crate::k8s::reported::Reported;
 
 /// The reason (and the Events' reason) while a pod's devices disagree with Slurm's.

@@ -306,6 +306,7 @@ async fn registers_serves_and_registers_again_after_a_kubelet_restart() {
         super::DevicePluginRole {
             dir: dir.clone(),
             runtime_root: PathBuf::from("/"),
+            rewrite_authority: false,
             pod_resources: PathBuf::from("/nonexistent"),
             owners: ("isthmus-system".into(), "isthmus-placement-owners".into()),
         },
