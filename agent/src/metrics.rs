@@ -14,9 +14,11 @@ use crate::slurm::supervisor::ChildStatus;
 mod gpu;
 mod infiniband;
 pub mod process;
+mod publication;
 
 pub use gpu::nvml_bus_id;
 use infiniband::IB_COUNTERS;
+pub use publication::Publication;
 
 /// The agent's metrics.
 #[derive(Debug)]
@@ -429,27 +431,14 @@ impl Metrics {
 
     /// Count what a publication of one of the agent's objects did (`object`: `nrt`, `numatopology`).
     pub fn record_publication(&self, object: &str, outcome: Publication) {
-        let suffix = match outcome {
-            Publication::Written => "writes_total",
-            Publication::Skipped => "skips_total",
-            Publication::Failed => "failures_total",
-            Publication::Restored => "restores_total",
-            Publication::Yielded => "yields_total",
-        };
-        self.with(|| counter!(format!("isthmus_{object}_{suffix}")).increment(1));
+        self.with(|| counter!(format!("isthmus_{object}_{}", outcome.suffix())).increment(1));
     }
 
     /// A publisher of `object` starts: each of its counters is exported, at 0 until something happens.
     pub fn start_publication(&self, object: &str) {
         self.with(|| {
-            for suffix in [
-                "writes_total",
-                "skips_total",
-                "failures_total",
-                "restores_total",
-                "yields_total",
-            ] {
-                counter!(format!("isthmus_{object}_{suffix}")).increment(0);
+            for outcome in Publication::ALL {
+                counter!(format!("isthmus_{object}_{}", outcome.suffix())).increment(0);
             }
         });
     }
@@ -477,21 +466,6 @@ impl Metrics {
         text.push_str(&process::render_self());
         text
     }
-}
-
-/// What a publication did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Publication {
-    /// An apply was sent and succeeded.
-    Written,
-    /// Nothing changed: nothing was sent.
-    Skipped,
-    /// The apply failed (it is retried).
-    Failed,
-    /// The live object was deleted or edited by someone else and is being put back.
-    Restored,
-    /// A publication was due but not written: another writer owns the object.
-    Yielded,
 }
 
 #[cfg(test)]

@@ -67,9 +67,9 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| w.starts_with("isthmus_"))
         {
-            // Publication counters are recorded as format!("isthmus_{object}_{suffix}") for object "nrt" (the
-            // health reports' publication) and for the publishers' objects, named by their METRIC.
-            let failures = code.contains("format!(\"isthmus_{object}_{suffix}\")")
+            // Publication counters are recorded as format!("isthmus_{object}_{}", outcome.suffix()) for object
+            // "nrt" (the health reports' publication) and for the publishers' objects, named by their METRIC.
+            let failures = code.contains("format!(\"isthmus_{object}_{}\", outcome.suffix())")
                 && code.contains("Publication::Failed => \"failures_total\"");
             let found = code.contains(&format!("\"{name}\""))
                 || (name == "isthmus_nrt_failures_total"
