@@ -424,7 +424,9 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                 kubelet: config.kube.kubelet.clone(),
                 health: findings_rx,
                 reported: report_to.is_some().then_some(reported_rx),
-                report_writers: report_to.is_some().then(|| reported.clone()),
+                report_writers: report_to.is_some().then(|| {
+                    Arc::new(reported.clone()) as Arc<dyn crate::k8s::publisher::WritersReport>
+                }),
             },
             topo_rx.clone(),
             metrics.clone(),

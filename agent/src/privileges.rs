@@ -229,7 +229,7 @@ pub fn apply(mode: SlurmMode, cgroups: SlurmCgroups, slurm_conf: Option<&std::pa
     if mode != SlurmMode::Off {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         tracing::info!(
-            cgroup = crate::slurm::confinement::cgroup_version(&own).as_str(),
+            cgroup = crate::slurm::hierarchy::cgroup_version(&own).as_str(),
             driver = crate::slurm::cgroup2::driver(&own),
             slurm_cgroups = ?cgroups,
             "cgroup hierarchy"

@@ -153,14 +153,9 @@ fn device_name_ok(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
-/// A Kubernetes label value: at most 63 characters, letters, digits, `_ . -`, starting and ending with a letter or
-/// digit.
+/// A Kubernetes label value that is not empty (a domain a report names).
 pub fn is_label_value(s: &str) -> bool {
-    s.len() <= 63
-        && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    !s.is_empty() && grammar::is_label_value(s)
 }
 
 /// Read one port attribute (`<device>.<port>` after the prefix, and its value).

@@ -8,6 +8,9 @@ use isthmus_agent::k8s::Switch;
 use isthmus_agent::slurm::SlurmMode;
 use isthmus_agent::slurm::node::NodeNameError;
 
+/// The environment variable of `--config`.
+pub const CONFIG_ENV: &str = "ISTHMUS_CONFIG";
+
 /// isthmus: one node agent for Kubernetes and Slurm.
 #[derive(Debug, Parser)]
 #[command(name = "isthmus", version = isthmus_agent::build_info::LONG_VERSION, about)]
@@ -191,7 +194,30 @@ pub enum ControllerCommand {
     Render(Box<isthmus_controller::RenderArgs>),
     /// Run the controller: campaign for the Lease, and while leading keep the topology outputs (node labels,
     /// HyperNodes, Kueue Topology, the Slurm ConfigMap) equal to the model of every node's report.
-    Run(Box<crate::commands::controller::ControllerRunArgs>),
+    Run(Box<ControllerRunArgs>),
+}
+
+/// Arguments of `isthmus controller run`.
+#[derive(Debug, clap::Args)]
+pub struct ControllerRunArgs {
+    /// A YAML file of settings: keys are the long flag names without `--` (`node-sync: true`), lists for
+    /// repeatable flags. Flags and their environment variables override it (docs/configuration.md).
+    #[arg(long, env = CONFIG_ENV, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// Leader election, Slurm client and the topology task's inputs and outputs.
+    #[command(flatten)]
+    pub run: isthmus_controller::run::RunArgs,
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(
+        long,
+        env = "ISTHMUS_LISTEN",
+        default_value = "0.0.0.0:9465",
+        value_name = "ADDR"
+    )]
+    pub listen: String,
+    /// Log format.
+    #[arg(long, value_enum, env = "ISTHMUS_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// Log formats.
@@ -208,7 +234,7 @@ pub enum LogFormat {
 pub struct AgentArgs {
     /// A YAML file of settings: keys are the long flag names without `--` (`slurm-mode: dynamic`), lists for
     /// repeatable flags. Flags and their environment variables override it (docs/configuration.md).
-    #[arg(long, env = crate::settings_file::CONFIG_ENV, value_name = "FILE")]
+    #[arg(long, env = CONFIG_ENV, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Host root and probes.
     #[command(flatten)]

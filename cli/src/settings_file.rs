@@ -24,8 +24,7 @@ use serde_yaml_ng::Value;
 
 use crate::cli::Cli;
 
-/// The environment variable of `--config`.
-pub const CONFIG_ENV: &str = "ISTHMUS_CONFIG";
+pub use crate::cli::CONFIG_ENV;
 /// Largest file read (bytes).
 const MAX_SIZE: u64 = 1 << 20;
 /// Keys a file may not set.

@@ -204,3 +204,295 @@ fn the_node_agent_links_no_controller_webhook_or_certificate_crate() {
         assert!(binary.contains(c), "the isthmus binary does not link {c}");
     }
 }
+
+/// The `key = value` lines of the `[<prefix>lints.rust]` and `[<prefix>lints.clippy]` tables of a Cargo.toml, each
+/// as `table: line`.
+fn lint_lines(file: &str, prefix: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+    let mut table: Option<&str> = None;
+    let mut out = BTreeSet::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            table = ["rust", "clippy"]
+                .into_iter()
+                .find(|t| line == format!("[{prefix}lints.{t}]"));
+        } else if let Some(t) = table
+            && line.contains('=')
+            && !line.starts_with('#')
+        {
+            out.insert(format!("{t}: {line}"));
+        }
+    }
+    out
+}
+
+/// The test crate states its lints itself only to allow `unwrap`: every other lint is the workspace's.
+#[test]
+fn the_test_crate_has_the_workspace_lints_but_unwrap() {
+    let workspace = lint_lines("Cargo.toml", "workspace.");
+    let tests = lint_lines("tests/Cargo.toml", "");
+    assert!(workspace.len() >= 5, "{workspace:#?}");
+    let expected: BTreeSet<String> = workspace
+        .into_iter()
+        .filter(|l| !l.starts_with("clippy: unwrap_used"))
+        .collect();
+    assert_eq!(tests, expected);
+}
+
+/// The product crates' source folders.
+const PRODUCT_CRATES: [&str; 6] = [
+    "topology/src",
+    "gres/src",
+    "api/src",
+    "agent/src",
+    "controller/src",
+    "cli/src",
+];
+
+/// The product modules of the crate under `src` that are files (`lib.rs`/`main.rs` and every `mod x;` reached from
+/// it that is not `#[cfg(test)]`), by module path.
+fn module_files(
+    src: &std::path::Path,
+) -> std::collections::BTreeMap<Vec<String>, std::path::PathBuf> {
+    let mut out = std::collections::BTreeMap::new();
+    let root = if src.join("lib.rs").exists() {
+        src.join("lib.rs")
+    } else {
+        src.join("main.rs")
+    };
+    let mut todo = vec![(Vec::<String>::new(), root)];
+    while let Some((module, file)) = todo.pop() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        // Where a child `mod x;` of this file lives: beside it for lib.rs, main.rs and mod.rs, else in a folder named
+        // after it.
+        let name = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let dir = if ["lib", "main", "mod"].contains(&name.as_str()) {
+            file.parent().unwrap().to_path_buf()
+        } else {
+            file.parent().unwrap().join(&name)
+        };
+        let mut previous = "";
+        for line in text.lines().map(str::trim) {
+            let decl = line
+                .strip_prefix("pub ")
+                .or_else(|| line.strip_prefix("pub(crate) "))
+                .or_else(|| line.strip_prefix("pub(super) "))
+                .unwrap_or(line);
+            if let Some(child) = decl.strip_prefix("mod ").and_then(|r| r.strip_suffix(';'))
+                && previous != "#[cfg(test)]"
+            {
+                let path = [
+                    dir.join(format!("{child}.rs")),
+                    dir.join(child).join("mod.rs"),
+                ]
+                .into_iter()
+                .find(|p| p.exists())
+                .unwrap_or_else(|| panic!("{}: mod {child}: no file", file.display()));
+                let mut m = module.clone();
+                m.push(child.to_owned());
+                todo.push((m, path));
+            }
+            if !line.is_empty() && !line.starts_with("///") {
+                previous = line;
+            }
+        }
+        out.insert(module, file);
+    }
+    out
+}
+
+/// The paths a line of Rust names through `crate::`, `super::` or `self::` (groups `{a, b::c}` spread), each as
+/// segments below the crate root, seen from module `here`.
+fn named_paths(line: &str, here: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes = line.as_bytes();
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut i = 0;
+    while i < bytes.len() {
+        if !line.is_char_boundary(i) {
+            i += 1;
+            continue;
+        }
+        let rest = &line[i..];
+        let head = ["crate::", "super::", "self::"]
+            .into_iter()
+            .find(|h| rest.starts_with(h) && (i == 0 || !ident(bytes[i - 1])));
+        let Some(head) = head else {
+            i += 1;
+            continue;
+        };
+        let mut base: Vec<String> = match head {
+            "crate::" => Vec::new(),
+            "super::" => here[..here.len().saturating_sub(1)].to_vec(),
+            _ => here.to_vec(),
+        };
+        let mut j = i + head.len();
+        // Further `super::` and plain segments.
+        loop {
+            let seg: String = line[j..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if seg.is_empty() {
+                break;
+            }
+            j += seg.len();
+            if seg == "super" {
+                base.pop();
+            } else {
+                base.push(seg);
+            }
+            if line[j..].starts_with("::") {
+                j += 2;
+            } else {
+                break;
+            }
+        }
+        if line[j..].starts_with('{') {
+            // A group: each item's leading path.
+            let group: String = line[j + 1..].chars().take_while(|c| *c != '}').collect();
+            for item in group.split(',') {
+                let mut p = base.clone();
+                p.extend(
+                    item.trim()
+                        .split("::")
+                        .map(|s| s.trim_matches(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+                        .filter(|s| !s.is_empty() && *s != "self")
+                        .map(str::to_owned),
+                );
+                out.push(p);
+            }
+        }
+        out.push(base);
+        i = j.max(i + 1);
+    }
+    out
+}
+
+/// The file-level import graph of the crate under `src` (product files only; an inline `#[cfg(test)] mod tests`
+/// block at a file's end is left out) and its cycles: sets of two or more files that each reach the others.
+fn import_cycles(src: &std::path::Path) -> (usize, Vec<Vec<String>>) {
+    let files = module_files(src);
+    let resolve = |path: &[String]| -> Vec<String> {
+        let mut p = path.to_vec();
+        while !p.is_empty() && !files.contains_key(&p) {
+            p.pop();
+        }
+        p
+    };
+    let mut edges: std::collections::BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
+        Default::default();
+    for (module, file) in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let text = text
+            .split("#[cfg(test)]\nmod tests {")
+            .next()
+            .unwrap_or_default();
+        let set = edges.entry(module).or_default();
+        for line in text.lines().map(str::trim).filter(|l| !l.starts_with("//")) {
+            for p in named_paths(line, module) {
+                let to = resolve(&p);
+                if &to != module {
+                    set.insert(to);
+                }
+            }
+        }
+    }
+    let reach = |from: &Vec<String>| -> BTreeSet<Vec<String>> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(m) = todo.pop() {
+            for n in edges.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: std::collections::BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
+        files.keys().map(|m| (m, reach(m))).collect();
+    let mut cycles: BTreeSet<Vec<String>> = BTreeSet::new();
+    for (m, r) in &reaches {
+        if !r.contains(*m) {
+            continue;
+        }
+        let mut cycle: Vec<String> = r
+            .iter()
+            .filter(|n| reaches.get(n).is_some_and(|back| back.contains(*m)))
+            .map(|n| {
+                if n.is_empty() {
+                    "<root>".to_owned()
+                } else {
+                    n.join("/")
+                }
+            })
+            .collect();
+        cycle.sort();
+        cycles.insert(cycle);
+    }
+    (files.len(), cycles.into_iter().collect())
+}
+
+/// No product file imports, directly or through others, a file that imports it: each decision module calls only
+/// downward, and a reader can follow the crate from its leaves up.
+#[test]
+fn no_product_file_is_in_an_import_cycle() {
+    let mut files = 0;
+    let mut all = Vec::new();
+    for src in PRODUCT_CRATES {
+        let (n, cycles) = import_cycles(&repo_root().join(src));
+        files += n;
+        all.extend(
+            cycles
+                .into_iter()
+                .map(|c| format!("{src}: {}", c.join(" ⇄ "))),
+        );
+    }
+    assert!(files > 200, "{files} files read");
+    assert!(
+        all.is_empty(),
+        "file-level import cycles:\n{}",
+        all.join("\n")
+    );
+}
+
+/// The cycle check finds a cycle: two files of a small crate that name each other (one through a group, one
+/// through `super::`), and not a file that only names its parent.
+#[test]
+fn the_cycle_check_finds_a_cycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(
+        src.join("lib.rs"),
+        "pub mod a;\npub mod c;\n#[cfg(test)]\nmod t;\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("a.rs"),
+        "pub mod b;\nuse crate::{c::X, a::b::Y};\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("a/b.rs"), "pub struct Y;\n").unwrap();
+    std::fs::write(
+        src.join("c.rs"),
+        "pub struct X;\nfn f() { super::a::b::Y; }\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("t.rs"), "use crate::a;\n").unwrap();
+    let (n, cycles) = import_cycles(src);
+    assert_eq!(n, 4, "lib, a, a/b, c; not the test module");
+    assert_eq!(
+        cycles,
+        Vec::<Vec<String>>::new(),
+        "a → c, c → a/b: no cycle"
+    );
+    std::fs::write(
+        src.join("a/b.rs"),
+        "pub struct Y;\nuse super::super::c::X;\n",
+    )
+    .unwrap();
+    let (_, cycles) = import_cycles(src);
+    assert_eq!(cycles, vec![vec!["a/b".to_owned(), "c".to_owned()]]);
+}

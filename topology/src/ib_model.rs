@@ -95,7 +95,7 @@ impl IbPort {
     /// The port GUID (the interface id of GID 0) of an InfiniBand port.
     pub fn port_guid(&self) -> Option<u64> {
         self.is_infiniband()
-            .then(|| self.gid.as_deref().and_then(crate::infiniband::parse_gid))
+            .then(|| self.gid.as_deref().and_then(parse_gid))
             .flatten()
             .map(|(_, guid)| guid)
     }
@@ -103,7 +103,7 @@ impl IbPort {
     /// The subnet prefix (the upper half of GID 0) of an InfiniBand port.
     pub fn subnet_prefix(&self) -> Option<u64> {
         self.is_infiniband()
-            .then(|| self.gid.as_deref().and_then(crate::infiniband::parse_gid))
+            .then(|| self.gid.as_deref().and_then(parse_gid))
             .flatten()
             .map(|(prefix, _)| prefix)
     }
@@ -124,4 +124,12 @@ pub struct IbNeighbour {
     pub node_guid: String,
     /// The switch port number the cable arrives on.
     pub port: u32,
+}
+
+/// Split a port GID (`fe80:0000:0000:0000:a088:c203:00da:6342`, any IPv6 notation) into the subnet prefix (upper 64
+/// bits) and the interface id (lower 64 bits; the port GUID on InfiniBand).
+pub fn parse_gid(s: &str) -> Option<(u64, u64)> {
+    let addr: std::net::Ipv6Addr = s.trim().parse().ok()?;
+    let v = u128::from(addr);
+    Some(((v >> 64) as u64, v as u64))
 }

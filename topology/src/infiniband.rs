@@ -7,6 +7,9 @@ use crate::model::{IbDevice, IbPort};
 use crate::pci_ids::normalize_pci_address;
 use crate::warning::{Warning, WarningSource};
 
+/// Split a port GID into subnet prefix and interface id (in the model, which reads it too).
+pub use crate::ib_model::parse_gid;
+
 const IB_CLASS: &str = "/sys/class/infiniband";
 const VERBS_CLASS: &str = "/sys/class/infiniband_verbs";
 
@@ -91,14 +94,6 @@ pub fn format_guid(guid: u64) -> String {
         (guid >> 16) & 0xffff,
         guid & 0xffff
     )
-}
-
-/// Split a port GID (`fe80:0000:0000:0000:a088:c203:00da:6342`, any IPv6 notation) into the subnet prefix (upper 64
-/// bits) and the interface id (lower 64 bits; the port GUID on InfiniBand).
-pub fn parse_gid(s: &str) -> Option<(u64, u64)> {
-    let addr: std::net::Ipv6Addr = s.trim().parse().ok()?;
-    let v = u128::from(addr);
-    Some(((v >> 64) as u64, v as u64))
 }
 
 fn opt(root: &HostRoot, path: &str) -> Option<String> {

@@ -73,6 +73,12 @@ impl Reported {
     }
 }
 
+impl publisher::WritersReport for Reported {
+    fn set_writers(&self, kind: &str, managers: &[String], takeover: bool) {
+        Reported::set_writers(self, kind, managers, takeover);
+    }
+}
+
 /// The `NrtSingleWriter` condition of `writers` (a transition time is given when the report is written).
 fn single_writer(writers: &Writers) -> NodeCondition {
     let others: Vec<String> = writers

@@ -38,7 +38,7 @@ pub struct Publishing {
     /// The conditions the node reports about itself, which its NodeReport carries; `None`: not reported.
     pub reported: Option<watch::Receiver<super::reported::Conditions>>,
     /// Where the topology objects' publishers report their other writers (`NrtSingleWriter`); `None`: not reported.
-    pub report_writers: Option<super::reported::Reported>,
+    pub report_writers: Option<Arc<dyn super::publisher::WritersReport>>,
 }
 
 impl std::fmt::Debug for Publishing {

@@ -5,6 +5,7 @@
 
 pub mod cgroup2;
 pub mod confinement;
+pub mod hierarchy;
 pub mod jobs_confined;
 pub mod munge;
 pub mod node;

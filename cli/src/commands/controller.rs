@@ -10,32 +10,9 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{ControllerCommand, LogFormat};
+use crate::cli::{ControllerCommand, ControllerRunArgs};
 use isthmus_agent::http::{Endpoint, Health};
 use isthmus_agent::metrics::Metrics;
-
-/// Arguments of `isthmus controller run`.
-#[derive(Debug, clap::Args)]
-pub struct ControllerRunArgs {
-    /// A YAML file of settings: keys are the long flag names without `--` (`node-sync: true`), lists for
-    /// repeatable flags. Flags and their environment variables override it (docs/configuration.md).
-    #[arg(long, env = crate::settings_file::CONFIG_ENV, value_name = "FILE")]
-    pub config: Option<std::path::PathBuf>,
-    /// Leader election, Slurm client and the topology task's inputs and outputs.
-    #[command(flatten)]
-    pub run: isthmus_controller::run::RunArgs,
-    /// Address of the /metrics, /healthz and /readyz endpoint.
-    #[arg(
-        long,
-        env = "ISTHMUS_LISTEN",
-        default_value = "0.0.0.0:9465",
-        value_name = "ADDR"
-    )]
-    pub listen: String,
-    /// Log format.
-    #[arg(long, value_enum, env = "ISTHMUS_LOG_FORMAT", default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-}
 
 /// How often the main loop proves it is alive for `/healthz`.
 const HEARTBEAT: Duration = Duration::from_secs(5);

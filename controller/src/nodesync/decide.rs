@@ -2,17 +2,14 @@
 //! make them agree out. Called on every pass for every paired node, so it must return nothing when both sides
 //! already agree, and in particular nothing after its own writes landed.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 pub use super::mapping::SLURM_NODE_NAME_LABEL;
 use super::ownership::{self, DrainRecord, NodeRecord};
+pub use super::policy::{Policy, REASON_PREFIX, is_ours};
 use crate::slurm::nodes::SlurmNode;
 
-/// Prefix of every drain reason this controller sets in Slurm; a drain whose reason lacks it is never lifted here.
-pub const REASON_PREFIX: &str = "isthmus:";
 /// The Node condition that mirrors Slurm's state.
 pub const CONDITION_TYPE: &str = "SlurmNodeState";
 /// The taint put on a Node whose Slurm drain did not come from this controller.
@@ -23,24 +20,6 @@ pub const DRAIN_REASON_ANNOTATION: &str = "isthmus.io/drain-reason";
 pub const CONFLICT_REASON: &str = "SlurmNodeConflict";
 /// Longest drain reason sent to Slurm (characters; longer texts are cut).
 const MAX_REASON: usize = 200;
-
-/// What the decision depends on besides the two observed nodes.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Policy {
-    /// Node condition types that drain the Slurm node while their status is `True` (e.g. `GpuUnhealthy`).
-    pub drain_conditions: Vec<String>,
-    /// Whether a drain that did not come from us puts the `isthmus.io/slurm-drain` taint on the Node.
-    pub taint: bool,
-    /// How long a condition-driven drain outlasts its condition ([`super::hold`]).
-    pub condition_hold: Duration,
-    /// Device health condition types that drain while `False` ([`super::health`]).
-    pub health_conditions: Vec<String>,
-    /// Whether a failed health class puts its `isthmus.io/health-<class>:NoSchedule` taint on the Node.
-    pub health_taint: bool,
-    /// Largest share of the paired Nodes that may have a failed health class at once before the circuit breaker
-    /// holds new health drains back ([`super::health::breaker`]).
-    pub health_breaker: f64,
-}
 
 /// One write.
 #[derive(Debug, Clone, PartialEq)]
@@ -197,11 +176,6 @@ pub fn fingerprint(node: &Node) -> u64 {
         (&c.type_, &c.status, &c.message).hash(&mut h);
     }
     h.finish()
-}
-
-/// Whether Slurm's drain reason is one of ours.
-pub fn is_ours(reason: &str) -> bool {
-    reason.trim_start().starts_with(REASON_PREFIX)
 }
 
 /// The `SlurmNodeState` condition for this Slurm state: `True` when Slurm may run jobs there; reason the state in

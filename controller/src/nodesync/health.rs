@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 
-use super::decide::{Policy, REASON_PREFIX};
+use super::policy::{Policy, REASON_PREFIX};
 
 /// The health condition types and their class names.
 pub const CLASSES: [(&str, &str); 3] = [

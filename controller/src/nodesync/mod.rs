@@ -22,6 +22,7 @@ pub mod health;
 pub mod hold;
 pub mod mapping;
 pub mod ownership;
+pub mod policy;
 pub mod records;
 mod shell;
 

@@ -85,7 +85,7 @@ impl NodeRecord {
     pub fn from_value(text: &str) -> Result<Self, String> {
         let r: NodeRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let reason_ok = |s: &str| {
-            super::decide::is_ours(s)
+            super::policy::is_ours(s)
                 && s.chars().count() <= MAX_REASON
                 && !s.chars().any(char::is_control)
         };

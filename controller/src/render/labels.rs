@@ -9,15 +9,7 @@ use super::RenderOptions;
 use crate::fabric::names::fnv1a64;
 use crate::model::ClusterModel;
 
-/// Whether `v` is a valid Kubernetes label value.
-pub fn is_label_value(v: &str) -> bool {
-    v.len() <= 63
-        && (v.is_empty()
-            || (v.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && v.ends_with(|c: char| c.is_ascii_alphanumeric())
-                && v.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
-}
+pub use isthmus_gres::grammar::is_label_value;
 
 /// `v` when it is a valid label value, its hash otherwise.
 pub fn label_value(v: &str) -> String {

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::reports::ReportStore;
-use super::topology::TopologyArgs;
+use super::topology::args::TopologyArgs;
 use crate::identity::SLURM_NODE_NAME_LABEL;
 
 /// What the reconciler reads.

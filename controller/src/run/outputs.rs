@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::objects::Desired;
 use super::retention::Retention;
-use super::topology::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
+use super::topology::args::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
 use crate::model::ClusterModel;
 use crate::offline::{self, OutputKind};
 use crate::render;

@@ -20,6 +20,17 @@ pub fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// A Kubernetes label value: empty, or at most 63 letters, digits and `_ . -`, starting and ending with a letter or
+/// digit.
+pub fn is_label_value(s: &str) -> bool {
+    s.len() <= 63
+        && (s.is_empty()
+            || (s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
+}
+
 #[cfg(test)]
 mod props;
 

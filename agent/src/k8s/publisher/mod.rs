@@ -231,6 +231,14 @@ impl<K: Published> Publisher<K> {
     }
 }
 
+/// Where a publisher says who else writes its object: for the topology objects, the node's reported conditions
+/// (`NrtSingleWriter`, [`super::reported::Reported`]).
+pub trait WritersReport: Debug + Send + Sync {
+    /// The other field managers of the object of `kind` now (none: it is the agent's alone), and whether the agent
+    /// writes over them.
+    fn set_writers(&self, kind: &str, managers: &[String], takeover: bool);
+}
+
 /// Where a publisher says what it does: the agent's metrics and, for the topology objects, the node's reported
 /// conditions, which say who else writes them (`NrtSingleWriter`).
 #[derive(Debug, Clone)]
@@ -238,7 +246,7 @@ pub struct Telling {
     /// The agent's metrics.
     pub metrics: Arc<Metrics>,
     /// The node's reported conditions (`None`: the object's other writers are not reported as a condition).
-    pub writers: Option<super::reported::Reported>,
+    pub writers: Option<Arc<dyn WritersReport>>,
 }
 
 /// How the publisher task paces itself, and whether it writes over another writer.
