@@ -259,6 +259,7 @@ fn slurmd_c(
 each_release! {
 /// The node line's shape equals what `slurmd -C` of each release computes for every fixture.
 fn node_shape_matches_real_slurmd(release) {
+    let mut compared = 0;
     for case in HWLOC_CASES {
         let root = extract_shared(&case.tarball());
         let topo = discover(case, &root, &[]);
@@ -288,12 +289,16 @@ fn node_shape_matches_real_slurmd(release) {
                 case.name
             );
         }
+        compared += 1;
     }
+    assert_eq!(compared, HWLOC_CASES.len());
+    assert!(compared >= 13, "{compared} trees compared");
 }
 }
 
 #[test]
 fn sysfs_fallback_agrees_with_hwloc_on_cpus_numa_and_caches() {
+    let mut compared = 0;
     for case in HWLOC_CASES {
         let x = extract(&case.tarball());
         let hw = discover(case, &x.root, &[]);
@@ -318,12 +323,16 @@ fn sysfs_fallback_agrees_with_hwloc_on_cpus_numa_and_caches() {
         };
         assert_eq!(numa(&fs), numa(&hw), "{}: NUMA nodes", case.name);
         assert_eq!(fs.caches, hw.caches, "{}: last-level caches", case.name);
+        compared += 1;
     }
+    assert!(compared >= 13, "{compared} trees compared");
 }
 
 #[test]
 fn output_is_byte_identical_across_runs() {
+    let mut compared = 0;
     for case in HWLOC_CASES.iter().filter(|c| c.name.starts_with("32")) {
+        compared += 1;
         let x = extract(&case.tarball());
         let root = x.root.display().to_string();
         for fmt in ["json", "yaml"] {
@@ -337,6 +346,7 @@ fn output_is_byte_identical_across_runs() {
             );
         }
     }
+    assert!(compared >= 3, "{compared} trees compared");
 }
 
 /// `key=value` fields of a node line.
@@ -505,6 +515,7 @@ each_release! {
 /// Odd shapes built from every tree: (a) [`remove_cores`], (b) [`contradict_last_package`] (trees of two packages or
 /// more). Each variant is built once per test binary and shared by the releases.
 fn node_shape_matches_real_slurmd_on_odd_shapes(release) {
+    let (mut without_cores, mut contradicting) = (0, 0);
     for case in HWLOC_CASES {
         let original = extract_shared(&case.tarball());
         if topology_files(&original).is_empty() {
@@ -518,6 +529,7 @@ fn node_shape_matches_real_slurmd_on_odd_shapes(release) {
             &a_root,
             &case.env(),
         );
+        without_cores += 1;
         let (mask, _, pkgs) = package_masks(&original);
         if pkgs.len() < 2 {
             continue;
@@ -530,9 +542,17 @@ fn node_shape_matches_real_slurmd_on_odd_shapes(release) {
             &b_root,
             &case.env(),
         );
+        contradicting += 1;
     }
+    eprintln!("{release}: {without_cores} trees without cores, {contradicting} with a contradicting mask compared");
+    assert!(without_cores >= ODD_WITHOUT_CORES, "{without_cores} trees without cores compared");
+    assert!(contradicting >= ODD_CONTRADICTING, "{contradicting} trees with a contradicting mask compared");
 }
 }
+
+/// How many recorded trees give each odd shape (trees with topology files; of those, trees of two packages or more).
+const ODD_WITHOUT_CORES: usize = 13;
+const ODD_CONTRADICTING: usize = 13;
 
 each_release! {
 /// On the machine running the tests, RealMemory is what slurmd -C of each release reports minus the reserve.
