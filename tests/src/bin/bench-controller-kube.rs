@@ -3,7 +3,8 @@
 //! upstream CRDs; then `isthmus controller run` (release) as its ServiceAccount. Measures the time to the first full
 //! output (every node labelled, the HyperNodes, the Kueue Topology, the Slurm ConfigMap), the controller's RSS, the
 //! duration of its recomputes, the time from one NRT changed to the ConfigMap carrying it, and the writes in an idle
-//! minute (audit log; Lease renewals counted apart).
+//! minute (audit log; Lease renewals counted apart); then the controller restarted with every output in place: the
+//! time to its first pass and its writes.
 //!
 //! ```text
 //! cargo build --release -p isthmus-cli --bin isthmus
@@ -91,7 +92,7 @@ fn bench() {
     let extra = std::env::var("BENCH_CONTROLLER_ARGS").unwrap_or_default();
     let mut flags = vec!["--kueue-topology=true"];
     flags.extend(extra.split_whitespace());
-    let c = ControllerProcess::start("bench", &kc, &flags);
+    let mut c = ControllerProcess::start("bench", &kc, &flags);
     let pid = c.pid().unwrap_or(0);
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
     let labelled = |c: &ControllerProcess| {
@@ -219,4 +220,45 @@ fn bench() {
         status_kib(pid, "VmRSS:"),
         status_kib(pid, "VmHWM:")
     );
+
+    // A restart with every output in place (what a rollout or a leader change costs): the controller stopped (it
+    // releases the Lease) and started again; the time until its first pass is done (every NRT and Node listed, the
+    // model built, every output compared, nothing to write), and what it wrote meanwhile.
+    c.terminate();
+    let since = SystemTime::now();
+    let started = Instant::now();
+    let c = ControllerProcess::start("bench-restarted", &kc, &flags);
+    let pid = c.pid().unwrap_or(0);
+    while c.metric("isthmus_controller_topology_recompute_seconds_count") < 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "no first pass in 10 min after the restart:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let warm = started.elapsed();
+    let cpu = isthmus_tests::proc_cpu_seconds(pid);
+    let writes = api.writes_by(&service_account_user(NAMESPACE, SERVICE_ACCOUNT), since);
+    let leases = writes.iter().filter(|e| e.resource == "leases").count();
+    println!(
+        "restart with every output in place: first pass done {:.2} s after start (cold start above: {:.2} s), the controller's CPU time until then {cpu:.2} s; {} writes besides {leases} Lease writes; RSS {} KiB (peak {} KiB)",
+        warm.as_secs_f64(),
+        first.as_secs_f64(),
+        writes.len() - leases,
+        status_kib(pid, "VmRSS:"),
+        status_kib(pid, "VmHWM:")
+    );
+    for l in c
+        .log_text()
+        .lines()
+        .filter(|l| {
+            ["campaigning", "acquired the lease", "listed", "written"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .take(12)
+    {
+        println!("  log: {}", l.chars().take(220).collect::<String>());
+    }
 }
