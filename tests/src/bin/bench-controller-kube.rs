@@ -63,6 +63,22 @@ fn main() {
     isthmus_tests::leftovers::checked(bench);
 }
 
+/// Where a start's time went: the controller's own log of its first steps (the Lease, the lists, the writes).
+fn print_first_steps(c: &ControllerProcess) {
+    for l in c
+        .log_text()
+        .lines()
+        .filter(|l| {
+            ["campaigning", "acquired the lease", "listed", "written"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .take(12)
+    {
+        println!("  log: {}", l.chars().take(220).collect::<String>());
+    }
+}
+
 fn bench() {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
@@ -125,19 +141,7 @@ fn bench() {
         ),
         first.as_secs_f64()
     );
-    // Where the time went: the controller's own log of its first steps.
-    for l in c
-        .log_text()
-        .lines()
-        .filter(|l| {
-            ["campaigning", "acquired the lease", "listed", "written"]
-                .iter()
-                .any(|k| l.contains(k))
-        })
-        .take(12)
-    {
-        println!("  log: {}", l.chars().take(220).collect::<String>());
-    }
+    print_first_steps(&c);
     // Let the label events settle (each one wakes a recompute that writes nothing).
     std::thread::sleep(Duration::from_secs(5));
     println!(
@@ -249,16 +253,5 @@ fn bench() {
         status_kib(pid, "VmRSS:"),
         status_kib(pid, "VmHWM:")
     );
-    for l in c
-        .log_text()
-        .lines()
-        .filter(|l| {
-            ["campaigning", "acquired the lease", "listed", "written"]
-                .iter()
-                .any(|k| l.contains(k))
-        })
-        .take(12)
-    {
-        println!("  log: {}", l.chars().take(220).collect::<String>());
-    }
+    print_first_steps(&c);
 }
