@@ -80,6 +80,11 @@ const ISTHMUS_LABELS: &[(&str, &[&str])] = &[
         &[],
     ),
     ("isthmus_slurm_jobs_confined", &["cgroup", "reason"]),
+    ("isthmus_slurmd_refused", &[]),
+    ("isthmus_nrt_failures_total", &[]),
+    ("isthmus_nodereport_failures_total", &[]),
+    ("isthmus_nrt_foreign_writer", &["manager"]),
+    ("isthmus_controller_rejected_reports_total", &["reason"]),
 ];
 
 /// Prometheus' own series the dashboard may read: `up` of each scrape job (its labels are the scrape's).
@@ -234,8 +239,8 @@ fn every_panel_has_a_unique_id_and_a_query() {
             queried += 1;
         }
     }
-    assert_eq!((rows, queried), (4, 24));
-    assert_eq!(exprs(&d).len(), 38);
+    assert_eq!((rows, queried), (4, 25));
+    assert_eq!(exprs(&d).len(), 43);
 }
 
 #[test]
@@ -270,7 +275,7 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
                 isthmus.insert(name.clone());
             } else if name.starts_with("isthmus_") {
                 assert!(
-                    code.contains(&format!("\"{name}\"")),
+                    code.contains(&format!("\"{name}\"")) || computed(&code, name),
                     "{name} (in {expr}) is recorded nowhere in agent/src or controller/src"
                 );
                 isthmus.insert(name.clone());
@@ -306,11 +311,64 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
     }
     assert_eq!(
         (isthmus.len(), kube.len(), prometheus.len()),
-        (31, 3, 1),
+        (36, 3, 1),
         "{isthmus:?} {kube:?} {prometheus:?}"
     );
     // Label names checked: in matchers ({...}) and in by (...).
-    assert_eq!((matched, grouped), (32, 42));
+    assert_eq!((matched, grouped), (36, 47));
+}
+
+/// Whether `name` is one of the publishers' metrics, whose names the code computes: `isthmus_{object}_{suffix}`
+/// (`Publication::suffix`) and `isthmus_{object}_foreign_writer`, for the objects named by a publisher's `METRIC`.
+fn computed(code: &str, name: &str) -> bool {
+    let object = ["nrt", "nodereport"].into_iter().find(|o| {
+        name.strip_prefix("isthmus_")
+            .and_then(|r| r.strip_prefix(o))
+            .is_some_and(|r| r.starts_with('_'))
+    });
+    let Some(object) = object else { return false };
+    let suffix = &name[format!("isthmus_{object}_").len()..];
+    let named = code.contains(&format!("const METRIC: &'static str = \"{object}\";"));
+    match suffix {
+        "foreign_writer" => named && code.contains("format!(\"isthmus_{object}_foreign_writer\")"),
+        _ => {
+            named
+                && code.contains("format!(\"isthmus_{object}_{}\", outcome.suffix())")
+                && code.contains(&format!("=> \"{suffix}\","))
+        }
+    }
+}
+
+/// Every metric an alert reads is on a panel: the dashboard shows what each alert fires on.
+#[test]
+fn every_alerts_signal_is_on_a_panel() {
+    let rules = std::fs::read_to_string(
+        repo_root().join("deploy/daemonset/monitoring/alerts/isthmus.rules.yaml"),
+    )
+    .unwrap();
+    let on_panels: BTreeSet<String> = exprs(&dashboard())
+        .iter()
+        .flat_map(|e| parse(e).0)
+        .collect();
+    let mut checked = 0;
+    for expr in rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+    {
+        // The metrics (this reader takes `on (node)`'s label for a name: only metric names are looked up).
+        for metric in parse(expr)
+            .0
+            .iter()
+            .filter(|m| m.starts_with("isthmus_") || *m == "up")
+        {
+            assert!(
+                on_panels.contains(metric),
+                "{metric} (alert {expr}) is on no panel"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 16, "{checked} alert metrics checked");
 }
 
 #[test]
@@ -343,7 +401,7 @@ fn every_query_is_valid_promql() {
         .unwrap_or_else(|e| panic!("promtool could not run ({e}); install Debian's prometheus"));
     assert!(out.status.success(), "promtool: {}", describe(&out));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 38 rules found"),
+        String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 43 rules found"),
         "{}",
         describe(&out)
     );
