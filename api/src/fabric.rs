@@ -166,7 +166,7 @@ pub fn node_report_attributes(
     }
     if let Some(d) = accelerator_domain
         .map(str::trim)
-        .filter(|d| !d.is_empty() && isthmus_gres::grammar::is_label_value(d))
+        .filter(|d| isthmus_gres::grammar::is_nonempty_label_value(d))
     {
         out.push(Attribute::new(ACCELERATOR_DOMAIN, d));
     }

@@ -153,11 +153,6 @@ fn device_name_ok(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
-/// A Kubernetes label value that is not empty (a domain a report names).
-pub fn is_label_value(s: &str) -> bool {
-    !s.is_empty() && grammar::is_label_value(s)
-}
-
 /// Read one port attribute (`<device>.<port>` after the prefix, and its value).
 fn decode_port(suffix: &str, value: &str) -> Result<PortReport, String> {
     let (device, port) = suffix
@@ -286,7 +281,7 @@ pub fn decode_attributes(
                 .map_err(|e| Rejection::new(R::BadPort, format!("{}: {e}", a.name)))?;
             report.ports.push(p);
         } else if a.name == ACCELERATOR_DOMAIN {
-            if !is_label_value(&a.value) {
+            if !grammar::is_nonempty_label_value(&a.value) {
                 return Err(Rejection::new(
                     R::BadAcceleratorDomain,
                     format!("{} is not a label value", excerpt(&a.value)),

@@ -31,6 +31,11 @@ pub fn is_label_value(s: &str) -> bool {
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
 }
 
+/// A Kubernetes label value that is not empty (an accelerator domain a node reports).
+pub fn is_nonempty_label_value(s: &str) -> bool {
+    !s.is_empty() && is_label_value(s)
+}
+
 #[cfg(test)]
 mod props;
 
