@@ -67,23 +67,9 @@ fn every_metric_a_rule_reads_is_recorded_by_the_code() {
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| w.starts_with("isthmus_"))
         {
-            // Publication counters are recorded as format!("isthmus_{object}_{}", outcome.suffix()) for object
-            // "nrt" (the health reports' publication) and for the publishers' objects, named by their METRIC.
-            let failures = code.contains("format!(\"isthmus_{object}_{}\", outcome.suffix())")
-                && code.contains("Publication::Failed => \"failures_total\"");
+            // The publishers' counters and gauges have computed names (isthmus_tests::publisher_metric_in).
             let found = code.contains(&format!("\"{name}\""))
-                || (name == "isthmus_nrt_failures_total"
-                    && failures
-                    && code.contains("record_publication(\"nrt\""))
-                || (name == "isthmus_nodereport_failures_total"
-                    && failures
-                    && code.contains("const METRIC: &'static str = \"nodereport\";")
-                    && code.contains("record_publication(K::METRIC, Publication::Failed)"))
-                // The other writers' gauge: format!("isthmus_{object}_foreign_writer") for the NRT publisher's
-                // object, whose metric name is "nrt".
-                || (name == "isthmus_nrt_foreign_writer"
-                    && code.contains("format!(\"isthmus_{object}_foreign_writer\")")
-                    && code.contains("const METRIC: &'static str = \"nrt\";"));
+                || isthmus_tests::publisher_metric_in(&code, name);
             assert!(
                 found,
                 "{name} (in {expr}) is recorded nowhere in agent/src or controller/src"

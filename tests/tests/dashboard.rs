@@ -275,7 +275,8 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
                 isthmus.insert(name.clone());
             } else if name.starts_with("isthmus_") {
                 assert!(
-                    code.contains(&format!("\"{name}\"")) || computed(&code, name),
+                    code.contains(&format!("\"{name}\""))
+                        || isthmus_tests::publisher_metric_in(&code, name),
                     "{name} (in {expr}) is recorded nowhere in agent/src or controller/src"
                 );
                 isthmus.insert(name.clone());
@@ -316,27 +317,6 @@ fn every_metric_a_panel_reads_is_recorded_by_the_code() {
     );
     // Label names checked: in matchers ({...}) and in by (...).
     assert_eq!((matched, grouped), (36, 47));
-}
-
-/// Whether `name` is one of the publishers' metrics, whose names the code computes: `isthmus_{object}_{suffix}`
-/// (`Publication::suffix`) and `isthmus_{object}_foreign_writer`, for the objects named by a publisher's `METRIC`.
-fn computed(code: &str, name: &str) -> bool {
-    let object = ["nrt", "nodereport"].into_iter().find(|o| {
-        name.strip_prefix("isthmus_")
-            .and_then(|r| r.strip_prefix(o))
-            .is_some_and(|r| r.starts_with('_'))
-    });
-    let Some(object) = object else { return false };
-    let suffix = &name[format!("isthmus_{object}_").len()..];
-    let named = code.contains(&format!("const METRIC: &'static str = \"{object}\";"));
-    match suffix {
-        "foreign_writer" => named && code.contains("format!(\"isthmus_{object}_foreign_writer\")"),
-        _ => {
-            named
-                && code.contains("format!(\"isthmus_{object}_{}\", outcome.suffix())")
-                && code.contains(&format!("=> \"{suffix}\","))
-        }
-    }
 }
 
 /// Every metric an alert reads is on a panel: the dashboard shows what each alert fires on.
