@@ -14,17 +14,8 @@ use isthmus_tests::apiserver::{ApiServer, client_for, service_account_user};
 use isthmus_tests::deploy::{Reaped, install_agent};
 use isthmus_tests::kubelet::{FakeKubelet, pod, serve};
 use isthmus_tests::proc_status_kib as status_kib;
-use isthmus_tests::{fixtures, free_port, isthmus_bin};
+use isthmus_tests::{clock_ticks_per_second, fixtures, free_port, isthmus_bin, proc_cpu_ticks};
 use kube::Api;
-
-fn stat_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the comm: state is 0, utime is 11, stime is 12.
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -144,12 +135,11 @@ fn bench() {
     // Idle.
     std::thread::sleep(Duration::from_secs(15));
     let quiet = SystemTime::now();
-    let ticks = stat_ticks(pid);
+    let ticks = proc_cpu_ticks(pid);
     let threads_before = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
     std::thread::sleep(Duration::from_secs(idle));
-    let used = stat_ticks(pid) - ticks;
-    // SAFETY: sysconf takes a constant and touches no memory.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let used = proc_cpu_ticks(pid) - ticks;
+    let hz = clock_ticks_per_second();
     let writes = server.writes_by(&service_account_user("isthmus-system", "isthmus"), quiet);
     let threads_after = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
     println!(
