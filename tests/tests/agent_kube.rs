@@ -268,6 +268,13 @@ fn converges_after_the_api_server_restarts_without_a_write_storm() {
     let nrts: Api<NodeResourceTopology> =
         Api::all(rt().block_on(client_for(server.admin_kubeconfig())));
     rt().block_on(until(&nrts, node, "the NRT", |_| true));
+    // Both objects are in place before the server goes away, so every write after it comes back is the pod change's.
+    wait_until("the first NodeReport", Duration::from_secs(30), || {
+        server
+            .writes_by(&agent_user(), SystemTime::UNIX_EPOCH)
+            .iter()
+            .any(|w| w.resource == "nodereports" && (200..300).contains(&w.code))
+    });
 
     // The API server goes away; the pod set changes meanwhile; it comes back.
     server.stop();
