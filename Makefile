@@ -6,7 +6,9 @@
 #   make slurm-roots    build the Slurm 24.11 and 26.05 roots the tests run, from Debian trixie's and sid's packages (tests/slurm/root.sh)
 #   make cross-arm64   build the aarch64 isthmus (Debian's cross toolchain) and run the hardware and Slurm-renderer
 #                      crates' unit tests for aarch64 under qemu-user-static (part of make test)
-#   make image  build the images isthmus and isthmus-slurm with docker, podman or buildah (docs/deploy.md, "Images")
+#   make image  build the images isthmus and isthmus-slurm for linux/amd64 and linux/arm64 with docker, podman or
+#               buildah (docs/deploy.md, "Images")
+#   make sbom   the binary's SBOM (SPDX 2.3) from Cargo.lock with cargo-sbom: target/sbom/isthmus-<version>.spdx.json
 
 CARGO ?= cargo
 # arm64 (aarch64): Debian's cross toolchain, the :arm64 libraries isthmus links and the emulator that runs the result
@@ -23,7 +25,7 @@ PY_TOOLS := kubernetes-validate==1.37.0 checkov==3.3.30 cloudcoil==0.6.0 cloudco
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: cross-arm64 deps deploy-tools deploy-check kube-assets slurm-roots build run test test-fast fmt lint bench image image-bases
+.PHONY: build-arm64 sbom sbom-tool cross-arm64 deps deploy-tools deploy-check kube-assets slurm-roots build run test test-fast fmt lint bench image image-bases
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -77,6 +79,32 @@ slurm-roots: deps
 build: deps
 	$(CARGO) build --release -p isthmus-cli --bin isthmus
 
+# The aarch64 release binary (target/aarch64-unknown-linux-gnu/release/isthmus) with Debian's cross toolchain.
+build-arm64: deps
+	$(CARGO) build --release --target $(AARCH64) -p isthmus-cli --bin isthmus
+
+# cargo-sbom from crates.io, pinned, installed once into .tools/ (~2 min to compile).
+SBOM_TOOL_VERSION := 0.10.0
+SBOM_TOOL := $(CURDIR)/.tools/bin/cargo-sbom
+sbom-tool:
+	@if [ "$$($(SBOM_TOOL) sbom --version 2>/dev/null)" != "cargo-sbom $(SBOM_TOOL_VERSION)" ]; then \
+	  $(CARGO) install --quiet --locked --root $(CURDIR)/.tools cargo-sbom --version $(SBOM_TOOL_VERSION); \
+	fi
+
+# The binary's SBOM: every crate the isthmus-cli package resolves to (Cargo.lock), with version, licence and purl.
+# One document serves the x86_64 and the aarch64 binary: cargo's resolution does not depend on the target (it lists
+# every platform's dependencies). Copied to target/image/ for the images (/usr/share/doc/isthmus/).
+sbom: sbom-tool
+	@mkdir -p target/sbom target/image
+	$(SBOM_TOOL) sbom --cargo-package isthmus-cli --output-format spdx_json_2_3 > target/sbom/isthmus-$(WORKSPACE_VERSION).spdx.json.tmp
+	@mv target/sbom/isthmus-$(WORKSPACE_VERSION).spdx.json.tmp target/sbom/isthmus-$(WORKSPACE_VERSION).spdx.json
+	@cp target/sbom/isthmus-$(WORKSPACE_VERSION).spdx.json target/image/isthmus.spdx.json
+	@echo "target/sbom/isthmus-$(WORKSPACE_VERSION).spdx.json"
+
+# The images' copy, made again when the lock file or the workspace's manifest changed.
+target/image/isthmus.spdx.json: Cargo.lock Cargo.toml
+	@$(MAKE) --no-print-directory sbom
+
 run: build
 	./target/release/isthmus discover
 
@@ -111,7 +139,7 @@ cross-arm64: deps
 
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite; so is
 # every daemon the suite started and left running (scripts/leftovers.sh), which fails it.
-test: deps deploy-tools kube-assets slurm-roots fmt lint cross-arm64
+test: deps deploy-tools kube-assets slurm-roots sbom-tool fmt lint cross-arm64
 	@rm -f target/not-run.txt
 	@scripts/leftovers.sh snapshot target/daemons-before.txt
 	@status=0; $(CARGO) test --workspace --no-fail-fast --features isthmus-tests/system || status=$$?; \
@@ -122,17 +150,26 @@ test: deps deploy-tools kube-assets slurm-roots fmt lint cross-arm64
 bench: build
 	./scripts/bench-discover.sh
 
-# The images (Containerfile): $(IMAGE_REPO):$(IMAGE_TAG) (target runtime) and $(IMAGE_REPO)-slurm:$(IMAGE_TAG)
-# (runtime-slurm), the names deploy/ uses. The engine: $(CONTAINER_ENGINE), else the first of docker, podman,
-# buildah that answers (scripts/container-engine.sh says which). IMAGE_BINARY=prebuilt puts the host's
-# target/release/isthmus in instead of compiling in the image (run `make build` first; the host must be Debian
-# bookworm). BASE_IMAGE and BUILDER_IMAGE replace the Containerfile's FROM images (`make image-bases` makes local
+# The images (Containerfile), for each platform of IMAGE_PLATFORMS (default linux/amd64 linux/arm64):
+# $(IMAGE_REPO):$(IMAGE_TAG)-<arch> (target runtime) and $(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG)-<arch> (runtime-slurm);
+# the build machine's own architecture is also tagged without the suffix, the names deploy/ uses. Push the
+# per-architecture tags and join them into one multi-architecture name with your registry's tool (`podman manifest
+# create` / `docker buildx imagetools create`). The engine: $(CONTAINER_ENGINE), else the first of docker, podman,
+# buildah that answers (scripts/container-engine.sh says which). IMAGE_BINARY=prebuilt puts the host's builds in
+# instead of compiling in the image: target/release/isthmus for amd64 (`make build`) and
+# target/aarch64-unknown-linux-gnu/release/isthmus for arm64 (`make build-arm64`); the host must be Debian bookworm.
+# Either way the binary is cross-compiled, never compiled under emulation; an arm64 image built on x86_64 runs its
+# `apt-get install` under qemu-user-static's binfmt handler, which the build machine must have registered.
+# BASE_IMAGE and BUILDER_IMAGE replace the Containerfile's FROM images (`make image-bases` makes local
 # ones where no registry can be reached), IMAGE_BUILD_FLAGS adds engine flags. SLURM_BASE_IMAGE is the Debian image
 # of the Slurm image (default BASE_IMAGE: bookworm, Slurm 22.05; trixie 24.11, sid 26.05) and SLURM_IMAGE_TAG its tag.
+# Every image is labelled (org.opencontainers.image.*) and carries the SBOM `make sbom` writes.
 WORKSPACE_VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
+WORKSPACE_REPOSITORY := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^repository *= *"\(.*\)"/\1/p' Cargo.toml)
 IMAGE_REPO ?= isthmus
 IMAGE_TAG ?= $(WORKSPACE_VERSION)
 IMAGE_BINARY ?= build
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
 BASE_IMAGE ?=
 BUILDER_IMAGE ?=
 SLURM_BASE_IMAGE ?=
@@ -141,26 +178,49 @@ IMAGE_BUILD_FLAGS ?=
 
 # docker: BuildKit (the default since docker 23, with buildx), which skips the stages a target does not need.
 image: export DOCKER_BUILDKIT ?= 1
-image:
+# Where the kernel lists the registered binfmt handlers (qemu-user-static's qemu-aarch64, qemu-x86_64).
+BINFMT_DIR ?= /proc/sys/fs/binfmt_misc
+image: target/image/isthmus.spdx.json
 	@engine=$$(sh scripts/container-engine.sh) || exit 1; \
+	host=$$(case "$$(uname -m)" in aarch64|arm64) echo arm64;; x86_64|amd64) echo amd64;; *) uname -m;; esac); \
 	case "$(IMAGE_BINARY)" in \
 	  build) suffix= ;; \
-	  prebuilt) suffix=-prebuilt; \
-	    test -x target/release/isthmus || \
-	      { echo "IMAGE_BINARY=prebuilt needs target/release/isthmus: run make build first" >&2; exit 1; } ;; \
+	  prebuilt) suffix=-prebuilt ;; \
 	  *) echo "IMAGE_BINARY must be build or prebuilt, not $(IMAGE_BINARY)" >&2; exit 1 ;; \
 	esac; \
+	for platform in $(IMAGE_PLATFORMS); do \
+	  arch=$${platform#linux/}; \
+	  case "$$platform" in linux/amd64|linux/arm64) ;; \
+	    *) echo "IMAGE_PLATFORMS: linux/amd64 and linux/arm64 are built, not $$platform" >&2; exit 1 ;; esac; \
+	  qemu=qemu-$$( [ "$$arch" = arm64 ] && echo aarch64 || echo x86_64 ); \
+	  if [ "$$arch" != "$$host" ] && [ ! -e "$(BINFMT_DIR)/$$qemu" ]; then \
+	    echo "$$platform on $$host: the $$arch image's apt-get runs under emulation and $(BINFMT_DIR)/$$qemu is not registered (Debian: apt-get install qemu-user-static binfmt-support), or set IMAGE_PLATFORMS=linux/$$host" >&2; exit 1; \
+	  fi; \
+	  if [ "$(IMAGE_BINARY)" = prebuilt ]; then \
+	    bin=$$( [ "$$arch" = arm64 ] && echo target/$(AARCH64)/release/isthmus || echo target/release/isthmus ); \
+	    test -x "$$bin" || { echo "IMAGE_BINARY=prebuilt needs $$bin for $$platform: run make $$( [ "$$arch" = arm64 ] && echo build-arm64 || echo build ) first" >&2; exit 1; }; \
+	    mkdir -p target/image/$$arch && cp "$$bin" target/image/$$arch/isthmus.tmp && mv target/image/$$arch/isthmus.tmp target/image/$$arch/isthmus; \
+	  fi; \
+	done; \
 	case "$$engine" in *buildah) build="$$engine bud" ;; *) build="$$engine build" ;; esac; \
 	args="$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))"; \
 	args="$$args $(if $(BUILDER_IMAGE),--build-arg BUILDER_IMAGE=$(BUILDER_IMAGE))"; \
 	args="$$args $(if $(SLURM_BASE_IMAGE),--build-arg SLURM_BASE_IMAGE=$(SLURM_BASE_IMAGE))"; \
+	args="$$args --build-arg ISTHMUS_VERSION=$(WORKSPACE_VERSION) --build-arg ISTHMUS_SOURCE=$(WORKSPACE_REPOSITORY)"; \
 	commit=$$(git rev-parse --short=12 HEAD 2>/dev/null) && args="$$args --build-arg ISTHMUS_COMMIT=$$commit"; \
-	for t in runtime:$(IMAGE_REPO):$(IMAGE_TAG) runtime-slurm:$(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG); do \
-	  target=$${t%%:*}$$suffix; name=$${t#*:}; \
-	  echo "$$build --target $$target -t $$name"; \
-	  $$build -f Containerfile --target $$target $$args $(IMAGE_BUILD_FLAGS) -t $$name . || exit 1; \
+	created=$$(git log -1 --format=%cd --date=iso-strict 2>/dev/null) && args="$$args --build-arg ISTHMUS_CREATED=$$created"; \
+	for platform in $(IMAGE_PLATFORMS); do \
+	  arch=$${platform#linux/}; \
+	  for t in runtime:$(IMAGE_REPO):$(IMAGE_TAG) runtime-slurm:$(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG); do \
+	    target=$${t%%:*}$$suffix; name=$${t#*:}; \
+	    echo "$$build --platform $$platform --target $$target -t $$name-$$arch"; \
+	    $$build -f Containerfile --platform $$platform --target $$target $$args $(IMAGE_BUILD_FLAGS) -t $$name-$$arch . || exit 1; \
+	    if [ "$$arch" = "$$host" ]; then $$engine tag $$name-$$arch $$name || exit 1; fi; \
+	  done; \
+	  echo "built $(IMAGE_REPO):$(IMAGE_TAG)-$$arch and $(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG)-$$arch ($$platform) with $$engine"; \
 	done; \
-	echo "built $(IMAGE_REPO):$(IMAGE_TAG) and $(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG) with $$engine"
+	case " $(IMAGE_PLATFORMS) " in *" linux/$$host "*) \
+	  echo "built $(IMAGE_REPO):$(IMAGE_TAG) and $(IMAGE_REPO)-slurm:$(SLURM_IMAGE_TAG) with $$engine";; esac
 
 # Base and builder images made on this machine (debootstrap and the machine's Rust toolchain), for machines that
 # cannot reach a container registry; prints the make image arguments that use them.

@@ -83,7 +83,11 @@ impl Containerfile {
             let keyword = keyword.to_ascii_uppercase();
             let args = args.trim().to_owned();
             if keyword == "FROM" {
-                let words: Vec<&str> = args.split_whitespace().collect();
+                // `--platform=...` and other flags before the image.
+                let words: Vec<&str> = args
+                    .split_whitespace()
+                    .filter(|w| !w.starts_with("--"))
+                    .collect();
                 let name = match words.as_slice() {
                     [_, as_, name] if as_.eq_ignore_ascii_case("as") => (*name).to_owned(),
                     _ => String::new(),
@@ -148,15 +152,29 @@ impl Containerfile {
     }
 
     /// Every path a `COPY` takes from the build context.
+    /// `${TARGETARCH}` stands for each architecture the images are built for.
     pub fn context_sources(&self) -> BTreeSet<String> {
         self.copies()
             .into_iter()
             .filter(|(_, c)| c.from.is_none())
             .flat_map(|(_, c)| c.sources)
             .map(|s| s.trim_start_matches("./").trim_end_matches('/').to_owned())
+            .flat_map(|s| {
+                if s.contains("${TARGETARCH}") {
+                    IMAGE_ARCHITECTURES
+                        .iter()
+                        .map(|a| s.replace("${TARGETARCH}", a))
+                        .collect()
+                } else {
+                    vec![s]
+                }
+            })
             .collect()
     }
 }
+
+/// The architectures the images are built for (`make image`'s IMAGE_PLATFORMS, as Docker names them).
+pub const IMAGE_ARCHITECTURES: &[&str] = &["amd64", "arm64"];
 
 /// The programs the Slurm image must hold: smpquery (`--neighbours`, in both images) and those the agent runs for
 /// Slurm.
@@ -251,6 +269,41 @@ pub fn copy_context(dest: &Path) {
             .status();
         assert!(st.is_ok_and(|s| s.success()), "copying {p}");
     }
+}
+
+/// A build context for `make image IMAGE_BINARY=prebuilt`: what the ignore files send (`copy_context`), this build's
+/// binary as the x86_64 host build, the aarch64 build where it was made (`make cross-arm64`), and the SBOM the images
+/// carry, made in the repository first (`make sbom`, cargo-sbom in .tools). Err says why it could not be made.
+pub fn prebuilt_context() -> Result<tempfile::TempDir, String> {
+    let made = Command::new("make")
+        .args(["--no-print-directory", "target/image/isthmus.spdx.json"])
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("make: {e}"))?;
+    if !made.status.success() {
+        return Err(format!(
+            "make sbom failed: {}",
+            String::from_utf8_lossy(&made.stderr).trim()
+        ));
+    }
+    let ctx = tempfile::tempdir().map_err(|e| e.to_string())?;
+    copy_context(ctx.path());
+    let mut builds = vec![(crate::isthmus_bin(), "target/release/isthmus")];
+    if crate::cross::missing().is_none() {
+        builds.push((
+            crate::cross::aarch64_isthmus_bin(),
+            "target/aarch64-unknown-linux-gnu/release/isthmus",
+        ));
+    }
+    for (from, to) in builds {
+        {
+            let to = ctx.path().join(to);
+            std::fs::create_dir_all(to.parent().unwrap_or(ctx.path()))
+                .map_err(|e| e.to_string())?;
+            std::fs::copy(from, &to).map_err(|e| format!("{}: {e}", to.display()))?;
+        }
+    }
+    Ok(ctx)
 }
 
 /// The container engine `make image` would use, or why there is none (scripts/container-engine.sh).

@@ -43,7 +43,7 @@ fn the_build_context_is_exactly_what_the_containerfile_copies() {
     }
     for p in &exceptions {
         assert!(
-            repo_root().join(p).exists() || p == "target/release/isthmus",
+            repo_root().join(p).exists() || p.starts_with("target/image/"),
             "{p} does not exist"
         );
     }
@@ -51,6 +51,8 @@ fn the_build_context_is_exactly_what_the_containerfile_copies() {
         ".venv/bin/python3",
         ".git/HEAD",
         "target/debug/isthmus",
+        "target/release/isthmus",
+        "target/aarch64-unknown-linux-gnu/release/isthmus",
         "target/release/deps/libtokio.rlib",
         "fixtures/hwloc/linux/x.tar.bz2",
         "tests/tests/image.rs",
@@ -63,7 +65,9 @@ fn the_build_context_is_exactly_what_the_containerfile_copies() {
         "Cargo.lock",
         "cli/src/main.rs",
         "agent/proto/podresources.proto",
-        "target/release/isthmus",
+        "target/image/amd64/isthmus",
+        "target/image/arm64/isthmus",
+        "target/image/isthmus.spdx.json",
     ] {
         assert!(sent(&patterns, needed), "{needed} would not be sent");
     }
@@ -284,11 +288,13 @@ fn the_images_default_commands_are_what_the_binary_runs() {
         "runtime-slurm-prebuilt",
     ] {
         assert_eq!(entry(t), ["/usr/local/bin/isthmus"], "{t}");
-        // Each image's last layer is the binary, at the entry point.
+        // Each image's last layer is the binary, at the entry point (only metadata after it).
         let last = cf
             .stage(t)
             .instructions
-            .last()
+            .iter()
+            .rev()
+            .find(|i| !["LABEL", "ARG"].contains(&i.keyword.as_str()))
             .map(|i| parse_copy(&i.args))
             .unwrap_or_else(|| panic!("{t} is empty"));
         assert_eq!(last.dest, "/usr/local/bin/isthmus", "{t}");
@@ -412,4 +418,145 @@ fn the_binary_runs_on_glibc_2_34() {
         too_new.is_empty(),
         "needs more than glibc 2.34: {too_new:?}"
     );
+}
+
+/// A value of `[workspace.package]` in the workspace's Cargo.toml.
+fn workspace_package(key: &str) -> String {
+    let text = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
+    text.split("\n[")
+        .find(|t| t.starts_with("workspace.package]"))
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().trim_matches('"').to_owned())
+            })
+        })
+        .unwrap_or_else(|| panic!("[workspace.package] {key}"))
+}
+
+#[test]
+fn every_image_is_labelled_carries_the_sbom_and_is_built_for_both_architectures() {
+    let cf = Containerfile::load();
+    let version = workspace_package("version");
+    let licence = workspace_package("license");
+    let repository = workspace_package("repository");
+    for target in [
+        "runtime",
+        "runtime-slurm",
+        "runtime-prebuilt",
+        "runtime-slurm-prebuilt",
+    ] {
+        let stage = cf.stage(target);
+        let args: Vec<&str> = stage
+            .instructions
+            .iter()
+            .filter(|i| i.keyword == "ARG")
+            .map(|i| i.args.as_str())
+            .collect();
+        // The defaults are the workspace's: an image built without make says the same version and source.
+        assert!(
+            args.contains(&format!("ISTHMUS_VERSION={version}").as_str()),
+            "{target}: {args:?}"
+        );
+        assert!(
+            args.contains(&format!("ISTHMUS_SOURCE={repository}").as_str()),
+            "{target}: {args:?}"
+        );
+        let labels = stage
+            .instructions
+            .iter()
+            .find(|i| i.keyword == "LABEL")
+            .map(|i| i.args.clone())
+            .unwrap_or_else(|| panic!("{target} has no LABEL"));
+        for (key, value) in [
+            (
+                "title",
+                if target.contains("slurm") {
+                    "\"isthmus-slurm\""
+                } else {
+                    "\"isthmus\""
+                },
+            ),
+            ("version", "\"${ISTHMUS_VERSION}\""),
+            ("revision", "\"${ISTHMUS_COMMIT}\""),
+            ("created", "\"${ISTHMUS_CREATED}\""),
+            ("source", "\"${ISTHMUS_SOURCE}\""),
+            ("licenses", &format!("\"{licence}\"")),
+        ] {
+            assert!(
+                labels.contains(&format!("org.opencontainers.image.{key}={value}")),
+                "{target}: org.opencontainers.image.{key} is not {value}: {labels}"
+            );
+        }
+        // The labels are the stage's last instruction: a new commit changes no layer's cache key.
+        assert_eq!(
+            stage.instructions.last().map(|i| i.keyword.as_str()),
+            Some("LABEL"),
+            "{target}"
+        );
+        let copies: Vec<_> = stage
+            .instructions
+            .iter()
+            .filter(|i| i.keyword == "COPY")
+            .map(|i| parse_copy(&i.args))
+            .collect();
+        assert!(
+            copies.iter().any(|c| c.from.is_none()
+                && c.sources == ["target/image/isthmus.spdx.json"]
+                && c.dest == "/usr/share/doc/isthmus/isthmus.spdx.json"),
+            "{target} carries no SBOM: {copies:?}"
+        );
+        let binary = copies
+            .iter()
+            .find(|c| c.dest == "/usr/local/bin/isthmus")
+            .unwrap_or_else(|| panic!("{target} copies no binary"));
+        if target.ends_with("-prebuilt") {
+            // The host's build of the image's architecture, which make image puts there.
+            assert_eq!(binary.sources, ["target/image/${TARGETARCH}/isthmus"]);
+            assert!(args.contains(&"TARGETARCH"), "{target}: {args:?}");
+        } else {
+            assert_eq!(binary.from.as_deref(), Some("build"));
+        }
+    }
+    // The compiling stages run on the build machine's architecture and cross-compile for the image's: nothing is
+    // compiled under emulation, and each architecture has its Rust target and cross toolchain.
+    let text = std::fs::read_to_string(repo_root().join("Containerfile")).unwrap();
+    for stage in ["manifests", "build"] {
+        assert!(
+            text.contains(&format!(
+                "FROM --platform=${{BUILDPLATFORM}} ${{BUILDER_IMAGE}} AS {stage}\n"
+            )),
+            "{stage} does not run on the build platform"
+        );
+    }
+    let build = cf.stage("build");
+    let runs: Vec<&str> = build
+        .instructions
+        .iter()
+        .filter(|i| i.keyword == "RUN")
+        .map(|i| i.args.as_str())
+        .collect();
+    assert!(runs[0].contains("crossbuild-essential-${TARGETARCH}"));
+    assert!(runs[0].contains("libhwloc-dev:${TARGETARCH}"));
+    for run in runs.iter().filter(|r| r.contains("cargo build")) {
+        assert!(run.contains("--target"), "{run}");
+        assert!(run.contains("arm64) echo aarch64"), "{run}");
+    }
+    let env = build
+        .instructions
+        .iter()
+        .find(|i| i.keyword == "ENV")
+        .map(|i| i.args.clone())
+        .unwrap_or_default();
+    let config = std::fs::read_to_string(repo_root().join(".cargo/config.toml")).unwrap();
+    assert!(config.contains("linker = \"aarch64-linux-gnu-gcc\""));
+    assert!(env.contains("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc"));
+    for line in config.lines().filter(|l| l.starts_with("PKG_CONFIG_")) {
+        // The same pkg-config variables as the host's cross build.
+        let (k, v) = line.split_once(" = ").unwrap();
+        assert!(
+            env.contains(&format!("{k}={}", v.trim_matches('"'))),
+            "{line}: {env}"
+        );
+    }
 }

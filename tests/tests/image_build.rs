@@ -5,14 +5,15 @@
 //! that only the workspace's crates are recompiled. Without a working engine these tests say NOT RUN.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use isthmus_tests::image::{
     RemovedOnDrop, base_image, build, builder_image, copy_context, engine, engine_ok, engine_run,
-    layers, workspace_members,
+    layers, prebuilt_context, workspace_members,
 };
-use isthmus_tests::{free_port, http_get, isthmus_bin, not_run};
+use isthmus_tests::{cross, free_port, http_get, not_run, repo_root};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -25,12 +26,36 @@ fn make_image_builds_both_images_and_they_run() {
             return;
         }
     };
+    let sbom = repo_root().join("target/image/isthmus.spdx.json");
+    let ctx = match prebuilt_context() {
+        Ok(ctx) => ctx,
+        Err(why) => {
+            not_run("image: make image and the built images", &why);
+            return;
+        }
+    };
     let base = base_image(&engine);
-    let ctx = tempfile::tempdir().unwrap();
-    copy_context(ctx.path());
-    let bin = ctx.path().join("target/release/isthmus");
-    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap();
-    std::fs::copy(isthmus_bin(), &bin).unwrap();
+    // The arm64 image's apt-get runs under qemu-user-static's binfmt handler; without it only amd64 is built.
+    let arm64 = match (
+        cross::missing(),
+        Path::new("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists(),
+    ) {
+        (None, true) => true,
+        (why, _) => {
+            not_run(
+                "image: the arm64 image, its binary under qemu",
+                &why.unwrap_or_else(|| {
+                    "qemu-aarch64 is not registered in /proc/sys/fs/binfmt_misc (qemu-user-static, binfmt-support): the arm64 image's apt-get cannot run here".into()
+                }),
+            );
+            false
+        }
+    };
+    let platforms = if arm64 {
+        "IMAGE_PLATFORMS=linux/amd64 linux/arm64"
+    } else {
+        "IMAGE_PLATFORMS=linux/amd64"
+    };
     let repo = format!("localhost/isthmus-test-{}", std::process::id());
     let out = Command::new("make")
         .arg("-C")
@@ -38,6 +63,7 @@ fn make_image_builds_both_images_and_they_run() {
         .args([
             "image",
             "IMAGE_BINARY=prebuilt",
+            platforms,
             &format!("IMAGE_REPO={repo}"),
             &format!("BASE_IMAGE={base}"),
         ])
@@ -55,10 +81,56 @@ fn make_image_builds_both_images_and_they_run() {
     );
     let k8s = format!("{repo}:{VERSION}");
     let slurm = format!("{repo}-slurm:{VERSION}");
-    let _cleanup = RemovedOnDrop(engine.clone(), vec![k8s.clone(), slurm.clone()]);
+    let mut names = vec![k8s.clone(), slurm.clone()];
+    for arch in if arm64 {
+        &["amd64", "arm64"][..]
+    } else {
+        &["amd64"][..]
+    } {
+        names.push(format!("{k8s}-{arch}"));
+        names.push(format!("{slurm}-{arch}"));
+    }
+    let _cleanup = RemovedOnDrop(engine.clone(), names);
     assert!(log.contains(&format!(
         "built {repo}:{VERSION} and {repo}-slurm:{VERSION}"
     )));
+    // The OCI labels, the SBOM and the arm64 binary, read without running a container (buildah: see below).
+    if !engine.ends_with("buildah") {
+        let labels = engine_ok(
+            &engine,
+            &[
+                "image",
+                "inspect",
+                "--format",
+                "{{json .Config.Labels}}",
+                &k8s,
+            ],
+        );
+        for want in [
+            format!("\"org.opencontainers.image.version\":\"{VERSION}\""),
+            "\"org.opencontainers.image.licenses\":\"Apache-2.0\"".to_owned(),
+        ] {
+            assert!(labels.contains(&want), "{want}: {labels}");
+        }
+        let inside = image_file(&engine, &k8s, "/usr/share/doc/isthmus/isthmus.spdx.json");
+        assert_eq!(inside, std::fs::read(&sbom).unwrap(), "the image's SBOM");
+        if arm64 {
+            // The arm64 image's own root: its binary, run by the emulator with the image's loader and libraries.
+            let root = tempfile::tempdir().unwrap();
+            export_root(&engine, &format!("{k8s}-arm64"), root.path());
+            let out = Command::new(cross::QEMU)
+                .arg("-L")
+                .arg(root.path())
+                .arg(root.path().join("usr/local/bin/isthmus"))
+                .arg("--version")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{out:?}");
+            assert!(text.starts_with(&format!("isthmus {VERSION}")), "{text}");
+            assert!(text.contains("aarch64"), "{text}");
+        }
+    }
     if engine.ends_with("buildah") {
         not_run(
             "image: running the built images",
@@ -91,6 +163,38 @@ fn make_image_builds_both_images_and_they_run() {
         );
         eprintln!("{image}: {} layers, {} bytes", all.len(), size.trim());
     }
+}
+
+/// A file of an image, read without running it (`create`, then `cp` out of the stopped container).
+fn image_file(engine: &str, image: &str, path: &str) -> Vec<u8> {
+    let id = engine_ok(engine, &["create", image]).trim().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("file");
+    let copied = engine_run(
+        engine,
+        &["cp", &format!("{id}:{path}"), &out.to_string_lossy()],
+    );
+    let _ = engine_run(engine, &["rm", "-f", &id]);
+    assert!(copied.status.success(), "{path} in {image}: {copied:?}");
+    std::fs::read(out).unwrap()
+}
+
+/// An image's whole filesystem, unpacked into `dest` (`create`, `export`, tar).
+fn export_root(engine: &str, image: &str, dest: &Path) {
+    let id = engine_ok(engine, &["create", image]).trim().to_owned();
+    let tar = dest.join("root.tar");
+    let exported = engine_run(engine, &["export", "-o", &tar.to_string_lossy(), &id]);
+    let _ = engine_run(engine, &["rm", "-f", &id]);
+    assert!(exported.status.success(), "{image}: {exported:?}");
+    let st = Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(dest)
+        .arg("--exclude=dev/*")
+        .status()
+        .unwrap();
+    assert!(st.success(), "unpacking {image}");
 }
 
 fn run_checks(engine: &str, k8s: &str, slurm: &str) {

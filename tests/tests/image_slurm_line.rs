@@ -7,9 +7,9 @@
 use std::process::Command;
 
 use isthmus_tests::image::{
-    RemovedOnDrop, base_image, copy_context, engine, engine_ok, layers, suite_base_image,
+    RemovedOnDrop, base_image, engine, engine_ok, layers, prebuilt_context, suite_base_image,
 };
-use isthmus_tests::{isthmus_bin, not_run};
+use isthmus_tests::not_run;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -29,13 +29,15 @@ fn the_slurm_image_follows_the_slurm_line_of_its_base() {
         );
         return;
     }
+    let ctx = match prebuilt_context() {
+        Ok(ctx) => ctx,
+        Err(why) => {
+            not_run("image_slurm_line: the Slurm image of another line", &why);
+            return;
+        }
+    };
     let base = base_image(&engine);
     let sid = suite_base_image(&engine, "sid");
-    let ctx = tempfile::tempdir().unwrap();
-    copy_context(ctx.path());
-    let bin = ctx.path().join("target/release/isthmus");
-    std::fs::create_dir_all(bin.parent().unwrap_or(ctx.path())).unwrap();
-    std::fs::copy(isthmus_bin(), &bin).unwrap();
     let repo = format!("localhost/isthmus-line-{}", std::process::id());
     let tag = format!("{VERSION}-slurm26.05");
     let out = Command::new("make")
@@ -44,6 +46,7 @@ fn the_slurm_image_follows_the_slurm_line_of_its_base() {
         .args([
             "image",
             "IMAGE_BINARY=prebuilt",
+            "IMAGE_PLATFORMS=linux/amd64",
             &format!("IMAGE_REPO={repo}"),
             &format!("BASE_IMAGE={base}"),
             &format!("SLURM_BASE_IMAGE={sid}"),
@@ -59,7 +62,15 @@ fn the_slurm_image_follows_the_slurm_line_of_its_base() {
     assert!(out.status.success(), "make image: {log}");
     let k8s = format!("{repo}:{VERSION}");
     let slurm = format!("{repo}-slurm:{tag}");
-    let _cleanup = RemovedOnDrop(engine.clone(), vec![k8s.clone(), slurm.clone()]);
+    let _cleanup = RemovedOnDrop(
+        engine.clone(),
+        vec![
+            k8s.clone(),
+            slurm.clone(),
+            format!("{k8s}-amd64"),
+            format!("{slurm}-amd64"),
+        ],
+    );
     assert!(log.contains(&format!("built {k8s} and {slurm}")), "{log}");
     let run = |image: &str, entry: &str, args: &[&str]| {
         let mut all = vec!["run", "--rm", "--entrypoint", entry, image];
