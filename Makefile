@@ -3,7 +3,8 @@
 #   make test   formatting, lints and the whole test suite (what CI runs)
 #   make deploy-check   render and validate deploy/ and the Containerfile (kubectl kustomize, kubernetes-validate, checkov)
 #   make kube-assets    build the Kubernetes v1.20.2 the tests start, from Debian's source package (tests/kubernetes/build.sh)
-#   make slurm-roots    build the Slurm 24.11 and 26.05 roots the tests run, from Debian trixie's and sid's packages (tests/slurm/root.sh)
+#   make slurm-roots    build the Slurm 22.05, 24.11 and 26.05 roots the tests run, from Debian bookworm's, trixie's and
+#                       sid's packages by the Slurm image's recipe (tests/slurm/root.sh)
 #   make cross-arm64   build the aarch64 isthmus (Debian's cross toolchain) and run the hardware and Slurm-renderer
 #                      crates' unit tests for aarch64 under qemu-user-static (part of make test)
 #   make image  build the images isthmus and isthmus-slurm for linux/amd64 and linux/arm64 with docker, podman or
@@ -70,9 +71,12 @@ kube-assets: deps
 	@if [ -z "$$KUBEBUILDER_ASSETS" ]; then bash tests/kubernetes/build.sh >/dev/null; fi
 
 # The Slurm releases the end-to-end tests run beside the machine's 22.05: 24.11 (Debian trixie) and 26.05 (Debian sid)
-# in debootstrap roots cached under ~/.cache/isthmus/slurm (~1.5 min each the first time, instant afterwards). The
-# tests build a missing root themselves; building them here first keeps that time out of the tests'.
+# in debootstrap roots made by the Slurm image's recipe, and 22.05's own such root (bookworm) for the test that each
+# line's image root registers and runs jobs; cached under ~/.cache/isthmus/slurm (~1.5 min each the first time,
+# instant afterwards). The tests build a missing root themselves; building them here first keeps that time out of
+# the tests'.
 slurm-roots: deps
+	bash tests/slurm/root.sh 22.05 >/dev/null
 	bash tests/slurm/root.sh 24.11 >/dev/null
 	bash tests/slurm/root.sh 26.05 >/dev/null
 

@@ -13,6 +13,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether 22.05 runs from its root in this process ([`SlurmRelease::run_22_05_in_its_root`]).
+static ROOTED_22_05: AtomicBool = AtomicBool::new(false);
 
 /// A Slurm release under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -63,12 +67,14 @@ impl SlurmRelease {
         }
     }
 
-    /// The cached root's directory (`<cache>/<version>`: `root/`, `bin/`, `enter`, `stamp`), built on first use in
-    /// this process; `None` for 22.05, which runs the machine's packages.
+    /// The cached root's directory (`<cache>/<version>`: `root/`, `bin/`, `enter`, `stamp`, `image-recipe.sh`),
+    /// built on first use in this process; `None` for 22.05, which runs the machine's packages unless
+    /// [`Self::run_22_05_in_its_root`] was called.
     pub fn root_dir(self) -> Option<PathBuf> {
         static DIRS: [OnceLock<PathBuf>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
         let slot = match self {
-            Self::V22_05 => return None,
+            Self::V22_05 if !ROOTED_22_05.load(Ordering::SeqCst) => return None,
+            Self::V22_05 => &DIRS[0],
             Self::V24_11 => &DIRS[1],
             Self::V26_05 => &DIRS[2],
         };
@@ -76,15 +82,23 @@ impl SlurmRelease {
     }
 
     /// A directory holding this release's Slurm programs (and munged, sackd) under their own names, for code that
-    /// runs them by name; `None` for 22.05 (they are on `PATH`).
+    /// runs them by name; `None` for 22.05 (they are on `PATH`) unless [`Self::run_22_05_in_its_root`] was called.
     pub fn bin_dir(self) -> Option<PathBuf> {
         static DIRS: [OnceLock<PathBuf>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
         let slot = match self {
-            Self::V22_05 => return None,
+            Self::V22_05 if !ROOTED_22_05.load(Ordering::SeqCst) => return None,
+            Self::V22_05 => &DIRS[0],
             Self::V24_11 => &DIRS[1],
             Self::V26_05 => &DIRS[2],
         };
         Some(slot.get_or_init(|| write_wrappers(self)).clone())
+    }
+
+    /// From now on in this process, 22.05 too runs from a root (Debian bookworm with the Slurm image's recipe,
+    /// `tests/slurm/root.sh 22.05`) instead of the machine's packages: for the test that every Slurm line's image
+    /// root registers and runs jobs. Call it first, before anything of 22.05 is used.
+    pub fn run_22_05_in_its_root() {
+        ROOTED_22_05.store(true, Ordering::SeqCst);
     }
 
     /// The program `name` of this release, as a path to run.
