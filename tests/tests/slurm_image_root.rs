@@ -5,7 +5,8 @@
 //! engine is needed, so this runs in CI: the root holds what the recipe installs, of its line; the recipe's
 //! munge-key removal holds; the bookworm-built `isthmus` runs with the root's libraries; and the root's slurmd
 //! registers with a slurmctld of its own release and runs a job. (The image built by an engine:
-//! `image_slurm_line.rs`, where one works.)
+//! `image_slurm_line.rs`, where one works.) And for a line Debian does not ship, a site's own slurmd image with
+//! isthmus added is checked by `scripts/check-slurm-image.sh`.
 
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
@@ -110,4 +111,90 @@ fn the_slurm_images_root_registers_with_its_release_and_runs_a_job(release) {
     assert!(version.contains(release.version()), "{release}: {version}");
     c.wait_state("img1", "idle after the job", |s| s == "IDLE");
 }
+}
+
+/// Run `scripts/check-slurm-image.sh` in a root as root (`chroot`), as a site runs it in its image.
+fn check(root: &std::path::Path, args: &[&str]) -> (bool, String) {
+    std::fs::copy(
+        repo_root().join("scripts/check-slurm-image.sh"),
+        root.join("tmp/check-slurm-image.sh"),
+    )
+    .unwrap();
+    let out = Command::new("chroot")
+        .arg(root)
+        .args(["sh", "/tmp/check-slurm-image.sh"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// A Slurm line Debian does not ship: the site's own slurmd image, with isthmus added as docs/deploy.md says ("Your
+/// own Slurm image"). Debian's 24.11 root stands in for the site's image (slurmd, munge and the clients, from
+/// packages that are not isthmus's). The check script finds what the binary needs and says what is missing, with
+/// the package that provides it.
+#[test]
+fn a_sites_own_slurmd_image_with_isthmus_added_is_checked_for_what_it_needs() {
+    let source = SlurmRelease::V24_11.root_dir().unwrap().join("root");
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let st = Command::new("cp")
+        .args(["-a", "--reflink=auto"])
+        .arg(&source)
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Without the binary.
+    let (ok, text) = check(&root, &[]);
+    assert!(
+        !ok && text.contains("missing: /usr/local/bin/isthmus"),
+        "{text}"
+    );
+    // The documented step: the binary at /usr/local/bin/isthmus; its libraries are the image's.
+    std::fs::copy(isthmus_bin(), root.join("usr/local/bin/isthmus")).unwrap();
+    let (ok, text) = check(&root, &[]);
+    assert!(ok, "{text}");
+    for line in [
+        "ok: isthmus ",
+        "ok: slurmd ",
+        "ok: scontrol ",
+        "ok: squeue ",
+        "ok: slurmstepd",
+        "ok: slurm-wlm 24.11.",
+        "ok: munged ",
+        "the image holds what isthmus agent needs",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    // An image without hwloc's library: the loader's refusal, and the package that provides it.
+    let libdir = root.join("usr/lib/x86_64-linux-gnu");
+    for e in std::fs::read_dir(&libdir).unwrap().flatten() {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with("libhwloc.so.15")
+        {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let (ok, text) = check(&root, &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("libhwloc.so.15")
+            && text.contains("install libhwloc15 (Debian/Ubuntu) or hwloc-libs"),
+        "{text}"
+    );
+    // No munged: missing, unless the agent runs without it (auth/slurm).
+    std::fs::remove_file(root.join("usr/sbin/munged")).unwrap();
+    let (_, text) = check(&root, &[]);
+    assert!(text.contains("missing: munged"), "{text}");
+    let (_, text) = check(&root, &["--no-munged"]);
+    assert!(text.contains("ok: no munged (auth/slurm"), "{text}");
 }
