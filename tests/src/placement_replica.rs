@@ -134,7 +134,6 @@ impl Placement {
             slurm: SlurmClient::new(args.slurm.clone()),
             args: Arc::new(args),
             fence: fence.clone(),
-            topology_listed: Default::default(),
         };
         let tasks = run::leader_tasks()
             .into_iter()

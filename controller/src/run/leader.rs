@@ -51,11 +51,6 @@ struct Leading {
 impl Leading {
     fn start(ctx: &LeaderContext, tasks: &[LeaderTask], shutdown: &CancellationToken) -> Self {
         let token = shutdown.child_token();
-        // Each term starts its lists in order again ([`super::start_order`]).
-        let ctx = LeaderContext {
-            topology_listed: super::start_order::TopologyListed::default(),
-            ..ctx.clone()
-        };
         let mut set = JoinSet::new();
         for t in tasks {
             set.spawn(supervise(*t, ctx.clone(), token.clone()));

@@ -23,7 +23,6 @@ pub mod pass;
 pub mod rejections;
 pub mod reports;
 pub mod retention;
-pub mod start_order;
 pub mod tasks;
 pub mod topology;
 
@@ -136,8 +135,6 @@ pub struct LeaderContext {
     pub args: Arc<RunArgs>,
     /// Whether this replica still leads: asked before every write.
     pub fence: fence::Fence,
-    /// Set when the topology task has its first lists in this leadership term ([`start_order`]).
-    pub topology_listed: start_order::TopologyListed,
 }
 
 impl LeaderContext {
@@ -197,7 +194,6 @@ pub async fn run(client: kube::Client, args: RunArgs, shutdown: CancellationToke
         slurm: SlurmClient::new(args.slurm.clone()),
         args: Arc::new(args),
         fence: fence::Fence::new(timing.duration, timing.renew_deadline),
-        topology_listed: start_order::TopologyListed::default(),
     };
     leader::campaign(ctx, leader_tasks(), shutdown).await;
 }

@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 use crate::run::inputs::start_reflectors;
 use crate::run::leader::sleep_or_cancel;
 use crate::run::pass::reconcile;
-use crate::run::start_order::TopologyListed;
 use crate::run::topology::{State, TopologyArgs, TopologyError};
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 use crate::slurm::SlurmClient;
@@ -32,7 +31,6 @@ fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
         c.slurm,
         c.args.topology.clone(),
         c.args.namespace.clone(),
-        c.topology_listed,
         t,
     ))
 }
@@ -45,14 +43,12 @@ pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
 }
 
 /// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
-/// ConfigMap) before the first write, so that a partial view never deletes or relabels anything; then sets `listed`,
-/// which the other tasks' lists wait for.
+/// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
 pub async fn run(
     client: kube::Client,
     slurm: SlurmClient,
     args: TopologyArgs,
     namespace: String,
-    listed: TopologyListed,
     cancel: CancellationToken,
 ) -> Result<(), TopologyError> {
     let notify = Arc::new(Notify::new());
@@ -73,8 +69,6 @@ pub async fn run(
         nodes = inputs.nodes.state().len(),
         "topology inputs listed"
     );
-    // The other tasks' lists may start now ([`crate::run::start_order`]).
-    listed.set();
     let debounce = args.debounce;
     let mut state = State::new(client, slurm, args, namespace);
     let mut backoff = RetryPolicy::task_restart().backoff();
