@@ -420,6 +420,16 @@ fn the_binary_runs_on_glibc_2_34() {
     );
 }
 
+/// The `ARG` instructions of a stage, as written (`NAME` or `NAME=default`).
+fn stage_args(stage: &isthmus_tests::image::Stage) -> Vec<&str> {
+    stage
+        .instructions
+        .iter()
+        .filter(|i| i.keyword == "ARG")
+        .map(|i| i.args.as_str())
+        .collect()
+}
+
 /// A value of `[workspace.package]` in the workspace's Cargo.toml.
 fn workspace_package(key: &str) -> String {
     let text = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
@@ -447,12 +457,7 @@ fn every_image_is_labelled_carries_the_sbom_and_is_built_for_both_architectures(
         "runtime-slurm-prebuilt",
     ] {
         let stage = cf.stage(target);
-        let own_args: Vec<&str> = stage
-            .instructions
-            .iter()
-            .filter(|i| i.keyword == "ARG")
-            .map(|i| i.args.as_str())
-            .collect();
+        let own_args = stage_args(stage);
         // The labels, in the stage the image starts from (inherited: one place for both the built and the
         // prebuilt image), after its last RUN.
         let holder = cf
@@ -460,12 +465,7 @@ fn every_image_is_labelled_carries_the_sbom_and_is_built_for_both_architectures(
             .into_iter()
             .find(|s| s.instructions.iter().any(|i| i.keyword == "LABEL"))
             .unwrap_or_else(|| panic!("{target} has no LABEL"));
-        let args: Vec<&str> = holder
-            .instructions
-            .iter()
-            .filter(|i| i.keyword == "ARG")
-            .map(|i| i.args.as_str())
-            .collect();
+        let args = stage_args(holder);
         // The defaults are the workspace's: an image built without make says the same version and source.
         assert!(
             args.contains(&format!("ISTHMUS_VERSION={version}").as_str()),
