@@ -141,12 +141,14 @@ cross-arm64: deps
 	  PROPTEST_CASES=32 $(CARGO) test --target $(AARCH64) -p isthmus-topology -p isthmus-gres --lib; \
 	fi
 
+# The suite: scripts/test-suite.sh builds every test target once and runs the binaries in two lanes at once (the
+# binaries that wait on Slurm sites of their own beside everything else), printing each binary's wall time at the end.
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite; so is
 # every daemon the suite started and left running (scripts/leftovers.sh), which fails it.
 test: deps deploy-tools kube-assets slurm-roots sbom-tool fmt lint cross-arm64
 	@rm -f target/not-run.txt
 	@scripts/leftovers.sh snapshot target/daemons-before.txt
-	@status=0; $(CARGO) test --workspace --no-fail-fast --features isthmus-tests/system || status=$$?; \
+	@status=0; CARGO=$(CARGO) scripts/test-suite.sh --features isthmus-tests/system || status=$$?; \
 	if [ -s target/not-run.txt ]; then echo "== not run in this environment:"; sort -u target/not-run.txt; fi; \
 	scripts/leftovers.sh check target/daemons-before.txt || status=1; \
 	exit $$status

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# make test's runner: build every test target of the workspace once (the features `make test` uses), then run the
+# test binaries in two lanes at once, each lane one binary after another, and the doc tests.
+#
+#   test-suite.sh [CARGO_FLAGS...]     e.g. test-suite.sh --features isthmus-tests/system
+#   TEST_SUITE_ONLY=REGEX test-suite.sh ...   only the binaries whose name matches (grep -E), and no doc tests
+#
+# Why two lanes: most of the system tier waits for daemons (a slurmd registering, a Slurm node state, a controller's
+# pass), and cargo runs test binaries one at a time, so a 2-core machine sat half idle for much of the suite. The
+# `slurm` lane holds the binaries that wait on Slurm sites of their own (they share nothing with the other lane but
+# the machine); the `main` lane holds everything else, the kubelet node and the VMs among them (they keep their own
+# locks: /tmp/isthmus-kubenode.lock, ~/.cache/isthmus/vm.lock). Which lane a binary runs in is decided here
+# alone (SLURM_LANE); a binary not named there runs in the main lane, so a new test file is never left out.
+#
+# Each binary runs as cargo would run it (from its package's directory, with cargo's CARGO* variables); its output is
+# printed whole when it ends, never interleaved with the other lane's. At the end: every binary's wall time, slowest
+# first (also in target/test-suite/times.txt), and the failed ones. Exit status 1 if any binary or the doc tests
+# failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+CARGO=${CARGO:-cargo}
+# The binaries that wait on Slurm sites of their own (test target names).
+SLURM_LANE="crash_convergence controller_nodesync health_nodesync controller_placement controller_placement_forgery
+controller_placement_tenancy controller_placement_fencing placement_owners slurm_agent slurm_cluster slurm_image_root
+slurm_readyz slurm_cgroup deviceplugin_slurm fabric_slurm deploy_auth_slurm"
+
+out=target/test-suite
+rm -rf "$out"
+mkdir -p "$out/logs"
+
+# 1. Build every test target once; the list of executables comes from cargo's own messages.
+if ! "$CARGO" test --workspace --no-run --message-format=json-render-diagnostics "$@" >"$out/build.json"; then
+  echo "test-suite: building the tests failed" >&2
+  exit 1
+fi
+python3 - "$out/build.json" >"$out/binaries.txt" <<'EOF'
+import json, os, sys
+seen = set()
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    t = m["target"]
+    kind = "test" if "test" in t["kind"] else "unit"
+    name = t["name"] if kind == "test" else t["name"] + "(" + t["kind"][0] + ")"
+    if m["executable"] in seen:
+        continue
+    seen.add(m["executable"])
+    print(kind, name, t["name"], os.path.dirname(m["manifest_path"]), m["executable"], sep="\t")
+EOF
+if [ ! -s "$out/binaries.txt" ]; then
+  echo "test-suite: cargo named no test binary" >&2
+  exit 1
+fi
+
+in_slurm_lane() {
+  local t
+  for t in $SLURM_LANE; do [ "$t" = "$1" ] && return 0; done
+  return 1
+}
+
+: >"$out/main.txt"
+: >"$out/slurm.txt"
+while IFS=$'\t' read -r kind name target dir exe; do
+  if [ -n "${TEST_SUITE_ONLY:-}" ] && ! grep -Eq -- "$TEST_SUITE_ONLY" <<<"$name"; then
+    continue
+  fi
+  if [ "$kind" = test ] && in_slurm_lane "$target"; then
+    printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$out/slurm.txt"
+  else
+    printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$out/main.txt"
+  fi
+done <"$out/binaries.txt"
+for t in $SLURM_LANE; do
+  [ -n "${TEST_SUITE_ONLY:-}" ] || grep -q "^$t	" "$out/slurm.txt" || echo "test-suite: $t is in SLURM_LANE but cargo built no such test binary" >&2
+done
+
+# One binary: run it as cargo does, keep its output, print it whole when it ends.
+run_one() {
+  local lane=$1 name=$2 dir=$3 exe=$4 start end status
+  local log="$out/logs/$name.log"
+  start=$(date +%s.%N)
+  (
+    cd "$dir" || exit 1
+    CARGO=$(command -v "$CARGO") CARGO_MANIFEST_DIR="$dir" "$exe"
+  ) >"$log" 2>&1
+  status=$?
+  end=$(date +%s.%N)
+  local secs
+  secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  printf '%s\t%s\t%s\t%s\n' "$secs" "$lane" "$name" "$status" >>"$out/times.raw"
+  [ "$status" = 0 ] || echo "$name" >>"$out/failed.txt"
+  flock "$out/print.lock" sh -c "printf '\n== %s (%s lane, %s s, exit %s)\n' '$name' '$lane' '$secs' '$status'; cat '$log'"
+}
+
+run_lane() {
+  local lane=$1
+  local name dir exe
+  while IFS=$'\t' read -r name dir exe; do
+    run_one "$lane" "$name" "$dir" "$exe" </dev/null
+  done <"$out/$lane.txt"
+  if [ "$lane" = main ] && [ -z "${TEST_SUITE_ONLY:-}" ]; then
+    # The doc tests (cargo compiles them as it runs them).
+    if ! "$CARGO" test --workspace --doc "$@" >"$out/logs/doctests.log" 2>&1; then
+      echo "doc tests" >>"$out/failed.txt"
+    fi
+    flock "$out/print.lock" sh -c "printf '\n== doc tests (main lane)\n'; cat '$out/logs/doctests.log'"
+  fi
+}
+
+echo "test-suite: $(wc -l <"$out/main.txt") binaries in the main lane, $(wc -l <"$out/slurm.txt") in the slurm lane"
+run_lane slurm "$@" &
+slurm_pid=$!
+run_lane main "$@"
+wait "$slurm_pid"
+
+echo
+echo "== wall time of each test binary (seconds, lane, binary, exit status), slowest first"
+sort -rn "$out/times.raw" | tee "$out/times.txt"
+for lane in main slurm; do
+  awk -F'\t' -v l="$lane" '$2 == l { s += $1 } END { printf "== %s lane: %.0f s\n", l, s }' "$out/times.raw"
+done
+if [ -s "$out/failed.txt" ]; then
+  echo "== FAILED:"
+  sed 's/^/  /' "$out/failed.txt"
+  exit 1
+fi
+exit 0
