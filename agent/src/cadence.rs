@@ -19,10 +19,10 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 static ORIGIN: OnceLock<Instant> = OnceLock::new();
 
 /// The step every period is rounded up to: one slot of the timer wheel's second level.
-pub const STEP: Duration = Duration::from_millis(64);
+pub(crate) const STEP: Duration = Duration::from_millis(64);
 
 /// Fix the grid's origin now: call it right before building the runtime whose tasks tick on the grid.
-pub fn start() {
+pub(crate) fn start() {
     let _ = origin();
 }
 
@@ -32,7 +32,7 @@ fn origin() -> Instant {
 }
 
 /// `period` rounded up to a whole number of [`STEP`]s (at least one).
-pub fn on_grid(period: Duration) -> Duration {
+pub(crate) fn on_grid(period: Duration) -> Duration {
     let step = STEP.as_nanos();
     let steps = period.as_nanos().div_ceil(step).max(1);
     STEP * u32::try_from(steps).unwrap_or(u32::MAX)
@@ -53,7 +53,7 @@ fn next_point(origin: Instant, now: Instant, period: Duration) -> Instant {
 
 /// An interval whose ticks are the points of the grid of `period` rounded up by [`on_grid`] (the first one after
 /// now, then every period).
-pub fn ticker(period: Duration) -> Interval {
+pub(crate) fn ticker(period: Duration) -> Interval {
     let period = on_grid(period);
     let start = next_point(origin(), Instant::now(), period);
     let mut i = tokio::time::interval_at(start, period);

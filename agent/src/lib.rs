@@ -13,7 +13,7 @@
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
 
 pub mod build_info;
-pub mod cadence;
+mod cadence;
 pub mod config_file;
 pub mod daemon;
 pub mod discovery;
@@ -22,5 +22,5 @@ pub mod http;
 pub mod k8s;
 pub mod metrics;
 pub mod privileges;
-pub mod readiness;
+mod readiness;
 pub mod slurm;

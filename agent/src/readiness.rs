@@ -14,7 +14,7 @@ use crate::slurm::supervisor::{self, ChildStatus};
 /// runs (and, with `--slurmd-readyz`, while slurmd's own /readyz succeeds). Where the agent does not start slurmd
 /// (`wants_slurmd` false: its jobs would not be confined beside the device plugin), readiness is the Kubernetes
 /// side's: the refusal is said by the condition `SlurmJobsConfined` and `isthmus_slurmd_refused`.
-pub async fn run(
+pub(crate) async fn run(
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut children: Option<watch::Receiver<Vec<ChildStatus>>>,
     wants_slurmd: bool,

@@ -4,7 +4,7 @@ use kube::{CustomResourceExt, Resource};
 use serde_json::Value;
 
 /// A file under `fixtures/`.
-pub fn fixture(path: &str) -> String {
+pub(crate) fn fixture(path: &str) -> String {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fixtures")
         .join(path);
@@ -12,7 +12,7 @@ pub fn fixture(path: &str) -> String {
 }
 
 /// `K`'s group, kind, plural, short names and scope are the upstream CRD's, and the CRD serves `K`'s version.
-pub fn same_names_as_upstream<K>(crd_path: &str)
+pub(crate) fn same_names_as_upstream<K>(crd_path: &str)
 where
     K: Resource<DynamicType = ()> + CustomResourceExt,
 {

@@ -36,7 +36,7 @@ impl LabelScheme {
 
 /// The schemes read by default, in order: NVIDIA Topograph (current and pre-2026 keys), AWS EC2 instance topology,
 /// GKE compact placement, CoreWeave SUNK leaf groups.
-pub fn default_schemes() -> Vec<LabelScheme> {
+pub(crate) fn default_schemes() -> Vec<LabelScheme> {
     vec![
         LabelScheme::new(
             "topograph",
@@ -76,7 +76,7 @@ pub fn default_schemes() -> Vec<LabelScheme> {
 
 /// Labels that carry a node's accelerator (multi-node NVLink) domain, read when the node did not report one:
 /// NVIDIA GPU Feature Discovery's clique and Topograph's domain (current and pre-2026 keys).
-pub fn default_accelerator_labels() -> Vec<String> {
+pub(crate) fn default_accelerator_labels() -> Vec<String> {
     [
         "nvidia.com/gpu.clique",
         "accelerator.topograph.run/domain",

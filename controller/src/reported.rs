@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 /// The reported conditions of every node, from watches of the NodeReports and the NodeResourceTopologies (each
 /// trimmed to the condition attributes).
 #[derive(Debug, Clone)]
-pub struct Reports {
+pub(crate) struct Reports {
     reports: Store<NodeReport>,
     nrts: Store<NrtAttributes>,
     /// Each node's conditions as last read, by the object (kind and resourceVersion) they were read from: a pass
@@ -127,7 +127,10 @@ impl Reports {
     /// Start the watches (their task wakes `changed` when a node's reported conditions change; abort it with the
     /// returned handle). A report whose conditions do not read is logged once per change and counted in
     /// `isthmus_controller_refused_condition_reports_total`.
-    pub fn watch(client: Client, changed: Arc<Notify>) -> (Self, tokio::task::JoinHandle<()>) {
+    pub(crate) fn watch(
+        client: Client,
+        changed: Arc<Notify>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let read: Arc<Mutex<HashMap<String, Read>>> = Arc::default();
         let (reports, a) = watch_kind::<NodeReport>(client.clone(), changed.clone(), read.clone());
         let (nrts, b) = watch_kind::<NrtAttributes>(client, changed, read.clone());
@@ -146,14 +149,14 @@ impl Reports {
     }
 
     /// Wait for both watches' first list (`Err` when a watch ended first).
-    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+    pub(crate) async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.reports.wait_until_ready().await?;
         self.nrts.wait_until_ready().await
     }
 
     /// The conditions Node `node`'s agent reports (its NodeReport, or without one its NodeResourceTopology: both
     /// named after the Node); `None` without a report or when the report's conditions are refused.
-    pub fn of(&self, node: &str) -> Option<Vec<NodeCondition>> {
+    pub(crate) fn of(&self, node: &str) -> Option<Vec<NodeCondition>> {
         let key = ObjectRef::new(node);
         let (kind, version, attributes) = match self.reports.get(&key) {
             Some(o) => (
@@ -189,14 +192,14 @@ impl Reports {
 }
 
 /// Whether `type_` is a condition only the agent's report may say.
-pub fn is_reported_type(type_: &str) -> bool {
+pub(crate) fn is_reported_type(type_: &str) -> bool {
     AGENT.contains(&type_)
 }
 
 /// What the controller believes of `node`: its name, labels, annotations, resourceVersion, UID, cordon, taints and
 /// conditions, with every condition of a reported type taken from `reported` (the node's own report) and none
 /// from the Node's status. Nothing else of the Node is copied.
-pub fn view(node: &Node, reported: Option<&[NodeCondition]>) -> Node {
+pub(crate) fn view(node: &Node, reported: Option<&[NodeCondition]>) -> Node {
     let mut conditions: Vec<NodeCondition> = node
         .status
         .as_ref()

@@ -4,7 +4,7 @@
 /// `nvidia_h100_80gb_hbm3`). Every other character outside letters, digits, `_`, `.` and `-` (those Slurm's config
 /// parser splits on, `,` `:` `=`, and anything the controller's report grammar refuses, such as parentheses) also
 /// becomes an underscore, so that a type is always one token the controller accepts.
-pub fn gres_type(model: &str) -> String {
+pub(crate) fn gres_type(model: &str) -> String {
     model
         .trim()
         .chars()
@@ -24,7 +24,11 @@ fn word_char(c: char) -> char {
 /// Slurm's MIG type (`gpu_nvml.c`, `_handle_mig`): the GPU type cut at its first `-`, then `_<GPU instance
 /// slices>g.<memory MiB / 1024, rounded>gb`: "NVIDIA A100-SXM4-80GB" with a 19968 MiB 1-slice instance →
 /// `nvidia_a100_1g.20gb`, "NVIDIA H100 80GB HBM3" → `nvidia_h100_80gb_hbm3_1g.10gb`.
-pub fn mig_gres_type(parent_model: &str, gpu_instance_slices: u32, memory_bytes: u64) -> String {
+pub(crate) fn mig_gres_type(
+    parent_model: &str,
+    gpu_instance_slices: u32,
+    memory_bytes: u64,
+) -> String {
     let gpu = gres_type(parent_model);
     let gpu = gpu.split('-').next().unwrap_or_default();
     format!(
@@ -36,7 +40,7 @@ pub fn mig_gres_type(parent_model: &str, gpu_instance_slices: u32, memory_bytes:
 /// The brand `AutoDetect=rsmi` uses as an AMD GPU's type (`rsmi_dev_brand_get`: `MI210`, `MI300X`): the model name
 /// without the "Instinct" family word and without the alternatives after a `/`, characters outside letters, digits,
 /// `_ . -` turned into underscores.
-pub fn amd_brand(model: &str) -> String {
+pub(crate) fn amd_brand(model: &str) -> String {
     let m = model.trim();
     let m = m.strip_prefix("Instinct ").unwrap_or(m);
     let m = m.split('/').next().unwrap_or(m).trim();
@@ -46,7 +50,7 @@ pub fn amd_brand(model: &str) -> String {
 /// Collapse files sharing a prefix with numeric suffixes into Slurm's bracket form: `/dev/nvidia0..3` →
 /// `/dev/nvidia[0-3]`, `/dev/nvidia0,2` → `/dev/nvidia[0,2]`. Files that do not share one prefix are joined with
 /// commas (Slurm accepts both).
-pub fn file_range(files: &[String]) -> String {
+pub(crate) fn file_range(files: &[String]) -> String {
     let split: Vec<Option<(&str, u32)>> = files.iter().map(|f| split_number(f)).collect();
     if files.len() > 1 && split.iter().all(Option::is_some) {
         let prefix = split[0].map(|(p, _)| p).unwrap_or_default();

@@ -129,7 +129,7 @@ fn assign_drm(root: &HostRoot, dev: &mut Device, extra: &[&str]) {
 }
 
 /// Fill `index` and `device_nodes` of non-NVIDIA accelerators.
-pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warning>) {
+pub(crate) fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warning>) {
     assign_by_bus_order(
         root,
         devices,

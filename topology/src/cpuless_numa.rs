@@ -32,7 +32,7 @@ fn listed_without_cpus(root: &HostRoot, id: u32) -> bool {
 /// or group it is close to, and reports that parent's CPUs as the node's cpuset: its locality, not CPUs it has. A
 /// node whose sysfs `cpulist` is empty while every CPU hwloc gave it belongs to another node gets no CPUs, as the
 /// kernel (and the kubelet) count them.
-pub fn own_cpus(root: &HostRoot, nodes: &mut [NumaNode]) {
+pub(crate) fn own_cpus(root: &HostRoot, nodes: &mut [NumaNode]) {
     let cpuless: Vec<u32> = nodes
         .iter()
         .filter(|n| !n.cpuset.is_empty())
@@ -53,7 +53,7 @@ pub fn own_cpus(root: &HostRoot, nodes: &mut [NumaNode]) {
 /// Add to `nodes` (hwloc's) each node sysfs lists without CPUs that hwloc did not report, with its memory, huge pages
 /// and distances from sysfs, and complete the distances of the nodes hwloc did report towards them. Nodes stay
 /// sorted by id.
-pub fn add_missing(root: &HostRoot, nodes: &mut Vec<NumaNode>, warnings: &mut Vec<Warning>) {
+pub(crate) fn add_missing(root: &HostRoot, nodes: &mut Vec<NumaNode>, warnings: &mut Vec<Warning>) {
     if root.list_dir(NODE_DIR).is_err() {
         return;
     }
@@ -99,13 +99,13 @@ pub fn add_missing(root: &HostRoot, nodes: &mut Vec<NumaNode>, warnings: &mut Ve
 }
 
 /// The most NUMA nodes the kubelet's Topology Manager takes without its `max-allowable-numa-nodes` option.
-pub const KUBELET_TOPOLOGY_MANAGER_MAX_NUMA: usize = 8;
+pub(crate) const KUBELET_TOPOLOGY_MANAGER_MAX_NUMA: usize = 8;
 
 /// A warning when the node has more NUMA nodes than the kubelet's Topology Manager takes by default: the kubelet
 /// counts every `nodeN` directory, CPU-less GPU-memory nodes included (cAdvisor's `GetNodesInfo`), and refuses to
 /// start with a policy other than `none` above 8 unless `max-allowable-numa-nodes` (Kubernetes 1.31+) allows it.
 /// A GH200 has 9, a GB200 tray 34.
-pub fn kubelet_limit_warning(nodes: &[NumaNode]) -> Option<Warning> {
+pub(crate) fn kubelet_limit_warning(nodes: &[NumaNode]) -> Option<Warning> {
     let n = nodes.len();
     (n > KUBELET_TOPOLOGY_MANAGER_MAX_NUMA).then(|| {
         let cpuless = nodes.iter().filter(|n| n.cpuset.is_empty()).count();

@@ -47,7 +47,7 @@ pub enum NodeInfoError {
 }
 
 /// Read the `Field:.....value` lines of `smpquery nodeinfo` output.
-pub fn parse_nodeinfo(text: &str) -> Result<SmpNodeInfo, NodeInfoError> {
+pub(crate) fn parse_nodeinfo(text: &str) -> Result<SmpNodeInfo, NodeInfoError> {
     let field = |name: &str| {
         text.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;

@@ -205,7 +205,7 @@ fn open_path_dir(root: &Path) -> io::Result<fs::File> {
 }
 
 /// Lexically normalise an absolute host path (resolve `.` and `..`).
-pub fn normalize(path: &Path) -> PathBuf {
+pub(crate) fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::from("/");
     for comp in path.components() {
         match comp {

@@ -15,16 +15,16 @@ use crate::pci_ids::{model_name, vendor, vendor_name};
 use crate::warning::{Warning, WarningSource};
 
 /// Where the KFD topology lives.
-pub const KFD_NODES: &str = "/sys/class/kfd/kfd/topology/nodes";
+pub(crate) const KFD_NODES: &str = "/sys/class/kfd/kfd/topology/nodes";
 
 /// KFD io_link type of an xGMI link (`CRAT_IOLINK_TYPE_XGMI`).
-pub const IOLINK_TYPE_XGMI: u64 = 11;
+pub(crate) const IOLINK_TYPE_XGMI: u64 = 11;
 /// KFD io_link type of a PCIe link.
-pub const IOLINK_TYPE_PCIE: u64 = 2;
+pub(crate) const IOLINK_TYPE_PCIE: u64 = 2;
 
 /// Parse a KFD `properties` file (`name value` per line). Lines that are not `name <unsigned integer>` are returned
 /// as problems.
-pub fn parse_properties(text: &str) -> (BTreeMap<String, u64>, Vec<String>) {
+pub(crate) fn parse_properties(text: &str) -> (BTreeMap<String, u64>, Vec<String>) {
     let mut out = BTreeMap::new();
     let mut problems = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -200,7 +200,7 @@ fn xgmi_paths(
 }
 
 /// Describe AMD GPUs from the KFD topology: partitions, identity and xGMI links. GPUs not on the PCI bus are added.
-pub fn enrich(
+pub(crate) fn enrich(
     root: &HostRoot,
     devices: &mut Vec<Device>,
     numa_nodes: &[crate::model::NumaNode],

@@ -3,31 +3,31 @@
 //! Everything isthmus produces (gres.conf, NodeResourceTopology objects, metrics) is a rendering of one
 //! [`NodeTopology`], discovered by [`discover()`] from a [`HostRoot`].
 
-pub mod accel;
-pub mod accel_model;
-pub mod cpuless_numa;
+mod accel;
+mod accel_model;
+mod cpuless_numa;
 pub mod cpuset;
-pub mod device_resources;
+mod device_resources;
 pub mod discover;
-pub mod fabric_probe;
+mod fabric_probe;
 pub mod health;
-pub mod hostroot;
+mod hostroot;
 pub mod hwloc;
-pub mod ib_model;
+mod ib_model;
 pub mod infiniband;
-pub mod kfd;
-pub mod links;
+mod kfd;
+mod links;
 pub mod mig;
 pub mod model;
-pub mod numa_check;
-pub mod nvidia;
+mod numa_check;
+mod nvidia;
 pub mod nvml;
-pub mod nvml_enrich;
-pub mod pci;
+mod nvml_enrich;
+mod pci;
 pub mod pci_ids;
-pub mod sysfs_cache;
-pub mod sysfs_cpu;
-pub mod warning;
+mod sysfs_cache;
+mod sysfs_cpu;
+mod warning;
 
 pub use cpuset::CpuSet;
 pub use device_resources::{DeviceResource, MigStrategy, device_plugin_resources};

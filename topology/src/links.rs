@@ -4,7 +4,7 @@
 use crate::model::{Device, DeviceKind, Link, LinkMatrix};
 
 /// How two devices reach each other over PCIe, from their upstream chains (`pci_path`) and NUMA nodes.
-pub fn pcie_relation(a: &Device, b: &Device) -> Link {
+pub(crate) fn pcie_relation(a: &Device, b: &Device) -> Link {
     if a.pci_address == b.pci_address {
         return Link::SelfLink;
     }
@@ -68,7 +68,7 @@ fn xgmi_hops(a: &Device, b: &Device) -> Option<u32> {
 }
 
 /// Build the matrix over every device but NVSwitches, and fill each accelerator's `nearest_hcas`.
-pub fn build(devices: &mut [Device]) -> LinkMatrix {
+pub(crate) fn build(devices: &mut [Device]) -> LinkMatrix {
     let members: Vec<usize> = (0..devices.len())
         .filter(|&i| devices[i].kind != DeviceKind::Nvswitch)
         .collect();

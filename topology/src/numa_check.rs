@@ -15,7 +15,7 @@ fn warn(warnings: &mut Vec<Warning>, path: &str, msg: String) {
 }
 
 /// Check every `nodeN` directory and compare with what hwloc reported in `nodes`.
-pub fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warning>) {
+pub(crate) fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warning>) {
     let Ok(entries) = root.list_dir(NODE_DIR) else {
         return;
     };

@@ -7,7 +7,7 @@ use crate::warning::{Warning, WarningSource};
 
 /// What the driver's `information` file says about one GPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcGpuInfo {
+pub(crate) struct ProcGpuInfo {
     /// `Model:`.
     pub model: Option<String>,
     /// `GPU UUID:` (absent when the driver prints `GPU-????...`).
@@ -23,7 +23,7 @@ pub struct ProcGpuInfo {
 }
 
 /// Parse an `information` file. Unknown lines are ignored; nothing panics.
-pub fn parse_information(text: &str) -> ProcGpuInfo {
+pub(crate) fn parse_information(text: &str) -> ProcGpuInfo {
     let mut info = ProcGpuInfo::default();
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {
@@ -45,7 +45,7 @@ pub fn parse_information(text: &str) -> ProcGpuInfo {
 }
 
 /// Fill NVIDIA GPUs from procfs: model, UUID, minor and `/dev/nvidiaN`.
-pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warning>) {
+pub(crate) fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warning>) {
     let control_nodes: Vec<String> = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
         .iter()
         .filter(|p| root.exists(p))
@@ -109,7 +109,7 @@ pub fn enrich(root: &HostRoot, devices: &mut [Device], warnings: &mut Vec<Warnin
 }
 
 /// The driver version from `/sys/module/nvidia/version` or `/proc/driver/nvidia/version`.
-pub fn driver_version(root: &HostRoot) -> Option<String> {
+pub(crate) fn driver_version(root: &HostRoot) -> Option<String> {
     if let Ok(v) = root.read_string("/sys/module/nvidia/version") {
         return Some(v.trim().to_owned()).filter(|v| !v.is_empty());
     }

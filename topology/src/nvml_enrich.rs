@@ -177,7 +177,7 @@ fn read_mig_minors(root: &HostRoot, warnings: &mut Vec<Warning>) -> Option<MigMi
 }
 
 /// Enrich NVIDIA GPUs from `nvml`.
-pub fn enrich(
+pub(crate) fn enrich(
     root: &HostRoot,
     nvml: &dyn NvmlSource,
     devices: &mut [Device],
@@ -339,7 +339,10 @@ pub fn enrich(
 
 /// The node's accelerator domain: `<ClusterUUID>.<CliqueId>` when every NVIDIA GPU completed fabric registration in
 /// the same domain. GPUs that disagree (or some registered, some not) give a warning naming them and no domain.
-pub fn accelerator_domain(devices: &[Device], warnings: &mut Vec<Warning>) -> Option<String> {
+pub(crate) fn accelerator_domain(
+    devices: &[Device],
+    warnings: &mut Vec<Warning>,
+) -> Option<String> {
     let gpus: Vec<(&str, Option<String>)> = devices
         .iter()
         .filter(|d| is_nvidia_gpu(d))

@@ -13,7 +13,7 @@ use crate::warning::{Warning, WarningSource};
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 
 /// Parse a sysfs `numa_node` file: `-1` (or garbage) means none.
-pub fn parse_numa_node(s: &str) -> Option<u32> {
+pub(crate) fn parse_numa_node(s: &str) -> Option<u32> {
     s.trim()
         .parse::<i64>()
         .ok()
@@ -22,7 +22,7 @@ pub fn parse_numa_node(s: &str) -> Option<u32> {
 
 /// The PCIe chain of a device from its resolved sysfs path: `/sys/devices/pci0000:15/0000:15:01.0/0000:19:00.0` →
 /// `["pci0000:15", "0000:15:01.0"]` (the device itself excluded).
-pub fn pci_path_from_sysfs(resolved: &str) -> Vec<String> {
+pub(crate) fn pci_path_from_sysfs(resolved: &str) -> Vec<String> {
     let Some(rest) = resolved.split("/devices/").nth(1) else {
         return Vec::new();
     };
@@ -36,7 +36,7 @@ pub fn pci_path_from_sysfs(resolved: &str) -> Vec<String> {
 }
 
 /// Enumerate the PCI functions isthmus reports. `rdma_functions` are functions carrying an InfiniBand/RoCE device.
-pub fn probe(
+pub(crate) fn probe(
     root: &HostRoot,
     rdma_functions: &BTreeSet<String>,
     warnings: &mut Vec<Warning>,

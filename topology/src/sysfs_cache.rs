@@ -16,7 +16,7 @@ const MAX_INDEXES: u32 = 10;
 /// The L3 caches of `cpus` (the online CPUs), or the L2 caches when there is no L3, ordered by their first CPU.
 /// Empty when sysfs has no cache information. A cache's CPUs are those of its `shared_cpu_map` that are in `cpus`;
 /// an empty map stands for the CPU itself. A cache whose first CPU is not in `cpus` is left out, as hwloc does.
-pub fn last_level(root: &HostRoot, cpus: &CpuSet) -> Vec<Cache> {
+pub(crate) fn last_level(root: &HostRoot, cpus: &CpuSet) -> Vec<Cache> {
     let mut l3 = Level::default();
     let mut l2 = Level::default();
     for &cpu in cpus.ids() {

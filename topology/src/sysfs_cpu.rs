@@ -12,12 +12,12 @@ const CPU_DIR: &str = "/sys/devices/system/cpu";
 const NODE_DIR: &str = "/sys/devices/system/node";
 
 /// Parse a NUMA node's `meminfo` and return `MemTotal` in bytes (`Node 0 MemTotal:  47925628 kB`).
-pub fn parse_node_meminfo_total(text: &str) -> Option<u64> {
+pub(crate) fn parse_node_meminfo_total(text: &str) -> Option<u64> {
     parse_meminfo_field(text, "MemTotal")
 }
 
 /// Parse one field of `/proc/meminfo` or a node's `meminfo` and return it in bytes.
-pub fn parse_meminfo_field(text: &str, field: &str) -> Option<u64> {
+pub(crate) fn parse_meminfo_field(text: &str, field: &str) -> Option<u64> {
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {
             continue;
@@ -38,12 +38,12 @@ pub fn parse_meminfo_field(text: &str, field: &str) -> Option<u64> {
 }
 
 /// Parse a node's `distance` file (`10 21 21 21`).
-pub fn parse_distances(text: &str) -> Option<Vec<u32>> {
+pub(crate) fn parse_distances(text: &str) -> Option<Vec<u32>> {
     text.split_whitespace().map(|v| v.parse().ok()).collect()
 }
 
 /// Parse a `hugepages-2048kB` directory name into bytes.
-pub fn parse_hugepage_dir(name: &str) -> Option<u64> {
+pub(crate) fn parse_hugepage_dir(name: &str) -> Option<u64> {
     let kb: u64 = name
         .strip_prefix("hugepages-")?
         .strip_suffix("kB")?
@@ -64,7 +64,7 @@ fn node_ids(root: &HostRoot) -> Vec<u32> {
 }
 
 /// Read every NUMA node's cpulist, memory, huge pages and distances from sysfs.
-pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode> {
+pub(crate) fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode> {
     let ids = node_ids(root);
     let mut nodes = Vec::new();
     for &id in &ids {
@@ -142,7 +142,11 @@ pub fn numa_nodes(root: &HostRoot, warnings: &mut Vec<Warning>) -> Vec<NumaNode>
 }
 
 /// Huge page pools of one node directory.
-pub fn hugepages(root: &HostRoot, node_dir: &str, warnings: &mut Vec<Warning>) -> Vec<HugePages> {
+pub(crate) fn hugepages(
+    root: &HostRoot,
+    node_dir: &str,
+    warnings: &mut Vec<Warning>,
+) -> Vec<HugePages> {
     let mut out = Vec::new();
     for name in root
         .list_dir(format!("{node_dir}/hugepages"))
@@ -170,7 +174,7 @@ pub fn hugepages(root: &HostRoot, node_dir: &str, warnings: &mut Vec<Warning>) -
 }
 
 /// Distances of one node directory to the listed nodes (the kernel prints them in node id order).
-pub fn distances(
+pub(crate) fn distances(
     root: &HostRoot,
     node_dir: &str,
     ids: &[u32],
@@ -204,7 +208,7 @@ pub fn distances(
 type CoresOfPackage = BTreeMap<(u32, CpuSet), (u32, Vec<u32>)>;
 
 /// Read packages and cores from `/sys/devices/system/cpu/cpuN/topology`.
-pub fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
+pub(crate) fn probe(root: &HostRoot, warnings: &mut Vec<Warning>) -> HwlocFacts {
     let mut cpus: Vec<u32> = root
         .list_dir(CPU_DIR)
         .unwrap_or_else(|e| {

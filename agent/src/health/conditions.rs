@@ -13,17 +13,17 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Longest condition message written.
-pub const MAX_MESSAGE: usize = 1024;
+pub(crate) const MAX_MESSAGE: usize = 1024;
 
 /// The reason of a sound class.
-pub const HEALTHY_REASON: &str = "DevicesHealthy";
+pub(crate) const HEALTHY_REASON: &str = "DevicesHealthy";
 
 /// The reason when a class has findings of several reasons.
-pub const MULTIPLE_REASON: &str = "MultipleDeviceFailures";
+pub(crate) const MULTIPLE_REASON: &str = "MultipleDeviceFailures";
 
 /// What a class's condition says, without times.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClassState {
+pub(crate) struct ClassState {
     /// Every device sound.
     pub healthy: bool,
     /// CamelCase reason.
@@ -48,11 +48,11 @@ pub(crate) fn truncate(mut s: String, max: usize) -> String {
 /// The sentence after a failed GPU class's device list that names the failed GPUs the node's Slurm definition
 /// leaves out (`--slurm-failed-gpus remove`): `Removed from Slurm: <device>, <device>.` The node sync drains
 /// nothing for a class whose failed devices are all named there.
-pub const REMOVED_FROM_SLURM: &str = isthmus_api::conditions::REMOVED_FROM_SLURM;
+pub(crate) const REMOVED_FROM_SLURM: &str = isthmus_api::conditions::REMOVED_FROM_SLURM;
 
 /// The state of every class in `classes` (the classes the node has devices of) and of every class with a finding;
 /// `out_of_slurm`: the failed GPUs the node's Slurm definition leaves out.
-pub fn class_states(
+pub(crate) fn class_states(
     classes: &[HealthClass],
     findings: &[Finding],
     out_of_slurm: &std::collections::BTreeSet<String>,
@@ -114,7 +114,7 @@ pub fn class_states(
 
 /// The conditions to write: `previous` are the conditions of these types the Node has (their transition times are
 /// kept while the status does not change).
-pub fn conditions(
+pub(crate) fn conditions(
     states: &BTreeMap<HealthClass, ClassState>,
     previous: &[NodeCondition],
     now: &Time,
@@ -142,7 +142,7 @@ pub fn conditions(
 }
 
 /// Whether `have` already says what `want` says (times aside).
-pub fn same(have: &[NodeCondition], want: &[NodeCondition]) -> bool {
+pub(crate) fn same(have: &[NodeCondition], want: &[NodeCondition]) -> bool {
     want.iter().all(|w| {
         have.iter().any(|h| {
             h.type_ == w.type_

@@ -11,11 +11,11 @@ use kube::Api;
 use kube::api::PostParams;
 
 /// The component named in the agent's Events.
-pub const COMPONENT: &str = "isthmus-agent";
+pub(crate) const COMPONENT: &str = "isthmus-agent";
 
 /// One Event to record: type, reason, message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
+pub(crate) struct Change {
     /// `Warning` for a failure, `Normal` for a recovery.
     pub type_: EventType,
     /// The condition's reason (`Xid79`, `IbPortDown`, `DevicesHealthy`).
@@ -25,7 +25,7 @@ pub struct Change {
 }
 
 /// The Events for going from the conditions `before` to `after` (a condition is compared by status and reason).
-pub fn changes(before: &[NodeCondition], after: &[NodeCondition]) -> Vec<Change> {
+pub(crate) fn changes(before: &[NodeCondition], after: &[NodeCondition]) -> Vec<Change> {
     after
         .iter()
         .filter_map(|c| {
@@ -56,7 +56,12 @@ pub fn changes(before: &[NodeCondition], after: &[NodeCondition]) -> Vec<Change>
 }
 
 /// Record `changes` on Node `node` (UID `uid`, when known).
-pub async fn record(client: &kube::Client, node: &str, uid: Option<&str>, changes: &[Change]) {
+pub(crate) async fn record(
+    client: &kube::Client,
+    node: &str,
+    uid: Option<&str>,
+    changes: &[Change],
+) {
     if changes.is_empty() {
         return;
     }

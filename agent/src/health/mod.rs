@@ -6,9 +6,9 @@
 //! XID events come from the live NVML's event watcher (with the recovery action NVML reports after each) and, for
 //! tests and offline analysis, from a kernel-log recording replayed with `--xid-replay` (read as it grows).
 
-pub mod conditions;
-pub mod events;
-pub mod state;
+pub(crate) mod conditions;
+pub(crate) mod events;
+pub(crate) mod state;
 mod xid_stream;
 
 use std::path::PathBuf;

@@ -16,7 +16,7 @@ use isthmus_topology::model::{DeviceKind, IbDevice};
 
 /// The health state of one node.
 #[derive(Debug)]
-pub struct HealthState {
+pub(crate) struct HealthState {
     table: Arc<XidTable>,
     expected: Option<Arc<NodeTopology>>,
     current: Option<Arc<NodeTopology>>,
@@ -29,11 +29,11 @@ pub struct HealthState {
 }
 
 /// What one batch of XID events was classified as (for logs, Events and counters).
-pub type Classified = Vec<(XidEvent, XidVerdict)>;
+pub(crate) type Classified = Vec<(XidEvent, XidVerdict)>;
 
 impl HealthState {
     /// A state with no discovery yet.
-    pub fn new(table: Arc<XidTable>) -> Self {
+    pub(crate) fn new(table: Arc<XidTable>) -> Self {
         Self {
             table,
             expected: None,
@@ -46,7 +46,7 @@ impl HealthState {
 
     /// A new discovery. The first one is what later ones are compared with. A GPU that was missing and is back has
     /// been reset: its XID findings are cleared.
-    pub fn observe(&mut self, topo: Arc<NodeTopology>) {
+    pub(crate) fn observe(&mut self, topo: Arc<NodeTopology>) {
         if self.expected.is_none() {
             self.expected = Some(topo.clone());
         }
@@ -69,7 +69,7 @@ impl HealthState {
     }
 
     /// XID events read since the last call; returns how each was classified.
-    pub fn xid_events(&mut self, events: &[XidEvent]) -> Classified {
+    pub(crate) fn xid_events(&mut self, events: &[XidEvent]) -> Classified {
         let classified = detect::classify_events(&self.table, events);
         // Before the first discovery the GPUs cannot be named, but the findings must not be lost.
         let topo = self.current.as_deref().or(self.expected.as_deref());
@@ -79,20 +79,20 @@ impl HealthState {
     }
 
     /// Watch ports for flaps with `policy`.
-    pub fn with_flap_policy(mut self, policy: FlapPolicy) -> Self {
+    pub(crate) fn with_flap_policy(mut self, policy: FlapPolicy) -> Self {
         self.ports = PortWatch::new(policy);
         self
     }
 
     /// The InfiniBand ports the latest discovery found, to read between discoveries.
-    pub fn known_ports(&self) -> &[IbDevice] {
+    pub(crate) fn known_ports(&self) -> &[IbDevice] {
         self.current
             .as_deref()
             .map_or(&[], |t| t.infiniband.as_slice())
     }
 
     /// A read of the ports' live files at `now`. Returns whether the findings changed.
-    pub fn ports(&mut self, now: Instant, reads: Vec<PortRead>) -> bool {
+    pub(crate) fn ports(&mut self, now: Instant, reads: Vec<PortRead>) -> bool {
         let before = self.findings();
         let known = self.current.clone();
         self.ports
@@ -102,7 +102,7 @@ impl HealthState {
 
     /// The GPU memory findings of a new NVML read (they replace the previous read's: a reset that applied a pending
     /// remap clears its finding). Returns whether they changed.
-    pub fn memory(&mut self, found: Vec<Finding>) -> bool {
+    pub(crate) fn memory(&mut self, found: Vec<Finding>) -> bool {
         let changed = self.memory != found;
         self.memory = found;
         changed
@@ -115,7 +115,7 @@ impl HealthState {
     }
 
     /// The classes the node has devices of (from the first discovery).
-    pub fn classes(&self) -> Vec<HealthClass> {
+    pub(crate) fn classes(&self) -> Vec<HealthClass> {
         let Some(t) = self.expected.as_deref() else {
             return Vec::new();
         };
@@ -141,7 +141,7 @@ impl HealthState {
     }
 
     /// Every finding now, sorted.
-    pub fn findings(&self) -> Vec<Finding> {
+    pub(crate) fn findings(&self) -> Vec<Finding> {
         let mut out: Vec<Finding> = self.xid.values().cloned().collect();
         out.extend(self.memory.iter().cloned());
         if let (Some(e), Some(c)) = (self.expected.as_deref(), self.current.as_deref()) {
@@ -156,7 +156,7 @@ impl HealthState {
 
     /// Every device the metric shows, with its class: the GPUs and InfiniBand ports of the first discovery, and
     /// any device with a finding.
-    pub fn devices(&self) -> Vec<(HealthClass, String)> {
+    pub(crate) fn devices(&self) -> Vec<(HealthClass, String)> {
         let mut out = Vec::new();
         if let Some(t) = self.expected.as_deref() {
             for d in t.devices.iter().filter(|d| d.kind == DeviceKind::Gpu) {
@@ -181,7 +181,7 @@ impl HealthState {
 }
 
 /// Whether an XID verdict is worth a warning in the log (anything but `ignore`).
-pub fn noteworthy(v: &XidVerdict) -> bool {
+pub(crate) fn noteworthy(v: &XidVerdict) -> bool {
     v.action != XidAction::Ignore
 }
 

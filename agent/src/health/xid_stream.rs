@@ -14,7 +14,7 @@ const MAX_PARTIAL: usize = 4096;
 
 /// The reader.
 #[derive(Debug)]
-pub struct XidTail {
+pub(super) struct XidTail {
     path: PathBuf,
     offset: u64,
     partial: Vec<u8>,
@@ -23,7 +23,7 @@ pub struct XidTail {
 
 impl XidTail {
     /// Read `path` from its start.
-    pub fn new(path: PathBuf) -> Self {
+    pub(super) fn new(path: PathBuf) -> Self {
         Self {
             path,
             offset: 0,
@@ -34,7 +34,7 @@ impl XidTail {
 
     /// The events of the lines appended since the last read. A file that cannot be read is a warning (once) and
     /// no events.
-    pub fn read(&mut self) -> Vec<XidEvent> {
+    pub(super) fn read(&mut self) -> Vec<XidEvent> {
         match self.read_bytes() {
             Ok(bytes) => {
                 self.warned = false;

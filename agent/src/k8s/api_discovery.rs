@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use isthmus_api::retry::RetryPolicy;
-use kube::{Client, Resource};
+use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::publisher::{self, Pacing, Published};
 
 /// Whether the API server serves `plural` in `group/version`.
-pub async fn served(
+pub(crate) async fn served(
     client: &Client,
     group: &str,
     version: &str,
@@ -33,14 +33,15 @@ pub async fn served(
     Ok(resources.resources.iter().any(|r| r.name == plural))
 }
 
+#[cfg(test)]
 /// The discovery paths [`served`] reads for `K`.
-pub fn discovery_paths<K: Resource<DynamicType = ()>>() -> [String; 2] {
+pub(crate) fn discovery_paths<K: kube::Resource<DynamicType = ()>>() -> [String; 2] {
     ["/apis".to_owned(), format!("/apis/{}", K::api_version(&()))]
 }
 
 /// Ask every `recheck` (sooner, with backoff from 10 s, while the API server does not answer) until the API
 /// server serves `K`, then publish it with [`publisher::run`] until `shutdown`.
-pub async fn publish_when_served<K: Published>(
+pub(crate) async fn publish_when_served<K: Published>(
     client: Client,
     node: String,
     desired: watch::Receiver<Option<publisher::Desired<K>>>,

@@ -7,7 +7,10 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 /// A channel to the unix socket `path`, with `timeout` for connecting and for each call.
-pub async fn channel(path: &Path, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+pub(crate) async fn channel(
+    path: &Path,
+    timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
     let path: PathBuf = path.to_path_buf();
     // The URI is required by tonic but unused: the connector dials the unix socket.
     tonic::transport::Endpoint::from_static("http://kubelet.invalid")
@@ -25,7 +28,7 @@ pub async fn channel(path: &Path, timeout: Duration) -> Result<Channel, tonic::t
 }
 
 /// `e` and its sources, `: `-separated (tonic's transport errors say what failed only in their sources).
-pub fn source_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

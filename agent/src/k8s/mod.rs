@@ -6,20 +6,20 @@
 //! the agent makes.
 
 pub mod access;
-pub mod api_discovery;
+pub(crate) mod api_discovery;
 pub mod deviceplugin;
 pub mod fingerprint;
 pub mod kubelet;
-pub mod kubelet_grpc;
+pub(crate) mod kubelet_grpc;
 pub mod kubelet_view;
-pub mod nrt;
+pub(crate) mod nrt;
 pub mod numatopo;
 pub mod podresources;
-pub mod publisher;
-pub mod reported;
-pub mod reservations;
-pub mod slurm_name;
-pub mod tasks;
+pub(crate) mod publisher;
+pub(crate) mod reported;
+pub(crate) mod reservations;
+pub(crate) mod slurm_name;
+pub(crate) mod tasks;
 #[cfg(test)]
 pub(crate) mod test_topology;
 

@@ -31,7 +31,7 @@ pub struct Allocation {
 
 /// Inputs besides the model.
 #[derive(Debug, Clone)]
-pub struct NrtInputs {
+pub(crate) struct NrtInputs {
     /// Node name (the object's name).
     pub node_name: String,
     /// Node UID for the owner reference (unknown outside a cluster).
@@ -50,7 +50,7 @@ pub struct NrtInputs {
 }
 
 /// Kubernetes' hugepages resource name for a page size (`hugepages-2Mi`, `hugepages-1Gi`).
-pub fn hugepages_resource(page_size_bytes: u64) -> String {
+pub(crate) fn hugepages_resource(page_size_bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")];
     for (size, unit) in UNITS {
         if page_size_bytes >= size && page_size_bytes % size == 0 {
@@ -222,7 +222,7 @@ fn device_attributes(topo: &NodeTopology, numa: u32, unhealthy: &[Finding]) -> V
 
 /// Render the object. Zones are numbered densely (`node-0` .. `node-N-1`, as consumers index them); when a NUMA
 /// node's OS id differs from its zone number, the zone carries it in `isthmus.io/numa-node`.
-pub fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
+pub(crate) fn render(topo: &NodeTopology, input: &NrtInputs) -> NodeResourceTopology {
     let (discovered, _) = isthmus_topology::device_plugin_resources(topo, input.mig_strategy);
     let failed = failed_resources(topo, &input.unhealthy, input.mig_strategy);
     let zone_name = |i: usize| format!("node-{i}");

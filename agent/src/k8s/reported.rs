@@ -21,7 +21,7 @@ use super::publisher::{self, Desired, Pacing};
 use crate::metrics::Metrics;
 
 /// The reported conditions by type.
-pub type Conditions = BTreeMap<String, NodeCondition>;
+pub(crate) type Conditions = BTreeMap<String, NodeCondition>;
 
 /// Each published topology object's other writers (by the object's kind), and whether the agent writes over them.
 type Writers = BTreeMap<String, (Vec<String>, bool)>;
@@ -127,7 +127,7 @@ fn single_writer(writers: &Writers) -> NodeCondition {
 }
 
 /// The report's attributes of `conditions`, by type.
-pub fn attributes(conditions: &Conditions) -> Vec<Attribute> {
+pub(crate) fn attributes(conditions: &Conditions) -> Vec<Attribute> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     conditions
         .values()
@@ -182,7 +182,7 @@ impl Transitions {
 /// same publisher as the topology objects (server-side apply only on change, an owner reference to the Node, a watch
 /// on the object that restores it). The report is the agent's alone: it writes over any other field manager (an
 /// administrator's edit is undone), and says so as for the topology objects.
-pub fn publish(
+pub(crate) fn publish(
     client: kube::Client,
     node: String,
     mut conditions: watch::Receiver<Conditions>,

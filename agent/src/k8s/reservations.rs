@@ -61,7 +61,7 @@ pub struct ReservedCpus {
 }
 
 /// The CPUs `config` reserves on `topo`.
-pub fn reserved_cpus(topo: &NodeTopology, config: &KubeletConfig) -> ReservedCpus {
+pub(crate) fn reserved_cpus(topo: &NodeTopology, config: &KubeletConfig) -> ReservedCpus {
     if let Some(list) = config
         .reserved_system_cpus
         .as_deref()

@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 /// How long slurmd's start waits for the Node to be read.
-pub const SLURM_NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const SLURM_NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the Node says the Slurm name is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlurmName {
+pub(crate) enum SlurmName {
     /// Register under this name (`-N`).
     Name(String),
     /// The Node maps to no valid Slurm name: why.
@@ -25,7 +25,7 @@ pub enum SlurmName {
 }
 
 /// The Slurm name of Node `node` from its labels (`None`: the Node has none).
-pub fn decide(
+pub(crate) fn decide(
     node: &str,
     labels: Option<&std::collections::BTreeMap<String, String>>,
 ) -> SlurmName {
@@ -37,7 +37,7 @@ pub fn decide(
 
 /// Read Node `node` until it answers (each failure logged, retried on the API-write policy: 1 s up to 60 s) and
 /// decide its Slurm name.
-pub async fn read(client: &kube::Client, node: &str) -> SlurmName {
+pub(crate) async fn read(client: &kube::Client, node: &str) -> SlurmName {
     let api: Api<Node> = Api::all(client.clone());
     let mut backoff = RetryPolicy::api_write().backoff();
     loop {

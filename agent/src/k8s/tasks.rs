@@ -18,7 +18,7 @@ use super::{NrtOptions, Switch, api_discovery, numatopo};
 use crate::metrics::Metrics;
 
 /// What the Kubernetes side publishes, and where it asks the kubelet.
-pub struct Publishing {
+pub(crate) struct Publishing {
     /// The client (in-cluster configuration or KUBECONFIG).
     pub client: kube::Client,
     /// The node's name (the objects' names and the owner Node).
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Publishing {
 }
 
 /// Start every task of the Kubernetes side on the current runtime; they end with `shutdown`.
-pub fn spawn(
+pub(crate) fn spawn(
     p: Publishing,
     topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     metrics: Arc<Metrics>,

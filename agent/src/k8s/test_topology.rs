@@ -4,7 +4,7 @@ use isthmus_topology::NodeTopology;
 
 /// Two packages of two 2-thread cores each, Linux numbering interleaved across packages (CPUs 0 and 2 on package 0),
 /// one NUMA node per package, sysfs `core_id` 0 and 1 in each package.
-pub fn two_sockets() -> NodeTopology {
+pub(crate) fn two_sockets() -> NodeTopology {
     let json = r#"{"version":2,"machine":{"cpu_source":"hwloc","packages":2,"cores":4,"cpus":8,"numa_nodes":2,
       "threads_per_core":2,"cpuset":"0-7","memory_bytes":0},
       "packages":[

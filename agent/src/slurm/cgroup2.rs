@@ -32,22 +32,22 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 
 /// Where the container sees its cgroup hierarchy.
-pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+pub(crate) const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 /// The agent's own leaf (and munged's).
-pub const AGENT_LEAF: &str = "isthmus";
+pub(crate) const AGENT_LEAF: &str = "isthmus";
 /// slurmd's subtree: the root of its cgroup namespace.
-pub const SLURM_SUBTREE: &str = "slurm";
+pub(crate) const SLURM_SUBTREE: &str = "slurm";
 /// The slice Slurm's scope is made in, under [`SLURM_SUBTREE`].
-pub const SLICE: &str = "system.slice";
+pub(crate) const SLICE: &str = "system.slice";
 /// Where slurmd starts in the slice, until Slurm moves it into its scope.
-pub const START_LEAF: &str = "isthmus-start";
+pub(crate) const START_LEAF: &str = "isthmus-start";
 /// The controllers Slurm's cgroup/v2 uses (cores, CPU accounting, memory, process count), enabled for the
 /// container's children when the node has them.
-pub const CONTROLLERS: &[&str] = &["cpuset", "cpu", "memory", "pids"];
+pub(crate) const CONTROLLERS: &[&str] = &["cpuset", "cpu", "memory", "pids"];
 
 /// Why jobs cannot be confined in the pod on this node.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum NotDelegated {
+pub(crate) enum NotDelegated {
     /// No cgroup2 mount at `/sys/fs/cgroup`.
     #[error("no cgroup2 file system is mounted at {CGROUP_MOUNT} (cgroup v1 or hybrid node)")]
     NoCgroup2,
@@ -70,7 +70,7 @@ pub enum NotDelegated {
 
 /// A failed step of [`delegate`].
 #[derive(Debug, thiserror::Error)]
-pub enum DelegationError {
+pub(crate) enum DelegationError {
     /// The node does not allow it.
     #[error(transparent)]
     Not(#[from] NotDelegated),
@@ -89,7 +89,7 @@ pub enum DelegationError {
 
 /// One line of `/proc/self/mountinfo` for a cgroup2 mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cgroup2Mount {
+pub(crate) struct Cgroup2Mount {
     /// The path of the hierarchy shown at the mount point (`/` when it is the namespace's root).
     pub root: String,
     /// Per-mount options (`ro`, `rw`, `nosuid`, …).
@@ -99,7 +99,7 @@ pub struct Cgroup2Mount {
 }
 
 /// The last cgroup2 mount at `at` in a mountinfo text (the one on top).
-pub fn cgroup2_mount(mountinfo: &str, at: &str) -> Option<Cgroup2Mount> {
+pub(crate) fn cgroup2_mount(mountinfo: &str, at: &str) -> Option<Cgroup2Mount> {
     mountinfo
         .lines()
         .filter_map(|line| {
@@ -119,7 +119,7 @@ pub fn cgroup2_mount(mountinfo: &str, at: &str) -> Option<Cgroup2Mount> {
 
 /// Whether jobs can be confined in the pod: the unified hierarchy at [`CGROUP_MOUNT`], the process at the root of
 /// a cgroup namespace of its own, mounted with nsdelegate.
-pub fn check(mountinfo: &str, proc_self_cgroup: &str) -> Result<Cgroup2Mount, NotDelegated> {
+pub(crate) fn check(mountinfo: &str, proc_self_cgroup: &str) -> Result<Cgroup2Mount, NotDelegated> {
     let mount = cgroup2_mount(mountinfo, CGROUP_MOUNT).ok_or(NotDelegated::NoCgroup2)?;
     let own = proc_self_cgroup
         .lines()
@@ -143,7 +143,7 @@ pub fn check(mountinfo: &str, proc_self_cgroup: &str) -> Result<Cgroup2Mount, No
 /// The kubelet's cgroup driver as the agent's own cgroup path shows it (`/proc/self/cgroup`): `systemd` names pod
 /// cgroups `kubepods…slice`, `cgroupfs` `kubepods/…`. In a container with a cgroup namespace of its own the path is
 /// `/`, and the driver cannot be seen — nor does the delegation depend on it.
-pub fn driver(proc_self_cgroup: &str) -> &'static str {
+pub(crate) fn driver(proc_self_cgroup: &str) -> &'static str {
     let paths: Vec<&str> = proc_self_cgroup
         .lines()
         .filter_map(|l| l.splitn(3, ':').nth(2))
@@ -167,7 +167,7 @@ pub fn driver(proc_self_cgroup: &str) -> &'static str {
 
 /// The controllers of `available` (a `cgroup.controllers` text) that Slurm uses, as a `cgroup.subtree_control`
 /// write.
-pub fn enable_line(available: &str) -> String {
+pub(crate) fn enable_line(available: &str) -> String {
     let have: Vec<&str> = available.split_whitespace().collect();
     CONTROLLERS
         .iter()
@@ -189,7 +189,7 @@ pub struct Delegation {
 static DELEGATED: OnceLock<Delegation> = OnceLock::new();
 
 /// The delegation made at start, if any.
-pub fn delegated() -> Option<&'static Delegation> {
+pub(crate) fn delegated() -> Option<&'static Delegation> {
     DELEGATED.get()
 }
 
@@ -204,7 +204,7 @@ fn cstr(p: &Path) -> CString {
 
 /// Steps 1–4 of the module's description, under [`CGROUP_MOUNT`]. Call while the process is single-threaded and
 /// holds CAP_SYS_ADMIN (before [`crate::privileges::restrict`]). Idempotent.
-pub fn delegate() -> Result<&'static Delegation, DelegationError> {
+pub(crate) fn delegate() -> Result<&'static Delegation, DelegationError> {
     if let Some(d) = DELEGATED.get() {
         return Ok(d);
     }
@@ -308,7 +308,7 @@ fn slurm_namespace(slurm: &Path, leaf_procs: &Path) -> Result<Arc<OwnedFd>, Dele
 }
 
 mod namespace;
-pub use namespace::{SlurmdNamespace, drop_delegation_caps};
+pub(crate) use namespace::{SlurmdNamespace, drop_delegation_caps};
 
 #[cfg(test)]
 mod tests;

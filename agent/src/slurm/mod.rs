@@ -3,16 +3,16 @@
 //! task turns topology changes into gres.conf writes and slurmd (re)starts. Whether slurmd's jobs are confined, and
 //! whether slurmd is started at all, is [`confinement`]'s and [`jobs_confined`]'s.
 
-pub mod cgroup2;
+pub(crate) mod cgroup2;
 pub mod confinement;
-pub mod hierarchy;
+pub(crate) mod hierarchy;
 pub mod jobs_confined;
 pub mod munge;
 pub mod node;
-pub mod readyz;
-pub mod release;
-pub mod supervisor;
-pub mod topology_unit;
+pub(crate) mod readyz;
+pub(crate) mod release;
+pub(crate) mod supervisor;
+pub(crate) mod topology_unit;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

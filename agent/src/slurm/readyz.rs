@@ -13,13 +13,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// How often slurmd is asked.
-pub const PERIOD: Duration = Duration::from_secs(2);
+pub(crate) const PERIOD: Duration = Duration::from_secs(2);
 /// How long one question may take (connect, send, status line).
-pub const TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why one question failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     /// Connecting, writing or reading failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -35,7 +35,7 @@ pub enum ProbeError {
 }
 
 /// The status code of an HTTP/1.x status line (`HTTP/1.1 204 NO CONTENT`).
-pub fn status_code(head: &str) -> Option<u16> {
+pub(crate) fn status_code(head: &str) -> Option<u16> {
     let line = head.lines().next()?;
     let mut parts = line.split(' ');
     let version = parts.next()?;
@@ -47,7 +47,7 @@ pub fn status_code(head: &str) -> Option<u16> {
 }
 
 /// Ask slurmd's `/readyz` once.
-pub async fn probe(addr: SocketAddr) -> Result<(), ProbeError> {
+pub(crate) async fn probe(addr: SocketAddr) -> Result<(), ProbeError> {
     let ask = async {
         let mut s = TcpStream::connect(addr).await?;
         s.write_all(b"GET /readyz HTTP/1.1\r\nHost: slurmd\r\nConnection: close\r\n\r\n")
@@ -77,7 +77,7 @@ pub async fn probe(addr: SocketAddr) -> Result<(), ProbeError> {
 }
 
 /// Ask every [`PERIOD`] until shutdown and publish whether slurmd said it is ready; a change is logged once.
-pub async fn run(addr: SocketAddr, ready: watch::Sender<bool>, shutdown: CancellationToken) {
+pub(crate) async fn run(addr: SocketAddr, ready: watch::Sender<bool>, shutdown: CancellationToken) {
     loop {
         let result = probe(addr).await;
         let now = result.is_ok();

@@ -13,7 +13,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the agent's flags ask of slurmd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Asked {
+pub(crate) struct Asked {
     /// `--slurmd-readyz`: slurmd's HTTP listener.
     pub readyz: bool,
     /// `--slurm-topology`: the dynamic node's `Topology=`.
@@ -24,7 +24,7 @@ pub struct Asked {
 
 /// One thing to say about the flags and the release.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Note {
+pub(crate) enum Note {
     /// A flag asks for what this release lacks.
     Lacks(String),
     /// The release has something the flags leave off.
@@ -32,7 +32,7 @@ pub enum Note {
 }
 
 /// What to say about `asked` on `release`.
-pub fn notes(release: SlurmVersion, asked: Asked) -> Vec<Note> {
+pub(crate) fn notes(release: SlurmVersion, asked: Asked) -> Vec<Note> {
     let mut out = Vec::new();
     match (asked.readyz, release.has_slurmd_http()) {
         (true, false) => out.push(Note::Lacks(format!(
@@ -58,7 +58,7 @@ pub fn notes(release: SlurmVersion, asked: Asked) -> Vec<Note> {
 
 /// Read slurmd's release (`slurmd -V`, a child registered with the agent's `reaper`, whose `waitpid` would otherwise
 /// take its exit) and log it with [`notes`]; `None` (and a warning) where it gives none.
-pub async fn say(
+pub(crate) async fn say(
     slurmd: PathBuf,
     asked: Asked,
     reaper: crate::slurm::supervisor::process::Reaper,

@@ -38,7 +38,7 @@ pub enum TopologyUnitError {
 
 /// A checked `Topology=` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopologyUnits(String);
+pub(crate) struct TopologyUnits(String);
 
 /// A name as the controller writes switch, block and topology names.
 fn name_ok(s: &str) -> bool {
@@ -50,7 +50,7 @@ fn name_ok(s: &str) -> bool {
 
 impl TopologyUnits {
     /// Read `value` against the grammar.
-    pub fn parse(value: &str) -> Result<Self, TopologyUnitError> {
+    pub(crate) fn parse(value: &str) -> Result<Self, TopologyUnitError> {
         if value.is_empty() {
             return Err(TopologyUnitError::Empty);
         }
@@ -82,7 +82,7 @@ impl TopologyUnits {
     }
 
     /// The value, as it goes after `Topology=`.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

@@ -12,7 +12,7 @@ use isthmus_agent::slurm::munge::MungeConfig;
 use isthmus_agent::slurm::node::{SlurmConfig, SlurmConfigError};
 
 /// Structured logs to stderr (`RUST_LOG` filters; default `info`).
-pub fn init_logging(format: LogFormat) {
+pub(crate) fn init_logging(format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     use std::io::IsTerminal;
@@ -27,7 +27,7 @@ pub fn init_logging(format: LogFormat) {
 }
 
 /// Run `agent` until SIGTERM.
-pub fn run(args: &AgentArgs) -> Result<()> {
+pub(crate) fn run(args: &AgentArgs) -> Result<()> {
     init_logging(args.log_format);
     // Still the only thread: capabilities are per thread, and every later thread and child inherits these.
     isthmus_agent::privileges::apply(
@@ -44,7 +44,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
 }
 
 /// The daemon's settings from the command line: the one place that reads the agent's arguments.
-pub fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
+pub(crate) fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonError> {
     let node_name = args.slurm.node_name();
     let slurm = match args.slurm_mode {
         SlurmMode::Off => None,

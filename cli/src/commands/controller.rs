@@ -20,7 +20,7 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 const READINESS_CHECK: Duration = Duration::from_millis(500);
 
 /// Run a controller subcommand.
-pub fn run(command: ControllerCommand) -> Result<()> {
+pub(crate) fn run(command: ControllerCommand) -> Result<()> {
     match command {
         ControllerCommand::Render(args) => {
             let (text, warnings) = isthmus_controller::offline::render_with_warnings(&args)?;

@@ -8,7 +8,7 @@ use isthmus_topology::NodeTopology;
 use crate::cli::{HostArgs, OutputFormat};
 
 /// Serialise the model in a machine format.
-pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String> {
+pub(crate) fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String> {
     Ok(match format {
         OutputFormat::Table => super::table::render(topo),
         OutputFormat::Json => {
@@ -21,7 +21,12 @@ pub fn render_model(topo: &NodeTopology, format: OutputFormat) -> Result<String>
 }
 
 /// Run `discover`.
-pub fn run(host: &HostArgs, output: OutputFormat, counters: bool, neighbours: bool) -> Result<()> {
+pub(crate) fn run(
+    host: &HostArgs,
+    output: OutputFormat,
+    counters: bool,
+    neighbours: bool,
+) -> Result<()> {
     let mut topo = isthmus_agent::discovery::discover(&host.into(), counters)?;
     if neighbours {
         isthmus_agent::discovery::probe_neighbours(&mut topo);

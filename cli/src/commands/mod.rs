@@ -1,11 +1,11 @@
 //! One module per subcommand; [`run`] dispatches. Errors become one `isthmus: error:` line in `main`.
 
-pub mod agent;
-pub mod controller;
-pub mod discover;
-pub mod render;
+pub(crate) mod agent;
+pub(crate) mod controller;
+pub(crate) mod discover;
+pub(crate) mod render;
 pub mod status;
-pub mod table;
+pub(crate) mod table;
 
 use anyhow::Result;
 

@@ -8,7 +8,7 @@ use crate::cli::{RenderArgs, RenderTarget};
 use isthmus_agent::config_file::{WriteOutcome, write_if_changed};
 
 /// Render the requested text; warnings go to the returned list.
-pub fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Vec<String>)> {
+pub(crate) fn render_text(topo: &NodeTopology, args: &RenderArgs) -> Result<(String, Vec<String>)> {
     let slurm = &args.slurm;
     match args.what {
         RenderTarget::Gres => {
@@ -146,7 +146,7 @@ fn object_text(obj: &impl serde::Serialize, format: crate::cli::ObjectFormat) ->
 }
 
 /// Run `render`.
-pub fn run(args: &RenderArgs) -> Result<()> {
+pub(crate) fn run(args: &RenderArgs) -> Result<()> {
     let mut topo = isthmus_agent::discovery::discover(&(&args.host).into(), false)?;
     if args.neighbours {
         isthmus_agent::discovery::probe_neighbours(&mut topo);

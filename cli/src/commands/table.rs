@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use isthmus_topology::{Device, NodeTopology, NvmlStatus};
 
 /// Bytes as GiB/MiB with one decimal.
-pub fn human_bytes(b: u64) -> String {
+pub(crate) fn human_bytes(b: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     const MIB: f64 = (1u64 << 20) as f64;
     let f = b as f64;
@@ -49,7 +49,7 @@ fn columns(rows: &[Vec<String>]) -> String {
 }
 
 /// Short labels for the link matrix: `gpu0`, `hca3`... in PCI order within each kind.
-pub fn labels(topo: &NodeTopology) -> Vec<String> {
+pub(crate) fn labels(topo: &NodeTopology) -> Vec<String> {
     let mut counts = std::collections::BTreeMap::new();
     topo.links
         .devices
@@ -200,7 +200,7 @@ fn partitions(topo: &NodeTopology, out: &mut String) {
 }
 
 /// Render the whole table.
-pub fn render(topo: &NodeTopology) -> String {
+pub(crate) fn render(topo: &NodeTopology) -> String {
     let m = &topo.machine;
     let mut out = String::new();
     let ident: Vec<&str> = [

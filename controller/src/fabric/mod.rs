@@ -3,8 +3,8 @@
 
 pub mod ibnetdiscover;
 pub(crate) mod lookup;
-pub mod names;
-pub mod tree;
+pub(crate) mod names;
+pub(crate) mod tree;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use super::{Fabric, NodeKind};
 
 /// Longest id (a Kubernetes label value).
-pub const MAX_ID: usize = 63;
+pub(crate) const MAX_ID: usize = 63;
 
 /// 64-bit FNV-1a.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -22,7 +22,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// Turn any text into an id: lower case, runs of other characters become one `-`, no `-` at either end, and a
 /// hash when longer than [`MAX_ID`]. `None` when nothing usable is left.
-pub fn sanitize(text: &str) -> Option<String> {
+pub(crate) fn sanitize(text: &str) -> Option<String> {
     let mut out = String::with_capacity(text.len());
     let mut dash = false;
     for c in text.chars() {
@@ -46,11 +46,12 @@ pub fn sanitize(text: &str) -> Option<String> {
     Some(out)
 }
 
+#[cfg(test)]
 /// A switch's name from its node description. Mellanox/NVIDIA switches describe themselves as
 /// `MF0;<system name>:<model>[/<slot>...]/U<unit>`; the system name plus the slots (a director's leaf or spine
 /// blade, `L16`, `S03`) name the ASIC. A one-word description is used as it is; anything else (`ISR9024
 /// Voltaire`, empty) gives `None`.
-pub fn switch_name(description: &str) -> Option<String> {
+pub(crate) fn switch_name(description: &str) -> Option<String> {
     named(description, false)
 }
 
@@ -81,13 +82,13 @@ fn named(description: &str, with_unit: bool) -> Option<String> {
 }
 
 /// The GUID-based name every switch can fall back to: `sw-<16 hex>`.
-pub fn guid_name(guid: u64) -> String {
+pub(crate) fn guid_name(guid: u64) -> String {
     format!("sw-{guid:016x}")
 }
 
 /// A unique name for every switch of a fabric: its description's name when that is unique among the switches,
 /// else the same with the unit (`-u2`) when that is unique, else its GUID name.
-pub fn switch_names(fabric: &Fabric) -> BTreeMap<u64, String> {
+pub(crate) fn switch_names(fabric: &Fabric) -> BTreeMap<u64, String> {
     let switches: Vec<(u64, &str)> = fabric
         .nodes
         .values()

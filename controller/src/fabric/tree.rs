@@ -26,7 +26,7 @@ use super::names::{fnv1a64, guid_name, sanitize};
 
 /// How one node reaches the fabric.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attachment {
+pub(crate) struct Attachment {
     /// The node (model name).
     pub node: String,
     /// Node GUIDs of the leaf switches its (selected) ports are cabled to.
@@ -191,7 +191,7 @@ fn components(links: &[BTreeSet<u64>]) -> Vec<(Vec<usize>, BTreeSet<u64>)> {
 /// nodes. A real node reaches one leaf per rail (8, at most 18 or so), so every pair is counted; a node that
 /// claims thousands of leaves costs `PAIR_WINDOW` pairs per switch instead of a number of pairs quadratic in its
 /// report.
-pub const PAIR_WINDOW: usize = 32;
+pub(crate) const PAIR_WINDOW: usize = 32;
 
 /// Leaf groups: (switches, nodes) with every node in exactly one group (see the module documentation).
 fn leaf_groups(attachments: &[Attachment]) -> Vec<(BTreeSet<u64>, Vec<String>)> {
@@ -260,7 +260,7 @@ fn switch_group_id(switches: &[u64], names: &BTreeMap<u64, String>) -> String {
 
 /// Build the switch part of the tree. `names` names the switches (see [`super::names::switch_names`]); switches
 /// it does not know are named by GUID.
-pub fn build(
+pub(crate) fn build(
     attachments: &[Attachment],
     fabric: Option<&Fabric>,
     names: &BTreeMap<u64, String>,

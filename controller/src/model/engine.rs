@@ -16,7 +16,7 @@ use crate::facts::NodeFacts;
 use crate::identity::{self, SLURM_NODE_NAME_LABEL};
 
 /// A report as read: accepted facts or why not.
-pub type Report = Result<Arc<NodeFacts>, Rejection>;
+pub(crate) type Report = Result<Arc<NodeFacts>, Rejection>;
 
 /// What the tree depends on for one name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +43,7 @@ impl Key {
 
 /// What one [`Engine::update`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Update {
+pub(crate) struct Update {
     /// The model was rebuilt: every output may have changed.
     pub rebuilt: bool,
     /// Some node's Slurm facts changed (nodes.conf, gres.conf).
@@ -54,7 +54,7 @@ pub struct Update {
 
 /// The inputs (reports by object name, Nodes' labels by name) and the model built from them.
 #[derive(Debug, Default)]
-pub struct Engine {
+pub(crate) struct Engine {
     opts: ModelOptions,
     reports: HashMap<String, Report>,
     nodes: HashMap<String, BTreeMap<String, String>>,
@@ -66,7 +66,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine that builds with `opts`; the first [`Self::update`] builds the model.
-    pub fn new(opts: ModelOptions) -> Self {
+    pub(crate) fn new(opts: ModelOptions) -> Self {
         Self {
             opts,
             force: true,
@@ -75,12 +75,12 @@ impl Engine {
     }
 
     /// The model as of the last update.
-    pub fn model(&self) -> &ClusterModel {
+    pub(crate) fn model(&self) -> &ClusterModel {
         &self.model
     }
 
     /// Set (or, with `None`, remove) the report of object `name`.
-    pub fn set_report(&mut self, name: &str, report: Option<Report>) {
+    pub(crate) fn set_report(&mut self, name: &str, report: Option<Report>) {
         match report {
             Some(r) => self.reports.insert(name.to_owned(), r),
             None => self.reports.remove(name),
@@ -90,7 +90,7 @@ impl Engine {
 
     /// Set (or remove) Node `name` with its labels; only the labels the model reads and the Slurm name label are
     /// kept.
-    pub fn set_node(&mut self, name: &str, labels: Option<&BTreeMap<String, String>>) {
+    pub(crate) fn set_node(&mut self, name: &str, labels: Option<&BTreeMap<String, String>>) {
         match labels {
             Some(l) => {
                 let kept = l
@@ -110,12 +110,12 @@ impl Engine {
     }
 
     /// The Nodes it knows.
-    pub fn node_names(&self) -> impl Iterator<Item = &String> {
+    pub(crate) fn node_names(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys()
     }
 
     /// Rebuild at the next update whatever changed (a new dump, a relist).
-    pub fn force_rebuild(&mut self) {
+    pub(crate) fn force_rebuild(&mut self) {
         self.force = true;
     }
 
@@ -140,7 +140,7 @@ impl Engine {
     }
 
     /// Bring the model up to date with what was set since the last update.
-    pub fn update(&mut self, fabric: Option<&Fabric>) -> Update {
+    pub(crate) fn update(&mut self, fabric: Option<&Fabric>) -> Update {
         let dirty = std::mem::take(&mut self.dirty);
         let rebuild = self.force
             || dirty.iter().any(|n| {

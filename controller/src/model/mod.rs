@@ -31,7 +31,7 @@ use crate::fabric::{Fabric, FabricSummary, NodeKind, host_of_description};
 use crate::facts::NodeFacts;
 use crate::label_sources::{LabelScheme, default_accelerator_labels, default_schemes};
 
-pub mod engine;
+pub(crate) mod engine;
 mod label_groups;
 
 /// One node as the controller sees it.

@@ -20,7 +20,7 @@ use crate::placement::comment::{is_dns_label, is_dns_subdomain};
 
 /// A pod the agent names as clashing, by namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Named {
+pub(crate) struct Named {
     /// Its namespace.
     pub namespace: String,
     /// Its name.
@@ -29,7 +29,7 @@ pub struct Named {
 
 /// The pods `node`'s `DeviceAllocationConsistent` condition names as holding a Slurm job's device (none while the
 /// condition is `True`, absent or has another reason). Segments that do not match the grammar are left out.
-pub fn named(node: &Node) -> Vec<Named> {
+pub(crate) fn named(node: &Node) -> Vec<Named> {
     let Some(c) = node
         .status
         .as_ref()
@@ -69,7 +69,7 @@ fn parse_segment(s: &str) -> Option<Named> {
 }
 
 /// Why `pod` must not be evicted for a clash on Node `node`, or `Ok` when it may.
-pub fn evictable(pod: &Pod, node: &str) -> Result<(), String> {
+pub(crate) fn evictable(pod: &Pod, node: &str) -> Result<(), String> {
     let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
     match spec.node_name.as_deref() {
         Some(n) if n == node => {}

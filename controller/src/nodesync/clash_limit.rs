@@ -8,17 +8,17 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Evictions one Node's condition may cause in [`NODE_WINDOW`].
-pub const PER_NODE: usize = 8;
+pub(crate) const PER_NODE: usize = 8;
 /// The window of [`PER_NODE`].
-pub const NODE_WINDOW: Duration = Duration::from_secs(600);
+pub(crate) const NODE_WINDOW: Duration = Duration::from_secs(600);
 /// Evictions in [`CLUSTER_WINDOW`], all Nodes together.
-pub const CLUSTER: usize = 20;
+pub(crate) const CLUSTER: usize = 20;
 /// The window of [`CLUSTER`].
-pub const CLUSTER_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const CLUSTER_WINDOW: Duration = Duration::from_secs(60);
 
 /// The evictions done recently, per Node and in all.
 #[derive(Debug, Default)]
-pub struct Limits {
+pub(crate) struct Limits {
     per_node: HashMap<String, VecDeque<Instant>>,
     cluster: VecDeque<Instant>,
 }
@@ -31,7 +31,7 @@ fn prune(q: &mut VecDeque<Instant>, window: Duration, now: Instant) {
 
 impl Limits {
     /// Whether an eviction for `node` may be made at `now`; if not, which bound holds it.
-    pub fn allows(&mut self, node: &str, now: Instant) -> Result<(), &'static str> {
+    pub(crate) fn allows(&mut self, node: &str, now: Instant) -> Result<(), &'static str> {
         prune(&mut self.cluster, CLUSTER_WINDOW, now);
         if self.cluster.len() >= CLUSTER {
             return Err("the cluster-wide bound on device-clash evictions");
@@ -46,7 +46,7 @@ impl Limits {
     }
 
     /// An eviction for `node` was made at `now`.
-    pub fn record(&mut self, node: &str, now: Instant) {
+    pub(crate) fn record(&mut self, node: &str, now: Instant) {
         self.cluster.push_back(now);
         self.per_node
             .entry(node.to_owned())

@@ -5,7 +5,7 @@
 //! memory (after a restart, a condition already `False` is not held).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -13,14 +13,14 @@ use super::decide::{Policy, condition_drain, cordon_drain};
 
 /// The drain reason last wanted by a condition, per Node, and when a condition last asked for it.
 #[derive(Debug, Default)]
-pub struct Holds {
+pub(crate) struct Holds {
     last: HashMap<String, (String, Instant)>,
 }
 
 impl Holds {
     /// The drain reason `node` asks for at `now`: its cordon's, else its first `True` drain condition's, else the
     /// last condition's reason while the hold lasts.
-    pub fn wanted(&mut self, node: &Node, policy: &Policy, now: Instant) -> Option<String> {
+    pub(crate) fn wanted(&mut self, node: &Node, policy: &Policy, now: Instant) -> Option<String> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let from_condition = condition_drain(node, policy);
         if let Some(reason) = &from_condition {
@@ -45,12 +45,13 @@ impl Holds {
     }
 
     /// Forget Nodes that no longer exist.
-    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+    pub(crate) fn retain(&mut self, exists: impl Fn(&str) -> bool) {
         self.last.retain(|name, _| exists(name));
     }
 
+    #[cfg(test)]
     /// When the hold of `node` ends, if one runs.
-    pub fn until(&self, node: &str, hold: Duration) -> Option<Instant> {
+    pub(crate) fn until(&self, node: &str, hold: std::time::Duration) -> Option<Instant> {
         self.last.get(node).map(|(_, at)| *at + hold)
     }
 }
@@ -59,6 +60,7 @@ impl Holds {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+    use std::time::Duration;
 
     fn node(cordoned: bool, gpu: Option<&str>) -> Node {
         let mut n = Node::default();

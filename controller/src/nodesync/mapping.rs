@@ -15,7 +15,7 @@ pub use crate::identity::SLURM_NODE_NAME_LABEL;
 
 /// The Slurm node name a Node claims: the one mapping every task uses ([`crate::identity::slurm_name`]: its label
 /// when set and not empty, else its own name; `Err` when that is not a Slurm host name).
-pub fn claimed<'a>(
+pub(crate) fn claimed<'a>(
     node_name: &'a str,
     labels: Option<&'a BTreeMap<String, String>>,
 ) -> Result<&'a str, String> {
@@ -25,7 +25,7 @@ pub fn claimed<'a>(
 
 /// Why a Slurm node has no Node to act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unmapped {
+pub(crate) enum Unmapped {
     /// No Node claims it.
     Missing,
     /// Several Nodes claim it (sorted).
@@ -34,7 +34,7 @@ pub enum Unmapped {
 
 impl Unmapped {
     /// A sentence for a pod's message, a log or a Node condition.
-    pub fn describe(&self, slurm: &str) -> String {
+    pub(crate) fn describe(&self, slurm: &str) -> String {
         match self {
             Unmapped::Missing => format!("Slurm node {slurm} has no Kubernetes Node"),
             Unmapped::Conflict(nodes) => format!(
@@ -47,7 +47,7 @@ impl Unmapped {
 }
 
 /// Why a Node's claim on Slurm node `slurm` is refused: Node `holder` holds it.
-pub fn refusal(slurm: &str, holder: &str) -> String {
+pub(crate) fn refusal(slurm: &str, holder: &str) -> String {
     let why = if slurm == holder {
         "its own name"
     } else {
@@ -61,7 +61,7 @@ pub fn refusal(slurm: &str, holder: &str) -> String {
 
 /// Slurm node name → the Nodes claiming it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeMap {
+pub(crate) struct NodeMap {
     by_slurm: BTreeMap<String, Vec<String>>,
     invalid: Vec<String>,
     /// Slurm names several Nodes claim, with the Node that holds each ([`NodeMap::for_sync`]).
@@ -70,7 +70,7 @@ pub struct NodeMap {
 
 impl NodeMap {
     /// The map of these Nodes (name, labels).
-    pub fn build<'a>(
+    pub(crate) fn build<'a>(
         nodes: impl IntoIterator<Item = (&'a str, Option<&'a BTreeMap<String, String>>)>,
     ) -> Self {
         let mut map = NodeMap::default();
@@ -94,7 +94,7 @@ impl NodeMap {
     /// The node sync's map of these Nodes (name, labels, the Slurm name it last paired the Node with alone): a
     /// Slurm name several Nodes claim is held by the one whose own name it is, else by the one paired with it
     /// before, else by none.
-    pub fn for_sync<'a>(
+    pub(crate) fn for_sync<'a>(
         nodes: impl IntoIterator<
             Item = (
                 &'a str,
@@ -127,7 +127,7 @@ impl NodeMap {
     }
 
     /// The Node of Slurm node `slurm`.
-    pub fn node_for(&self, slurm: &str) -> Result<&str, Unmapped> {
+    pub(crate) fn node_for(&self, slurm: &str) -> Result<&str, Unmapped> {
         if let Some(h) = self.held.get(slurm) {
             return Ok(h);
         }
@@ -139,7 +139,7 @@ impl NodeMap {
     }
 
     /// Slurm nodes claimed by more than one Node and held by none, with those Nodes.
-    pub fn conflicts(&self) -> impl Iterator<Item = (&str, &[String])> {
+    pub(crate) fn conflicts(&self) -> impl Iterator<Item = (&str, &[String])> {
         self.by_slurm
             .iter()
             .filter(|(k, v)| v.len() > 1 && !self.held.contains_key(k.as_str()))
@@ -147,7 +147,7 @@ impl NodeMap {
     }
 
     /// Slurm nodes claimed by more than one Node and held by one: (Slurm name, holder, the refused Nodes).
-    pub fn refused(&self) -> impl Iterator<Item = (&str, &str, Vec<&str>)> {
+    pub(crate) fn refused(&self) -> impl Iterator<Item = (&str, &str, Vec<&str>)> {
         self.held.iter().map(|(s, h)| {
             let others = self.by_slurm.get(s).into_iter().flatten();
             let others = others.filter(|n| *n != h).map(String::as_str).collect();
@@ -156,12 +156,12 @@ impl NodeMap {
     }
 
     /// Messages about Nodes whose mapping label is unusable.
-    pub fn invalid(&self) -> &[String] {
+    pub(crate) fn invalid(&self) -> &[String] {
         &self.invalid
     }
 
     /// Whether Node `node` is the one Node of Slurm node `slurm`.
-    pub fn is_node_of(&self, slurm: &str, node: &str) -> bool {
+    pub(crate) fn is_node_of(&self, slurm: &str, node: &str) -> bool {
         self.node_for(slurm) == Ok(node)
     }
 }

@@ -15,14 +15,14 @@
 //! What a node's own kubelet may write about its own Node (its cordon, annotations, labels, conditions) is that
 //! node's claim about itself: it drains, taints or evicts on that Node's Slurm node alone, never on another.
 
-pub mod clash;
-pub mod clash_limit;
+pub(crate) mod clash;
+pub(crate) mod clash_limit;
 pub mod decide;
 pub mod health;
-pub mod hold;
-pub mod mapping;
+pub(crate) mod hold;
+pub(crate) mod mapping;
 pub mod ownership;
-pub mod policy;
+pub(crate) mod policy;
 pub mod records;
 mod shell;
 

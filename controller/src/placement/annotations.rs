@@ -8,23 +8,23 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 /// Annotation prefix of the Slurm options a pod may set.
-pub const ANNOTATION_PREFIX: &str = "slurm.isthmus.io/";
+pub(crate) const ANNOTATION_PREFIX: &str = "slurm.isthmus.io/";
 /// Annotation naming the gang a pod belongs to.
-pub const GROUP: &str = "slurm.isthmus.io/group";
+pub(crate) const GROUP: &str = "slurm.isthmus.io/group";
 /// Annotation giving the gang's size.
-pub const GROUP_SIZE: &str = "slurm.isthmus.io/group-size";
+pub(crate) const GROUP_SIZE: &str = "slurm.isthmus.io/group-size";
 /// Annotation the controller sets (through the binding) to the placeholder job's id, for people to read: the
 /// controller itself never reads it.
-pub const JOB_ID: &str = "slurm.isthmus.io/job-id";
+pub(crate) const JOB_ID: &str = "slurm.isthmus.io/job-id";
 /// Annotation choosing whether the pod's job holds its nodes alone: `exclusive` (the default) or `shared` (only
 /// where the tenancy policy allows sharing).
-pub const SHARING: &str = "slurm.isthmus.io/node-sharing";
+pub(crate) const SHARING: &str = "slurm.isthmus.io/node-sharing";
 /// [`SHARING`]'s value that shares the node.
-pub const SHARED: &str = "shared";
+pub(crate) const SHARED: &str = "shared";
 /// [`SHARING`]'s default value.
-pub const EXCLUSIVE: &str = "exclusive";
+pub(crate) const EXCLUSIVE: &str = "exclusive";
 /// The largest gang.
-pub const MAX_GANG: usize = 4096;
+pub(crate) const MAX_GANG: usize = 4096;
 
 /// The Slurm options a pod asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub struct Requested {
 
 /// A gang: its name and size.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gang {
+pub(crate) struct Gang {
     /// `slurm.isthmus.io/group`.
     pub name: String,
     /// `slurm.isthmus.io/group-size`.
@@ -55,7 +55,7 @@ pub struct Gang {
 }
 
 /// A Slurm name (partition, QOS, account): 1–64 letters, digits, `_`, `.`, `-`, not starting with `-` or `.`.
-pub fn is_slurm_name(s: &str) -> bool {
+pub(crate) fn is_slurm_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 64
@@ -65,7 +65,7 @@ pub fn is_slurm_name(s: &str) -> bool {
 }
 
 /// A node feature expression for `--constraint`: 1–256 of letters, digits and `_ . - & | , [ ] ( ) * : !`.
-pub fn is_constraint(s: &str) -> bool {
+pub(crate) fn is_constraint(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 256
         && s.bytes().all(|c| {
@@ -91,7 +91,7 @@ pub fn is_constraint(s: &str) -> bool {
 
 /// A Slurm time limit in seconds: `minutes`, `minutes:seconds`, `hours:minutes:seconds`, `days-hours`,
 /// `days-hours:minutes`, `days-hours:minutes:seconds` (digits only, at most 365 days; `UNLIMITED` is not a limit).
-pub fn parse_time(text: &str) -> Option<u64> {
+pub(crate) fn parse_time(text: &str) -> Option<u64> {
     let t = text;
     if t.is_empty() || t.len() > 16 {
         return None;
@@ -127,7 +127,7 @@ pub fn parse_time(text: &str) -> Option<u64> {
 }
 
 /// Seconds as Slurm's `days-hours:minutes:seconds`.
-pub fn format_time(secs: u64) -> String {
+pub(crate) fn format_time(secs: u64) -> String {
     let (d, rest) = (secs / 86_400, secs % 86_400);
     format!(
         "{d}-{:02}:{:02}:{:02}",
@@ -159,7 +159,7 @@ fn bad(name: &str, value: &str, what: &str) -> String {
 }
 
 /// The Slurm options the pod's annotations ask for; the first value that does not fit its grammar is the error.
-pub fn requested(pod: &Pod) -> Result<Requested, String> {
+pub(crate) fn requested(pod: &Pod) -> Result<Requested, String> {
     let mut r = Requested::default();
     let Some(a) = annotations(pod) else {
         return Ok(r);
@@ -214,7 +214,7 @@ pub fn requested(pod: &Pod) -> Result<Requested, String> {
 }
 
 /// The gang the pod belongs to, if it names one: an error when the name or size does not fit.
-pub fn gang(pod: &Pod) -> Option<Result<Gang, String>> {
+pub(crate) fn gang(pod: &Pod) -> Option<Result<Gang, String>> {
     let a = annotations(pod)?;
     let name = a.get(GROUP)?;
     if !super::comment::is_dns_label(name) {

@@ -14,19 +14,19 @@ use std::time::{Duration, Instant};
 use super::decide::Action;
 
 /// How long a collapsed job list must persist before destructive actions believe it.
-pub const COLLAPSE_CONFIRM: Duration = Duration::from_secs(10);
+pub(crate) const COLLAPSE_CONFIRM: Duration = Duration::from_secs(10);
 /// How many reads must show it.
-pub const COLLAPSE_READS: u32 = 3;
+pub(crate) const COLLAPSE_READS: u32 = 3;
 
 /// The owned-job count destructive actions last believed, and a collapse being confirmed.
 #[derive(Debug, Default)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     believed: Option<usize>,
     collapse: Option<(Instant, u32)>,
 }
 
 /// Whether `now` jobs is a collapse from `before`.
-pub fn is_collapse(before: usize, now: usize) -> bool {
+pub(crate) fn is_collapse(before: usize, now: usize) -> bool {
     (before >= 1 && now == 0) || (before >= 8 && now * 2 < before)
 }
 
@@ -35,14 +35,14 @@ impl Baseline {
     /// they would have been deleted). A new leader whose first job lists are empty or collapsed then waits, as a
     /// leader of long standing would, instead of believing them and deleting every bound pod. Nothing once a list
     /// has been believed.
-    pub fn seed(&mut self, bound_units: usize) {
+    pub(crate) fn seed(&mut self, bound_units: usize) {
         if self.believed.is_none() && bound_units > 0 {
             self.believed = Some(bound_units);
         }
     }
 
     /// Whether destructive actions may act on a read listing `owned` jobs at `now`.
-    pub fn accept(&mut self, owned: usize, now: Instant) -> bool {
+    pub(crate) fn accept(&mut self, owned: usize, now: Instant) -> bool {
         let Some(before) = self.believed else {
             self.believed = Some(owned);
             return true;
@@ -65,14 +65,15 @@ impl Baseline {
         false
     }
 
+    #[cfg(test)]
     /// Whether a collapse is being confirmed.
-    pub fn collapsed(&self) -> bool {
+    pub(crate) fn collapsed(&self) -> bool {
         self.collapse.is_some()
     }
 }
 
 /// The destructive actions of `first` that `second` (decided from a later, complete read) decides too.
-pub fn confirmed(first: Vec<Action>, second: &[Action]) -> Vec<Action> {
+pub(crate) fn confirmed(first: Vec<Action>, second: &[Action]) -> Vec<Action> {
     let again: BTreeSet<String> = second
         .iter()
         .filter(|a| a.is_destructive())

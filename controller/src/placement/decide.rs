@@ -13,7 +13,7 @@ use super::annotations::Requested;
 use super::comment::{self, JobRef};
 use super::policy::SubmitSpec;
 use super::resources::Resources;
-pub use super::view::{PodRef, PodView};
+pub(crate) use super::view::{PodRef, PodView};
 use crate::nodesync::mapping::NodeMap;
 use crate::slurm::jobs::{Identity, Job};
 
@@ -103,7 +103,7 @@ impl Action {
 
 /// Slurm writes queued or running beside the passes: not to be asked for again meanwhile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     /// UIDs of the pods whose job is being submitted.
     pub pods: BTreeSet<String>,
     /// Jobs being cancelled.
@@ -112,7 +112,7 @@ pub struct InFlight {
 
 /// Everything the decisions read.
 #[derive(Debug, Clone, Copy)]
-pub struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     /// The scheduler's pods.
     pub pods: &'a [PodView],
     /// Every job Slurm lists.
@@ -134,7 +134,7 @@ pub struct Inputs<'a> {
 }
 
 /// Slurm's words for a job.
-pub fn describe(job: &Job) -> String {
+pub(crate) fn describe(job: &Job) -> String {
     if job.reason.is_empty() || job.reason == "None" {
         format!("Slurm job {} is {}", job.id, job.state)
     } else {
@@ -188,7 +188,7 @@ impl Out<'_> {
 
 /// Everything to do now, but what is in flight: no second submission for a pod whose submission is under way
 /// (its job may not show yet), no second cancel.
-pub fn decide(i: &Inputs<'_>) -> Vec<Action> {
+pub(crate) fn decide(i: &Inputs<'_>) -> Vec<Action> {
     let mut out = Out {
         actions: Vec::new(),
         in_flight: i.in_flight,
@@ -483,7 +483,7 @@ mod lifetime;
 mod owners;
 mod units;
 
-pub use owners::{Tenants, bound_units, owns, placeholders};
+pub(crate) use owners::{Tenants, bound_units, owns, placeholders};
 
 use units::{Unit, units};
 

@@ -77,7 +77,7 @@ impl From<ApiCallError> for ActionError {
 
 /// Everything an action needs.
 #[derive(Clone)]
-pub struct Executor {
+pub(crate) struct Executor {
     /// The API client.
     pub client: kube::Client,
     /// The Slurm tools.
@@ -111,7 +111,7 @@ impl Executor {
     }
 
     /// Do `action`; a submission returns its job id.
-    pub async fn run(&self, action: &Action) -> Result<Option<u64>, ActionError> {
+    pub(crate) async fn run(&self, action: &Action) -> Result<Option<u64>, ActionError> {
         match action {
             Action::Submit {
                 job,
@@ -271,7 +271,12 @@ impl Executor {
     }
 
     /// The `Scheduled` Event of a pod bound by [`Action::Bind`] (sent after the pass's bindings, off their path).
-    pub async fn scheduled(&self, pod: &PodRef, node: &str, job: u64) -> Result<(), ActionError> {
+    pub(crate) async fn scheduled(
+        &self,
+        pod: &PodRef,
+        node: &str,
+        job: u64,
+    ) -> Result<(), ActionError> {
         let message = format!(
             "Successfully assigned {}/{} to {node} (Slurm job {job})",
             pod.namespace, pod.name

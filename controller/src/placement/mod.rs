@@ -7,25 +7,25 @@
 //! ([`queue`]), and destructive actions only after a second, fresh read of both sides ([`confirm`]). See
 //! `docs/placement.md`.
 
-pub mod annotations;
+pub(crate) mod annotations;
 /// The job-comment protocol (`isthmus_gres::comment`).
 pub use isthmus_gres::comment;
-pub mod confirm;
-pub mod decide;
-pub mod execute;
+pub(crate) mod confirm;
+pub(crate) mod decide;
+pub(crate) mod execute;
 pub mod lock;
 mod lock_exec;
-pub mod owners;
+pub(crate) mod owners;
 mod passes;
 pub mod policy;
-pub mod policy_watch;
-pub mod queue;
-pub mod recent;
-pub mod resources;
-pub mod strip;
+pub(crate) mod policy_watch;
+pub(crate) mod queue;
+pub(crate) mod recent;
+pub(crate) mod resources;
+pub(crate) mod strip;
 pub mod submit;
-pub mod submit_method;
-pub mod view;
+pub(crate) mod submit_method;
+pub(crate) mod view;
 
 use std::sync::Arc;
 use std::time::Duration;

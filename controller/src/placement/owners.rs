@@ -31,7 +31,7 @@ const RECHECK: Duration = Duration::from_secs(30);
 
 /// Why the map cannot be published.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OwnersError {
+pub(crate) enum OwnersError {
     /// More namespaces than one ConfigMap is allowed to hold.
     #[error(
         "the tenancy policy gives {0} namespaces a tenant: the placement owners hold at most {MAX_NAMESPACES}; the last published map stays"
@@ -41,7 +41,7 @@ pub enum OwnersError {
 
 /// The owners under `policy` of the namespaces named in it and of `namespaces` (name, labels): each namespace whose
 /// tenant the policy tells ([`Policy::tenant_for`]), with that tenant's user.
-pub fn resolve<'a>(
+pub(crate) fn resolve<'a>(
     policy: &'a Policy,
     namespaces: impl IntoIterator<Item = (&'a str, Option<&'a BTreeMap<String, String>>)>,
 ) -> Result<Owners, OwnersError> {
@@ -80,7 +80,7 @@ pub(super) struct Publisher {
 
 impl Publisher {
     /// Publish until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(super) async fn run(self, shutdown: CancellationToken) {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         let (own, writer) = reflector::store::<ConfigMap>();
         let own_changed = Arc::new(Notify::new());

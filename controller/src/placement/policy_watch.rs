@@ -17,11 +17,11 @@ use super::policy::{POLICY_KEY, Policy, parse};
 use crate::run::fence::Guard;
 
 /// The ConfigMap annotation where the controller says which policy is in force.
-pub const STATUS_ANNOTATION: &str = "placement.isthmus.io/policy-status";
+pub(crate) const STATUS_ANNOTATION: &str = "placement.isthmus.io/policy-status";
 
 /// What the passes read: the policy in force, or why there is none.
 #[derive(Debug, Clone)]
-pub struct PolicyCell {
+pub(crate) struct PolicyCell {
     inner: Arc<RwLock<Result<Arc<Policy>, String>>>,
     /// Counts the changes, for the tasks that follow them ([`Self::changes`]).
     version: Arc<tokio::sync::watch::Sender<u64>>,
@@ -29,7 +29,7 @@ pub struct PolicyCell {
 
 impl PolicyCell {
     /// No policy yet (`why`).
-    pub fn new(why: String) -> Self {
+    pub(crate) fn new(why: String) -> Self {
         Self {
             inner: Arc::new(RwLock::new(Err(why))),
             version: Arc::new(tokio::sync::watch::channel(0).0),
@@ -37,12 +37,12 @@ impl PolicyCell {
     }
 
     /// The policy in force.
-    pub fn current(&self) -> Result<Arc<Policy>, String> {
+    pub(crate) fn current(&self) -> Result<Arc<Policy>, String> {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// A receiver that sees every change of the policy in force.
-    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.version.subscribe()
     }
 
@@ -54,7 +54,7 @@ impl PolicyCell {
 
 /// A short digest of a policy document (FNV-1a, 64 bits, as hex), to name a version in the status without
 /// naming the ConfigMap's resourceVersion (which the status write itself moves).
-pub fn digest(text: &str) -> String {
+pub(crate) fn digest(text: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);
@@ -65,7 +65,7 @@ pub fn digest(text: &str) -> String {
 
 /// What one version of the ConfigMap does to the policy in force: the new value and the status text (the same text
 /// for the same document, so that writing it causes no further write).
-pub fn apply(
+pub(crate) fn apply(
     current: &Result<Arc<Policy>, String>,
     cm: &ConfigMap,
 ) -> (Result<Arc<Policy>, String>, String) {
@@ -95,7 +95,7 @@ pub fn apply(
 
 /// Watch the policy ConfigMap `name` in `namespace` until the stream ends; `ready` is notified once the first list
 /// is complete.
-pub async fn watch(
+pub(crate) async fn watch(
     client: kube::Client,
     namespace: String,
     name: String,

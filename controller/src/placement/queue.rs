@@ -16,11 +16,11 @@ use super::decide::{Action, InFlight};
 use super::execute::Executor;
 
 /// How many writes may be queued or running at once; a pass leaves the rest to the next one.
-pub const LIMIT: usize = 1024;
+pub(crate) const LIMIT: usize = 1024;
 
 /// What is queued or running, and what finished since the last [`Ledger::take`]. Pure.
 #[derive(Debug, Default)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     in_flight: InFlight,
     other: HashSet<String>,
     count: usize,
@@ -29,7 +29,7 @@ pub struct Ledger {
 
 impl Ledger {
     /// Take `a` in (anything but a binding, not in flight yet, while fewer than [`LIMIT`] are): whether it was.
-    pub fn admit(&mut self, a: &Action) -> bool {
+    pub(crate) fn admit(&mut self, a: &Action) -> bool {
         if self.count >= LIMIT {
             return false;
         }
@@ -59,7 +59,11 @@ impl Ledger {
     }
 
     /// `a`, admitted before, is done: no longer in flight, its outcome kept for the next pass.
-    pub fn finish(&mut self, a: Action, result: Result<Option<u64>, super::execute::ActionError>) {
+    pub(crate) fn finish(
+        &mut self,
+        a: Action,
+        result: Result<Option<u64>, super::execute::ActionError>,
+    ) {
         if self.release(&a) {
             self.finished.push((a, result));
         }
@@ -89,24 +93,25 @@ impl Ledger {
 
     /// The outcomes finished since the last call, and what is in flight now (one step, so that every write is
     /// seen either in flight or finished).
-    pub fn take(&mut self) -> (Vec<Outcome>, InFlight) {
+    pub(crate) fn take(&mut self) -> (Vec<Outcome>, InFlight) {
         (std::mem::take(&mut self.finished), self.in_flight.clone())
     }
 
     /// How many writes are queued or running.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
+    #[cfg(test)]
     /// Whether none is.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 }
 
 /// The passes' end of the queue.
 #[derive(Debug, Clone)]
-pub struct Queue {
+pub(crate) struct Queue {
     name: &'static str,
     ledger: Arc<Mutex<Ledger>>,
     tx: mpsc::UnboundedSender<Action>,
@@ -114,14 +119,14 @@ pub struct Queue {
 
 /// The workers' end: run by [`work`].
 #[derive(Debug)]
-pub struct Workers {
+pub(crate) struct Workers {
     name: &'static str,
     ledger: Arc<Mutex<Ledger>>,
     rx: mpsc::UnboundedReceiver<Action>,
 }
 
 /// A new queue; `name` labels its depth, `isthmus_controller_placement_queue_depth{queue}`.
-pub fn queue(name: &'static str) -> (Queue, Workers) {
+pub(crate) fn queue(name: &'static str) -> (Queue, Workers) {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let (tx, rx) = mpsc::unbounded_channel();
     (
@@ -141,7 +146,7 @@ fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
 
 impl Queue {
     /// Queue `a` (anything but a binding); false when it is in flight already or the queue is full.
-    pub fn push(&self, a: Action) -> bool {
+    pub(crate) fn push(&self, a: Action) -> bool {
         let mut ledger = lock(&self.ledger);
         if !ledger.admit(&a) {
             return false;
@@ -157,14 +162,19 @@ impl Queue {
     }
 
     /// See [`Ledger::take`].
-    pub fn take(&self) -> (Vec<Outcome>, InFlight) {
+    pub(crate) fn take(&self) -> (Vec<Outcome>, InFlight) {
         lock(&self.ledger).take()
     }
 }
 
 /// Run the queued writes in order, `parallelism` at once, until the queue is dropped; wake `done` (if any) after
 /// each.
-pub async fn work(workers: Workers, exec: Executor, parallelism: usize, done: Option<Arc<Notify>>) {
+pub(crate) async fn work(
+    workers: Workers,
+    exec: Executor,
+    parallelism: usize,
+    done: Option<Arc<Notify>>,
+) {
     let Workers { name, ledger, rx } = workers;
     let actions =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|a| (a, rx)) });

@@ -10,11 +10,11 @@ use isthmus_api::retry::RetryPolicy;
 use super::decide::Action;
 
 /// How long a done action is not repeated.
-pub const HOLD: Duration = Duration::from_secs(10);
+pub(crate) const HOLD: Duration = Duration::from_secs(10);
 
 /// Actions done recently, by what they act on.
 #[derive(Debug, Default)]
-pub struct Recent {
+pub(crate) struct Recent {
     done: HashMap<String, (String, Instant)>,
     failed_submits: HashMap<String, (u32, Instant)>,
 }
@@ -37,7 +37,7 @@ impl Recent {
     /// a submission that failed (or timed out: its job may exist all the same), its backoff has passed *and* the job
     /// list the decision was made from (read at `listed`) was read after it: a job the failed `sbatch` created
     /// anyway is then in that list, and adopted instead of submitted again.
-    pub fn should_run(&self, a: &Action, now: Instant, listed: Instant) -> bool {
+    pub(crate) fn should_run(&self, a: &Action, now: Instant, listed: Instant) -> bool {
         if let Action::Submit { job, .. } = a {
             if matches!(self.failed_submits.get(&job.comment()), Some((_, until)) if now < *until || listed < *until)
             {
@@ -49,7 +49,7 @@ impl Recent {
     }
 
     /// `a` was done at `now`.
-    pub fn done(&mut self, a: &Action, now: Instant) {
+    pub(crate) fn done(&mut self, a: &Action, now: Instant) {
         let (k, detail) = key(a);
         self.done.insert(k, (detail, now));
         if let Action::Submit { job, .. } = a {
@@ -59,7 +59,7 @@ impl Recent {
 
     /// Submission `comment` failed at `now`: wait about 1 s, 2 s, 4 s … (at most 60 s; [`RetryPolicy::submission`])
     /// before the next try.
-    pub fn submit_failed(&mut self, comment: &str, now: Instant) {
+    pub(crate) fn submit_failed(&mut self, comment: &str, now: Instant) {
         let n = self.failed_submits.get(comment).map_or(0, |(n, _)| *n);
         let wait = RetryPolicy::submission().delay_after(n + 1);
         self.failed_submits
@@ -67,7 +67,7 @@ impl Recent {
     }
 
     /// The pods bound within [`HOLD`] of `now`: UID → Node (the pod watch may not show a binding yet).
-    pub fn binds(&self, now: Instant) -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn binds(&self, now: Instant) -> std::collections::BTreeMap<String, String> {
         self.done
             .iter()
             .filter(|(_, (_, at))| now.duration_since(*at) < HOLD)
@@ -76,7 +76,7 @@ impl Recent {
     }
 
     /// Forget what is older than [`HOLD`] (and backoffs long past).
-    pub fn prune(&mut self, now: Instant) {
+    pub(crate) fn prune(&mut self, now: Instant) {
         self.done
             .retain(|_, (_, at)| now.duration_since(*at) < HOLD);
         self.failed_submits

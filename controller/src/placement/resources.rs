@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 /// Kubernetes device resources and the GRES name Slurm knows them by (as the agent writes gres.conf).
-pub const DEVICE_GRES: [(&str, &str); 2] = [("nvidia.com/gpu", "gpu"), ("amd.com/gpu", "gpu")];
+pub(crate) const DEVICE_GRES: [(&str, &str); 2] =
+    [("nvidia.com/gpu", "gpu"), ("amd.com/gpu", "gpu")];
 /// Prefix of NVIDIA's MIG resources (mixed strategy): `nvidia.com/mig-1g.10gb`.
-pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+pub(crate) const MIG_PREFIX: &str = "nvidia.com/mig-";
 
 /// What one pod needs on its node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,7 +47,7 @@ impl Resources {
 
 /// How extended resources become GRES.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Translation<'a> {
+pub(crate) struct Translation<'a> {
     /// The tenancy policy's `extendedResources`: resource → `name[:type]`.
     pub extended: Option<&'a BTreeMap<String, String>>,
     /// The GPU part of the MIG GRES types (`--placement-mig-gpu-type`).
@@ -54,7 +55,7 @@ pub struct Translation<'a> {
 }
 
 /// Parse a Kubernetes quantity into thousandths of its unit (`500m` → 500, `2` → 2000, `1Gi` → 1073741824000).
-pub fn parse_milli(q: &str) -> Option<u128> {
+pub(crate) fn parse_milli(q: &str) -> Option<u128> {
     let nanos = isthmus_api::quantity::Quantity::parse(q.trim())
         .ok()?
         .nanos();
@@ -90,7 +91,7 @@ fn add<'a>(into: &mut BTreeMap<&'a str, u128>, from: &BTreeMap<&'a str, u128>) {
 }
 
 /// The pod's amounts per resource name, in thousandths, as the Kubernetes scheduler counts them.
-pub fn pod_amounts(pod: &Pod) -> Result<BTreeMap<String, u128>, String> {
+pub(crate) fn pod_amounts(pod: &Pod) -> Result<BTreeMap<String, u128>, String> {
     let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
     let mut apps: BTreeMap<&str, u128> = BTreeMap::new();
     for c in &spec.containers {
@@ -129,7 +130,7 @@ pub fn pod_amounts(pod: &Pod) -> Result<BTreeMap<String, u128>, String> {
 }
 
 /// A GRES spec `name` or `name:type` (letters, digits, `_`, `.`, `-`; the name a lower-case word).
-pub fn is_gres(spec: &str) -> bool {
+pub(crate) fn is_gres(spec: &str) -> bool {
     let (name, ty) = match spec.split_once(':') {
         Some((n, t)) => (n, Some(t)),
         None => (spec, None),
@@ -182,7 +183,7 @@ fn gres_of(name: &str, t: &Translation<'_>) -> Result<String, String> {
 }
 
 /// The pod's needs in Slurm's terms.
-pub fn resources(pod: &Pod, t: &Translation<'_>) -> Result<Resources, String> {
+pub(crate) fn resources(pod: &Pod, t: &Translation<'_>) -> Result<Resources, String> {
     let total = pod_amounts(pod)?;
     let to_u64 = |v: u128| u64::try_from(v).map_err(|e| e.to_string());
     let mut r = Resources::default();

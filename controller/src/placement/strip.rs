@@ -10,13 +10,13 @@ use super::annotations::ANNOTATION_PREFIX;
 
 /// The longest `slurm.isthmus.io/` annotation value kept; a longer one is replaced by a value no grammar accepts,
 /// so the pod is refused with a message rather than read as if it had not asked.
-pub const MAX_ANNOTATION: usize = 1024;
+pub(crate) const MAX_ANNOTATION: usize = 1024;
 
 /// Pods per page of a list.
-pub const PAGE: u32 = 50;
+pub(crate) const PAGE: u32 = 50;
 
 /// Keep of `pod` only what placement reads.
-pub fn strip(pod: &mut Pod) {
+pub(crate) fn strip(pod: &mut Pod) {
     let m = &mut pod.metadata;
     m.managed_fields = None;
     m.labels = None;
@@ -65,7 +65,7 @@ fn container(c: Container) -> Container {
 
 /// Every pod `lp` selects, [`PAGE`] at a time (each page within the API timeout of `guard`), each stripped as
 /// its page arrives.
-pub async fn list_stripped(
+pub(crate) async fn list_stripped(
     api: &Api<Pod>,
     lp: &ListParams,
     guard: &crate::run::fence::Guard,

@@ -12,7 +12,7 @@ use super::submit::SubmitAs;
 use crate::slurm::{SlurmClient, SlurmError};
 
 /// The method a release calls for, and why: `sbatch --uid/--gid` where sbatch has them, else `setpriv`.
-pub fn choose(release: SlurmVersion) -> (SubmitAs, &'static str) {
+pub(crate) fn choose(release: SlurmVersion) -> (SubmitAs, &'static str) {
     if release.sbatch_has_uid() {
         (
             SubmitAs::UidOption,
@@ -28,14 +28,14 @@ pub fn choose(release: SlurmVersion) -> (SubmitAs, &'static str) {
 
 /// The submit method: the flag's, or the detected one once the release is known.
 #[derive(Debug, Clone, Default)]
-pub struct SubmitMethod {
+pub(crate) struct SubmitMethod {
     explicit: Option<SubmitAs>,
     detected: Arc<OnceCell<SubmitAs>>,
 }
 
 impl SubmitMethod {
     /// `explicit`: `--placement-submit-as`, if given.
-    pub fn new(explicit: Option<SubmitAs>) -> Self {
+    pub(crate) fn new(explicit: Option<SubmitAs>) -> Self {
         Self {
             explicit,
             detected: Arc::default(),
@@ -44,7 +44,7 @@ impl SubmitMethod {
 
     /// At start: read the release and log it with the method chosen and why (a flag that contradicts the release
     /// is kept, with a warning). A release not known yet is logged and asked again at the next submission.
-    pub async fn start(&self, slurm: &SlurmClient) {
+    pub(crate) async fn start(&self, slurm: &SlurmClient) {
         match (self.explicit, slurm.release().await) {
             (Some(how), Ok(release)) => {
                 let (fits, why) = choose(release);
@@ -66,7 +66,7 @@ impl SubmitMethod {
     }
 
     /// The method to submit with now: the flag's, else the detected one (detected now if not known yet).
-    pub async fn get(&self, slurm: &SlurmClient) -> Result<SubmitAs, SlurmError> {
+    pub(crate) async fn get(&self, slurm: &SlurmClient) -> Result<SubmitAs, SlurmError> {
         if let Some(how) = self.explicit {
             return Ok(how);
         }

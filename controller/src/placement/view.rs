@@ -26,7 +26,7 @@ pub struct PodRef {
 
 /// What the decisions need of one pod.
 #[derive(Debug, Clone)]
-pub struct PodView {
+pub(crate) struct PodView {
     /// The pod.
     pub pod: PodRef,
     /// `spec.nodeName`.
@@ -58,7 +58,7 @@ pub struct PodView {
 
 /// What a view is built against.
 #[derive(Debug, Clone, Copy)]
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     /// The policy in force (`Err`: none, or never a valid one; the reason).
     pub policy: Result<&'a Policy, &'a str>,
     /// Namespace → its labels.
@@ -86,7 +86,7 @@ fn labelled<'a>(
 
 impl PodView {
     /// Read a pod (`None` when it lacks a namespace, name or UID).
-    pub fn from_pod(pod: &Pod, cx: &Context<'_>) -> Option<PodView> {
+    pub(crate) fn from_pod(pod: &Pod, cx: &Context<'_>) -> Option<PodView> {
         let meta = &pod.metadata;
         let status = pod.status.as_ref();
         let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("");

@@ -22,7 +22,7 @@ use crate::identity::SLURM_NODE_NAME_LABEL;
 
 /// What the reconciler reads.
 #[derive(Debug, Clone)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     /// The reports, read.
     pub reports: ReportStore,
     /// Nodes' metadata (only the labels isthmus reads or writes, and their owners).
@@ -39,7 +39,7 @@ impl Inputs {
     /// still wins) or a reflector ended before its list (its writer is gone: the store will never be complete).
     /// A caller that gets `false` must write nothing: an empty store would read as "no Nodes, no reports" and
     /// delete every output.
-    pub async fn first_lists(&self, cancel: &CancellationToken) -> bool {
+    pub(crate) async fn first_lists(&self, cancel: &CancellationToken) -> bool {
         let lists = async {
             let ((), nodes, dump) = futures::join!(
                 async {
@@ -70,11 +70,11 @@ impl Inputs {
 
 /// The Nodes that changed since the last [`NodeChanges::take`], or all of them after a relist.
 #[derive(Debug, Clone, Default)]
-pub struct NodeChanges(Arc<Mutex<(HashSet<String>, bool)>>);
+pub(crate) struct NodeChanges(Arc<Mutex<(HashSet<String>, bool)>>);
 
 /// Which Nodes changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Changed {
+pub(crate) enum Changed {
     /// These.
     Some(BTreeSet<String>),
     /// Every Node (the list was read again).
@@ -96,7 +96,7 @@ impl NodeChanges {
     }
 
     /// The changes since the last call.
-    pub fn take(&self) -> Changed {
+    pub(crate) fn take(&self) -> Changed {
         let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let names = std::mem::take(&mut g.0);
         if std::mem::take(&mut g.1) {
@@ -146,7 +146,7 @@ where
 /// Reduce a Node's metadata to what the topology task uses: its name and resourceVersion, the labels `keep`
 /// accepts, and each `managedFields` entry to the keys of those labels it owns (entries that own none are dropped:
 /// on a real Node the kubelet's entries, status and images, are most of the metadata).
-pub fn trim_node_meta(meta: &mut kube::api::ObjectMeta, keep: &dyn Fn(&str) -> bool) {
+pub(crate) fn trim_node_meta(meta: &mut kube::api::ObjectMeta, keep: &dyn Fn(&str) -> bool) {
     meta.annotations = None;
     meta.owner_references = None;
     meta.finalizers = None;
@@ -186,7 +186,7 @@ pub fn trim_node_meta(meta: &mut kube::api::ObjectMeta, keep: &dyn Fn(&str) -> b
 }
 
 /// Start the watches (their tasks end with `cancel`).
-pub fn start_reflectors(
+pub(crate) fn start_reflectors(
     client: &kube::Client,
     args: &TopologyArgs,
     namespace: &str,

@@ -13,7 +13,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 
 /// Why a claim or renewal gave no answer.
 #[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
+pub(crate) enum LeaseError {
     /// The API server did not answer in time.
     #[error("{what}: no answer within {after:?}")]
     Timeout {
@@ -34,7 +34,7 @@ pub enum LeaseError {
 
 /// What the Lease record says, as far as the election compares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
+pub(crate) struct Record {
     /// `holderIdentity` (empty: released).
     pub holder: String,
     /// `leaseDurationSeconds`.
@@ -68,7 +68,7 @@ impl Record {
 
 /// What to do with a Lease record read at `now`. Pure.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// Write our claim: a renewal (same acquire time and transitions) or a takeover (new acquire time, one more
     /// transition).
     Write {
@@ -82,7 +82,7 @@ pub enum Claim {
 }
 
 /// The claim for `record`, observed unchanged since `observed_at`, by `me` at `now`.
-pub fn claim(record: &Record, observed_at: Instant, me: &str, now: Instant) -> Claim {
+pub(crate) fn claim(record: &Record, observed_at: Instant, me: &str, now: Instant) -> Claim {
     if record.holder == me {
         return Claim::Write {
             renew: true,
@@ -101,7 +101,7 @@ pub fn claim(record: &Record, observed_at: Instant, me: &str, now: Instant) -> C
 
 /// Settings of one election.
 #[derive(Debug, Clone)]
-pub struct LeaseConfig {
+pub(crate) struct LeaseConfig {
     /// Lease name.
     pub name: String,
     /// Its namespace.
@@ -118,7 +118,7 @@ pub struct LeaseConfig {
 
 /// One replica's view of the election.
 #[derive(Debug)]
-pub struct Elector {
+pub(crate) struct Elector {
     api: Api<Lease>,
     config: LeaseConfig,
     /// The last record read and when it was first seen (local clock).
@@ -131,7 +131,7 @@ fn now_micro() -> MicroTime {
 
 impl Elector {
     /// An elector for `config` through `client`.
-    pub fn new(client: kube::Client, config: LeaseConfig) -> Self {
+    pub(crate) fn new(client: kube::Client, config: LeaseConfig) -> Self {
         Self {
             api: Api::namespaced(client, &config.namespace),
             config,
@@ -155,7 +155,7 @@ impl Elector {
 
     /// Read the Lease and claim or renew it when [`claim`] says so: `Ok(true)` when this replica holds it now,
     /// `Ok(false)` when another does (or won a race for it).
-    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, LeaseError> {
+    pub(crate) async fn try_acquire_or_renew(&mut self) -> Result<bool, LeaseError> {
         let me = self.config.identity.clone();
         let seconds = i32::try_from(self.config.duration.as_secs().max(1)).unwrap_or(i32::MAX);
         let current = self
@@ -249,7 +249,7 @@ impl Elector {
 
     /// Give the Lease up (holder cleared, duration 1 s) if this replica still holds it, so that a standby takes
     /// over at once.
-    pub async fn release(&mut self) -> Result<(), LeaseError> {
+    pub(crate) async fn release(&mut self) -> Result<(), LeaseError> {
         let current = self
             .call("reading the Lease", self.api.get_opt(&self.config.name))
             .await?;

@@ -7,16 +7,16 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 /// The test's end of the mock.
-pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+pub(super) type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 /// A client whose every request goes to the returned handle.
-pub fn client() -> (kube::Client, Handle) {
+pub(super) fn client() -> (kube::Client, Handle) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     (kube::Client::new(mock, "default"), handle)
 }
 
 /// A JSON response.
-pub fn reply(status: StatusCode, body: &Value) -> Response<Body> {
+pub(super) fn reply(status: StatusCode, body: &Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
@@ -24,7 +24,7 @@ pub fn reply(status: StatusCode, body: &Value) -> Response<Body> {
 }
 
 /// A `Status` failure with `code`.
-pub fn failure(code: StatusCode) -> Response<Body> {
+pub(super) fn failure(code: StatusCode) -> Response<Body> {
     let reason = match code {
         StatusCode::NOT_FOUND => "NotFound",
         StatusCode::CONFLICT => "Conflict",
@@ -89,7 +89,7 @@ fn allowed(method: &str, path: &str) -> bool {
 
 /// One request that arrived, with its body read.
 #[derive(Debug)]
-pub struct Arrived {
+pub(super) struct Arrived {
     /// Method.
     pub method: String,
     /// Path and query as sent.
@@ -101,13 +101,13 @@ pub struct Arrived {
 
 impl Arrived {
     /// Answer it.
-    pub fn answer(self, response: Response<Body>) {
+    pub(super) fn answer(self, response: Response<Body>) {
         self.send.send_response(response);
     }
 }
 
 /// The next request, which must be allowed by the shipped RBAC.
-pub async fn next(handle: &mut Handle) -> Arrived {
+pub(super) async fn next(handle: &mut Handle) -> Arrived {
     let (req, send) = handle
         .next_request()
         .await
@@ -142,7 +142,7 @@ pub async fn next(handle: &mut Handle) -> Arrived {
 }
 
 /// The next request, which must be `method uri`.
-pub async fn expect(handle: &mut Handle, method: &str, uri: &str) -> Arrived {
+pub(super) async fn expect(handle: &mut Handle, method: &str, uri: &str) -> Arrived {
     let r = next(handle).await;
     assert_eq!((r.method.as_str(), r.uri.as_str()), (method, uri));
     r
@@ -150,13 +150,13 @@ pub async fn expect(handle: &mut Handle, method: &str, uri: &str) -> Arrived {
 
 /// The next request must be a server-side apply of `want` at `uri` (path and query: the field manager, `force`
 /// where the sink takes over fields); the server answers with the object applied.
-pub async fn expect_apply(handle: &mut Handle, uri: &str, want: &Value) {
+pub(super) async fn expect_apply(handle: &mut Handle, uri: &str, want: &Value) {
     expect_applies(handle, &[(uri, want.clone())]).await;
 }
 
 /// The next requests must be exactly these server-side applies, in any order (the sinks send them concurrently);
 /// each is answered with the object applied.
-pub async fn expect_applies(handle: &mut Handle, want: &[(&str, Value)]) {
+pub(super) async fn expect_applies(handle: &mut Handle, want: &[(&str, Value)]) {
     let mut left: Vec<(&str, Value)> = want.to_vec();
     while !left.is_empty() {
         let r = next(handle).await;
@@ -173,7 +173,7 @@ pub async fn expect_applies(handle: &mut Handle, want: &[(&str, Value)]) {
 /// Serve `script` (which gets the handle and gives it back when its expectations are met), then refuse every
 /// further request until every client is dropped: awaiting the returned task after dropping the code under test
 /// proves it sent exactly the scripted requests.
-pub fn serve<F>(script: F) -> tokio::task::JoinHandle<()>
+pub(super) fn serve<F>(script: F) -> tokio::task::JoinHandle<()>
 where
     F: std::future::Future<Output = Handle> + Send + 'static,
 {
@@ -186,7 +186,7 @@ where
 }
 
 /// Await the script's task, passing its panic on.
-pub async fn finished(server: tokio::task::JoinHandle<()>) {
+pub(super) async fn finished(server: tokio::task::JoinHandle<()>) {
     match server.await {
         Ok(()) => {}
         Err(e) => match e.try_into_panic() {

@@ -11,19 +11,19 @@
 
 pub mod access;
 pub mod fence;
-pub mod inputs;
+pub(crate) mod inputs;
 pub mod leader;
-pub mod lease;
+pub(crate) mod lease;
 #[cfg(test)]
 mod mock_api;
-pub mod node_labels;
-pub mod objects;
+pub(crate) mod node_labels;
+pub(crate) mod objects;
 pub mod outputs;
-pub mod pass;
-pub mod rejections;
-pub mod reports;
-pub mod retention;
-pub mod tasks;
+pub(crate) mod pass;
+pub(crate) mod rejections;
+pub(crate) mod reports;
+pub(crate) mod retention;
+pub(crate) mod tasks;
 pub mod topology;
 
 use std::future::Future;

@@ -18,7 +18,7 @@ use super::outputs::Labels;
 type SharedLabels = Arc<BTreeMap<String, String>>;
 
 /// The label keys under `f:metadata.f:labels` of each field manager's entries: (ours, everybody else's).
-pub fn label_owners(
+pub(crate) fn label_owners(
     meta: &kube::api::ObjectMeta,
     manager: &str,
 ) -> (BTreeSet<String>, BTreeSet<String>) {
@@ -53,7 +53,7 @@ pub fn label_owners(
 /// The labels to apply on one node and whether that is needed: `desired` minus the keys another manager owns
 /// (never overwritten), compared with the labels isthmus owns now. `None`: nothing to write. The second value
 /// counts the keys left out because another manager owns them.
-pub fn node_labels_patch(
+pub(crate) fn node_labels_patch(
     meta: &kube::api::ObjectMeta,
     desired: Option<&BTreeMap<String, String>>,
 ) -> (Option<BTreeMap<String, String>>, usize) {
@@ -87,7 +87,7 @@ fn digest(labels: &BTreeMap<String, String>) -> u64 {
 }
 
 /// The topology labels on Nodes.
-pub struct LabelSink {
+pub(crate) struct LabelSink {
     api: Api<Node>,
     /// Per node: the resourceVersion the reflector showed when isthmus last applied, and a digest of what it
     /// applied; a node whose newer version has not arrived yet is not written twice.
@@ -106,7 +106,7 @@ impl std::fmt::Debug for LabelSink {
 
 impl LabelSink {
     /// A sink writing through `client`, `concurrency` applies at a time.
-    pub fn new(client: kube::Client, concurrency: usize) -> Self {
+    pub(crate) fn new(client: kube::Client, concurrency: usize) -> Self {
         Self {
             api: Api::all(client),
             applied: HashMap::new(),
@@ -116,19 +116,19 @@ impl LabelSink {
     }
 
     /// How many wanted labels other managers own, over every node checked so far.
-    pub fn foreign(&self) -> usize {
+    pub(crate) fn foreign(&self) -> usize {
         self.foreign.values().sum()
     }
 
     /// Forget the nodes that are gone.
-    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+    pub(crate) fn retain(&mut self, exists: impl Fn(&str) -> bool) {
         self.applied.retain(|n, _| exists(n));
         self.foreign.retain(|n, _| exists(n));
     }
 
     /// Apply `desired` (node → labels) to `nodes` (the Nodes to check: all after the model changed, else those
     /// that changed; nodes not there are never created). Returns the writes.
-    pub async fn sync(
+    pub(crate) async fn sync(
         &mut self,
         nodes: impl IntoIterator<Item = Arc<PartialObjectMeta<Node>>>,
         desired: &Labels,

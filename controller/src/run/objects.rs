@@ -20,7 +20,7 @@ const OBJECT_CONCURRENCY: usize = 16;
 
 /// Whether every field of `desired` has the same value in `observed`: objects key by key (extra keys in `observed`
 /// are fine: server defaults, other managers' fields), arrays element by element with the same length.
-pub fn contains(observed: &Value, desired: &Value) -> bool {
+pub(crate) fn contains(observed: &Value, desired: &Value) -> bool {
     match (observed, desired) {
         (Value::Object(o), Value::Object(d)) => d
             .iter()
@@ -39,7 +39,7 @@ pub(super) fn count_write(kind: &'static str, result: &'static str) {
 
 /// What one sync did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Writes {
+pub(crate) struct Writes {
     /// Objects applied.
     pub applied: usize,
     /// Objects deleted.
@@ -48,7 +48,7 @@ pub struct Writes {
 
 impl Writes {
     /// Whether anything was written.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.applied + self.deleted > 0
     }
 }
@@ -115,7 +115,7 @@ impl<K> Desired<K> {
 }
 
 /// Objects of kind `K` that isthmus owns whole.
-pub struct ObjectSink<K: kube::Resource> {
+pub(crate) struct ObjectSink<K: kube::Resource> {
     kind: &'static str,
     api: Api<K>,
     /// Label selector of the objects isthmus owns: those the model no longer has are deleted. Without one, only
@@ -139,18 +139,13 @@ where
     K: kube::Resource + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
     /// A sink writing through `api` (cluster-wide or one namespace's). `kind` labels its metrics.
-    pub fn new(api: Api<K>, kind: &'static str, owned_selector: Option<String>) -> Self {
+    pub(crate) fn new(api: Api<K>, kind: &'static str, owned_selector: Option<String>) -> Self {
         Self {
             kind,
             api,
             owned_selector,
             observed: None,
         }
-    }
-
-    /// Forget what was observed (the next sync reads again).
-    pub fn forget(&mut self) {
-        self.observed = None;
     }
 
     /// Read what the server holds and compare it with `desired` there and then.
@@ -186,7 +181,7 @@ where
     }
 
     /// Make the server hold `desired` (name → object): apply what differs, delete owned objects not in it.
-    pub async fn sync(
+    pub(crate) async fn sync(
         &mut self,
         desired: &BTreeMap<String, Desired<K>>,
     ) -> Result<Writes, kube::Error> {

@@ -107,7 +107,7 @@ async fn read_slurm(slurm: &SlurmClient) -> SlurmView {
 
 /// One pass: bring the model up to date, refresh the outputs the change touches, write what differs. Every output
 /// is tried even when one fails; the first error is returned (and the pass retried by the caller).
-pub async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
+pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
     let started = Instant::now();
     // A fresh leader first reads back what its predecessor rendered: no node leaves the Slurm files by a restart.
     if state.args.slurm_configmap && !state.retention.seeded() {

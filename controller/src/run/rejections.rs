@@ -9,13 +9,13 @@ use isthmus_api::report::{RejectReason, Rejection};
 
 /// The rejections of the last pass.
 #[derive(Debug, Default)]
-pub struct RejectionLog {
+pub(crate) struct RejectionLog {
     last: Option<BTreeMap<String, Rejection>>,
 }
 
 impl RejectionLog {
     /// Log and count what is new in `current` (object name → why), and set the gauges.
-    pub fn observe(&mut self, current: &BTreeMap<String, Rejection>) {
+    pub(crate) fn observe(&mut self, current: &BTreeMap<String, Rejection>) {
         let last = self.last.get_or_insert_with(|| {
             for r in RejectReason::ALL {
                 metrics::counter!("isthmus_controller_rejected_reports_total", "reason" => r.label())

@@ -30,7 +30,7 @@ struct Inner {
 
 /// The decoded reports, shared between the watch task that fills it and the reconciler that reads the changes.
 #[derive(Debug, Clone)]
-pub struct ReportStore {
+pub(crate) struct ReportStore {
     inner: Arc<Mutex<Inner>>,
     opts: Arc<DecodeOptions>,
     ready: Arc<tokio::sync::Notify>,
@@ -38,7 +38,7 @@ pub struct ReportStore {
 
 impl ReportStore {
     /// An empty store that reads reports with `opts`.
-    pub fn new(opts: DecodeOptions) -> Self {
+    pub(crate) fn new(opts: DecodeOptions) -> Self {
         Self {
             inner: Arc::default(),
             opts: Arc::new(opts),
@@ -51,7 +51,7 @@ impl ReportStore {
     }
 
     /// Read one watch event into the store.
-    pub fn apply(&self, event: Event<NrtAttributes>) {
+    pub(crate) fn apply(&self, event: Event<NrtAttributes>) {
         let mut inner = self.lock();
         let inner = &mut *inner;
         match event {
@@ -134,12 +134,12 @@ impl ReportStore {
     }
 
     /// Whether the first full list has arrived.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.lock().ready
     }
 
     /// Wait for the first full list.
-    pub async fn wait_until_ready(&self) {
+    pub(crate) async fn wait_until_ready(&self) {
         loop {
             let notified = self.ready.notified();
             if self.is_ready() {
@@ -150,7 +150,7 @@ impl ReportStore {
     }
 
     /// The reports that changed since the last call: (object name, the report now, or `None` when it is gone).
-    pub fn take_changes(&self) -> Vec<(String, Option<Report>)> {
+    pub(crate) fn take_changes(&self) -> Vec<(String, Option<Report>)> {
         let mut inner = self.lock();
         let changed = std::mem::take(&mut inner.changed);
         changed
@@ -163,12 +163,13 @@ impl ReportStore {
     }
 
     /// How many reports are kept.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
     }
 
+    #[cfg(test)]
     /// Whether no report is kept.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -18,7 +18,7 @@ use crate::slurm::nodes::SlurmNode;
 
 /// How many kept nodes the status ConfigMap lists by name (a ConfigMap holds at most 1 MiB, and a CRD reinstall
 /// makes every node missing at once).
-pub const STATUS_LINES: usize = 500;
+pub(crate) const STATUS_LINES: usize = 500;
 
 /// How many nodes a warning names one by one; beyond that, one warning counts them.
 const LOG_EACH: usize = 10;
@@ -46,7 +46,7 @@ impl SlurmView {
 
 /// What becomes of a node whose line the model no longer gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Kept; what Slurm shows of it (`Slurm shows MIXED`, or why Slurm cannot be read).
     Keep(String),
     /// It leaves the files; why Slurm lets it go.
@@ -55,7 +55,7 @@ pub enum Verdict {
 
 /// Whether Slurm shows `n` drained and idle: the `DRAIN` flag on a base state that holds no job (`IDLE`, or
 /// `DOWN`, whose jobs Slurm has already ended), nothing completing and no CPU allocated.
-pub fn drained_and_idle(n: &SlurmNode) -> bool {
+pub(crate) fn drained_and_idle(n: &SlurmNode) -> bool {
     n.is_drained()
         && !n.is_busy()
         && matches!(n.state.as_str(), "IDLE" | "DOWN")
@@ -63,7 +63,7 @@ pub fn drained_and_idle(n: &SlurmNode) -> bool {
 }
 
 /// The verdict on the node Slurm knows as `name`.
-pub fn verdict(name: &str, slurm: &SlurmView) -> Verdict {
+pub(crate) fn verdict(name: &str, slurm: &SlurmView) -> Verdict {
     match slurm {
         SlurmView::Unreadable(why) => Verdict::Keep(format!("Slurm cannot be read ({why})")),
         SlurmView::Listed(nodes) => match nodes.get(name) {

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 pub mod jobs;
 pub mod nodes;
-pub mod refusal;
+pub(crate) mod refusal;
 
 /// Where the Slurm client tools are and how long one call may take.
 #[derive(Debug, Clone, clap::Args)]

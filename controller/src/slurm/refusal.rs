@@ -8,7 +8,7 @@ use super::SlurmError;
 
 /// How slurmctld refused a client, read from the client's standard error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The client and slurmctld do not speak one protocol version: a 22.05 client of 24.11 ("Incompatible versions
     /// of client and server code") or of 26.05 ("Insane message length").
     ProtocolMismatch,
@@ -19,7 +19,7 @@ pub enum Refusal {
 }
 
 /// The refusal `stderr` reports, if any.
-pub fn refusal(stderr: &str) -> Option<Refusal> {
+pub(crate) fn refusal(stderr: &str) -> Option<Refusal> {
     let s = stderr.to_ascii_lowercase();
     if s.contains("insane message length")
         || s.contains("incompatible versions of client and server")
@@ -35,7 +35,7 @@ pub fn refusal(stderr: &str) -> Option<Refusal> {
 }
 
 /// The error of a command that exited with `status`.
-pub fn failed(program: &str, args: String, status: String, stderr: String) -> SlurmError {
+pub(crate) fn failed(program: &str, args: String, status: String, stderr: String) -> SlurmError {
     let program = program.to_owned();
     match refusal(&stderr) {
         Some(Refusal::ProtocolMismatch) => SlurmError::ProtocolMismatch {
@@ -57,7 +57,7 @@ pub fn failed(program: &str, args: String, status: String, stderr: String) -> Sl
     }
 }
 
-pub use isthmus_gres::slurm_json::json_errors;
+pub(crate) use isthmus_gres::slurm_json::json_errors;
 
 #[cfg(test)]
 mod tests {

@@ -6,11 +6,11 @@
 use isthmus_api::access::ApiAccess;
 
 /// The base's ValidatingWebhookConfiguration (node reports).
-pub const NRT_CONFIGURATION: &str = "isthmus-controller-nrt";
+pub(crate) const NRT_CONFIGURATION: &str = "isthmus-controller-nrt";
 /// The Slurm overlay's ValidatingWebhookConfiguration (pods, bindings, Nodes).
-pub const SLURM_CONFIGURATION: &str = "isthmus-controller-slurm";
+pub(crate) const SLURM_CONFIGURATION: &str = "isthmus-controller-slurm";
 /// The Secret with the webhook's CA and serving certificate (shipped empty, filled by the first replica).
-pub const SECRET: &str = "isthmus-controller-webhook-tls";
+pub(crate) const SECRET: &str = "isthmus-controller-webhook-tls";
 
 pub use isthmus_api::access::NamedAccess;
 
@@ -18,7 +18,7 @@ const CA_BUNDLE_WHY: &str = "keep the webhook configuration's caBundle equal to 
                              then a strategic merge patch of each webhook's clientConfig.caBundle)";
 
 /// Cluster-wide, with the base (ClusterRole `isthmus-controller-webhook`): nothing beyond its configuration.
-pub const BASE_ACCESS: &[ApiAccess] = &[ApiAccess {
+pub(crate) const BASE_ACCESS: &[ApiAccess] = &[ApiAccess {
     group: "",
     resource: "nodes",
     verbs: &["get"],
@@ -27,7 +27,7 @@ pub const BASE_ACCESS: &[ApiAccess] = &[ApiAccess {
 }];
 
 /// The base's named objects.
-pub const BASE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
+pub(crate) const BASE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
     group: "admissionregistration.k8s.io",
     resource: "validatingwebhookconfigurations",
     names: &[NRT_CONFIGURATION],
@@ -36,7 +36,7 @@ pub const BASE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
 }];
 
 /// Cluster-wide, with the Slurm overlay (ClusterRole `isthmus-controller-admission`).
-pub const SLURM_ACCESS: &[ApiAccess] = &[ApiAccess {
+pub(crate) const SLURM_ACCESS: &[ApiAccess] = &[ApiAccess {
     group: "",
     resource: "nodes",
     verbs: &["get"],
@@ -44,7 +44,7 @@ pub const SLURM_ACCESS: &[ApiAccess] = &[ApiAccess {
 }];
 
 /// The Slurm overlay's named objects.
-pub const SLURM_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
+pub(crate) const SLURM_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
     group: "admissionregistration.k8s.io",
     resource: "validatingwebhookconfigurations",
     names: &[SLURM_CONFIGURATION],
@@ -53,7 +53,7 @@ pub const SLURM_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
 }];
 
 /// In the controller's namespace (Role `isthmus-controller`), named objects.
-pub const NAMESPACE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
+pub(crate) const NAMESPACE_NAMED_ACCESS: &[NamedAccess] = &[NamedAccess {
     group: "",
     resource: "secrets",
     names: &[SECRET],

@@ -12,11 +12,11 @@ use tokio::time::Instant;
 use super::gate::{Busy, Conn, Reservation};
 
 /// What is kept of a body too long to read whole.
-pub const PREFIX: usize = 64 << 10;
+pub(crate) const PREFIX: usize = 64 << 10;
 
 /// A body, read.
 #[derive(Debug)]
-pub enum Body {
+pub(crate) enum Body {
     /// All of it, with the bytes reserved for it.
     Whole(Vec<u8>, Reservation),
     /// Longer than the limit: its first [`PREFIX`] bytes and its length.
@@ -25,14 +25,15 @@ pub enum Body {
         prefix: Vec<u8>,
         /// Its whole length.
         length: u64,
-        /// The bytes reserved for the prefix.
-        reservation: Reservation,
+        /// The bytes reserved for the prefix: held, not read, so that they return to the gate when the body is
+        /// dropped.
+        _reservation: Reservation,
     },
 }
 
 /// Why a body was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     /// No `Content-Length`.
     #[error("the request declares no Content-Length")]
     NoLength,
@@ -49,7 +50,7 @@ pub enum BodyError {
 
 impl BodyError {
     /// The HTTP status that says it.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             BodyError::NoLength => StatusCode::LENGTH_REQUIRED,
             BodyError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -60,7 +61,7 @@ impl BodyError {
 }
 
 /// Read `body` (declared `length` bytes long) for connection `conn`, by `deadline`, keeping at most `max` bytes.
-pub async fn read<B>(
+pub(crate) async fn read<B>(
     mut body: B,
     length: Option<u64>,
     max: usize,
@@ -107,7 +108,7 @@ where
         None => Body::Long {
             prefix: kept,
             length,
-            reservation,
+            _reservation: reservation,
         },
     })
 }

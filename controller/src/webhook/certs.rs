@@ -19,28 +19,28 @@ use x509_parser::pem::Pem;
 
 const DAY: i64 = 86_400;
 /// How long a new CA is valid.
-pub const CA_LIFETIME: i64 = 3650 * DAY;
+pub(crate) const CA_LIFETIME: i64 = 3650 * DAY;
 /// A CA with less than this left is replaced.
-pub const CA_RENEW_BEFORE: i64 = 400 * DAY;
+pub(crate) const CA_RENEW_BEFORE: i64 = 400 * DAY;
 /// How long a new serving certificate is valid (at most as long as its CA).
-pub const SERVING_LIFETIME: i64 = 365 * DAY;
+pub(crate) const SERVING_LIFETIME: i64 = 365 * DAY;
 /// A serving certificate with less than this left is renewed.
-pub const SERVING_RENEW_BEFORE: i64 = 90 * DAY;
+pub(crate) const SERVING_RENEW_BEFORE: i64 = 90 * DAY;
 /// Backdating of `notBefore`, for clocks a little behind ours.
 const BACKDATE: i64 = 300;
 
 /// The Secret's keys.
-pub const CA_BUNDLE_KEY: &str = "ca.crt";
+pub(crate) const CA_BUNDLE_KEY: &str = "ca.crt";
 /// The current CA's private key.
-pub const CA_KEY_KEY: &str = "ca.key";
+pub(crate) const CA_KEY_KEY: &str = "ca.key";
 /// The serving certificate.
-pub const TLS_CRT_KEY: &str = "tls.crt";
+pub(crate) const TLS_CRT_KEY: &str = "tls.crt";
 /// Its private key.
-pub const TLS_KEY_KEY: &str = "tls.key";
+pub(crate) const TLS_KEY_KEY: &str = "tls.key";
 
 /// The PEM texts the Secret holds.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Material {
+pub(crate) struct Material {
     /// The CAs clients trust: the signing CA first, then a previous one until it expires (the caBundle).
     pub ca_bundle: String,
     /// The signing CA's key (PKCS#8).
@@ -62,7 +62,7 @@ impl std::fmt::Debug for Material {
 
 /// What to do with the Secret's contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Serve them as they are.
     Keep,
     /// Issue a new serving certificate with the current CA (the caBundle stays).
@@ -95,7 +95,7 @@ const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 const END: &str = "-----END CERTIFICATE-----";
 
 /// Every certificate block in a PEM text, as its text (ending in a newline).
-pub fn pem_blocks(text: &str) -> Vec<String> {
+pub(crate) fn pem_blocks(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find(BEGIN) {
@@ -110,7 +110,7 @@ pub fn pem_blocks(text: &str) -> Vec<String> {
 }
 
 /// Every certificate in a PEM text, as DER.
-pub fn pem_certificates(text: &str) -> Vec<Vec<u8>> {
+pub(crate) fn pem_certificates(text: &str) -> Vec<Vec<u8>> {
     Pem::iter_from_buffer(text.as_bytes())
         .filter_map(Result::ok)
         .filter(|p| p.label == "CERTIFICATE")
@@ -153,7 +153,7 @@ fn key_matches(key_pem: &str, cert: &X509Certificate<'_>) -> bool {
 }
 
 /// The names the serving certificate has, when it has them.
-pub fn serving_names(m: &Material) -> BTreeSet<String> {
+pub(crate) fn serving_names(m: &Material) -> BTreeSet<String> {
     pem_certificates(&m.tls_crt)
         .first()
         .and_then(|d| parse(d).ok().map(|c| names_of(&c)))
@@ -161,7 +161,7 @@ pub fn serving_names(m: &Material) -> BTreeSet<String> {
 }
 
 /// Whether `m` can be served at `now` (Unix seconds) for `names`, and if not what to issue.
-pub fn plan(m: Option<&Material>, names: &[String], now: i64) -> Plan {
+pub(crate) fn plan(m: Option<&Material>, names: &[String], now: i64) -> Plan {
     let Some(m) = m else {
         return Plan::NewCa("the Secret holds no certificate yet".into());
     };
@@ -227,7 +227,7 @@ fn new_ca(now: i64) -> Result<(String, String, i64), CertError> {
 
 /// Carry out `plan` (not [`Plan::Keep`]): the serving certificate names `names` and whatever the previous one named
 /// (so that replicas configured with different extra names do not take turns replacing it).
-pub fn issue(
+pub(crate) fn issue(
     previous: Option<&Material>,
     plan: &Plan,
     names: &[String],

@@ -6,33 +6,33 @@ use serde_json::Value;
 /// A Node is Slurm-managed when it carries this label with the value `true`, or a taint with this key (any value
 /// and effect): the taint operators already set to keep the default scheduler off Slurm's nodes
 /// (`docs/placement.md`), or the label where a taint is not wanted.
-pub const MANAGED: &str = "slurm.isthmus.io/managed";
+pub(crate) const MANAGED: &str = "slurm.isthmus.io/managed";
 /// The value of [`MANAGED`] as a label.
-pub const MANAGED_LABEL_VALUE: &str = "true";
+pub(crate) const MANAGED_LABEL_VALUE: &str = "true";
 /// The annotation the kubelet puts on the mirror pods of its static pods.
-pub const MIRROR_POD: &str = "kubernetes.io/config.mirror";
+pub(crate) const MIRROR_POD: &str = "kubernetes.io/config.mirror";
 
 fn string_map<'a>(obj: &'a Value, field: &str, key: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.get(key)?.as_str()
 }
 
 /// `metadata.annotations[key]`.
-pub fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+pub(crate) fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
     string_map(obj, "annotations", key)
 }
 
 /// `metadata.labels[key]`.
-pub fn label<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+pub(crate) fn label<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
     string_map(obj, "labels", key)
 }
 
 /// `metadata.name`.
-pub fn name(obj: &Value) -> Option<&str> {
+pub(crate) fn name(obj: &Value) -> Option<&str> {
     obj.get("metadata")?.get("name")?.as_str()
 }
 
 /// A pod's `spec.nodeName`, when set.
-pub fn pod_node_name(pod: &Value) -> Option<&str> {
+pub(crate) fn pod_node_name(pod: &Value) -> Option<&str> {
     pod.get("spec")?
         .get("nodeName")?
         .as_str()
@@ -40,7 +40,7 @@ pub fn pod_node_name(pod: &Value) -> Option<&str> {
 }
 
 /// A Binding's target Node (`target.name` of kind Node; the API server refuses other kinds).
-pub fn binding_target(binding: &Value) -> Option<&str> {
+pub(crate) fn binding_target(binding: &Value) -> Option<&str> {
     binding
         .get("target")?
         .get("name")?
@@ -49,10 +49,10 @@ pub fn binding_target(binding: &Value) -> Option<&str> {
 }
 
 /// One taint as (key, value, effect).
-pub type Taint = (String, String, String);
+pub(crate) type Taint = (String, String, String);
 
 /// A Node's taints whose key is `key`, sorted.
-pub fn taints_with_key(node: &Value, key: &str) -> Vec<Taint> {
+pub(crate) fn taints_with_key(node: &Value, key: &str) -> Vec<Taint> {
     let field = |t: &Value, f: &str| t.get(f).and_then(Value::as_str).unwrap_or("").to_owned();
     let mut out: Vec<Taint> = node
         .get("spec")
@@ -68,7 +68,7 @@ pub fn taints_with_key(node: &Value, key: &str) -> Vec<Taint> {
 }
 
 /// Whether a Node object is Slurm-managed (see [`MANAGED`]).
-pub fn is_slurm_managed(node: &Value) -> bool {
+pub(crate) fn is_slurm_managed(node: &Value) -> bool {
     label(node, MANAGED) == Some(MANAGED_LABEL_VALUE) || !taints_with_key(node, MANAGED).is_empty()
 }
 

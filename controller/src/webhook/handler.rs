@@ -23,7 +23,7 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 const POD_CACHE: usize = 16_384;
 
 /// The webhook's decisions, with what they need to look things up.
-pub struct Handler {
+pub(crate) struct Handler {
     client: Client,
     policy: Policy,
     /// (pod name, UID) → node, for the agent's pods.
@@ -52,7 +52,7 @@ fn count(rule: &'static str, result: &'static str) {
 
 impl Handler {
     /// A handler reading through `client`.
-    pub fn new(client: Client, policy: Policy) -> Self {
+    pub(crate) fn new(client: Client, policy: Policy) -> Self {
         Self {
             client,
             policy,
@@ -62,7 +62,7 @@ impl Handler {
 
     /// A body that is not an AdmissionReview this webhook answers: counted, logged, and the message for the
     /// HTTP 400 that says so.
-    pub fn invalid(&self, why: &str) -> String {
+    pub(crate) fn invalid(&self, why: &str) -> String {
         count(rules::Rule::None.name(), "invalid");
         tracing::warn!(error = %why, "webhook: a request that is not an AdmissionReview");
         why.to_owned()
@@ -70,21 +70,21 @@ impl Handler {
 
     /// The answer to a review no rule judges, from its head alone (its objects never decoded); `None` when a rule
     /// does.
-    pub fn without_objects(&self, req: &Request) -> Option<Result<Vec<u8>, String>> {
+    pub(crate) fn without_objects(&self, req: &Request) -> Option<Result<Vec<u8>, String>> {
         (rules::target(req) == rules::Target::Other)
             .then(|| self.answer(req, Verdict::allowed(rules::Rule::None)))
     }
 
     /// The answer to a review of `length` bytes, longer than the `max` read whole, from its head
     /// ([`rules::too_long`]).
-    pub fn long(&self, head: Head, length: u64, max: usize) -> Result<Vec<u8>, String> {
+    pub(crate) fn long(&self, head: Head, length: u64, max: usize) -> Result<Vec<u8>, String> {
         let req = head.check().map_err(|e| self.invalid(&e.to_string()))?;
         let verdict = rules::too_long(&self.policy, &req, length, max);
         self.answer(&req, verdict)
     }
 
     /// Answer one review body: the AdmissionReview JSON, or why the body is not one (HTTP 400).
-    pub async fn review(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+    pub(crate) async fn review(&self, body: &[u8]) -> Result<Vec<u8>, String> {
         let req = review::parse(body).map_err(|e| self.invalid(&e.to_string()))?;
         let verdict = self.decide(&req).await;
         self.answer(&req, verdict)

@@ -14,14 +14,14 @@ use super::review::{API_VERSION, Request, ReviewError};
 /// What a decoded JSON value costs beyond its bytes in the body (its `serde_json::Value`, the map entry or vector
 /// slot holding it, the allocation of a string), measured on reviews of pods and Nodes; [`decode_cost`] counts one
 /// per value.
-pub const VALUE_COST: usize = 96;
+pub(crate) const VALUE_COST: usize = 96;
 
 /// The error that ends a prefix parse once the head has been read.
 const STOP: &str = "isthmus: head read";
 
 /// A review's head, as [`Request`] with no objects.
 #[derive(Debug, Default)]
-pub struct Head {
+pub(crate) struct Head {
     /// `apiVersion`.
     pub api_version: String,
     /// `kind`.
@@ -32,7 +32,7 @@ pub struct Head {
 
 impl Head {
     /// The request, when the review is an `admission.k8s.io/v1` AdmissionReview with one.
-    pub fn check(self) -> Result<Request, ReviewError> {
+    pub(crate) fn check(self) -> Result<Request, ReviewError> {
         if self.api_version != API_VERSION || self.kind != "AdmissionReview" {
             return Err(ReviewError::Version {
                 api_version: self.api_version,
@@ -134,7 +134,7 @@ impl<'de> Visitor<'de> for RequestSeed<'_> {
 }
 
 /// The head of a whole review body (its objects skipped, not decoded).
-pub fn parse(body: &[u8]) -> Result<Head, serde_json::Error> {
+pub(crate) fn parse(body: &[u8]) -> Result<Head, serde_json::Error> {
     let mut head = Head::default();
     let mut de = serde_json::Deserializer::from_slice(body);
     ReviewSeed {
@@ -148,7 +148,7 @@ pub fn parse(body: &[u8]) -> Result<Head, serde_json::Error> {
 
 /// The head from the first bytes of a review too long to read whole: read up to the request's first object.
 /// `None` when the prefix ends before that, or is not the start of an AdmissionReview.
-pub fn from_prefix(prefix: &[u8]) -> Option<Head> {
+pub(crate) fn from_prefix(prefix: &[u8]) -> Option<Head> {
     let mut head = Head::default();
     let mut de = serde_json::Deserializer::from_slice(prefix);
     match (ReviewSeed {
@@ -167,7 +167,7 @@ pub fn from_prefix(prefix: &[u8]) -> Option<Head> {
 /// What decoding `body` into `serde_json::Value`s costs, in bytes: its length, and [`VALUE_COST`] for each value
 /// and key (counted by the structural characters outside strings: one per `{`, `[`, `,` and `:`). One pass, no
 /// allocation; an upper bound for what the rules decode.
-pub fn decode_cost(body: &[u8]) -> usize {
+pub(crate) fn decode_cost(body: &[u8]) -> usize {
     let (mut values, mut in_string, mut escaped) = (1usize, false, false);
     for &b in body {
         if in_string {

@@ -10,18 +10,18 @@
 //!
 //! Off unless `--webhook-listen` is given (the shipped Deployment sets it).
 
-pub mod access;
-pub mod body;
-pub mod certs;
-pub mod facts;
+pub(crate) mod access;
+pub(crate) mod body;
+pub(crate) mod certs;
+pub(crate) mod facts;
 pub mod gate;
-pub mod handler;
-pub mod head;
+pub(crate) mod handler;
+pub(crate) mod head;
 pub mod identity;
-pub mod review;
-pub mod rotation;
+pub(crate) mod review;
+pub(crate) mod rotation;
 pub mod rules;
-pub mod server;
+pub(crate) mod server;
 pub mod tolerations;
 
 use std::sync::Arc;

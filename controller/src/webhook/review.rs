@@ -7,12 +7,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The only API version served (the webhook configurations ask for exactly this one).
-pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub(crate) const API_VERSION: &str = "admission.k8s.io/v1";
 
 /// An AdmissionReview as the API server sends it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ReviewIn {
+pub(crate) struct ReviewIn {
     /// `admission.k8s.io/v1`.
     #[serde(default)]
     pub api_version: String,
@@ -83,7 +83,7 @@ pub struct Request {
 
 /// The response's `status` (only its message matters to the API server).
 #[derive(Debug, Clone, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     /// HTTP-like code: 403 for a denial.
     pub code: u16,
     /// Shown to the client: `admission webhook "…" denied the request: MESSAGE`.
@@ -92,7 +92,7 @@ pub struct Status {
 
 /// The response inside the review.
 #[derive(Debug, Clone, Serialize)]
-pub struct Response {
+pub(crate) struct Response {
     /// The request's uid.
     pub uid: String,
     /// Whether the request may go on.
@@ -105,7 +105,7 @@ pub struct Response {
 /// An AdmissionReview as the webhook answers.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ReviewOut {
+pub(crate) struct ReviewOut {
     /// `admission.k8s.io/v1`.
     pub api_version: &'static str,
     /// `AdmissionReview`.
@@ -116,12 +116,12 @@ pub struct ReviewOut {
 
 impl ReviewOut {
     /// Allow request `uid`.
-    pub fn allow(uid: &str) -> Self {
+    pub(crate) fn allow(uid: &str) -> Self {
         Self::new(uid, true, None)
     }
 
     /// Deny request `uid` with `message` (code 403).
-    pub fn deny(uid: &str, message: String) -> Self {
+    pub(crate) fn deny(uid: &str, message: String) -> Self {
         Self::new(uid, false, Some(Status { code: 403, message }))
     }
 
@@ -140,7 +140,7 @@ impl ReviewOut {
 
 /// Why a body is not a review this webhook can answer.
 #[derive(Debug, thiserror::Error)]
-pub enum ReviewError {
+pub(crate) enum ReviewError {
     /// Not JSON of the expected shape.
     #[error("not an AdmissionReview: {0}")]
     Json(#[from] serde_json::Error),
@@ -158,7 +158,7 @@ pub enum ReviewError {
 }
 
 /// Parse a review body.
-pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
+pub(crate) fn parse(body: &[u8]) -> Result<Request, ReviewError> {
     let review: ReviewIn = serde_json::from_slice(body)?;
     if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
         return Err(ReviewError::Version {

@@ -23,10 +23,10 @@ use super::certs::{self, CA_BUNDLE_KEY, CA_KEY_KEY, Material, Plan, TLS_CRT_KEY,
 use super::server::CertSlot;
 
 /// Field manager of the `caBundle` patches.
-pub const FIELD_MANAGER: &str = "isthmus-controller";
+pub(crate) const FIELD_MANAGER: &str = "isthmus-controller";
 /// Why a round failed (it is retried).
 #[derive(Debug, thiserror::Error)]
-pub enum RotationError {
+pub(crate) enum RotationError {
     /// The Secret does not exist.
     #[error(
         "Secret {0} does not exist: it ships with deploy/controller (kubectl apply -k deploy/controller), the \
@@ -51,7 +51,7 @@ pub enum RotationError {
 
 /// What one replica keeps current.
 #[derive(Clone)]
-pub struct Rotation {
+pub(crate) struct Rotation {
     /// API client.
     pub client: Client,
     /// The controller's namespace (the Secret's).
@@ -91,7 +91,7 @@ fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Option<String> {
 }
 
 /// The material in a Secret's data, when all four parts are there.
-pub fn material(secret: &Secret) -> Option<Material> {
+pub(crate) fn material(secret: &Secret) -> Option<Material> {
     let data = secret.data.as_ref()?;
     Some(Material {
         ca_bundle: text(data, CA_BUNDLE_KEY)?,
@@ -116,7 +116,7 @@ fn data(m: &Material) -> BTreeMap<String, ByteString> {
 impl Rotation {
     /// Run rounds until `shutdown`: every `interval`, and after a failure sooner
     /// ([`RetryPolicy::api_write`]: 1 s doubling to a minute, jittered).
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut backoff = RetryPolicy::api_write().backoff();
         loop {
             let wait = match self.round().await {
@@ -140,7 +140,7 @@ impl Rotation {
     }
 
     /// One round: the Secret's certificate issued if needed, served, and its CA in every configuration.
-    pub async fn round(&self) -> Result<(), RotationError> {
+    pub(crate) async fn round(&self) -> Result<(), RotationError> {
         let m = self.current_material().await?;
         if self.slot.set(&m)? {
             tracing::info!(secret = %self.secret, "webhook: serving the certificate from the Secret");

@@ -31,7 +31,7 @@ use super::handler::Handler;
 use super::head;
 
 /// The path the webhook configurations call.
-pub const PATH: &str = "/validate";
+pub(crate) const PATH: &str = "/validate";
 /// Largest buffer hyper keeps for one connection (request headers must fit in it).
 const READ_BUFFER: usize = 64 << 10;
 
@@ -42,7 +42,7 @@ fn provider() -> Arc<CryptoProvider> {
 /// The serving certificate, replaceable while connections are served; none until the first is loaded (TLS
 /// handshakes fail until then).
 #[derive(Debug, Default)]
-pub struct CertSlot {
+pub(crate) struct CertSlot {
     current: RwLock<Option<(Arc<CertifiedKey>, String)>>,
 }
 
@@ -55,7 +55,7 @@ impl ResolvesServerCert for CertSlot {
 
 impl CertSlot {
     /// Serve `m`'s certificate from now on. Returns whether it differs from the one served before.
-    pub fn set(&self, m: &Material) -> Result<bool, CertError> {
+    pub(crate) fn set(&self, m: &Material) -> Result<bool, CertError> {
         let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
         if current.as_ref().is_some_and(|(_, pem)| *pem == m.tls_crt) {
             return Ok(false);
@@ -73,7 +73,7 @@ impl CertSlot {
     }
 
     /// Whether a certificate is loaded.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -84,7 +84,7 @@ impl CertSlot {
 /// Who may call the webhook: anyone that completes a TLS handshake (the API server verifies the webhook, the
 /// webhook does not verify it), or only callers that present a certificate signed by one of the CAs in a bundle.
 #[derive(Debug, Clone)]
-pub enum ClientAuth {
+pub(crate) enum ClientAuth {
     /// No client certificate asked for.
     None,
     /// A client certificate signed by one of these CAs is required.
@@ -93,7 +93,7 @@ pub enum ClientAuth {
 
 impl ClientAuth {
     /// Require a certificate signed by a CA of `pem` (a bundle of one or more PEM certificates).
-    pub fn from_pem(pem: &str) -> Result<Self, CertError> {
+    pub(crate) fn from_pem(pem: &str) -> Result<Self, CertError> {
         let mut roots = RootCertStore::empty();
         for der in pem_certificates(pem) {
             roots
@@ -110,7 +110,7 @@ impl ClientAuth {
 }
 
 /// The TLS configuration: the certificate of `slot`, and client certificates as `auth` says.
-pub fn tls_config(
+pub(crate) fn tls_config(
     slot: Arc<CertSlot>,
     auth: &ClientAuth,
 ) -> Result<rustls::ServerConfig, CertError> {
@@ -132,7 +132,7 @@ pub fn tls_config(
 }
 
 /// Serve on `listener` with `config` until `shutdown`, within the bounds of `gate`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: std::net::TcpListener,
     config: rustls::ServerConfig,
     gate: Arc<Gate>,

@@ -18,9 +18,9 @@ use super::{
 };
 
 /// The longest device path (before its range).
-pub const MAX_PATH: usize = 256;
+pub(crate) const MAX_PATH: usize = 256;
 /// The largest `Links=` entry (NVLinks between two GPUs; 18 on an H100).
-pub const MAX_LINKS: u32 = 255;
+pub(crate) const MAX_LINKS: u32 = 255;
 
 /// A flag of `Flags=` (Slurm 22.05's set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

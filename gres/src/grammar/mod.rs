@@ -7,8 +7,8 @@
 //! `_ . , : / [ ] = + -`): no newline, `#`, quote, backslash or other control or shell character. A line is a
 //! space-separated list of `Key=value` tokens; every key is known, appears once and carries exactly one `=`.
 
-pub mod gres_line;
-pub mod node_line;
+pub(crate) mod gres_line;
+pub(crate) mod node_line;
 /// A DNS label (RFC 1123), as namespace names are (and placement's gang names).
 pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();

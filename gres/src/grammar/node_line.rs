@@ -9,13 +9,13 @@ use super::{LineError, Seen, bad, excerpt, is_gres_name, is_slurm_hostname, is_w
 
 /// Largest `CPUs=` (and product of Boards, SocketsPerBoard, CoresPerSocket and ThreadsPerCore): Slurm 22.05 keeps
 /// CPU counts in 16 bits.
-pub const MAX_CPUS: u64 = u16::MAX as u64;
+pub(crate) const MAX_CPUS: u64 = u16::MAX as u64;
 /// Largest `RealMemory=` in MiB (4 PiB).
-pub const MAX_REAL_MEMORY_MIB: u64 = 1 << 32;
+pub(crate) const MAX_REAL_MEMORY_MIB: u64 = 1 << 32;
 /// Largest count of one GRES in `Gres=`.
-pub const MAX_GRES_COUNT: u64 = u16::MAX as u64;
+pub(crate) const MAX_GRES_COUNT: u64 = u16::MAX as u64;
 /// Most entries of `Gres=` and of `Features=`.
-pub const MAX_ENTRIES: usize = 64;
+pub(crate) const MAX_ENTRIES: usize = 64;
 
 /// One `Gres=` entry: `name[:type]:count`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -27,7 +27,7 @@ const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 
 /// A unix stream whose incoming header blocks carry a valid `:authority`.
-pub struct AuthorityFix {
+pub(crate) struct AuthorityFix {
     inner: UnixStream,
     raw: Vec<u8>,
     out: Vec<u8>,
@@ -46,7 +46,7 @@ impl std::fmt::Debug for AuthorityFix {
 
 impl AuthorityFix {
     /// Wrap an accepted connection.
-    pub fn new(inner: UnixStream) -> Self {
+    pub(crate) fn new(inner: UnixStream) -> Self {
         Self {
             inner,
             raw: Vec::new(),

@@ -12,13 +12,13 @@ use super::proto;
 use super::slurm_jobs::Holds;
 
 /// The health strings of the device plugin API.
-pub const HEALTHY: &str = "Healthy";
+pub(crate) const HEALTHY: &str = "Healthy";
 /// See [`HEALTHY`].
-pub const UNHEALTHY: &str = "Unhealthy";
+pub(crate) const UNHEALTHY: &str = "Unhealthy";
 
 /// One device as the kubelet sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServedDevice {
+pub(crate) struct ServedDevice {
     /// The device ID: the PCI address `dddd:bb:dd.f` (known from sysfs alone, the name health findings, gres.conf's
     /// `File=` order and the NRT use; stable for the life of the machine's PCI layout).
     pub id: String,
@@ -37,12 +37,12 @@ pub struct ServedDevice {
 
 impl ServedDevice {
     /// Whether the kubelet may hand the device out.
-    pub fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         self.has_own_node && !self.unhealthy
     }
 
     /// The device in a `ListAndWatch` answer.
-    pub fn to_proto(&self) -> proto::Device {
+    pub(crate) fn to_proto(&self) -> proto::Device {
         proto::Device {
             id: self.id.clone(),
             health: if self.healthy() { HEALTHY } else { UNHEALTHY }.to_owned(),
@@ -54,10 +54,10 @@ impl ServedDevice {
 }
 
 /// The devices of one resource name, by ID.
-pub type Devices = BTreeMap<String, ServedDevice>;
+pub(crate) type Devices = BTreeMap<String, ServedDevice>;
 
 /// The vendor visibility variable a resource's containers get (NVIDIA's container runtime hook reads it).
-pub fn visibility_env(resource: &str) -> Option<&'static str> {
+pub(crate) fn visibility_env(resource: &str) -> Option<&'static str> {
     match resource {
         "nvidia.com/gpu" => Some("NVIDIA_VISIBLE_DEVICES"),
         _ => None,
@@ -68,7 +68,7 @@ pub fn visibility_env(resource: &str) -> Option<&'static str> {
 /// without MIG (`nvidia.com/gpu`), AMD GPUs in one partition (`amd.com/gpu`), Gaudi (`habana.ai/gaudi`) and
 /// Cambricon MLUs (`cambricon.com/mlu`); MIG devices and AMD compute partitions stay with the vendor's plugin.
 /// `is_char_device` tells whether a host path is a character device on the host.
-pub fn inventory(
+pub(crate) fn inventory(
     topo: &NodeTopology,
     findings: &[Finding],
     is_char_device: &dyn Fn(&str) -> bool,
@@ -155,7 +155,7 @@ pub(crate) fn own_node(d: &isthmus_topology::Device) -> Option<String> {
 
 /// Why an allocation is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocateError {
+pub(crate) enum AllocateError {
     /// The kubelet named a device this plugin does not serve.
     #[error("unknown device {id:?} for {resource} (this node serves {known})")]
     Unknown {
@@ -192,7 +192,7 @@ pub enum AllocateError {
 /// What one container needs for `ids`: every device's nodes (each once, own nodes in the order asked, then the
 /// shared control nodes) with `rw` access, and the vendor's visibility variable. Every ID must be a served, healthy
 /// device. Host paths are under `runtime_root`, the host's `/` as the container runtime sees it (`/` on a node).
-pub fn container_allocation(
+pub(crate) fn container_allocation(
     resource: &str,
     devices: &Devices,
     ids: &[String],
@@ -271,7 +271,7 @@ pub fn container_allocation(
 /// those any placeholder job holds for its pod, then those on the NUMA node of the ones already chosen, then by ID,
 /// up to `size`. Unknown or unhealthy IDs, and devices a Slurm job holds, are never preferred; fewer than `size` is
 /// answered when there are not enough (the kubelet then chooses the rest, and `Allocate` refuses a Slurm job's).
-pub fn preferred(
+pub(crate) fn preferred(
     devices: &Devices,
     available: &[String],
     must_include: &[String],

@@ -9,16 +9,16 @@
 //! procfs and exists for NVIDIA GPUs only.
 
 pub mod args;
-pub mod authority;
+pub(crate) mod authority;
 pub mod check;
 #[cfg(test)]
 mod check_tests;
-pub mod inventory;
+pub(crate) mod inventory;
 mod mismatch;
 pub mod owners;
-pub mod registration;
+pub(crate) mod registration;
 pub mod report;
-pub mod service;
+pub(crate) mod service;
 pub mod slurm_jobs;
 pub mod slurm_json;
 pub mod slurm_poll;

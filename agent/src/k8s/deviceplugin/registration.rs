@@ -10,10 +10,10 @@ use super::proto::registration_client::RegistrationClient;
 use crate::k8s::kubelet_grpc::source_chain as chain;
 
 /// The API version this plugin speaks.
-pub const API_VERSION: &str = "v1beta1";
+pub(crate) const API_VERSION: &str = "v1beta1";
 
 /// The kubelet's socket name in the device-plugins directory.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
+pub(crate) const KUBELET_SOCKET: &str = "kubelet.sock";
 
 /// How long one registration may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,7 +35,7 @@ pub enum RegisterError {
 }
 
 /// A file's identity (device, inode): the same path with another identity is another socket.
-pub fn identity(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino()))
@@ -43,7 +43,7 @@ pub fn identity(path: &Path) -> Option<(u64, u64)> {
 
 /// Register `resource`, served on `endpoint` (a file name in the kubelet's directory), with the kubelet listening on
 /// `kubelet_socket`.
-pub async fn register(
+pub(crate) async fn register(
     kubelet_socket: &Path,
     endpoint: &str,
     resource: &str,
@@ -68,7 +68,7 @@ pub async fn register(
 }
 
 /// The socket file name of `resource`'s plugin: `isthmus-<resource with '/' as '_'>.sock`.
-pub fn endpoint_name(resource: &str) -> String {
+pub(crate) fn endpoint_name(resource: &str) -> String {
     let safe: String = resource
         .chars()
         .map(|c| {

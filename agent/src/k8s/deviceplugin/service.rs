@@ -19,7 +19,7 @@ const MAX_CONTAINERS: usize = 256;
 
 /// One resource name's plugin.
 #[derive(Debug, Clone)]
-pub struct Plugin {
+pub(crate) struct Plugin {
     /// The resource name.
     pub resource: String,
     /// Its devices.
@@ -35,7 +35,7 @@ pub struct Plugin {
 /// Where the plugin learns which placed pod the kubelet is admitting: the kubelet's PodResources, and Slurm asked
 /// out of turn when its last answer does not name that pod's job yet.
 #[derive(Debug, Clone)]
-pub struct AdmittingSource {
+pub(crate) struct AdmittingSource {
     /// The kubelet's PodResources socket.
     pub pod_resources: PathBuf,
     /// Asks Slurm now.
@@ -78,7 +78,7 @@ impl Plugin {
 }
 
 /// The options this plugin registers with and answers.
-pub fn options() -> proto::DevicePluginOptions {
+pub(crate) fn options() -> proto::DevicePluginOptions {
     proto::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,

@@ -11,18 +11,18 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
 /// The longest manager name kept (Kubernetes allows 128 characters).
-pub const MAX_MANAGER_CHARS: usize = 64;
+pub(crate) const MAX_MANAGER_CHARS: usize = 64;
 
 /// The most managers kept (the rest are counted in the log line only): bounds the metric's series.
-pub const MAX_MANAGERS: usize = 4;
+pub(crate) const MAX_MANAGERS: usize = 4;
 
 /// The manager the API server records for the fields an object already had when it is first applied to without
 /// managed fields (after they were reset): not a writer, it never writes again.
-pub const BEFORE_FIRST_APPLY: &str = "before-first-apply";
+pub(crate) const BEFORE_FIRST_APPLY: &str = "before-first-apply";
 
 /// A manager name as it is logged and labelled: ASCII letters, digits and `-._:/@`, every other character replaced
 /// by `_`, cut at [`MAX_MANAGER_CHARS`]; `unnamed` for an empty name.
-pub fn safe_name(raw: &str) -> String {
+pub(crate) fn safe_name(raw: &str) -> String {
     let name: String = raw
         .chars()
         .take(MAX_MANAGER_CHARS)
@@ -57,7 +57,7 @@ fn owns_content(entry: &ManagedFieldsEntry) -> bool {
 
 /// The other writers of the object `meta` belongs to: the managers other than `own` that own some of its content,
 /// as [`safe_name`]s, sorted, without duplicates; and how many more there were past [`MAX_MANAGERS`].
-pub fn foreign_managers(meta: &ObjectMeta, own: &str) -> (Vec<String>, usize) {
+pub(crate) fn foreign_managers(meta: &ObjectMeta, own: &str) -> (Vec<String>, usize) {
     let mut names: Vec<String> = meta
         .managed_fields
         .iter()
@@ -77,7 +77,7 @@ pub fn foreign_managers(meta: &ObjectMeta, own: &str) -> (Vec<String>, usize) {
 
 /// What one look at the live object changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// The same writers as before (or still none).
     Same,
     /// Other writers appeared, or their set changed: these are now the writers.
@@ -88,13 +88,13 @@ pub enum Change {
 
 /// The other writers last seen.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ForeignWriters {
+pub(crate) struct ForeignWriters {
     current: Vec<String>,
 }
 
 impl ForeignWriters {
     /// Take in the writers seen now (from [`foreign_managers`]).
-    pub fn observe(&mut self, now: Vec<String>) -> Change {
+    pub(crate) fn observe(&mut self, now: Vec<String>) -> Change {
         if now == self.current {
             return Change::Same;
         }
@@ -107,12 +107,12 @@ impl ForeignWriters {
     }
 
     /// Whether another writer is there.
-    pub fn present(&self) -> bool {
+    pub(crate) fn present(&self) -> bool {
         !self.current.is_empty()
     }
 
     /// The writers last seen.
-    pub fn managers(&self) -> &[String] {
+    pub(crate) fn managers(&self) -> &[String] {
         &self.current
     }
 }

@@ -97,8 +97,8 @@ pub(super) async fn tell<K: Published>(
 }
 
 /// The Events' reason when another writer appears.
-pub const FOREIGN_REASON: &str = "ForeignWriter";
+pub(crate) const FOREIGN_REASON: &str = "ForeignWriter";
 /// The Events' reason when the other writers are gone.
-pub const FOREIGN_GONE_REASON: &str = "ForeignWriterGone";
+pub(crate) const FOREIGN_GONE_REASON: &str = "ForeignWriterGone";
 /// The Events' component.
 const EVENT_COMPONENT: &str = "isthmus-agent";

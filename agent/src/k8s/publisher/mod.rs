@@ -22,20 +22,19 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::{Metrics, Publication};
 use isthmus_api::retry::RetryPolicy;
 
-pub mod foreign;
+pub(crate) mod foreign;
 mod foreign_report;
-pub mod pacing;
+pub(crate) mod pacing;
 mod published;
 
 use foreign::{Change, ForeignWriters};
-pub use foreign_report::{FOREIGN_GONE_REASON, FOREIGN_REASON};
 use foreign_report::{FOREIGN_REFRESH, Mode, tell};
 use pacing::{Decision, Pacer, Restore};
-pub use published::Published;
+pub(crate) use published::Published;
 
 /// Why a publication failed.
 #[derive(Debug, thiserror::Error)]
-pub enum PublishError {
+pub(crate) enum PublishError {
     /// The Node does not exist (yet): the object would be garbage-collected at once.
     #[error("Node {0} does not exist; the object is published once it does")]
     NodeMissing(String),
@@ -55,7 +54,7 @@ pub enum PublishError {
 
 /// What a publication did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Nothing was sent: the live object has other writers (see [`foreign::foreign_managers`]: their names, and
     /// how many more) and the publisher does not take it over.
     Foreign(Vec<String>, usize),
@@ -69,7 +68,7 @@ pub enum Outcome {
 
 /// An object to publish, and whether it may replace one already on the server.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Desired<K> {
+pub(crate) struct Desired<K> {
     /// The object.
     pub object: K,
     /// Made without the facts that make it true (the kubelet has not answered): publish it only where no object
@@ -78,8 +77,9 @@ pub struct Desired<K> {
 }
 
 impl<K> Desired<K> {
+    #[cfg(test)]
     /// An object that replaces whatever is there.
-    pub fn current(object: K) -> Self {
+    pub(crate) fn current(object: K) -> Self {
         Self {
             object,
             keep_existing: false,
@@ -88,7 +88,7 @@ impl<K> Desired<K> {
 }
 
 /// Applies one object through the API server, remembering what it applied.
-pub struct Publisher<K> {
+pub(crate) struct Publisher<K> {
     api: Api<K>,
     nodes: Api<Node>,
     owner: Option<OwnerReference>,
@@ -111,7 +111,7 @@ impl<K> Debug for Publisher<K> {
 
 impl<K: Published> Publisher<K> {
     /// A publisher using `client`; `takeover`: write over an object that has other writers.
-    pub fn new(client: Client, takeover: bool) -> Self {
+    pub(crate) fn new(client: Client, takeover: bool) -> Self {
         Self {
             api: Api::all(client.clone()),
             nodes: Api::all(client),
@@ -156,7 +156,7 @@ impl<K: Published> Publisher<K> {
 
     /// Apply `desired` (with the owner reference) unless it equals what was applied last, or, for the first
     /// publication, what is already there.
-    pub async fn publish(&mut self, desired: &K) -> Result<Outcome, PublishError> {
+    pub(crate) async fn publish(&mut self, desired: &K) -> Result<Outcome, PublishError> {
         let name = desired.meta().name.clone().ok_or(PublishError::Unnamed)?;
         let mut obj = desired.clone();
         let owner = self.owner(&name).await?;
@@ -198,7 +198,10 @@ impl<K: Published> Publisher<K> {
 
     /// Publish `desired`, unless it may not replace an existing object and one exists: asked (a list by name, what
     /// the own-object watch is allowed too) only while nothing has been applied by this publisher.
-    pub async fn publish_desired(&mut self, desired: &Desired<K>) -> Result<Outcome, PublishError> {
+    pub(crate) async fn publish_desired(
+        &mut self,
+        desired: &Desired<K>,
+    ) -> Result<Outcome, PublishError> {
         if desired.keep_existing && self.applied.is_none() {
             let name = desired
                 .object
@@ -217,7 +220,7 @@ impl<K: Published> Publisher<K> {
 
     /// Forget what was applied, so that the next publication applies again; `node_too`: read the Node's UID again
     /// (after a deletion, which the garbage collector does when the Node itself went away).
-    pub fn forget(&mut self, node_too: bool) {
+    pub(crate) fn forget(&mut self, node_too: bool) {
         self.applied = None;
         self.live_checked = false;
         if node_too {
@@ -226,14 +229,14 @@ impl<K: Published> Publisher<K> {
     }
 
     /// Whether `live` lost content we applied (someone else edited it).
-    pub fn drifted(&self, live: &K) -> bool {
+    pub(crate) fn drifted(&self, live: &K) -> bool {
         self.applied.as_ref().is_some_and(|a| !a.same_content(live))
     }
 }
 
 /// Where a publisher says who else writes its object: for the topology objects, the node's reported conditions
 /// (`NrtSingleWriter`, [`super::reported::Reported`]).
-pub trait WritersReport: Debug + Send + Sync {
+pub(crate) trait WritersReport: Debug + Send + Sync {
     /// The other field managers of the object of `kind` now (none: it is the agent's alone), and whether the agent
     /// writes over them.
     fn set_writers(&self, kind: &str, managers: &[String], takeover: bool);
@@ -242,7 +245,7 @@ pub trait WritersReport: Debug + Send + Sync {
 /// Where a publisher says what it does: the agent's metrics and, for the topology objects, the node's reported
 /// conditions, which say who else writes them (`NrtSingleWriter`).
 #[derive(Debug, Clone)]
-pub struct Telling {
+pub(crate) struct Telling {
     /// The agent's metrics.
     pub metrics: Arc<Metrics>,
     /// The node's reported conditions (`None`: the object's other writers are not reported as a condition).
@@ -251,7 +254,7 @@ pub struct Telling {
 
 /// How the publisher task paces itself, and whether it writes over another writer.
 #[derive(Debug, Clone, Copy)]
-pub struct Pacing {
+pub(crate) struct Pacing {
     /// At most one apply per this interval (bursts of changes coalesce to the latest object; see [`Pacer`]).
     pub min_interval: Duration,
     /// Timeout of one API call.
@@ -282,7 +285,7 @@ async fn sleep_until(at: Option<Instant>) {
 /// to the last one: a watch on it (field selector on its name) re-applies when it is deleted or edited. When to
 /// write is the [`Pacer`]'s decision; this loop feeds it the events and executes what it decides. With
 /// `telling.writers`, the object's other writers are also reported in the node's `NrtSingleWriter` condition.
-pub async fn run<K: Published>(
+pub(crate) async fn run<K: Published>(
     client: Client,
     node: String,
     mut desired: watch::Receiver<Option<Desired<K>>>,

@@ -15,14 +15,14 @@
 use std::time::{Duration, Instant};
 
 /// A restore this soon after the previous one counts as a fight with another writer.
-pub const RESTORE_QUIET: Duration = Duration::from_secs(2);
+pub(crate) const RESTORE_QUIET: Duration = Duration::from_secs(2);
 
 /// The largest exponent of a fight's wait (`min_interval × 2⁷`: about a minute at the default 500 ms).
 const MAX_FIGHT_EXPONENT: u32 = 7;
 
 /// What the publisher does now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Nothing is pending: wait for the next event.
     Idle,
     /// Publish the latest desired object.
@@ -33,7 +33,7 @@ pub enum Decision {
 
 /// How a restore is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Restore {
+pub(crate) enum Restore {
     /// The first restore in a while: written at once.
     Now,
     /// The `fights`-th restore in a row within [`RESTORE_QUIET`] of the previous one: written at `at`.
@@ -47,7 +47,7 @@ pub enum Restore {
 
 /// The publisher's pacing state.
 #[derive(Debug, Clone)]
-pub struct Pacer {
+pub(crate) struct Pacer {
     min_interval: Duration,
     /// The desired object may differ from what the server holds.
     pending: bool,
@@ -63,7 +63,7 @@ pub struct Pacer {
 
 impl Pacer {
     /// A pacer allowing one write per `min_interval`, with a publication pending (the first one).
-    pub fn new(min_interval: Duration) -> Self {
+    pub(crate) fn new(min_interval: Duration) -> Self {
         Self {
             min_interval,
             pending: true,
@@ -76,7 +76,7 @@ impl Pacer {
     }
 
     /// What to do at `now`.
-    pub fn decide(&self, now: Instant) -> Decision {
+    pub(crate) fn decide(&self, now: Instant) -> Decision {
         if !self.pending {
             return Decision::Idle;
         }
@@ -96,12 +96,12 @@ impl Pacer {
     }
 
     /// The desired object changed.
-    pub fn changed(&mut self) {
+    pub(crate) fn changed(&mut self) {
         self.pending = true;
     }
 
     /// The live object was deleted or changed by someone else at `now`: it is to be written again.
-    pub fn restore(&mut self, now: Instant) -> Restore {
+    pub(crate) fn restore(&mut self, now: Instant) -> Restore {
         self.fights = match self.last_restore {
             Some(t) if now.saturating_duration_since(t) < RESTORE_QUIET => {
                 self.fights.saturating_add(1)
@@ -124,20 +124,20 @@ impl Pacer {
     }
 
     /// A publication sent an apply at `now`.
-    pub fn written(&mut self, now: Instant) {
+    pub(crate) fn written(&mut self, now: Instant) {
         self.settled();
         self.last_write = Some(now);
     }
 
     /// A publication found nothing to send (the object is already right, or is kept, or there is none yet).
-    pub fn settled(&mut self) {
+    pub(crate) fn settled(&mut self) {
         self.pending = false;
         self.not_before = None;
         self.urgent = false;
     }
 
     /// A publication failed; the caller's backoff retries it at `retry_at`.
-    pub fn failed(&mut self, retry_at: Instant) {
+    pub(crate) fn failed(&mut self, retry_at: Instant) {
         self.not_before = Some(retry_at);
         self.urgent = false;
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// A node-scoped object the agent owns and publishes (one per node, named after the node, cluster-scoped).
-pub trait Published:
+pub(crate) trait Published:
     Resource<DynamicType = (), Scope = ClusterResourceScope>
     + Clone
     + Debug

@@ -193,7 +193,7 @@ fn raise(mask: u32) -> io::Result<()> {
 
 /// Between fork and exec of a child that must hold none of the delegation's own capabilities (munged): drop
 /// CAP_SYS_ADMIN, CAP_SETPCAP, CAP_BPF and CAP_NET_ADMIN from its bounding set.
-pub fn drop_delegation_caps() -> io::Result<()> {
+pub(crate) fn drop_delegation_caps() -> io::Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_BPF: u32 = 39;
     raise(1 << CAP_SETPCAP)?;

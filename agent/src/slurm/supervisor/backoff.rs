@@ -7,7 +7,7 @@ use isthmus_api::retry::RetryPolicy;
 
 /// Backoff policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BackoffPolicy {
+pub(crate) struct BackoffPolicy {
     /// Delays between restarts.
     pub retry: RetryPolicy,
     /// A child that ran at least this long counts as healthy: its next failure starts again at the first delay.
@@ -28,7 +28,7 @@ impl Default for BackoffPolicy {
 
 /// Restart state of one child.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// Failures since the last stable run.
     pub consecutive_failures: u32,
     /// Restarts over the agent's life.
@@ -37,7 +37,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Record an exit after `ran` and return how long to wait before the next start.
-    pub fn on_exit(&mut self, ran: Duration, policy: &BackoffPolicy) -> Duration {
+    pub(crate) fn on_exit(&mut self, ran: Duration, policy: &BackoffPolicy) -> Duration {
         if ran >= policy.stable_after {
             self.consecutive_failures = 0;
         }
@@ -47,7 +47,7 @@ impl Backoff {
     }
 
     /// Whether the child is crash-looping.
-    pub fn crash_looping(&self, policy: &BackoffPolicy) -> bool {
+    pub(crate) fn crash_looping(&self, policy: &BackoffPolicy) -> bool {
         self.consecutive_failures >= policy.crash_loop_after
     }
 }

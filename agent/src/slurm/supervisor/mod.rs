@@ -2,9 +2,9 @@
 //! own timers and configuration requests, never waits on discovery or the network, and on shutdown stops every child
 //! within the grace period.
 
-pub mod backoff;
-pub mod process;
-pub mod state;
+pub(crate) mod backoff;
+pub(crate) mod process;
+pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
@@ -62,7 +62,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Run `sup` until `shutdown` is cancelled, then stop every child and return. Children are added or restarted
 /// through `requests`; their state is published on `status`.
-pub async fn run(
+pub(crate) async fn run(
     mut sup: Supervisor<OsProcess>,
     reaper: Reaper,
     mut requests: mpsc::Receiver<Configure>,

@@ -84,7 +84,7 @@ pub enum Readiness {
 
 /// The operating-system side of supervision, so that the restart state machine can be tested without real
 /// daemons. Exits are not part of it: they arrive as events ([`Reaper`]).
-pub trait Process {
+pub(crate) trait Process {
     /// Start `spec`; returns its pid.
     fn spawn(&mut self, spec: &ChildSpec) -> io::Result<u32>;
     /// Send `signal` to `pid`; false when it no longer exists.
@@ -99,7 +99,7 @@ pub trait Process {
 }
 
 /// Make this process the reaper of its orphaned descendants (what PID 1 is anyway).
-pub fn become_subreaper() -> io::Result<()> {
+pub(crate) fn become_subreaper() -> io::Result<()> {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument and touches no memory of ours.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
     if rc == 0 {
@@ -110,7 +110,7 @@ pub fn become_subreaper() -> io::Result<()> {
 }
 
 /// Send `signal` to `pid`. Returns false when the process no longer exists.
-pub fn signal(pid: u32, signal: i32) -> bool {
+pub(crate) fn signal(pid: u32, signal: i32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };
@@ -241,7 +241,7 @@ impl Reaper {
 
 /// The real [`Process`].
 #[derive(Debug, Default)]
-pub struct OsProcess;
+pub(crate) struct OsProcess;
 
 impl Process for OsProcess {
     fn spawn(&mut self, spec: &ChildSpec) -> io::Result<u32> {
@@ -297,7 +297,7 @@ fn forward_lines(name: String, stream: &'static str, fd: OwnedFd) {
 /// Start a child: stdin closed, stdout/stderr turned into log events, and SIGTERM delivered to it if the agent dies
 /// (`PR_SET_PDEATHSIG`). Must be called on the runtime. The caller owns reaping ([`Reaper`]): the standard library
 /// never waits for the returned pid.
-pub fn spawn(spec: &ChildSpec) -> io::Result<u32> {
+pub(crate) fn spawn(spec: &ChildSpec) -> io::Result<u32> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .envs(spec.env.iter().cloned())

@@ -10,11 +10,11 @@ use super::backoff::{Backoff, BackoffPolicy};
 use super::process::{ChildSpec, Exit, Process};
 
 /// How long to wait for SIGKILLed processes before giving up on them.
-pub const GIVE_UP_AFTER_KILL: Duration = Duration::from_secs(2);
+pub(crate) const GIVE_UP_AFTER_KILL: Duration = Duration::from_secs(2);
 
 /// Where a child is in its life.
 #[derive(Debug, Clone, PartialEq)]
-pub enum State {
+pub(crate) enum State {
     /// Waiting for its dependency, or for its first start.
     Pending,
     /// Waiting out a restart delay.
@@ -42,21 +42,10 @@ pub enum State {
 
 impl State {
     /// The pid, if a process is alive.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         match self {
             Self::Starting { pid, .. } | Self::Running { pid, .. } => Some(*pid),
             _ => None,
-        }
-    }
-
-    /// Short name for logs and metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Backoff { .. } => "backoff",
-            Self::Starting { .. } => "starting",
-            Self::Running { .. } => "running",
-            Self::Stopped => "stopped",
         }
     }
 }
@@ -70,7 +59,7 @@ struct Restart {
 
 /// One supervised child.
 #[derive(Debug, Clone)]
-pub struct Managed {
+pub(crate) struct Managed {
     /// What to run.
     pub spec: ChildSpec,
     /// Index of the child that must be ready first.
@@ -86,7 +75,7 @@ pub struct Managed {
 
 /// Timing of the supervisor.
 #[derive(Debug, Clone, Copy)]
-pub struct Timing {
+pub(crate) struct Timing {
     /// Restart backoff.
     pub policy: BackoffPolicy,
     /// Time a child gets after SIGTERM before SIGKILL (restart and stop).
@@ -97,7 +86,7 @@ pub struct Timing {
 
 impl Timing {
     /// Default backoff and ready timeout with the given grace period.
-    pub fn with_grace(grace: Duration) -> Self {
+    pub(crate) fn with_grace(grace: Duration) -> Self {
         Self {
             policy: BackoffPolicy::default(),
             grace,
@@ -108,7 +97,7 @@ impl Timing {
 
 /// How a stop is going.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopProgress {
+pub(crate) enum StopProgress {
     /// Look again at (or before, on an exit) this instant.
     WaitUntil(Instant),
     /// Every child and leftover is gone, or was given up on.
@@ -124,7 +113,7 @@ struct Stopping {
 
 /// The supervisor.
 #[derive(Debug)]
-pub struct Supervisor<P> {
+pub(crate) struct Supervisor<P> {
     children: Vec<Managed>,
     timing: Timing,
     process: P,
@@ -133,7 +122,7 @@ pub struct Supervisor<P> {
 
 impl<P: Process> Supervisor<P> {
     /// A supervisor with no children.
-    pub fn new(timing: Timing, process: P) -> Self {
+    pub(crate) fn new(timing: Timing, process: P) -> Self {
         Self {
             children: Vec::new(),
             timing,
@@ -143,24 +132,26 @@ impl<P: Process> Supervisor<P> {
     }
 
     /// The children, for status reporting.
-    pub fn children(&self) -> &[Managed] {
+    pub(crate) fn children(&self) -> &[Managed] {
         &self.children
     }
 
+    #[cfg(test)]
     /// The process seam (tests inspect their fake through it).
-    pub fn process(&self) -> &P {
+    pub(crate) fn process(&self) -> &P {
         &self.process
     }
 
+    #[cfg(test)]
     /// The process seam, mutably (tests steer their fake through it).
-    pub fn process_mut(&mut self) -> &mut P {
+    pub(crate) fn process_mut(&mut self) -> &mut P {
         &mut self.process
     }
 
     /// Add `spec` as a child (starting once `depends_on`, by name, is ready), or — when a child of that name exists
     /// and its spec differs, or `restart` asks for it (a configuration file it reads changed) — replace its spec and
     /// restart it. Returns whether anything changed.
-    pub fn configure(
+    pub(crate) fn configure(
         &mut self,
         spec: ChildSpec,
         depends_on: Option<&str>,
@@ -201,7 +192,7 @@ impl<P: Process> Supervisor<P> {
     }
 
     /// A process ended.
-    pub fn on_exit(&mut self, pid: u32, exit: Exit, now: Instant) {
+    pub(crate) fn on_exit(&mut self, pid: u32, exit: Exit, now: Instant) {
         let Some(c) = self
             .children
             .iter_mut()
@@ -243,7 +234,7 @@ impl<P: Process> Supervisor<P> {
 
     /// Start what may start, promote children that became ready, kill what overstays; returns when to look again
     /// (`None`: only an event can change anything).
-    pub fn tick(&mut self, now: Instant) -> Option<Instant> {
+    pub(crate) fn tick(&mut self, now: Instant) -> Option<Instant> {
         if self.stopping.is_some() {
             return None;
         }
@@ -293,7 +284,7 @@ impl<P: Process> Supervisor<P> {
     }
 
     /// Begin stopping: SIGTERM every child, dependents first.
-    pub fn begin_stop(&mut self, now: Instant) {
+    pub(crate) fn begin_stop(&mut self, now: Instant) {
         if self.stopping.is_some() {
             return;
         }
@@ -314,7 +305,7 @@ impl<P: Process> Supervisor<P> {
 
     /// Continue a stop: SIGKILL after the grace period, then the same for leftover forks; give up on processes that
     /// survive SIGKILL (uninterruptible sleep) after [`GIVE_UP_AFTER_KILL`].
-    pub fn stop_tick(&mut self, now: Instant) -> StopProgress {
+    pub(crate) fn stop_tick(&mut self, now: Instant) -> StopProgress {
         let Some(s) = self.stopping.as_mut() else {
             return StopProgress::Done;
         };

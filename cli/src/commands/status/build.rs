@@ -23,7 +23,7 @@ use super::model::{
 
 /// What was read for one node. `Err` holds why a source could not be read (the rest is still shown).
 #[derive(Debug, Clone)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     /// The Node.
     pub node: Node,
     /// Its NodeResourceTopology (`Ok(None)`: there is none).
@@ -107,7 +107,7 @@ mod read;
 use read::{all_conditions, discovery, drain_record_of, slurm_of};
 
 /// Build the answer. Pure.
-pub fn build(inputs: &Inputs) -> Status {
+pub(crate) fn build(inputs: &Inputs) -> Status {
     let node = &inputs.node;
     let name = node.metadata.name.clone().unwrap_or_default();
     let annotations = node.metadata.annotations.clone().unwrap_or_default();

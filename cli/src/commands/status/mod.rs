@@ -4,9 +4,9 @@
 //! names (`squeue`), and prints [`model::Status`] as a table or JSON. It only ever gets objects ([`API_ACCESS`],
 //! [`NAMESPACE_ACCESS`]; `deploy/status/` ships the reader roles) and runs no Slurm command that changes anything.
 
-pub mod build;
-pub mod model;
-pub mod text;
+pub(crate) mod build;
+pub(crate) mod model;
+pub(crate) mod text;
 
 use std::io::Write;
 use std::time::Duration;

@@ -7,16 +7,16 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// The schema of the JSON form; a change that removes or retypes a field gets a new version.
-pub const SCHEMA: &str = "isthmus.io/status/v1";
+pub(crate) const SCHEMA: &str = "isthmus.io/status/v1";
 /// Longest text (characters) kept of a message, reason or annotation.
-pub const MAX_TEXT: usize = 256;
+pub(crate) const MAX_TEXT: usize = 256;
 /// Longest Slurm node line kept.
-pub const MAX_LINE: usize = 1024;
+pub(crate) const MAX_LINE: usize = 1024;
 
 /// The whole answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Status {
+pub(crate) struct Status {
     /// [`SCHEMA`].
     pub schema: String,
     /// The Node's name.
@@ -51,7 +51,7 @@ pub struct Status {
 /// The NodeResourceTopology's summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Discovery {
+pub(crate) struct Discovery {
     /// Zones (NUMA nodes).
     pub zones: Vec<Zone>,
     /// CPUs (sum of the zones' `cpu` capacity).
@@ -65,7 +65,7 @@ pub struct Discovery {
 /// One zone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Zone {
+pub(crate) struct Zone {
     /// Zone name (`node-0`).
     pub name: String,
     /// Its CPU list (`isthmus.io/cpus`).
@@ -75,7 +75,7 @@ pub struct Zone {
 /// The fabric report's attributes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Fabric {
+pub(crate) struct Fabric {
     /// InfiniBand/RoCE ports: `device.port` → the reported value.
     pub ports: BTreeMap<String, String>,
     /// The multi-node NVLink domain.
@@ -87,7 +87,7 @@ pub struct Fabric {
 /// A Node condition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Condition {
+pub(crate) struct Condition {
     /// Type.
     #[serde(rename = "type")]
     pub type_: String,
@@ -104,7 +104,7 @@ pub struct Condition {
 /// One of isthmus's taints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TaintView {
+pub(crate) struct TaintView {
     /// Key.
     pub key: String,
     /// Value.
@@ -120,7 +120,7 @@ pub struct TaintView {
 /// The node sync's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DrainRecordView {
+pub(crate) struct DrainRecordView {
     /// A drain reason being sent.
     pub sent: Option<String>,
     /// The recorded drain's reason.
@@ -138,7 +138,7 @@ pub struct DrainRecordView {
 /// The placement lock.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LockView {
+pub(crate) struct LockView {
     /// The lock's value as found (taint value, else annotation).
     pub value: String,
     /// The job it names (`None`: not a job id: no lock of placement's).
@@ -156,7 +156,7 @@ pub struct LockView {
 /// Slurm's view.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SlurmView {
+pub(crate) struct SlurmView {
     /// Whether Slurm was asked.
     pub asked: bool,
     /// The Slurm node name.
@@ -178,7 +178,7 @@ pub struct SlurmView {
 /// One verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// What it concerns: `kubernetes`, `slurm`, `placement`, `health`.
     pub scope: String,
     /// The state: `cordoned`, `drained`, `tainted`, `locked`, `condition`, `placeable`, `unavailable`.
@@ -193,7 +193,7 @@ pub struct Verdict {
 
 /// `text` bounded to `max` characters (cut ones end in `…`), with every control character escaped (`\n`,
 /// `\u{1b}`): safe to print on a terminal and in one table cell.
-pub fn clean(text: &str, max: usize) -> String {
+pub(crate) fn clean(text: &str, max: usize) -> String {
     let mut out = String::new();
     for (n, c) in text.chars().enumerate() {
         if n >= max {
@@ -210,6 +210,6 @@ pub fn clean(text: &str, max: usize) -> String {
 }
 
 /// [`clean`] to [`MAX_TEXT`] of an optional text.
-pub fn cleaned(text: Option<&str>) -> Option<String> {
+pub(crate) fn cleaned(text: Option<&str>) -> Option<String> {
     text.map(|t| clean(t, MAX_TEXT))
 }

@@ -25,7 +25,7 @@ fn condition_line(out: &mut String, c: &Condition) {
 }
 
 /// The table.
-pub fn render(s: &Status) -> String {
+pub(crate) fn render(s: &Status) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "Node {}", s.node);
     let no: Vec<_> = s.verdicts.iter().filter(|v| !v.ok).collect();

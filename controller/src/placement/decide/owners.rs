@@ -7,13 +7,13 @@ use super::comment::{self, JobRef};
 use super::{Job, PodView, units};
 
 /// Namespace → its tenant in the placement policy (or why it has none).
-pub type Tenants =
+pub(crate) type Tenants =
     BTreeMap<String, Result<std::sync::Arc<crate::placement::policy::Tenant>, String>>;
 
 /// Whether `job` runs as the user the policy gives `tenant`: only such a job is this controller's placeholder for
 /// that namespace (only root or that user can submit it). A comment is anyone's to write; the user is Slurm's
 /// word.
-pub fn owns(
+pub(crate) fn owns(
     tenant: Option<&Result<std::sync::Arc<crate::placement::policy::Tenant>, String>>,
     job: &Job,
 ) -> bool {
@@ -22,7 +22,7 @@ pub fn owns(
 
 /// The placeholder jobs in `jobs`: those whose comment names a namespace's unit and that run as that namespace's
 /// tenant's user.
-pub fn placeholders<'a>(
+pub(crate) fn placeholders<'a>(
     jobs: &'a [Job],
     tenants: &'a Tenants,
 ) -> impl Iterator<Item = (JobRef, &'a Job)> {
@@ -33,7 +33,7 @@ pub fn placeholders<'a>(
 }
 
 /// How many units (pods, gangs) with a tenant have a pod bound: each has a job, or had one.
-pub fn bound_units(pods: &[PodView]) -> usize {
+pub(crate) fn bound_units(pods: &[PodView]) -> usize {
     units(pods)
         .iter()
         .filter(|u| u.members[0].tenant.is_ok() && u.members.iter().any(|m| m.node.is_some()))

@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 
 /// The projection as the leader runs it (always on).
-pub const TASK: LeaderTask = LeaderTask {
+pub(crate) const TASK: LeaderTask = LeaderTask {
     name: "conditions",
     start,
 };

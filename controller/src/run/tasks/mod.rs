@@ -6,10 +6,10 @@
 //! To add a task: a file here with its [`LeaderTask`], one line in [`leader_tasks`], its `clap::Args` flattened
 //! into [`RunArgs`](super::RunArgs).
 
-pub mod conditions;
-pub mod nodesync;
-pub mod placement;
-pub mod topology;
+pub(crate) mod conditions;
+pub(crate) mod nodesync;
+pub(crate) mod placement;
+pub(crate) mod topology;
 
 use super::LeaderTask;
 

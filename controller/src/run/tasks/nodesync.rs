@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 
 /// The node state sync as the leader runs it (idle unless `--node-sync`).
-pub const TASK: LeaderTask = LeaderTask {
+pub(crate) const TASK: LeaderTask = LeaderTask {
     name: "nodesync",
     start,
 };

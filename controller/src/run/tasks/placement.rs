@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
 
 /// Slurm placement as the leader runs it (idle unless `--placement`).
-pub const TASK: LeaderTask = LeaderTask {
+pub(crate) const TASK: LeaderTask = LeaderTask {
     name: "placement",
     start,
 };

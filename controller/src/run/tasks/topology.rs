@@ -20,7 +20,7 @@ use crate::slurm::SlurmClient;
 use isthmus_api::retry::{Backoff, RetryPolicy};
 
 /// The topology task as the leader runs it.
-pub const TASK: LeaderTask = LeaderTask {
+pub(crate) const TASK: LeaderTask = LeaderTask {
     name: "topology",
     start,
 };
@@ -36,7 +36,7 @@ fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
 }
 
 /// How long to wait before retrying after `error` (capped exponential backoff), counted per kind of failure.
-pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
+pub(crate) fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
     metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
         .increment(1);
     backoff.next_delay()
@@ -44,7 +44,7 @@ pub fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
 
 /// Run the topology task until `cancel`. Waits for the first full list of NRTs and Nodes (and the dump's
 /// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
-pub async fn run(
+pub(crate) async fn run(
     client: kube::Client,
     slurm: SlurmClient,
     args: TopologyArgs,
