@@ -29,7 +29,7 @@ use crate::reported::{Reports, is_reported_type};
 use crate::run::fence::Guard;
 
 /// The field manager of the projected conditions (the one the agent used when it wrote them itself).
-pub const FIELD_MANAGER: &str = "isthmus-health";
+pub(crate) const FIELD_MANAGER: &str = "isthmus-health";
 
 /// What the projection asks of the API server (ClusterRole `isthmus-controller-conditions`).
 pub const API_ACCESS: &[ApiAccess] = &[
@@ -68,7 +68,7 @@ fn secs(t: Option<&Time>) -> Option<i64> {
 
 /// The conditions to apply on `node` so that it shows `reported`, or `None` when it already does (status, reason,
 /// message and heartbeat, to the second). The Node's transition time is kept while the status is the same.
-pub fn projection(node: &Node, reported: &[NodeCondition]) -> Option<Vec<NodeCondition>> {
+pub(crate) fn projection(node: &Node, reported: &[NodeCondition]) -> Option<Vec<NodeCondition>> {
     let have: Vec<&NodeCondition> = node
         .status
         .as_ref()

@@ -12,37 +12,37 @@ use serde::{Serialize, Serializer};
 
 /// A port that decides the node's leaf: the leaf switch it learned, or its GUID for the ibnetdiscover dump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub struct DecidingPort {
+pub(crate) struct DecidingPort {
     /// Port GUID.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub guid: Option<u64>,
+    pub(crate) guid: Option<u64>,
     /// Node GUID of the neighbour (leaf) switch, when the node learned it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub switch: Option<u64>,
+    pub(crate) switch: Option<u64>,
 }
 
 /// One node's accepted report, as the model uses it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NodeFacts {
     /// How many InfiniBand ports it reported.
-    pub ib_ports: usize,
+    pub(crate) ib_ports: usize,
     /// The ports that decide its leaf: its InfiniBand ports, only the rail ports when it marked some.
-    pub deciding: Vec<DecidingPort>,
+    pub(crate) deciding: Vec<DecidingPort>,
     /// The lowest subnet prefix of its ports.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub subnet: Option<u64>,
+    pub(crate) subnet: Option<u64>,
     /// `ClusterUUID.CliqueId` (a label value).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub accelerator_domain: Option<String>,
+    pub(crate) accelerator_domain: Option<String>,
     /// The node definition (shared among nodes that report the same).
     #[serde(
         skip_serializing_if = "Option::is_none",
         serialize_with = "as_text_opt"
     )]
-    pub slurm_node: Option<Arc<NodeDefinition>>,
+    pub(crate) slurm_node: Option<Arc<NodeDefinition>>,
     /// gres.conf lines (shared among nodes that report the same).
     #[serde(skip_serializing_if = "slice_empty", serialize_with = "as_text_list")]
-    pub gres: Arc<[GresLine]>,
+    pub(crate) gres: Arc<[GresLine]>,
 }
 
 fn slice_empty<T>(v: &Arc<[T]>) -> bool {
@@ -68,22 +68,22 @@ fn as_text_list<S: Serializer, T: std::fmt::Display>(
 
 /// The part of a node's facts the fabric tree depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PlacementFacts<'a> {
+pub(crate) struct PlacementFacts<'a> {
     /// InfiniBand ports.
-    pub ib_ports: usize,
+    pub(crate) ib_ports: usize,
     /// Deciding ports.
-    pub deciding: &'a [DecidingPort],
+    pub(crate) deciding: &'a [DecidingPort],
     /// Subnet.
-    pub subnet: Option<u64>,
+    pub(crate) subnet: Option<u64>,
     /// Accelerator domain.
-    pub accelerator_domain: Option<&'a str>,
+    pub(crate) accelerator_domain: Option<&'a str>,
     /// Whether it reported a node definition (which puts it in Slurm's files).
-    pub has_definition: bool,
+    pub(crate) has_definition: bool,
 }
 
 impl NodeFacts {
     /// What placement (and the set of Slurm nodes) depends on.
-    pub fn placement(&self) -> PlacementFacts<'_> {
+    pub(crate) fn placement(&self) -> PlacementFacts<'_> {
         PlacementFacts {
             ib_ports: self.ib_ports,
             deciding: &self.deciding,
@@ -144,7 +144,7 @@ pub fn read(
 }
 
 /// [`read`] of an object's name and attributes.
-pub fn read_attributes(
+pub(crate) fn read_attributes(
     name: &str,
     attributes: &[isthmus_api::nrt::Attribute],
     opts: &isthmus_api::report::DecodeOptions,
@@ -163,7 +163,7 @@ pub struct Interner {
 
 impl Interner {
     /// The shared copy of `d`.
-    pub fn definition(&mut self, d: NodeDefinition) -> Arc<NodeDefinition> {
+    pub(crate) fn definition(&mut self, d: NodeDefinition) -> Arc<NodeDefinition> {
         if let Some(a) = self.definitions.get(&d) {
             return a.clone();
         }
@@ -173,7 +173,7 @@ impl Interner {
     }
 
     /// The shared copy of `lines`.
-    pub fn gres(&mut self, lines: Vec<GresLine>) -> Arc<[GresLine]> {
+    pub(crate) fn gres(&mut self, lines: Vec<GresLine>) -> Arc<[GresLine]> {
         if let Some(a) = self.gres.get(lines.as_slice()) {
             return a.clone();
         }
@@ -183,19 +183,15 @@ impl Interner {
     }
 
     /// Forget values no node uses any more.
-    pub fn sweep(&mut self) {
+    pub(crate) fn sweep(&mut self) {
         self.definitions.retain(|a| Arc::strong_count(a) > 1);
         self.gres.retain(|a| Arc::strong_count(a) > 1);
     }
 
+    #[cfg(test)]
     /// How many distinct values are kept.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.definitions.len() + self.gres.len()
-    }
-
-    /// Whether nothing is kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The most hosts [`expand`] produces (a guard against `n[0-99999999999]`).
-pub const MAX_EXPANDED: usize = 1 << 20;
+pub(crate) const MAX_EXPANDED: usize = 1 << 20;
 
 /// Why an expression cannot be expanded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -14,10 +14,10 @@ use crate::model::NodeInput;
 pub use isthmus_api::slurm_node_name::{SLURM_NODE_NAME_LABEL, slurm_name};
 
 /// The detail of a `no-node` entry.
-pub const NO_NODE: &str = "no Node of this name: the report is ignored";
+pub(crate) const NO_NODE: &str = "no Node of this name: the report is ignored";
 
 /// A Node as the pairing needs it: its name and labels.
-pub type NodeLabels = (String, BTreeMap<String, String>);
+pub(crate) type NodeLabels = (String, BTreeMap<String, String>);
 
 /// The model's inputs and what was left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,14 +8,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabelScheme {
     /// Who writes these labels.
-    pub name: String,
+    pub(crate) name: String,
     /// Keys, lowest tier (the leaf) first.
-    pub keys: Vec<String>,
+    pub(crate) keys: Vec<String>,
 }
 
 impl LabelScheme {
     /// A scheme from its name and keys.
-    pub fn new(name: &str, keys: &[&str]) -> Self {
+    pub(crate) fn new(name: &str, keys: &[&str]) -> Self {
         Self {
             name: name.to_owned(),
             keys: keys.iter().map(|k| (*k).to_owned()).collect(),
@@ -23,7 +23,7 @@ impl LabelScheme {
     }
 
     /// The values a node carries, lowest tier first, stopping at the first missing key.
-    pub fn values<'a>(
+    pub(crate) fn values<'a>(
         &self,
         labels: &'a std::collections::BTreeMap<String, String>,
     ) -> Vec<&'a str> {

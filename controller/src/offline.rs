@@ -115,7 +115,7 @@ impl Default for ModelFlags {
 
 impl ModelFlags {
     /// The model options these flags ask for (the labels isthmus writes are never read back as a source).
-    pub fn model_options(&self) -> ModelOptions {
+    pub(crate) fn model_options(&self) -> ModelOptions {
         ModelOptions {
             exclude_switches: self.exclude_switches.clone(),
             ignore_label_prefixes: vec![
@@ -127,14 +127,14 @@ impl ModelFlags {
     }
 
     /// How reports are read.
-    pub fn decode_options(&self) -> DecodeOptions {
+    pub(crate) fn decode_options(&self) -> DecodeOptions {
         DecodeOptions {
             device_dir: self.gres_device_dir.clone(),
         }
     }
 
     /// The render options these flags ask for.
-    pub fn render_options(&self) -> RenderOptions {
+    pub(crate) fn render_options(&self) -> RenderOptions {
         RenderOptions {
             tier_label_prefix: self.tier_label_prefix.clone(),
             accelerator_label: self.accelerator_label.clone(),
@@ -185,7 +185,7 @@ fn read(path: &Path) -> Result<String, Error> {
 
 /// Read every object of `kind` in the YAML/JSON files of `dir` (sorted by file name; a document without `kind`
 /// counts as one). Other documents are skipped with a warning.
-pub fn load_objects<T: DeserializeOwned>(
+pub(crate) fn load_objects<T: DeserializeOwned>(
     dir: &Path,
     kind: &str,
     has_name: impl Fn(&T) -> bool,
@@ -241,14 +241,14 @@ pub fn load_objects<T: DeserializeOwned>(
 
 /// Read every NodeResourceTopology object in the YAML/JSON files of `dir` (sorted by file name). Documents that are
 /// not NodeResourceTopology objects are skipped with a warning.
-pub fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>), Error> {
+pub(crate) fn load_nrts(dir: &Path) -> Result<(Vec<NodeResourceTopology>, Vec<String>), Error> {
     load_objects(dir, isthmus_api::nrt::KIND, |o: &NodeResourceTopology| {
         o.metadata.name.as_deref().is_some_and(|n| !n.is_empty())
     })
 }
 
 /// Read every Node in the YAML/JSON files of `dir`: (name, labels).
-pub fn load_nodes(dir: &Path) -> Result<(Vec<identity::NodeLabels>, Vec<String>), Error> {
+pub(crate) fn load_nodes(dir: &Path) -> Result<(Vec<identity::NodeLabels>, Vec<String>), Error> {
     let (nodes, warnings) = load_objects(dir, "Node", |n: &Node| {
         n.metadata.name.as_deref().is_some_and(|n| !n.is_empty())
     })?;

@@ -26,7 +26,7 @@ pub enum NodeKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FabricNode {
     /// Node GUID.
-    pub guid: u64,
+    pub(crate) guid: u64,
     /// Switch, CA or router.
     pub kind: NodeKind,
     /// Number of ports (0 when the node was only seen at the far end of a link).
@@ -37,7 +37,7 @@ pub struct FabricNode {
 
 /// The firmware's default description of a CA that names no host (the Linux driver replaces it with
 /// `<hostname> <device>` once the host boots; some CAs keep it).
-pub fn is_firmware_default(description: &str) -> bool {
+pub(crate) fn is_firmware_default(description: &str) -> bool {
     let d = description.trim();
     d.is_empty()
         || d.ends_with("Mellanox Technologies")
@@ -53,7 +53,7 @@ pub fn is_aggregation_node(description: &str) -> bool {
 
 /// The host a CA belongs to, from its node description `"<hostname> <device>"` (`gpu001 mlx5_0`,
 /// `dgx-a01 HCA-1`, `SAT111092710053 ibp11s0f0`). Firmware defaults and aggregation nodes name no host.
-pub fn host_of_description(description: &str) -> Option<&str> {
+pub(crate) fn host_of_description(description: &str) -> Option<&str> {
     if is_firmware_default(description) || is_aggregation_node(description) {
         return None;
     }
@@ -72,23 +72,23 @@ pub fn host_of_description(description: &str) -> Option<&str> {
 
 /// One end of a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// Node GUID.
-    pub node: u64,
+    pub(crate) node: u64,
     /// Port number.
-    pub port: u32,
+    pub(crate) port: u32,
 }
 
 /// Width and speed as ibnetdiscover prints them (`4xHDR`), kept inline (a fabric has one per link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LinkSpeed {
+pub(crate) struct LinkSpeed {
     len: u8,
     bytes: [u8; 15],
 }
 
 impl LinkSpeed {
     /// `None` when longer than 15 bytes.
-    pub fn new(s: &str) -> Option<Self> {
+    pub(crate) fn new(s: &str) -> Option<Self> {
         let b = s.as_bytes();
         let mut bytes = [0; 15];
         bytes.get_mut(..b.len())?.copy_from_slice(b);
@@ -99,7 +99,7 @@ impl LinkSpeed {
     }
 
     /// The text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
     }
 }
@@ -112,14 +112,14 @@ impl Serialize for LinkSpeed {
 
 /// A cable between two ports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FabricLink {
+pub(crate) struct FabricLink {
     /// The lower endpoint.
-    pub a: Endpoint,
+    pub(crate) a: Endpoint,
     /// The higher endpoint.
-    pub b: Endpoint,
+    pub(crate) b: Endpoint,
     /// Width and speed as ibnetdiscover printed them (`4xHDR`), when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub speed: Option<LinkSpeed>,
+    pub(crate) speed: Option<LinkSpeed>,
 }
 
 /// Counts that say whether a dump describes a fabric at all.
@@ -130,7 +130,7 @@ pub struct FabricSummary {
     /// Channel adapters (host HCAs and aggregation nodes).
     pub cas: usize,
     /// Links.
-    pub links: usize,
+    pub(crate) links: usize,
     /// Distinct hosts named by CA descriptions.
     pub described_hosts: usize,
 }
@@ -141,9 +141,9 @@ pub struct Fabric {
     /// Nodes by GUID.
     pub nodes: BTreeMap<u64, FabricNode>,
     /// Links, sorted, each once.
-    pub links: Vec<FabricLink>,
+    pub(crate) links: Vec<FabricLink>,
     /// Port GUID → the port (CA ports; a switch's port GUID is its node GUID).
-    pub port_guids: BTreeMap<u64, Endpoint>,
+    pub(crate) port_guids: BTreeMap<u64, Endpoint>,
     /// What could not be read, with line numbers.
     pub warnings: Vec<String>,
 }
@@ -204,13 +204,13 @@ impl Fabric {
     }
 
     /// The kind of a node.
-    pub fn kind(&self, guid: u64) -> Option<NodeKind> {
+    pub(crate) fn kind(&self, guid: u64) -> Option<NodeKind> {
         self.nodes.get(&guid).map(|n| n.kind)
     }
 
     /// Connected components of the switches (CAs do not forward, so switches connected through switch-to-switch
     /// links are exactly the switches of one fabric): switch GUID → component number.
-    pub fn switch_components(&self) -> BTreeMap<u64, usize> {
+    pub(crate) fn switch_components(&self) -> BTreeMap<u64, usize> {
         let mut adj: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for l in &self.links {
             if self.kind(l.a.node) == Some(NodeKind::Switch)

@@ -28,17 +28,17 @@ use super::names::{fnv1a64, guid_name, sanitize};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Attachment {
     /// The node (model name).
-    pub node: String,
+    pub(crate) node: String,
     /// Node GUIDs of the leaf switches its (selected) ports are cabled to.
-    pub switches: BTreeSet<u64>,
+    pub(crate) switches: BTreeSet<u64>,
     /// The subnet prefix its ports report, when known.
-    pub subnet: Option<u64>,
+    pub(crate) subnet: Option<u64>,
 }
 
 /// Where a group comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum GroupOrigin {
+pub(crate) enum GroupOrigin {
     /// Real switches (from the nodes' neighbour facts and/or the ibnetdiscover dump).
     Switches,
     /// A parent added over top groups of one connected fabric.
@@ -55,7 +55,7 @@ pub struct Group {
     /// 0 for leaves, counting up.
     pub tier: usize,
     /// Origin.
-    pub origin: GroupOrigin,
+    pub(crate) origin: GroupOrigin,
     /// Node GUIDs of the switches in the group.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub switches: Vec<u64>,
@@ -79,7 +79,7 @@ pub struct Tree {
 
 impl Tree {
     /// Node → its leaf group index.
-    pub fn leaf_of(&self) -> BTreeMap<&str, usize> {
+    pub(crate) fn leaf_of(&self) -> BTreeMap<&str, usize> {
         self.groups
             .iter()
             .enumerate()
@@ -107,7 +107,7 @@ impl Tree {
     }
 
     /// Group indices sorted by (tier, id): the order renderers write them in.
-    pub fn ordered(&self) -> Vec<usize> {
+    pub(crate) fn ordered(&self) -> Vec<usize> {
         let mut idx: Vec<usize> = (0..self.groups.len()).collect();
         idx.sort_by(|&a, &b| {
             let (ga, gb) = (&self.groups[a], &self.groups[b]);
@@ -117,7 +117,7 @@ impl Tree {
     }
 
     /// Make every id unique: a repeated id gets a short hash of the group's members appended.
-    pub fn dedupe_ids(&mut self) {
+    pub(crate) fn dedupe_ids(&mut self) {
         let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         for i in self.ordered() {
             let key = {

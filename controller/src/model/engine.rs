@@ -45,11 +45,11 @@ impl Key {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Update {
     /// The model was rebuilt: every output may have changed.
-    pub rebuilt: bool,
+    pub(crate) rebuilt: bool,
     /// Some node's Slurm facts changed (nodes.conf, gres.conf).
-    pub slurm: bool,
+    pub(crate) slurm: bool,
     /// The left-out reports changed.
-    pub rejected: bool,
+    pub(crate) rejected: bool,
 }
 
 /// The inputs (reports by object name, Nodes' labels by name) and the model built from them.

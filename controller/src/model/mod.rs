@@ -75,7 +75,7 @@ impl Default for ModelOptions {
 impl ModelOptions {
     /// Whether the model reads a label: a key of a label scheme or an accelerator label, and not one isthmus
     /// writes itself.
-    pub fn reads_label(&self, key: &str) -> bool {
+    pub(crate) fn reads_label(&self, key: &str) -> bool {
         let ours = self
             .ignore_label_prefixes
             .iter()
@@ -92,7 +92,7 @@ impl ModelOptions {
 /// Which source placed a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum PlacementSource {
+pub(crate) enum PlacementSource {
     /// The node's neighbour facts (for at least one port).
     Neighbours,
     /// The ibnetdiscover dump.
@@ -104,7 +104,7 @@ pub enum PlacementSource {
 /// Where a node sits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case", tag = "state")]
-pub enum Placement {
+pub(crate) enum Placement {
     /// Under a leaf group.
     Placed {
         /// Index of the leaf group in the tree.
@@ -128,24 +128,24 @@ pub struct ClusterNode {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm_name: Option<String>,
     /// How many InfiniBand ports it reported.
-    pub ib_ports: usize,
+    pub(crate) ib_ports: usize,
     /// `ClusterUUID.CliqueId`, from the report or from a label.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub accelerator_domain: Option<String>,
+    pub(crate) accelerator_domain: Option<String>,
     /// The node definition the node reported (without its name).
     #[serde(
         skip_serializing_if = "Option::is_none",
         serialize_with = "as_text_opt"
     )]
-    pub slurm_node: Option<Arc<NodeDefinition>>,
+    pub(crate) slurm_node: Option<Arc<NodeDefinition>>,
     /// gres.conf lines (without `NodeName=`).
     #[serde(skip_serializing_if = "slice_empty", serialize_with = "as_text_list")]
     pub gres: Arc<[GresLine]>,
     /// The Node's labels the model reads, at build time.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Where it sits in the tree.
-    pub placement: Placement,
+    pub(crate) placement: Placement,
 }
 
 fn as_text_opt<S: Serializer, T: std::fmt::Display>(
@@ -195,17 +195,17 @@ pub struct ClusterModel {
     pub tree: Tree,
     /// What the dump held, when one was used.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fabric: Option<FabricSummary>,
+    pub(crate) fabric: Option<FabricSummary>,
     /// Problems in the inputs (unreadable dump lines), one line each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// Reports left out (object name → why: a refused report, no Node, a Slurm name that is not a host name or
     /// that two Nodes claim); see [`crate::identity::assemble`].
     #[serde(
         skip_serializing_if = "BTreeMap::is_empty",
         serialize_with = "as_text_map"
     )]
-    pub rejected: BTreeMap<String, Rejection>,
+    pub(crate) rejected: BTreeMap<String, Rejection>,
 }
 
 impl ClusterModel {
@@ -218,7 +218,7 @@ impl ClusterModel {
     }
 
     /// The group ids from a node's leaf to its root, leaf first (empty when unplaced).
-    pub fn path_of(&self, node: &ClusterNode) -> Vec<&Group> {
+    pub(crate) fn path_of(&self, node: &ClusterNode) -> Vec<&Group> {
         node.leaf()
             .map(|l| {
                 self.tree

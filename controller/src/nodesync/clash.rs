@@ -22,9 +22,9 @@ use crate::placement::comment::{is_dns_label, is_dns_subdomain};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Named {
     /// Its namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 /// The pods `node`'s `DeviceAllocationConsistent` condition names as holding a Slurm job's device (none while the

@@ -17,13 +17,13 @@ pub const TAINT_KEY: &str = "isthmus.io/slurm-drain";
 /// Node annotation whose text is appended to the drain reason of a cordoned node.
 pub const DRAIN_REASON_ANNOTATION: &str = "isthmus.io/drain-reason";
 /// Reason of the `SlurmNodeState` condition of a Node whose Slurm node is claimed by several Nodes.
-pub const CONFLICT_REASON: &str = "SlurmNodeConflict";
+pub(crate) const CONFLICT_REASON: &str = "SlurmNodeConflict";
 /// Longest drain reason sent to Slurm (characters; longer texts are cut).
 const MAX_REASON: usize = 200;
 
 /// One write.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     /// `scontrol update NodeName=<node> State=DRAIN Reason=<reason>`.
     Drain {
         /// Slurm node name.
@@ -73,13 +73,13 @@ pub enum Action {
 
 /// The Slurm node name a Node claims: its `isthmus.io/slurm-node-name` label, else its name (`None` when the label
 /// is not a Slurm node name).
-pub fn slurm_name(node: &Node) -> Option<&str> {
+pub(crate) fn slurm_name(node: &Node) -> Option<&str> {
     let name = node.metadata.name.as_deref()?;
     super::mapping::claimed(name, node.metadata.labels.as_ref()).ok()
 }
 
 /// The drain reason of a cordon, if the Node is cordoned.
-pub fn cordon_drain(node: &Node) -> Option<String> {
+pub(crate) fn cordon_drain(node: &Node) -> Option<String> {
     if node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true) {
         return None;
     }
@@ -97,7 +97,7 @@ pub fn cordon_drain(node: &Node) -> Option<String> {
 }
 
 /// The drain reason of the first configured condition that is `True`, else of the first failed health class.
-pub fn condition_drain(node: &Node, policy: &Policy) -> Option<String> {
+pub(crate) fn condition_drain(node: &Node, policy: &Policy) -> Option<String> {
     configured_drain(node, policy)
         .or_else(|| super::health::drain_reason(node, policy).map(|r| clean_reason(&r)))
 }
@@ -123,9 +123,10 @@ fn configured_drain(node: &Node, policy: &Policy) -> Option<String> {
         })
 }
 
+#[cfg(test)]
 /// The drain reason Kubernetes asks for now, without hysteresis: a cordon first, then the first configured
 /// condition that is `True`.
-pub fn wanted_drain(node: &Node, policy: &Policy) -> Option<String> {
+pub(crate) fn wanted_drain(node: &Node, policy: &Policy) -> Option<String> {
     cordon_drain(node).or_else(|| condition_drain(node, policy))
 }
 
@@ -148,7 +149,7 @@ fn clean_reason(text: &str) -> String {
 
 /// A digest of what the decision reads from a Node, leaving out our own condition and every heartbeat time: a Node
 /// event that leaves it unchanged (a kubelet status update, our own condition write) needs no pass.
-pub fn fingerprint(node: &Node) -> u64 {
+pub(crate) fn fingerprint(node: &Node) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     node.metadata.name.hash(&mut h);
@@ -183,7 +184,7 @@ pub fn fingerprint(node: &Node) -> u64 {
 /// node, empty while Slurm may run jobs there (Slurm 24.11 and later keep a resumed node's reason until a job runs on
 /// it: a reason that no longer applies is not shown). `lastTransitionTime` is kept from `observed` while the status
 /// does not change.
-pub fn condition_for(
+pub(crate) fn condition_for(
     slurm: &SlurmNode,
     observed: Option<&NodeCondition>,
     now: &Time,
@@ -221,7 +222,7 @@ fn same_condition(a: &NodeCondition, b: &NodeCondition) -> bool {
 }
 
 /// The condition of a Node whose Slurm node is claimed by several Nodes (`message` says which).
-pub fn conflict_condition(
+pub(crate) fn conflict_condition(
     observed: Option<&NodeCondition>,
     message: &str,
     now: &Time,
@@ -243,7 +244,7 @@ pub fn conflict_condition(
 }
 
 /// The `SlurmNodeState` condition the Node shows.
-pub fn observed_condition(node: &Node) -> Option<&NodeCondition> {
+pub(crate) fn observed_condition(node: &Node) -> Option<&NodeCondition> {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -251,7 +252,7 @@ pub fn observed_condition(node: &Node) -> Option<&NodeCondition> {
 }
 
 /// Whether the Node's condition already says `desired` (status, reason, message).
-pub fn shows(node: &Node, desired: &NodeCondition) -> bool {
+pub(crate) fn shows(node: &Node, desired: &NodeCondition) -> bool {
     observed_condition(node).is_some_and(|o| same_condition(o, desired))
 }
 
@@ -261,7 +262,7 @@ pub fn shows(node: &Node, desired: &NodeCondition) -> bool {
 /// Slurm's new state), else the Node's record, taint and condition writes. A drain is replaced or lifted only when
 /// Slurm shows exactly the recorded or announced drain ([`ownership::owned`]). Slurm is not touched while it does not know the node's
 /// state (`UNKNOWN`, `FUTURE`, right after a slurmctld restart).
-pub fn decide(
+pub(crate) fn decide(
     node: &Node,
     record: &NodeRecord,
     slurm: &SlurmNode,

@@ -53,7 +53,7 @@ fn device_list(text: &str) -> Vec<String> {
 }
 
 /// The devices a failed condition's message names; only those that keep to the grammar.
-pub fn devices_of(message: &str) -> Vec<String> {
+pub(crate) fn devices_of(message: &str) -> Vec<String> {
     message
         .strip_prefix("failed: ")
         .map(device_list)
@@ -63,7 +63,7 @@ pub fn devices_of(message: &str) -> Vec<String> {
 /// The failed GPUs a failed condition's message says the node's Slurm definition leaves out (`failed: <devices>.
 /// Removed from Slurm: <devices>. ...`, written by an agent with `--slurm-failed-gpus remove`); only those that
 /// keep to the grammar.
-pub fn removed_of(message: &str) -> Vec<String> {
+pub(crate) fn removed_of(message: &str) -> Vec<String> {
     message
         .strip_prefix("failed: ")
         .and_then(|rest| rest.split_once(". "))
@@ -84,7 +84,7 @@ fn handled_per_device(c: &NodeCondition) -> bool {
 
 /// The failed health conditions of `node` that the policy acts on, in the policy's order (a class whose failed
 /// devices have all left the node's Slurm definition is not one).
-pub fn failed(node: &Node, policy: &Policy) -> Vec<(&'static str, NodeCondition)> {
+pub(crate) fn failed(node: &Node, policy: &Policy) -> Vec<(&'static str, NodeCondition)> {
     let conditions = node
         .status
         .as_ref()
@@ -104,7 +104,7 @@ pub fn failed(node: &Node, policy: &Policy) -> Vec<(&'static str, NodeCondition)
 }
 
 /// The drain reason of the first failed class: `isthmus: health: gpu 0000:9b:00.0,0000:bb:00.0`.
-pub fn drain_reason(node: &Node, policy: &Policy) -> Option<String> {
+pub(crate) fn drain_reason(node: &Node, policy: &Policy) -> Option<String> {
     let (class, c) = failed(node, policy).into_iter().next()?;
     let devices = devices_of(c.message.as_deref().unwrap_or(""));
     let mut named = devices
@@ -125,7 +125,11 @@ pub fn drain_reason(node: &Node, policy: &Policy) -> Option<String> {
 
 /// The health taint keys the Node should carry: one per failed class, and, while a health drain is held after its
 /// condition cleared, the class of that drain.
-pub fn wanted_taints(node: &Node, policy: &Policy, wanted: Option<&str>) -> BTreeSet<String> {
+pub(crate) fn wanted_taints(
+    node: &Node,
+    policy: &Policy,
+    wanted: Option<&str>,
+) -> BTreeSet<String> {
     if !policy.health_taint {
         return BTreeSet::new();
     }
@@ -146,28 +150,28 @@ pub fn wanted_taints(node: &Node, policy: &Policy, wanted: Option<&str>) -> BTre
 
 /// One Node, as the circuit breaker counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BreakerInput<'a> {
+pub(crate) struct BreakerInput<'a> {
     /// The Node's name.
-    pub node: &'a str,
+    pub(crate) node: &'a str,
     /// A failed health class asks for a drain now.
-    pub failing: bool,
+    pub(crate) failing: bool,
     /// The node sync's health drain is already in place (recorded on the Node).
-    pub drained: bool,
+    pub(crate) drained: bool,
 }
 
 /// What the circuit breaker decided for one pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     /// More Nodes fail than the share allows: no new health drain or taint.
-    pub open: bool,
+    pub(crate) open: bool,
     /// The Nodes whose new health drain and taints are held back.
-    pub held: BTreeSet<String>,
+    pub(crate) held: BTreeSet<String>,
 }
 
 /// The circuit breaker: when more than `share` of the paired Nodes (at least one Node) have a failed health class
 /// at once — a broken driver rollout, not broken hardware — no new health drain or taint is made; the drains already
 /// in place stay, and recovery still lifts them.
-pub fn breaker(nodes: &[BreakerInput<'_>], share: f64) -> Breaker {
+pub(crate) fn breaker(nodes: &[BreakerInput<'_>], share: f64) -> Breaker {
     let failing = nodes.iter().filter(|n| n.failing).count();
     // Share of a count: exact in f64 for any realistic cluster size.
     #[allow(
@@ -190,19 +194,19 @@ pub fn breaker(nodes: &[BreakerInput<'_>], share: f64) -> Breaker {
 }
 
 /// Whether Slurm shows the node drained now (the DRAIN flag) with a health drain's reason.
-pub fn drained_for_health(slurm: &crate::slurm::nodes::SlurmNode) -> bool {
+pub(crate) fn drained_for_health(slurm: &crate::slurm::nodes::SlurmNode) -> bool {
     slurm.is_drained() && is_health_reason(&slurm.reason)
 }
 
 /// Whether a drain reason is a health drain.
-pub fn is_health_reason(reason: &str) -> bool {
+pub(crate) fn is_health_reason(reason: &str) -> bool {
     reason
         .strip_prefix(REASON_PREFIX)
         .is_some_and(|r| r.trim_start().starts_with("health: "))
 }
 
 /// `node` without its health conditions: what the decision sees while the breaker holds its drain back.
-pub fn without_health(node: &Node) -> Node {
+pub(crate) fn without_health(node: &Node) -> Node {
     let mut n = node.clone();
     if let Some(cs) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
         cs.retain(|c| class_of(&c.type_).is_none());

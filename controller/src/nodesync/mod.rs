@@ -142,7 +142,7 @@ impl Default for NodeSyncArgs {
 
 impl NodeSyncArgs {
     /// Whether the sync runs.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.node_sync && !self.no_node_sync
     }
 

@@ -23,7 +23,7 @@ use crate::slurm::nodes::SlurmNode;
 
 /// The Node annotation that held the drain record before it moved into the controller's namespace. Never trusted
 /// (a node's kubelet may write its own Node's annotations); the node sync removes it.
-pub const LEGACY_ANNOTATION: &str = "isthmus.io/slurm-drain-record";
+pub(crate) const LEGACY_ANNOTATION: &str = "isthmus.io/slurm-drain-record";
 
 /// Longest reason a record holds (the longest the node sync sends).
 const MAX_REASON: usize = 200;
@@ -62,12 +62,13 @@ pub struct NodeRecord {
 
 impl NodeRecord {
     /// Nothing recorded.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sent.is_none() && self.drain.is_none() && self.slurm.is_none()
     }
 
+    #[cfg(test)]
     /// Only the pairing kept (what remains when the node sync forgets a drain).
-    pub fn pairing(&self) -> Self {
+    pub(crate) fn pairing(&self) -> Self {
         Self {
             slurm: self.slurm.clone(),
             ..Self::default()
@@ -75,7 +76,7 @@ impl NodeRecord {
     }
 
     /// The stored form (JSON).
-    pub fn to_value(&self) -> String {
+    pub(crate) fn to_value(&self) -> String {
         // Strings only: always serialises.
         serde_json::to_string(self).unwrap_or_default()
     }
@@ -130,7 +131,7 @@ pub fn owned(record: &NodeRecord, slurm: &SlurmNode) -> Option<DrainRecord> {
 /// recorded that very drain (same time); an intent is kept while the Node still asks for its reason; no drain is
 /// kept when the Node asks for none (an owned drain is lifted first, see [`super::decide::decide`], and one that
 /// cannot be lifted yet keeps its record: [`owned`]). The pairing is this one.
-pub fn next(record: &NodeRecord, slurm: &SlurmNode, wanted: Option<&str>) -> NodeRecord {
+pub(crate) fn next(record: &NodeRecord, slurm: &SlurmNode, wanted: Option<&str>) -> NodeRecord {
     let paired = |r: NodeRecord| NodeRecord {
         slurm: Some(slurm.name.clone()),
         ..r
@@ -204,7 +205,7 @@ pub fn next(record: &NodeRecord, slurm: &SlurmNode, wanted: Option<&str>) -> Nod
 
 /// Whether Slurm's state is exactly the recorded drain: drained, same reason and time, no other flag, a base state
 /// Slurm runs jobs in.
-pub fn is_exactly(slurm: &SlurmNode, record: &DrainRecord) -> bool {
+pub(crate) fn is_exactly(slurm: &SlurmNode, record: &DrainRecord) -> bool {
     slurm.is_drained()
         && slurm.flags.iter().all(|f| f == "DRAIN")
         && matches!(slurm.state.as_str(), "IDLE" | "MIXED" | "ALLOCATED")
@@ -215,7 +216,7 @@ pub fn is_exactly(slurm: &SlurmNode, record: &DrainRecord) -> bool {
 /// Whether a job ended on the node after the drain was set: its `LastBusyTime` (when it last became idle) is later
 /// than the drain, or fewer CPUs are allocated than when the drain was recorded (a job ended while others run).
 /// Unknown facts count as no evidence.
-pub fn jobs_ended_under(
+pub(crate) fn jobs_ended_under(
     record: &DrainRecord,
     last_busy: Option<&str>,
     alloc_at_record: Option<u32>,

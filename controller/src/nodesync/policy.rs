@@ -9,18 +9,18 @@ pub const REASON_PREFIX: &str = "isthmus:";
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Policy {
     /// Node condition types that drain the Slurm node while their status is `True` (e.g. `GpuUnhealthy`).
-    pub drain_conditions: Vec<String>,
+    pub(crate) drain_conditions: Vec<String>,
     /// Whether a drain that did not come from us puts the `isthmus.io/slurm-drain` taint on the Node.
-    pub taint: bool,
+    pub(crate) taint: bool,
     /// How long a condition-driven drain outlasts its condition ([`super::hold`]).
-    pub condition_hold: Duration,
+    pub(crate) condition_hold: Duration,
     /// Device health condition types that drain while `False` ([`super::health`]).
-    pub health_conditions: Vec<String>,
+    pub(crate) health_conditions: Vec<String>,
     /// Whether a failed health class puts its `isthmus.io/health-<class>:NoSchedule` taint on the Node.
-    pub health_taint: bool,
+    pub(crate) health_taint: bool,
     /// Largest share of the paired Nodes that may have a failed health class at once before the circuit breaker
     /// holds new health drains back ([`super::health::breaker`]).
-    pub health_breaker: f64,
+    pub(crate) health_breaker: f64,
 }
 
 /// Whether Slurm's drain reason is one of ours.

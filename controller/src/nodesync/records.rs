@@ -28,9 +28,9 @@ use crate::run::fence::Guard;
 /// How many ConfigMaps the records are spread over.
 pub const SHARDS: usize = 16;
 /// The shards' name prefix; the full name ends in the shard's two-digit number.
-pub const NAME_PREFIX: &str = "isthmus-nodesync-drains-";
+pub(crate) const NAME_PREFIX: &str = "isthmus-nodesync-drains-";
 /// The label every shard carries (`app.kubernetes.io/component`), which the watch selects on.
-pub const COMPONENT: &str = "nodesync-drains";
+pub(crate) const COMPONENT: &str = "nodesync-drains";
 
 /// The shard of Node `node` (FNV-1a of its name: the same on every replica and release).
 pub fn shard_of(node: &str) -> usize {
@@ -89,7 +89,7 @@ impl Written {
 }
 
 /// The records: the watch's store and what was written since.
-pub struct Records {
+pub(crate) struct Records {
     api: Api<ConfigMap>,
     namespace: String,
     store: Store<ConfigMap>,
@@ -110,7 +110,7 @@ impl std::fmt::Debug for Records {
 impl Records {
     /// Start the watch on the shards in `namespace` (its task wakes `changed` on every change; abort it with the
     /// returned handle).
-    pub fn watch(
+    pub(crate) fn watch(
         client: Client,
         namespace: &str,
         changed: Arc<Notify>,
@@ -147,7 +147,7 @@ impl Records {
     }
 
     /// Wait for the watch's first list (`Err` when the watch ended first).
-    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+    pub(crate) async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.store.wait_until_ready().await
     }
 
@@ -171,7 +171,7 @@ impl Records {
     }
 
     /// Every readable record, by Node name (an unreadable or misplaced entry is logged once and left out).
-    pub fn all(&mut self) -> BTreeMap<String, NodeRecord> {
+    pub(crate) fn all(&mut self) -> BTreeMap<String, NodeRecord> {
         let mut out = BTreeMap::new();
         for i in 0..SHARDS {
             for (node, value) in self.data(i) {
@@ -202,7 +202,7 @@ impl Records {
 
     /// Write `record` for `node` (an empty record removes the entry): one server-side apply of its shard. Returns
     /// the shard's new resourceVersion.
-    pub async fn set(
+    pub(crate) async fn set(
         &mut self,
         guard: &Guard,
         node: &str,

@@ -28,30 +28,30 @@ pub(crate) const MAX_GANG: usize = 4096;
 
 /// The Slurm options a pod asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Requested {
+pub(crate) struct Requested {
     /// `slurm.isthmus.io/partition`.
-    pub partition: Option<String>,
+    pub(crate) partition: Option<String>,
     /// `slurm.isthmus.io/qos`.
-    pub qos: Option<String>,
+    pub(crate) qos: Option<String>,
     /// `slurm.isthmus.io/account`.
-    pub account: Option<String>,
+    pub(crate) account: Option<String>,
     /// `slurm.isthmus.io/time`, in seconds.
-    pub time: Option<u64>,
+    pub(crate) time: Option<u64>,
     /// `slurm.isthmus.io/constraint`.
-    pub constraint: Option<String>,
+    pub(crate) constraint: Option<String>,
     /// `slurm.isthmus.io/switches`.
-    pub switches: Option<String>,
+    pub(crate) switches: Option<String>,
     /// `slurm.isthmus.io/node-sharing: shared`.
-    pub shared: bool,
+    pub(crate) shared: bool,
 }
 
 /// A gang: its name and size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Gang {
     /// `slurm.isthmus.io/group`.
-    pub name: String,
+    pub(crate) name: String,
     /// `slurm.isthmus.io/group-size`.
-    pub size: usize,
+    pub(crate) size: usize,
 }
 
 /// A Slurm name (partition, QOS, account): 1–64 letters, digits, `_`, `.`, `-`, not starting with `-` or `.`.

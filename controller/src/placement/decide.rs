@@ -19,7 +19,7 @@ use crate::slurm::jobs::{Identity, Job};
 
 /// One thing to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Submit a placeholder job for these pods (one, or a whole gang).
     Submit {
         /// What its comment names.
@@ -93,7 +93,7 @@ pub enum Action {
 
 impl Action {
     /// Whether it destroys something (a job, a pod): done only after a complete, fresh read of both sides.
-    pub fn is_destructive(&self) -> bool {
+    pub(crate) fn is_destructive(&self) -> bool {
         matches!(
             self,
             Action::Cancel { .. } | Action::DeletePod { .. } | Action::Unlock { .. }
@@ -105,32 +105,32 @@ impl Action {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct InFlight {
     /// UIDs of the pods whose job is being submitted.
-    pub pods: BTreeSet<String>,
+    pub(crate) pods: BTreeSet<String>,
     /// Jobs being cancelled.
-    pub jobs: BTreeSet<u64>,
+    pub(crate) jobs: BTreeSet<u64>,
 }
 
 /// Everything the decisions read.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Inputs<'a> {
     /// The scheduler's pods.
-    pub pods: &'a [PodView],
+    pub(crate) pods: &'a [PodView],
     /// Every job Slurm lists.
-    pub jobs: &'a [Job],
+    pub(crate) jobs: &'a [Job],
     /// Slurm node → Node.
-    pub nodes: &'a NodeMap,
+    pub(crate) nodes: &'a NodeMap,
     /// Writes under way.
-    pub in_flight: &'a InFlight,
+    pub(crate) in_flight: &'a InFlight,
     /// `--placement-partition`.
-    pub default_partition: Option<&'a str>,
+    pub(crate) default_partition: Option<&'a str>,
     /// Slurm's `KillWait`, seconds.
-    pub kill_wait: u64,
+    pub(crate) kill_wait: u64,
     /// Node → the job its node lock names.
-    pub locks: &'a BTreeMap<String, u64>,
+    pub(crate) locks: &'a BTreeMap<String, u64>,
     /// Pods this controller bound a moment ago (UID → Node), which the pod watch may not show bound yet.
-    pub recent_binds: &'a BTreeMap<String, String>,
+    pub(crate) recent_binds: &'a BTreeMap<String, String>,
     /// The tenant of every namespace a job's comment names ([`tenants`]): whose jobs those may be.
-    pub tenants: &'a Tenants,
+    pub(crate) tenants: &'a Tenants,
 }
 
 /// Slurm's words for a job.

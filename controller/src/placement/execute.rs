@@ -17,7 +17,7 @@ use crate::slurm::{SlurmClient, SlurmError, jobs};
 
 /// Why one action failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ActionError {
+pub(crate) enum ActionError {
     /// A Slurm command failed.
     #[error(transparent)]
     Slurm(#[from] SlurmError),
@@ -79,17 +79,17 @@ impl From<ApiCallError> for ActionError {
 #[derive(Clone)]
 pub(crate) struct Executor {
     /// The API client.
-    pub client: kube::Client,
+    pub(crate) client: kube::Client,
     /// The Slurm tools.
-    pub slurm: SlurmClient,
+    pub(crate) slurm: SlurmClient,
     /// `--placement-command`.
-    pub command: String,
+    pub(crate) command: String,
     /// `--placement-submit-as`, or the method the Slurm release calls for.
-    pub submit_as: SubmitMethod,
+    pub(crate) submit_as: SubmitMethod,
     /// The scheduler name (Events' source).
-    pub scheduler_name: String,
+    pub(crate) scheduler_name: String,
     /// The fence and the API timeout.
-    pub guard: Guard,
+    pub(crate) guard: Guard,
 }
 
 impl std::fmt::Debug for Executor {

@@ -23,15 +23,15 @@ use crate::slurm::jobs::Job;
 pub const LOCK: &str = "slurm.isthmus.io/lock";
 /// The lock taint's effect: the default scheduler places nothing new; pods already there are evicted by the
 /// controller, not by the taint.
-pub const LOCK_EFFECT: &str = "NoSchedule";
+pub(crate) const LOCK_EFFECT: &str = "NoSchedule";
 /// How much earlier than `KillWait` a pod deleted because its job ended must have stopped: the time to see the
 /// job end (a pass and its confirming read) and to reach the kubelet.
-pub const GRACE_MARGIN: u64 = 5;
+pub(crate) const GRACE_MARGIN: u64 = 5;
 /// Kubernetes' default `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE: i64 = 30;
+pub(crate) const DEFAULT_GRACE: i64 = 30;
 
 /// The lock taint of `job`.
-pub fn lock_taint(job: u64) -> Taint {
+pub(crate) fn lock_taint(job: u64) -> Taint {
     Taint {
         key: LOCK.to_owned(),
         value: Some(job.to_string()),
@@ -42,7 +42,7 @@ pub fn lock_taint(job: u64) -> Taint {
 
 /// The grace period of a deletion that follows a job's end: the pod's own (Kubernetes' default when it sets none),
 /// at most `KillWait` less [`GRACE_MARGIN`], at least 1 s.
-pub fn deletion_grace(pod_grace: Option<i64>, kill_wait: u64) -> i64 {
+pub(crate) fn deletion_grace(pod_grace: Option<i64>, kill_wait: u64) -> i64 {
     let cap = i64::try_from(kill_wait.saturating_sub(GRACE_MARGIN))
         .unwrap_or(i64::MAX)
         .max(1);
@@ -51,7 +51,7 @@ pub fn deletion_grace(pod_grace: Option<i64>, kill_wait: u64) -> i64 {
 
 /// Whether job `job` still holds Node `node` alone: it runs (as a job whose comment this controller writes) and
 /// its nodes (mapped to Nodes by `nodes_of`) include `node`.
-pub fn holds(
+pub(crate) fn holds(
     jobs: &[Job],
     job: u64,
     node: &str,
@@ -74,7 +74,7 @@ pub fn parse_lock(value: &str) -> Option<u64> {
 
 /// What the lock does with a pod found on the Node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnLock {
+pub(crate) enum OnLock {
     /// Stays: the pod being placed, a DaemonSet's or static pod, or one that ended.
     Stays,
     /// Already being deleted: waited for.
@@ -85,7 +85,7 @@ pub enum OnLock {
 
 /// What the lock does with `pod` (on the Node), `placed` being the UID of the pod being bound. What the pod
 /// tolerates does not count: a pod that tolerates the lock (or every taint) is evicted like any other.
-pub fn on_lock(pod: &Pod, placed: &str) -> OnLock {
+pub(crate) fn on_lock(pod: &Pod, placed: &str) -> OnLock {
     let meta = &pod.metadata;
     if meta.uid.as_deref() == Some(placed) {
         return OnLock::Stays;
@@ -112,10 +112,10 @@ pub fn on_lock(pod: &Pod, placed: &str) -> OnLock {
 /// Why `KillWait` could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("scontrol show config: {0}")]
-pub struct KillWaitError(String);
+pub(crate) struct KillWaitError(String);
 
 /// `KillWait` (seconds) from `scontrol show config` (`KillWait                = 30 sec`).
-pub fn parse_kill_wait(text: &str) -> Result<u64, KillWaitError> {
+pub(crate) fn parse_kill_wait(text: &str) -> Result<u64, KillWaitError> {
     let line = text
         .lines()
         .find_map(|l| {

@@ -360,7 +360,7 @@ fn action_name(a: &Action) -> &'static str {
 }
 
 /// An action and how it went (a submission's job id).
-pub type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
+pub(crate) type Outcome = (Action, Result<Option<u64>, execute::ActionError>);
 
 #[cfg(test)]
 mod tests {

@@ -66,16 +66,16 @@ pub(crate) fn resolve<'a>(
 
 /// Where the map is published and what it is made of.
 pub(super) struct Publisher {
-    pub client: kube::Client,
+    pub(crate) client: kube::Client,
     /// The controller's namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The ConfigMap's name.
-    pub name: String,
-    pub policy: PolicyCell,
-    pub namespaces: Store<PartialObjectMeta<Namespace>>,
+    pub(crate) name: String,
+    pub(crate) policy: PolicyCell,
+    pub(crate) namespaces: Store<PartialObjectMeta<Namespace>>,
     /// Notified on every Namespace event.
-    pub namespaces_changed: Arc<Notify>,
-    pub guard: Guard,
+    pub(crate) namespaces_changed: Arc<Notify>,
+    pub(crate) guard: Guard,
 }
 
 impl Publisher {

@@ -30,19 +30,19 @@ use crate::slurm::jobs::{self, Job};
 
 /// The watched state.
 pub(super) struct Stores {
-    pub pods: Store<Pod>,
-    pub nodes: Store<PartialObjectMeta<Node>>,
-    pub namespaces: Store<PartialObjectMeta<Namespace>>,
-    pub policy: PolicyCell,
-    pub policy_ready: Arc<Notify>,
+    pub(crate) pods: Store<Pod>,
+    pub(crate) nodes: Store<PartialObjectMeta<Node>>,
+    pub(crate) namespaces: Store<PartialObjectMeta<Namespace>>,
+    pub(crate) policy: PolicyCell,
+    pub(crate) policy_ready: Arc<Notify>,
 }
 
 /// The writes beside the passes.
 pub(super) struct Queues {
     /// `sbatch`, `scancel`.
-    pub slurm: Queue,
+    pub(crate) slurm: Queue,
     /// Pending reasons, Events, pod deletions.
-    pub api: Queue,
+    pub(crate) api: Queue,
 }
 
 /// What the passes remember.

@@ -31,7 +31,7 @@ use super::comment::is_dns_label;
 use super::resources::is_gres;
 
 /// The ConfigMap key holding the policy.
-pub const POLICY_KEY: &str = "policy.yaml";
+pub(crate) const POLICY_KEY: &str = "policy.yaml";
 /// The Namespace label every namespace whose pods Slurm places must carry (any value; the tenant's name by
 /// convention). Administrators set it beside the policy: it is what the Slurm pod webhook's fail-closed
 /// `namespaceSelector` selects (`deploy/controller/overlays/slurm/webhook-slurm.yaml`), so a namespace is placed
@@ -39,7 +39,7 @@ pub const POLICY_KEY: &str = "policy.yaml";
 /// without it is not placed ([`super::view`]).
 pub const TENANT_LABEL: &str = "slurm.isthmus.io/tenant";
 /// The most tenants one policy may hold.
-pub const MAX_TENANTS: usize = 1000;
+pub(crate) const MAX_TENANTS: usize = 1000;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -91,72 +91,72 @@ struct RawTenant {
 
 /// A set of Slurm names a tenant may choose from, and the one used when a pod names none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Choice {
+pub(crate) struct Choice {
     /// Allowed (the default included).
-    pub allowed: BTreeSet<String>,
+    pub(crate) allowed: BTreeSet<String>,
     /// Used when the pod names none (`None`: Slurm's own default).
-    pub default: Option<String>,
+    pub(crate) default: Option<String>,
 }
 
 /// One tenant, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant {
+pub(crate) struct Tenant {
     /// Its name (in messages).
-    pub name: String,
+    pub(crate) name: String,
     /// Namespaces named one by one.
-    pub namespaces: BTreeSet<String>,
+    pub(crate) namespaces: BTreeSet<String>,
     /// Namespace labels that select it (all must match).
-    pub selector: Option<BTreeMap<String, String>>,
+    pub(crate) selector: Option<BTreeMap<String, String>>,
     /// Slurm user (name or uid).
-    pub user: String,
+    pub(crate) user: String,
     /// Slurm group (name or gid).
-    pub group: String,
+    pub(crate) group: String,
     /// `--account`.
-    pub accounts: Choice,
+    pub(crate) accounts: Choice,
     /// `--partition`.
-    pub partitions: Choice,
+    pub(crate) partitions: Choice,
     /// `--qos`.
-    pub qos: Choice,
+    pub(crate) qos: Choice,
     /// Longest `--time`, seconds.
-    pub max_time: Option<u64>,
+    pub(crate) max_time: Option<u64>,
     /// `--time` of pods that name none.
-    pub default_time: Option<u64>,
+    pub(crate) default_time: Option<u64>,
     /// Largest gang.
-    pub max_nodes: Option<usize>,
+    pub(crate) max_nodes: Option<usize>,
     /// Extended resource → GRES.
-    pub extended: BTreeMap<String, String>,
+    pub(crate) extended: BTreeMap<String, String>,
     /// Whether its pods may share their nodes (`allowSharing`; off: every job is `--exclusive`).
-    pub allow_sharing: bool,
+    pub(crate) allow_sharing: bool,
 }
 
 /// The validated policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     /// In the document's order.
-    pub tenants: Vec<Arc<Tenant>>,
+    pub(crate) tenants: Vec<Arc<Tenant>>,
 }
 
 /// What a job is submitted with, decided from the tenant and what its pod asked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SubmitSpec {
+pub(crate) struct SubmitSpec {
     /// `--uid`.
-    pub user: String,
+    pub(crate) user: String,
     /// `--gid`.
-    pub group: String,
+    pub(crate) group: String,
     /// `--account`.
-    pub account: Option<String>,
+    pub(crate) account: Option<String>,
     /// `--partition`.
-    pub partition: Option<String>,
+    pub(crate) partition: Option<String>,
     /// `--qos`.
-    pub qos: Option<String>,
+    pub(crate) qos: Option<String>,
     /// `--time`, seconds.
-    pub time: Option<u64>,
+    pub(crate) time: Option<u64>,
     /// `--constraint`.
-    pub constraint: Option<String>,
+    pub(crate) constraint: Option<String>,
     /// `--switches`.
-    pub switches: Option<String>,
+    pub(crate) switches: Option<String>,
     /// Shares its nodes (no `--exclusive`): the pod asked for it and the tenant allows it.
-    pub shared: bool,
+    pub(crate) shared: bool,
 }
 
 /// An extended resource name: `domain/name`, letters, digits, `.`, `-`, `_`, one `/`.
@@ -276,7 +276,7 @@ fn tenant(i: usize, raw: RawTenant) -> Result<Tenant, String> {
 }
 
 /// Parse and validate a policy document.
-pub fn parse(text: &str) -> Result<Policy, String> {
+pub(crate) fn parse(text: &str) -> Result<Policy, String> {
     let raw: RawPolicy = serde_yaml_ng::from_str(text).map_err(|e| format!("not a policy: {e}"))?;
     if raw.tenants.len() > MAX_TENANTS {
         return Err(format!(
@@ -308,7 +308,7 @@ pub fn parse(text: &str) -> Result<Policy, String> {
 impl Policy {
     /// The tenant of namespace `ns` (with labels `labels`): the one that names it, else the one whose selector
     /// matches it; an error when none does, or when selectors of several do.
-    pub fn tenant_for(
+    pub(crate) fn tenant_for(
         &self,
         ns: &str,
         labels: Option<&BTreeMap<String, String>>,
@@ -375,7 +375,7 @@ fn pick(
 impl Tenant {
     /// What a unit of `nodes` pods that asked for `req` is submitted with, or which rule refuses it.
     /// `default_partition` is `--placement-partition`, for tenants that set no partition.
-    pub fn evaluate(
+    pub(crate) fn evaluate(
         &self,
         req: &Requested,
         nodes: usize,
@@ -440,7 +440,7 @@ impl Tenant {
     }
 
     /// Whether Slurm job user `user` (name) / `uid` is this tenant's.
-    pub fn runs_as(&self, user: &str, uid: &str) -> bool {
+    pub(crate) fn runs_as(&self, user: &str, uid: &str) -> bool {
         isthmus_api::placement_owners::runs_as(&self.user, user, uid)
     }
 }

@@ -20,18 +20,18 @@ pub(crate) const MIG_PREFIX: &str = "nvidia.com/mig-";
 
 /// What one pod needs on its node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Resources {
+pub(crate) struct Resources {
     /// Whole CPUs (rounded up, at least 1).
-    pub cpus: u64,
+    pub(crate) cpus: u64,
     /// Memory in MiB (rounded up; 0: none asked, sent to Slurm as 1 MiB).
-    pub mem_mib: u64,
+    pub(crate) mem_mib: u64,
     /// GRES (`gpu`, `gpu:<type>`) → count.
-    pub gres: BTreeMap<String, u64>,
+    pub(crate) gres: BTreeMap<String, u64>,
 }
 
 impl Resources {
     /// The larger of each amount (one node of a gang must hold any of its pods).
-    pub fn max(&self, other: &Resources) -> Resources {
+    pub(crate) fn max(&self, other: &Resources) -> Resources {
         let mut gres = self.gres.clone();
         for (k, v) in &other.gres {
             let e = gres.entry(k.clone()).or_insert(0);
@@ -49,9 +49,9 @@ impl Resources {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Translation<'a> {
     /// The tenancy policy's `extendedResources`: resource → `name[:type]`.
-    pub extended: Option<&'a BTreeMap<String, String>>,
+    pub(crate) extended: Option<&'a BTreeMap<String, String>>,
     /// The GPU part of the MIG GRES types (`--placement-mig-gpu-type`).
-    pub mig_gpu_type: Option<&'a str>,
+    pub(crate) mig_gpu_type: Option<&'a str>,
 }
 
 /// Parse a Kubernetes quantity into thousandths of its unit (`500m` → 500, `2` → 2000, `1Gi` → 1073741824000).

@@ -25,15 +25,15 @@ pub enum SubmitAs {
 /// The command to run: a wrapper and its arguments before `sbatch` (empty for none), and sbatch's arguments
 /// (without `--parsable`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Command {
+pub(crate) struct Command {
     /// `setpriv …` or nothing.
-    pub wrapper: Vec<String>,
+    pub(crate) wrapper: Vec<String>,
     /// sbatch's options.
-    pub args: Vec<String>,
+    pub(crate) args: Vec<String>,
 }
 
 /// The command of a placeholder job for `job`: `nodes` nodes, each holding `res`, running `command`.
-pub fn command(
+pub(crate) fn command(
     job: &JobRef,
     nodes: usize,
     res: &Resources,

@@ -15,56 +15,56 @@ use super::resources::{self, Resources, Translation};
 
 /// A pod, by name and UID.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodRef {
+pub(crate) struct PodRef {
     /// Namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Name.
-    pub name: String,
+    pub(crate) name: String,
     /// UID.
-    pub uid: String,
+    pub(crate) uid: String,
 }
 
 /// What the decisions need of one pod.
 #[derive(Debug, Clone)]
 pub(crate) struct PodView {
     /// The pod.
-    pub pod: PodRef,
+    pub(crate) pod: PodRef,
     /// `spec.nodeName`.
-    pub node: Option<String>,
+    pub(crate) node: Option<String>,
     /// Not being deleted, not Succeeded or Failed.
-    pub active: bool,
+    pub(crate) active: bool,
     /// Being deleted on its Node, its phase not terminal yet: the kubelet is stopping its containers.
-    pub stopping: bool,
+    pub(crate) stopping: bool,
     /// Its kubelet has admitted it (or refused it): `status.startTime` is set or its phase is past Pending. Devices
     /// are allocated at admission.
-    pub admitted: bool,
+    pub(crate) admitted: bool,
     /// `spec.terminationGracePeriodSeconds`.
-    pub grace: Option<i64>,
+    pub(crate) grace: Option<i64>,
     /// `metadata.deletionGracePeriodSeconds`: the grace period of the deletion under way.
-    pub deletion_grace: Option<i64>,
+    pub(crate) deletion_grace: Option<i64>,
     /// Its gang, if it names one.
-    pub gang: Option<Result<Gang, String>>,
+    pub(crate) gang: Option<Result<Gang, String>>,
     /// Its needs.
-    pub resources: Result<Resources, String>,
+    pub(crate) resources: Result<Resources, String>,
     /// The Slurm options its annotations ask for.
-    pub requested: Result<Requested, String>,
+    pub(crate) requested: Result<Requested, String>,
     /// Its namespace's tenant.
-    pub tenant: Result<Arc<Tenant>, String>,
+    pub(crate) tenant: Result<Arc<Tenant>, String>,
     /// Message of its `PodScheduled=False` condition, if it has one.
-    pub waiting_message: Option<String>,
+    pub(crate) waiting_message: Option<String>,
     /// `metadata.resourceVersion`.
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
 }
 
 /// What a view is built against.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Context<'a> {
     /// The policy in force (`Err`: none, or never a valid one; the reason).
-    pub policy: Result<&'a Policy, &'a str>,
+    pub(crate) policy: Result<&'a Policy, &'a str>,
     /// Namespace → its labels.
-    pub namespace_labels: &'a BTreeMap<String, BTreeMap<String, String>>,
+    pub(crate) namespace_labels: &'a BTreeMap<String, BTreeMap<String, String>>,
     /// `--placement-mig-gpu-type`.
-    pub mig_gpu_type: Option<&'a str>,
+    pub(crate) mig_gpu_type: Option<&'a str>,
 }
 
 /// `tenant`, when namespace `ns` carries [`TENANT_LABEL`]; why not otherwise.

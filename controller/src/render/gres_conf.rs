@@ -34,18 +34,18 @@ fn group_by<'a, K: Ord + Clone>(
 /// One node's lines in the Slurm files: its node definition (`nodes.conf`) and its gres.conf lines, both without
 /// `NodeName=`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeLines {
+pub(crate) struct NodeLines {
     /// The node definition; `None` when its report gave none (it is then in no `nodes.conf` line).
-    pub definition: Option<Arc<NodeDefinition>>,
+    pub(crate) definition: Option<Arc<NodeDefinition>>,
     /// gres.conf lines (shared among nodes that report the same).
-    pub gres: Arc<[GresLine]>,
+    pub(crate) gres: Arc<[GresLine]>,
 }
 
 /// Slurm name → the node's lines, for every node the Slurm files describe.
-pub type SlurmLines = BTreeMap<String, NodeLines>;
+pub(crate) type SlurmLines = BTreeMap<String, NodeLines>;
 
 /// The lines of every node the Slurm files describe ([`slurm_nodes`]), by Slurm name.
-pub fn node_lines(model: &ClusterModel) -> SlurmLines {
+pub(crate) fn node_lines(model: &ClusterModel) -> SlurmLines {
     slurm_nodes(model)
         .into_iter()
         .map(|n| {
@@ -68,7 +68,7 @@ pub fn central(model: &ClusterModel) -> String {
 }
 
 /// [`central`] of these nodes' lines.
-pub fn gres_conf(lines: &SlurmLines) -> String {
+pub(crate) fn gres_conf(lines: &SlurmLines) -> String {
     let groups = group_by(
         lines
             .iter()
@@ -106,7 +106,7 @@ pub fn node_definitions(model: &ClusterModel) -> String {
 }
 
 /// [`node_definitions`] of these nodes' lines.
-pub fn nodes_conf(lines: &SlurmLines) -> String {
+pub(crate) fn nodes_conf(lines: &SlurmLines) -> String {
     let groups = group_by(
         lines
             .iter()
@@ -126,7 +126,7 @@ pub fn nodes_conf(lines: &SlurmLines) -> String {
 /// `NodeName=<hostlist> <fields>` line parsed under the same strict grammar as a report (gres.conf device files
 /// under `device_dir`), its hostlist expanded into Slurm host names. Only nodes with a definition are returned. A
 /// line that does not read is skipped and described in the second value; comments and blank lines are ignored.
-pub fn read_lines(
+pub(crate) fn read_lines(
     nodes_conf: &str,
     gres_conf: &str,
     device_dir: &str,

@@ -53,7 +53,7 @@ pub fn render(model: &ClusterModel, opts: &RenderOptions) -> Vec<HyperNode> {
 }
 
 /// The HyperNodes as a multi-document YAML stream (what `kubectl apply -f` takes).
-pub fn to_yaml(objects: &[HyperNode]) -> Result<String, serde_yaml_ng::Error> {
+pub(crate) fn to_yaml(objects: &[HyperNode]) -> Result<String, serde_yaml_ng::Error> {
     let mut s = String::new();
     for o in objects {
         s.push_str("---\n");

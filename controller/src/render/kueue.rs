@@ -11,7 +11,7 @@ use crate::model::ClusterModel;
 /// node lies under down to the leaf, then [`HOSTNAME_LABEL`]. At most 16 (what Kueue's and KAI's CRDs allow; the
 /// lowest tiers are kept); only the hostname label when nothing is placed. The labels are unique and the hostname
 /// label is last, as both CRDs require.
-pub fn level_labels(model: &ClusterModel, opts: &RenderOptions) -> Vec<String> {
+pub(crate) fn level_labels(model: &ClusterModel, opts: &RenderOptions) -> Vec<String> {
     let placed_tiers = model
         .nodes
         .values()

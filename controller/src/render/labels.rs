@@ -12,7 +12,7 @@ use crate::model::ClusterModel;
 pub use isthmus_gres::grammar::is_label_value;
 
 /// `v` when it is a valid label value, its hash otherwise.
-pub fn label_value(v: &str) -> String {
+pub(crate) fn label_value(v: &str) -> String {
     if is_label_value(v) {
         v.to_owned()
     } else {

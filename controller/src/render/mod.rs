@@ -23,19 +23,19 @@ use crate::model::{ClusterModel, ClusterNode};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RenderOptions {
     /// Tier label keys are `<tier_label_prefix><n>` (n = 0 at the leaf). Topograph's: `fabric.topograph.run/tier-`.
-    pub tier_label_prefix: String,
+    pub(crate) tier_label_prefix: String,
     /// The accelerator domain label key. Topograph's: `accelerator.topograph.run/domain`.
-    pub accelerator_label: String,
+    pub(crate) accelerator_label: String,
     /// Slurm switch holding the nodes no source placed (Slurm wants every node under a switch).
-    pub unplaced_switch: String,
+    pub(crate) unplaced_switch: String,
     /// `BlockSizes=` base for the block topology; the smallest block when unset.
-    pub block_size: Option<usize>,
+    pub(crate) block_size: Option<usize>,
     /// Name of the Kueue Topology object.
-    pub kueue_topology_name: String,
+    pub(crate) kueue_topology_name: String,
     /// Name of the KAI Scheduler Topology object.
-    pub kai_topology_name: String,
+    pub(crate) kai_topology_name: String,
     /// Value of the `volcano.sh/network-topology-source` label on HyperNodes.
-    pub hypernode_source: String,
+    pub(crate) hypernode_source: String,
 }
 
 impl Default for RenderOptions {
@@ -54,16 +54,16 @@ impl Default for RenderOptions {
 
 impl RenderOptions {
     /// The label key of tier `n`.
-    pub fn tier_key(&self, n: usize) -> String {
+    pub(crate) fn tier_key(&self, n: usize) -> String {
         format!("{}{n}", self.tier_label_prefix)
     }
 }
 
 /// A node Slurm files describe, with its Slurm name.
 #[derive(Debug, Clone, Copy)]
-pub struct SlurmNode<'a> {
+pub(crate) struct SlurmNode<'a> {
     /// The node.
-    pub node: &'a ClusterNode,
+    pub(crate) node: &'a ClusterNode,
     /// Its Slurm name (from the cluster, checked).
     pub name: &'a str,
 }
@@ -71,7 +71,7 @@ pub struct SlurmNode<'a> {
 /// The nodes Slurm files describe: the nodes with a Slurm name that reported a node definition, or every node
 /// with a Slurm name when none did (a dump rendered without node reports). A node without a Slurm name (its name
 /// is not a Slurm host name, or another Node claims the same) is in no Slurm file.
-pub fn slurm_nodes(model: &ClusterModel) -> Vec<SlurmNode<'_>> {
+pub(crate) fn slurm_nodes(model: &ClusterModel) -> Vec<SlurmNode<'_>> {
     let named: Vec<SlurmNode<'_>> = model
         .nodes
         .values()

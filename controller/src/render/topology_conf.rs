@@ -181,7 +181,10 @@ struct YamlTopology {
 
 /// `topology.yaml` (Slurm >= 25.05): topology `isthmus-tree` (the tree, cluster default) and, when there are
 /// blocks, `isthmus-block` for partitions that ask for it with `Topology=isthmus-block`.
-pub fn yaml(model: &ClusterModel, opts: &RenderOptions) -> Result<String, serde_yaml_ng::Error> {
+pub(crate) fn yaml(
+    model: &ClusterModel,
+    opts: &RenderOptions,
+) -> Result<String, serde_yaml_ng::Error> {
     let switches = switch_lines(model, opts)
         .into_iter()
         .map(|l| YamlSwitch {

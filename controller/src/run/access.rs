@@ -76,9 +76,10 @@ pub const TASK_NAMED_ACCESS: &[(&str, &[NamedAccess])] = &[
 /// Named objects in the controller's own namespace (Role `isthmus-controller`).
 pub const NAMESPACE_NAMED_ACCESS: &[NamedAccess] = webhook::NAMESPACE_NAMED_ACCESS;
 
+#[cfg(test)]
 /// The verbs the controller's ServiceAccount holds cluster-wide on `resource` of `group`: the union of every task's
 /// ClusterRole.
-pub fn cluster_verbs(group: &str, resource: &str) -> Vec<&'static str> {
+pub(crate) fn cluster_verbs(group: &str, resource: &str) -> Vec<&'static str> {
     let mut verbs: Vec<&'static str> = TASK_ACCESS
         .iter()
         .flat_map(|(_, access)| access.iter())

@@ -30,14 +30,14 @@ struct Held {
 /// A write refused because the lease may be lost before it ends.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not leading: the lease is not held or would not outlast {what}")]
-pub struct NotLeading {
+pub(crate) struct NotLeading {
     /// The write that was not done.
-    pub what: String,
+    pub(crate) what: String,
 }
 
 impl Fence {
     /// Always leading: for a process that is the only one acting.
-    pub fn unfenced() -> Self {
+    pub(crate) fn unfenced() -> Self {
         Self { inner: None }
     }
 
@@ -58,7 +58,7 @@ impl Fence {
     }
 
     /// A claim or renewal sent at `sent` succeeded.
-    pub fn renewed(&self, sent: Instant) {
+    pub(crate) fn renewed(&self, sent: Instant) {
         if let Some(m) = &self.inner {
             let mut h = Self::lock(m);
             if h.renewed.is_none_or(|r| r < sent) {
@@ -68,7 +68,7 @@ impl Fence {
     }
 
     /// The lease is lost (another holder, released, or the renew deadline passed).
-    pub fn lost(&self) {
+    pub(crate) fn lost(&self) {
         if let Some(m) = &self.inner {
             Self::lock(m).renewed = None;
         }
@@ -76,14 +76,14 @@ impl Fence {
 
     /// When leading ends unless renewed before: the last renewal plus the renew deadline (`None`: not leading, or
     /// unfenced).
-    pub fn stop_at(&self) -> Option<Instant> {
+    pub(crate) fn stop_at(&self) -> Option<Instant> {
         let m = self.inner.as_ref()?;
         let h = Self::lock(m);
         h.renewed.map(|r| r + h.deadline)
     }
 
     /// Whether this replica leads at `now`.
-    pub fn is_leading_at(&self, now: Instant) -> bool {
+    pub(crate) fn is_leading_at(&self, now: Instant) -> bool {
         match &self.inner {
             None => true,
             Some(m) => {
@@ -100,7 +100,7 @@ impl Fence {
 
     /// Whether a write started at `now` whose call takes at most `call` may run: leading, and the call ends before
     /// any other replica could claim the lease.
-    pub fn allows_at(&self, now: Instant, call: Duration) -> bool {
+    pub(crate) fn allows_at(&self, now: Instant, call: Duration) -> bool {
         match &self.inner {
             None => true,
             Some(m) => {
@@ -112,13 +112,17 @@ impl Fence {
     }
 
     /// [`Self::allows_at`] now.
-    pub fn allows(&self, call: Duration) -> bool {
+    pub(crate) fn allows(&self, call: Duration) -> bool {
         self.allows_at(Instant::now(), call)
     }
 
     /// [`Self::allows`] as a result naming `what`; a refusal is counted in
     /// `isthmus_controller_fenced_writes_total`.
-    pub fn check(&self, what: impl Fn() -> String, call: Duration) -> Result<(), NotLeading> {
+    pub(crate) fn check(
+        &self,
+        what: impl Fn() -> String,
+        call: Duration,
+    ) -> Result<(), NotLeading> {
         if self.allows(call) {
             Ok(())
         } else {
@@ -132,9 +136,9 @@ impl Fence {
 #[derive(Debug, Clone)]
 pub struct Guard {
     /// Asked before every write.
-    pub fence: Fence,
+    pub(crate) fence: Fence,
     /// Timeout of one API request (watches excepted).
-    pub api_timeout: Duration,
+    pub(crate) api_timeout: Duration,
 }
 
 impl Guard {
@@ -147,7 +151,7 @@ impl Guard {
     }
 
     /// Run the API request `f` if the fence allows a call of [`Self::api_timeout`], abandoning it after that long.
-    pub async fn api<T>(
+    pub(crate) async fn api<T>(
         &self,
         what: impl Fn() -> String,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -157,7 +161,7 @@ impl Guard {
     }
 
     /// Run the read `f` with the timeout (no fence: reading acts on nothing).
-    pub async fn read<T>(
+    pub(crate) async fn read<T>(
         &self,
         what: impl Fn() -> String,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -178,7 +182,7 @@ impl Guard {
 
 /// Why one API request gave no answer.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiCallError {
+pub(crate) enum ApiCallError {
     /// Not sent: not leading.
     #[error(transparent)]
     Fenced(#[from] NotLeading),
@@ -202,7 +206,7 @@ pub enum ApiCallError {
 
 impl ApiCallError {
     /// The API status code, when the server answered with one.
-    pub fn code(&self) -> Option<u16> {
+    pub(crate) fn code(&self) -> Option<u16> {
         match self {
             ApiCallError::Api {
                 source: kube::Error::Api(s),

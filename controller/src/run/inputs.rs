@@ -24,13 +24,13 @@ use crate::identity::SLURM_NODE_NAME_LABEL;
 #[derive(Debug, Clone)]
 pub(crate) struct Inputs {
     /// The reports, read.
-    pub reports: ReportStore,
+    pub(crate) reports: ReportStore,
     /// Nodes' metadata (only the labels isthmus reads or writes, and their owners).
-    pub nodes: Store<PartialObjectMeta<Node>>,
+    pub(crate) nodes: Store<PartialObjectMeta<Node>>,
     /// Names of the Nodes that changed since the last pass.
-    pub node_changes: NodeChanges,
+    pub(crate) node_changes: NodeChanges,
     /// The ibnetdiscover ConfigMap, when one is configured.
-    pub dump: Option<Store<ConfigMap>>,
+    pub(crate) dump: Option<Store<ConfigMap>>,
 }
 
 impl Inputs {

@@ -13,7 +13,7 @@ use super::lease::{Elector, LeaseConfig};
 use super::{LEASE_FIELD_MANAGER_PREFIX, LeaderContext, LeaderTask};
 
 /// Sleep `d` unless `token` is cancelled first; false when cancelled.
-pub async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
+pub(crate) async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
     tokio::select! {
         () = token.cancelled() => false,
         () = tokio::time::sleep(d) => true,

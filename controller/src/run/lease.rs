@@ -36,15 +36,15 @@ pub(crate) enum LeaseError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
     /// `holderIdentity` (empty: released).
-    pub holder: String,
+    pub(crate) holder: String,
     /// `leaseDurationSeconds`.
-    pub duration_seconds: i32,
+    pub(crate) duration_seconds: i32,
     /// `renewTime`, as written.
-    pub renew_time: Option<String>,
+    pub(crate) renew_time: Option<String>,
     /// `acquireTime`, as written.
-    pub acquire_time: Option<String>,
+    pub(crate) acquire_time: Option<String>,
     /// `leaseTransitions`.
-    pub transitions: i32,
+    pub(crate) transitions: i32,
 }
 
 impl Record {
@@ -103,17 +103,17 @@ pub(crate) fn claim(record: &Record, observed_at: Instant, me: &str, now: Instan
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseConfig {
     /// Lease name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// This replica's identity.
-    pub identity: String,
+    pub(crate) identity: String,
     /// `leaseDurationSeconds` of our claims.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// Longest time one request may take.
-    pub call_timeout: Duration,
+    pub(crate) call_timeout: Duration,
     /// Field manager of our writes.
-    pub field_manager: String,
+    pub(crate) field_manager: String,
 }
 
 /// One replica's view of the election.

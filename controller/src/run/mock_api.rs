@@ -91,11 +91,11 @@ fn allowed(method: &str, path: &str) -> bool {
 #[derive(Debug)]
 pub(super) struct Arrived {
     /// Method.
-    pub method: String,
+    pub(crate) method: String,
     /// Path and query as sent.
-    pub uri: String,
+    pub(crate) uri: String,
     /// The body (JSON), `Null` when empty.
-    pub body: Value,
+    pub(crate) body: Value,
     send: tower_test::mock::SendResponse<Response<Body>>,
 }
 

@@ -40,7 +40,7 @@ use crate::slurm::{SlurmArgs, SlurmClient};
 
 /// Field manager of the Lease (the lease manager's own SSA writes); each replica appends its identity, so that
 /// two replicas' claims conflict instead of silently merging.
-pub const LEASE_FIELD_MANAGER_PREFIX: &str = "isthmus-controller-lease";
+pub(crate) const LEASE_FIELD_MANAGER_PREFIX: &str = "isthmus-controller-lease";
 
 /// Arguments of `isthmus controller run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -50,34 +50,34 @@ pub struct RunArgs {
     pub namespace: String,
     /// This replica's identity in the Lease (default: the host name and a random suffix).
     #[arg(long, env = "POD_NAME")]
-    pub identity: Option<String>,
+    pub(crate) identity: Option<String>,
     /// Name of the Lease the replicas campaign for.
     #[arg(long, default_value = "isthmus-controller")]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// How long a claim on the Lease is valid without renewal, in seconds.
     #[arg(long, default_value_t = 15)]
-    pub lease_seconds: u64,
+    pub(crate) lease_seconds: u64,
     /// How long the leader keeps acting without a successful renewal, in seconds (shorter than --lease-seconds).
     #[arg(long, default_value_t = 10)]
-    pub lease_renew_deadline_seconds: u64,
+    pub(crate) lease_renew_deadline_seconds: u64,
     /// How often the Lease is renewed (by the leader) or tried (by a standby), in seconds.
     #[arg(long, default_value_t = 2)]
-    pub lease_retry_seconds: u64,
+    pub(crate) lease_retry_seconds: u64,
     /// How long one API request of the Slurm tasks may take (watches excepted) before it is abandoned.
     #[arg(long, default_value = "5s", value_parser = crate::slurm::parse_duration)]
-    pub api_timeout: Duration,
+    pub(crate) api_timeout: Duration,
     /// The Slurm client tools (for the optional `scontrol reconfigure`).
     #[command(flatten)]
     pub slurm: SlurmArgs,
     /// The topology task: what it reads and which outputs it writes.
     #[command(flatten)]
-    pub topology: topology::TopologyArgs,
+    pub(crate) topology: topology::TopologyArgs,
     /// The node state sync between Kubernetes and Slurm (off unless `--node-sync`).
     #[command(flatten)]
-    pub node_sync: crate::nodesync::NodeSyncArgs,
+    pub(crate) node_sync: crate::nodesync::NodeSyncArgs,
     /// Pods placed by Slurm's scheduler (off unless `--placement`).
     #[command(flatten)]
-    pub placement: crate::placement::PlacementArgs,
+    pub(crate) placement: crate::placement::PlacementArgs,
     /// The admission webhook every replica serves (off unless `--webhook-listen`).
     #[command(flatten)]
     pub webhook: crate::webhook::WebhookArgs,
@@ -91,7 +91,7 @@ pub struct LeaseTiming {
     /// How long the leader acts without a successful renewal.
     pub renew_deadline: Duration,
     /// Renewal and retry period.
-    pub retry: Duration,
+    pub(crate) retry: Duration,
 }
 
 impl RunArgs {
@@ -108,7 +108,7 @@ impl RunArgs {
     }
 
     /// This replica's identity: `--identity`, or the host name plus a random suffix.
-    pub fn identity(&self) -> String {
+    pub(crate) fn identity(&self) -> String {
         match &self.identity {
             Some(i) if !i.is_empty() => i.clone(),
             _ => {
@@ -139,7 +139,7 @@ pub struct LeaderContext {
 
 impl LeaderContext {
     /// The fence with the API timeout: what every write of a leader task asks first.
-    pub fn guard(&self) -> fence::Guard {
+    pub(crate) fn guard(&self) -> fence::Guard {
         fence::Guard {
             fence: self.fence.clone(),
             api_timeout: self.args.api_timeout,
@@ -156,10 +156,10 @@ impl std::fmt::Debug for LeaderContext {
 }
 
 /// A leader task's error, kept with its source chain.
-pub type TaskError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub(crate) type TaskError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A leader task's future; its error is logged and counted, then the task is restarted with backoff.
-pub type TaskFuture = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
+pub(crate) type TaskFuture = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 
 /// One task the leader runs. It must return soon after its token is cancelled.
 #[derive(Clone, Copy)]
@@ -167,7 +167,7 @@ pub struct LeaderTask {
     /// Name (log field and metric label).
     pub name: &'static str,
     /// Start it.
-    pub start: fn(LeaderContext, CancellationToken) -> TaskFuture,
+    pub(crate) start: fn(LeaderContext, CancellationToken) -> TaskFuture,
 }
 
 impl std::fmt::Debug for LeaderTask {
@@ -179,7 +179,7 @@ impl std::fmt::Debug for LeaderTask {
 }
 
 /// Box a task's future and its error.
-pub fn boxed<E: std::error::Error + Send + Sync + 'static>(
+pub(crate) fn boxed<E: std::error::Error + Send + Sync + 'static>(
     f: impl Future<Output = Result<(), E>> + Send + 'static,
 ) -> TaskFuture {
     Box::pin(async move { f.await.map_err(|e| Box::new(e) as TaskError) })

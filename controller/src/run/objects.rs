@@ -41,9 +41,9 @@ pub(super) fn count_write(kind: &'static str, result: &'static str) {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Writes {
     /// Objects applied.
-    pub applied: usize,
+    pub(crate) applied: usize,
     /// Objects deleted.
-    pub deleted: usize,
+    pub(crate) deleted: usize,
 }
 
 impl Writes {
@@ -56,7 +56,7 @@ impl Writes {
 /// One object of kind `K` as it should be: its JSON text (what is applied) and a digest of it. A sink keeps, per
 /// object, only the digest of what it knows the server holds, never the server's answer: at 10,000 nodes the
 /// HyperNodes' member lists as JSON values were tens of MiB.
-pub struct Desired<K> {
+pub(crate) struct Desired<K> {
     json: String,
     digest: u64,
     kind: PhantomData<fn() -> K>,
@@ -91,7 +91,7 @@ impl<K> Eq for Desired<K> {}
 
 impl<K: Serialize> Desired<K> {
     /// The object `v`.
-    pub fn new(v: &K) -> Result<Self, serde_json::Error> {
+    pub(crate) fn new(v: &K) -> Result<Self, serde_json::Error> {
         let json = serde_json::to_string(v)?;
         let digest = {
             use std::hash::{Hash, Hasher};
@@ -109,7 +109,7 @@ impl<K: Serialize> Desired<K> {
 
 impl<K> Desired<K> {
     /// The object as a JSON value.
-    pub fn value(&self) -> Value {
+    pub(crate) fn value(&self) -> Value {
         serde_json::from_str(&self.json).unwrap_or(Value::Null)
     }
 }

@@ -32,7 +32,7 @@ pub fn slurm_files(
 
 /// [`slurm_files`] with gres.conf and nodes.conf rendered from `lines` (the model's plus the nodes kept until
 /// Slurm lets them go, see [`super::retention`]).
-pub fn slurm_files_of(
+pub(crate) fn slurm_files_of(
     model: &ClusterModel,
     args: &TopologyArgs,
     lines: &SlurmLines,
@@ -64,7 +64,7 @@ pub fn slurm_files_of(
 /// name), `retained` (one `node: kept from its last good report (why); Slurm shows STATE` line per node kept in
 /// the Slurm files, see [`Retention::status`]) and `nodes` (how many nodes the model holds, how many are placed,
 /// how many reports are left out).
-pub fn status_data(model: &ClusterModel, retained: String) -> BTreeMap<String, String> {
+pub(crate) fn status_data(model: &ClusterModel, retained: String) -> BTreeMap<String, String> {
     let mut unplaced = String::new();
     for (n, why) in model.unplaced() {
         unplaced.push_str(&format!("{}: {why}\n", n.name));
@@ -106,23 +106,23 @@ fn configmap(name: &str, namespace: &str, data: &BTreeMap<String, String>) -> Co
 }
 
 /// Desired topology labels: node → its labels, nodes with equal labels sharing one map.
-pub type Labels = BTreeMap<String, Arc<BTreeMap<String, String>>>;
+pub(crate) type Labels = BTreeMap<String, Arc<BTreeMap<String, String>>>;
 
 /// Every enabled output, rendered (objects by name); `None` for a disabled one.
 #[derive(Debug, Default)]
-pub struct Rendered {
+pub(crate) struct Rendered {
     /// Node → labels.
-    pub labels: Option<Labels>,
+    pub(crate) labels: Option<Labels>,
     /// HyperNodes.
-    pub hypernodes: Option<BTreeMap<String, Desired<HyperNode>>>,
+    pub(crate) hypernodes: Option<BTreeMap<String, Desired<HyperNode>>>,
     /// The Kueue Topology.
-    pub kueue: Option<BTreeMap<String, Desired<Topology>>>,
+    pub(crate) kueue: Option<BTreeMap<String, Desired<Topology>>>,
     /// The KAI Scheduler Topology.
-    pub kai: Option<BTreeMap<String, Desired<kai::Topology>>>,
+    pub(crate) kai: Option<BTreeMap<String, Desired<kai::Topology>>>,
     /// The Slurm ConfigMap.
-    pub slurm: Option<BTreeMap<String, Desired<ConfigMap>>>,
+    pub(crate) slurm: Option<BTreeMap<String, Desired<ConfigMap>>>,
     /// The status ConfigMap.
-    pub status: Option<BTreeMap<String, Desired<ConfigMap>>>,
+    pub(crate) status: Option<BTreeMap<String, Desired<ConfigMap>>>,
     /// The Slurm files, to refresh nodes.conf and gres.conf alone.
     files: BTreeMap<String, String>,
     /// The status data, to refresh the left-out reports and the kept nodes alone.
@@ -148,7 +148,7 @@ fn share(labels: BTreeMap<String, BTreeMap<String, String>>) -> Labels {
 impl Rendered {
     /// Render what `args` enables; the Slurm files hold the lines `retention` settled on (the model's when it
     /// holds none).
-    pub fn new(
+    pub(crate) fn new(
         model: &ClusterModel,
         args: &TopologyArgs,
         namespace: &str,
@@ -222,7 +222,7 @@ impl Rendered {
 
     /// Render nodes.conf and gres.conf again from `lines` (a node's Slurm facts changed, nothing placed it
     /// elsewhere; or a kept node left).
-    pub fn refresh_slurm(
+    pub(crate) fn refresh_slurm(
         &mut self,
         args: &TopologyArgs,
         lines: &SlurmLines,
@@ -238,7 +238,7 @@ impl Rendered {
     }
 
     /// Render the left-out reports and the kept nodes again.
-    pub fn refresh_status(
+    pub(crate) fn refresh_status(
         &mut self,
         model: &ClusterModel,
         args: &TopologyArgs,

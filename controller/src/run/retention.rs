@@ -25,7 +25,7 @@ const LOG_EACH: usize = 10;
 
 /// What Slurm says of its nodes in this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlurmView {
+pub(crate) enum SlurmView {
     /// Node name → node, from one `sinfo` that listed at least one node.
     Listed(BTreeMap<String, SlurmNode>),
     /// Slurm could not be read (why): every missing node is kept.
@@ -35,7 +35,7 @@ pub enum SlurmView {
 impl SlurmView {
     /// The view of one read of Slurm's nodes. An answer that lists no node at all is not believed (a collapsed
     /// read must not let every node go): it counts as unreadable.
-    pub fn from_read(read: Result<Vec<SlurmNode>, String>) -> Self {
+    pub(crate) fn from_read(read: Result<Vec<SlurmNode>, String>) -> Self {
         match read {
             Ok(nodes) if nodes.is_empty() => Self::Unreadable("sinfo listed no node".to_owned()),
             Ok(nodes) => Self::Listed(nodes.into_iter().map(|n| (n.name.clone(), n)).collect()),
@@ -76,25 +76,25 @@ pub(crate) fn verdict(name: &str, slurm: &SlurmView) -> Verdict {
 
 /// A node kept in the Slurm files.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kept {
+pub(crate) struct Kept {
     /// Why the model no longer gives its lines.
-    pub missing: String,
+    pub(crate) missing: String,
     /// What Slurm shows of it.
-    pub slurm: String,
+    pub(crate) slurm: String,
 }
 
 /// What a [`Retention::settle`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Settled {
+pub(crate) struct Settled {
     /// The lines to render differ from the last ones.
-    pub lines: bool,
+    pub(crate) lines: bool,
     /// The kept nodes (or what is said of them) differ.
-    pub kept: bool,
+    pub(crate) kept: bool,
 }
 
 /// The Slurm files' nodes as last rendered, and which of them are kept.
 #[derive(Debug, Default)]
-pub struct Retention {
+pub(crate) struct Retention {
     /// Every node's lines as last rendered (the model's and the kept ones); `None` until seeded.
     rendered: Option<SlurmLines>,
     /// The nodes kept now, by Slurm name.
@@ -118,33 +118,34 @@ fn why_missing(model: &ClusterModel, by_slurm_name: &BTreeMap<&str, &str>, name:
 
 impl Retention {
     /// Whether the last rendered lines are known (seeded from the server, or rendered by this leader).
-    pub fn seeded(&self) -> bool {
+    pub(crate) fn seeded(&self) -> bool {
         self.rendered.is_some()
     }
 
     /// Start from the lines a previous leader rendered (read back from the Slurm ConfigMap).
-    pub fn seed(&mut self, lines: SlurmLines) {
+    pub(crate) fn seed(&mut self, lines: SlurmLines) {
         self.rendered = Some(lines);
     }
 
     /// Whether any node is kept now (the pass is then re-run periodically, so that a node Slurm drained leaves).
-    pub fn keeps_any(&self) -> bool {
+    pub(crate) fn keeps_any(&self) -> bool {
         !self.kept.is_empty()
     }
 
+    #[cfg(test)]
     /// The nodes kept now.
-    pub fn kept(&self) -> &BTreeMap<String, Kept> {
+    pub(crate) fn kept(&self) -> &BTreeMap<String, Kept> {
         &self.kept
     }
 
     /// The lines to render (the model's plus the kept ones), as the last [`Self::settle`] made them.
-    pub fn lines(&self) -> Option<&SlurmLines> {
+    pub(crate) fn lines(&self) -> Option<&SlurmLines> {
         self.rendered.as_ref()
     }
 
     /// The Slurm names that were rendered with a definition and that `current` (the model's lines) gives none:
     /// Slurm must be asked about them.
-    pub fn missing(&self, current: &SlurmLines) -> Vec<String> {
+    pub(crate) fn missing(&self, current: &SlurmLines) -> Vec<String> {
         self.rendered
             .iter()
             .flatten()
@@ -158,7 +159,7 @@ impl Retention {
     /// Decide which missing nodes stay: `current` (the model's lines) plus, for each name [`Self::missing`]
     /// returns, its last lines unless Slurm (`slurm`, read when something is missing) lets it go. Logs a warning
     /// when a node starts or stops being kept and sets `isthmus_controller_slurm_nodes_retained`.
-    pub fn settle(
+    pub(crate) fn settle(
         &mut self,
         mut current: SlurmLines,
         model: &ClusterModel,
@@ -223,7 +224,7 @@ impl Retention {
 
     /// The status ConfigMap's `retained` key: one `node: kept from its last good report (why); Slurm shows STATE`
     /// line per kept node, at most [`STATUS_LINES`] of them and then how many more.
-    pub fn status(&self) -> String {
+    pub(crate) fn status(&self) -> String {
         let mut text: String = self
             .kept
             .iter()

@@ -30,7 +30,7 @@ pub use args::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
 pub(super) mod args;
 
 /// The reconciler's state between runs.
-pub struct State {
+pub(crate) struct State {
     pub(super) args: TopologyArgs,
     pub(super) namespace: String,
     pub(super) slurm: SlurmClient,
@@ -68,7 +68,7 @@ impl std::fmt::Debug for State {
 
 impl State {
     /// Fresh state.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         slurm: SlurmClient,
         args: TopologyArgs,
@@ -105,7 +105,7 @@ impl State {
 
     /// When to run a pass again without a change: while a node is kept in the Slurm files, so that one Slurm
     /// drained meanwhile leaves.
-    pub fn recheck_in(&self) -> Option<Duration> {
+    pub(crate) fn recheck_in(&self) -> Option<Duration> {
         self.retention
             .keeps_any()
             .then_some(self.args.retained_recheck)

@@ -63,12 +63,12 @@ impl Job {
     /// Whether slurmctld refused the job when it was submitted: 23.02 and later keep such a submission (`sbatch`
     /// exits 1: "Requested node configuration is not available") as a `FAILED` job that never had a node, with the
     /// reason (`BadConstraints`); 22.05 keeps no record. A job that failed after it ran has its nodes.
-    pub fn is_refused(&self) -> bool {
+    pub(crate) fn is_refused(&self) -> bool {
         self.state == "FAILED" && self.nodes.is_empty()
     }
 
     /// Whether the job is pending again after it ran (requeued by an administrator or after a node failure).
-    pub fn is_requeued(&self) -> bool {
+    pub(crate) fn is_requeued(&self) -> bool {
         matches!(
             self.state.as_str(),
             "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
@@ -168,7 +168,7 @@ const FIELDS: usize = 11;
 
 /// Why squeue's framed answer cannot be read exactly (it is then read again as `--json`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FrameError {
+pub(crate) enum FrameError {
     /// A line that is not one whole record: a newline or a separator in a comment, or a truncated answer.
     #[error("squeue line {line} (job {job:?}) is not one whole record: {why}")]
     Line {
@@ -197,7 +197,7 @@ fn is_state(s: &str) -> bool {
 /// Parse [`list`]'s squeue output: one job per line, [`SEP`]-separated fields in [`LIST_FORMAT`]'s order, the line
 /// ending with its own first field. Every line must be one whole record and every job appear once, or the whole
 /// answer is refused ([`FrameError`]): a record split by a comment is never read in part.
-pub fn parse_list(text: &str) -> Result<Vec<Job>, FrameError> {
+pub(crate) fn parse_list(text: &str) -> Result<Vec<Job>, FrameError> {
     let mut jobs = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let body = text.strip_suffix('\n').unwrap_or(text);
@@ -285,7 +285,7 @@ const LIST_ARGS: [&str; 4] = ["--all", "--noheader", "--states=all", LIST_FORMAT
 /// exact records ([`parse_list`]: a comment holding a newline or a separator) is read again as `squeue --json`,
 /// which no field's content can split: slower (every field of every job), so it is the fallback, counted in
 /// `isthmus_controller_slurm_job_list_fallbacks_total` and logged with the job that caused it.
-pub async fn list(slurm: &SlurmClient) -> Result<Vec<Job>, SlurmError> {
+pub(crate) async fn list(slurm: &SlurmClient) -> Result<Vec<Job>, SlurmError> {
     let text = slurm.run_epoch("squeue", &LIST_ARGS).await?;
     match parse_list(&text) {
         Ok(jobs) => Ok(jobs),
@@ -332,7 +332,7 @@ pub async fn one(slurm: &SlurmClient, id: u64) -> Result<Option<Job>, SlurmError
 
 /// Submit a batch job: `args` are sbatch options (each `--name=value`), `--parsable` is added; `wrapper` runs sbatch
 /// (empty: run directly). Returns the job id.
-pub async fn submit(
+pub(crate) async fn submit(
     slurm: &SlurmClient,
     wrapper: &[String],
     args: &[String],
@@ -355,20 +355,20 @@ pub fn parse_parsable(out: &str) -> Option<u64> {
 
 /// Who a job is, as decided on: a cancel goes ahead only while Slurm still lists the same job.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// Job id.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Its user's numeric id.
-    pub uid: String,
+    pub(crate) uid: String,
     /// Its comment.
-    pub comment: String,
+    pub(crate) comment: String,
     /// Its submit time.
-    pub submitted: u64,
+    pub(crate) submitted: u64,
 }
 
 impl Job {
     /// What tells this job from any other: id, user, comment, submit time.
-    pub fn identity(&self) -> Identity {
+    pub(crate) fn identity(&self) -> Identity {
         Identity {
             id: self.id,
             uid: self.uid.clone(),
@@ -380,7 +380,7 @@ impl Job {
 
 /// Why a cancel was not sent.
 #[derive(Debug, thiserror::Error)]
-pub enum CancelError {
+pub(crate) enum CancelError {
     /// Slurm could not be asked, or refused.
     #[error(transparent)]
     Slurm(#[from] SlurmError),
@@ -395,7 +395,7 @@ pub enum CancelError {
 }
 
 /// Whether the job Slurm lists under `expected`'s id now is the job decided on (user, comment, submit time).
-pub async fn confirm(slurm: &SlurmClient, expected: &Identity) -> Result<(), CancelError> {
+pub(crate) async fn confirm(slurm: &SlurmClient, expected: &Identity) -> Result<(), CancelError> {
     match one(slurm, expected.id).await? {
         Some(j) if j.identity() == *expected => Ok(()),
         Some(j) => Err(CancelError::Changed {
@@ -414,7 +414,7 @@ pub async fn confirm(slurm: &SlurmClient, expected: &Identity) -> Result<(), Can
 
 /// Cancel the job `expected` names: `scancel --user=<uid> ID`, so that Slurm itself leaves a job of another user
 /// alone. Run after [`confirm`]. Cancelling a job that already ended is not an error for Slurm.
-pub async fn cancel(slurm: &SlurmClient, expected: &Identity) -> Result<(), SlurmError> {
+pub(crate) async fn cancel(slurm: &SlurmClient, expected: &Identity) -> Result<(), SlurmError> {
     let user = format!("--user={}", expected.uid);
     slurm
         .run("scancel", &[&user, &expected.id.to_string()])

@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use isthmus_gres::SlurmVersion;
+#[cfg(test)]
 use serde::de::DeserializeOwned;
 
 pub mod jobs;
@@ -38,7 +39,7 @@ impl Default for SlurmArgs {
 }
 
 /// Parse `10s`, `500ms`, `2m` or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let (num, unit) = match t.find(|c: char| !c.is_ascii_digit() && c != '.') {
         Some(i) => t.split_at(i),
@@ -186,11 +187,6 @@ impl SlurmClient {
         Self { args }
     }
 
-    /// The settings.
-    pub fn args(&self) -> &SlurmArgs {
-        &self.args
-    }
-
     /// How long one command may take.
     pub fn timeout(&self) -> Duration {
         self.args.slurm_timeout
@@ -220,14 +216,18 @@ impl SlurmClient {
     }
 
     /// [`Self::run`] with times printed as seconds since the epoch (`SLURM_TIME_FORMAT=%s`).
-    pub async fn run_epoch(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
+    pub(crate) async fn run_epoch(
+        &self,
+        program: &str,
+        args: &[&str],
+    ) -> Result<String, SlurmError> {
         self.counted(program, args, self.run_inner(&[], program, args, "%s"))
             .await
     }
 
     /// [`Self::run`] through `wrapper` (a program and its arguments, e.g. `setpriv --reuid=…`; the program is the
     /// Slurm bin dir's where it has one, else found on `PATH`), which runs the Slurm program.
-    pub async fn run_with(
+    pub(crate) async fn run_with(
         &self,
         wrapper: &[String],
         program: &str,
@@ -331,7 +331,7 @@ impl SlurmClient {
     /// The Slurm release of the client tools: `sbatch --version` (`slurm 26.05.0`), read against its grammar
     /// ([`SlurmVersion::parse`]). sbatch reads slurm.conf first: a configless site's answers only while slurmctld
     /// is reachable, so the caller asks again until it knows.
-    pub async fn release(&self) -> Result<SlurmVersion, SlurmError> {
+    pub(crate) async fn release(&self) -> Result<SlurmVersion, SlurmError> {
         let text = self.run("sbatch", &["--version"]).await?;
         SlurmVersion::parse(&text).map_err(|e| SlurmError::Unreadable {
             program: "sbatch".to_owned(),
@@ -340,9 +340,10 @@ impl SlurmClient {
         })
     }
 
+    #[cfg(test)]
     /// Run `program args…` (which must include `--json`) and parse its output; an answer that lists errors is
     /// an error ([`SlurmError::Reported`]), whatever else it holds.
-    pub async fn json<T: DeserializeOwned>(
+    pub(crate) async fn json<T: DeserializeOwned>(
         &self,
         program: &str,
         args: &[&str],

@@ -45,7 +45,7 @@ const BLOCKING_FLAGS: &[&str] = &[
 
 impl SlurmNode {
     /// Whether the node carries `flag` (upper case).
-    pub fn has_flag(&self, flag: &str) -> bool {
+    pub(crate) fn has_flag(&self, flag: &str) -> bool {
         self.flags.iter().any(|f| f == flag)
     }
 
@@ -55,7 +55,7 @@ impl SlurmNode {
     }
 
     /// Whether jobs hold some of the node now (its base state is not IDLE).
-    pub fn is_busy(&self) -> bool {
+    pub(crate) fn is_busy(&self) -> bool {
         matches!(self.state.as_str(), "MIXED" | "ALLOCATED" | "COMPLETING")
             || self.has_flag("COMPLETING")
     }
@@ -73,7 +73,7 @@ impl SlurmNode {
 
     /// The state as one CamelCase word, base state then flags: `Idle`, `IdleDrain` (drained), `MixedDrain`
     /// (draining), `DownNotResponding`.
-    pub fn camel_state(&self) -> String {
+    pub(crate) fn camel_state(&self) -> String {
         std::iter::once(self.state.as_str())
             .chain(self.flags.iter().map(String::as_str))
             .map(camel)
@@ -110,7 +110,7 @@ pub const SINFO_FORMAT: &str = "NodeList:|,StateComplete:|,TimeStamp:|,CPUsState
 
 /// A Slurm time as printed with `SLURM_TIME_FORMAT=standard` (`2026-11-24T05:13:54`), or `None` (`Unknown`, `N/A`,
 /// anything else).
-pub fn civil_time(text: &str) -> Option<String> {
+pub(crate) fn civil_time(text: &str) -> Option<String> {
     let t = text.trim();
     let b = t.as_bytes();
     let shape = b.len() == 19
@@ -125,7 +125,7 @@ pub fn civil_time(text: &str) -> Option<String> {
 
 /// Parse `sinfo --Node --noheader --Format=`[`SINFO_FORMAT`] output: one node per line (a node in several
 /// partitions is listed once per partition: kept once), sorted by name. A line without every field is skipped.
-pub fn parse_sinfo(text: &str) -> Vec<SlurmNode> {
+pub(crate) fn parse_sinfo(text: &str) -> Vec<SlurmNode> {
     let mut nodes: Vec<SlurmNode> = text
         .lines()
         .filter_map(|line| {
@@ -190,7 +190,7 @@ pub fn checked_sinfo(text: &str) -> Result<Vec<SlurmNode>, String> {
 }
 
 /// `LastBusyTime=` of `scontrol -o show node` output.
-pub fn parse_last_busy(text: &str) -> Option<String> {
+pub(crate) fn parse_last_busy(text: &str) -> Option<String> {
     text.split_whitespace()
         .find_map(|kv| kv.strip_prefix("LastBusyTime="))
         .and_then(civil_time)
@@ -209,7 +209,7 @@ impl NodeReader {
     }
 
     /// The Slurm client.
-    pub fn client(&self) -> &SlurmClient {
+    pub(crate) fn client(&self) -> &SlurmClient {
         &self.client
     }
 
@@ -228,7 +228,7 @@ impl NodeReader {
     }
 
     /// When `node` last became idle (`None` when Slurm does not say).
-    pub async fn last_busy(&self, node: &str) -> Result<Option<String>, SlurmError> {
+    pub(crate) async fn last_busy(&self, node: &str) -> Result<Option<String>, SlurmError> {
         let text = self
             .client
             .run("scontrol", &["-o", "show", "node", node])

@@ -42,13 +42,13 @@ pub(crate) const TLS_KEY_KEY: &str = "tls.key";
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Material {
     /// The CAs clients trust: the signing CA first, then a previous one until it expires (the caBundle).
-    pub ca_bundle: String,
+    pub(crate) ca_bundle: String,
     /// The signing CA's key (PKCS#8).
-    pub ca_key: String,
+    pub(crate) ca_key: String,
     /// The serving certificate.
-    pub tls_crt: String,
+    pub(crate) tls_crt: String,
     /// Its key (PKCS#8).
-    pub tls_key: String,
+    pub(crate) tls_key: String,
 }
 
 impl std::fmt::Debug for Material {

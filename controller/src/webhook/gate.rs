@@ -19,24 +19,24 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Connections held at once (TLS handshakes included).
-    pub connections: usize,
+    pub(crate) connections: usize,
     /// Bytes of request bodies, and of what decoding them costs, in flight at once.
-    pub bytes: usize,
+    pub(crate) bytes: usize,
     /// Largest review body read whole; a longer one is answered from its head ([`super::head`]).
     pub max_body: usize,
     /// Time for a TLS handshake, and for a request's headers once the connection is ready for one.
-    pub header_timeout: Duration,
+    pub(crate) header_timeout: Duration,
     /// Time for a request's whole body, from its headers.
-    pub body_timeout: Duration,
+    pub(crate) body_timeout: Duration,
     /// How long a request waits for bytes once the slower callers it may close have been closed.
-    pub reserve_wait: Duration,
+    pub(crate) reserve_wait: Duration,
 }
 
 /// Largest object the API server stores: etcd's default `--max-request-bytes`, 1.5 MiB.
-pub const ETCD_OBJECT: usize = 3 << 19;
+pub(crate) const ETCD_OBJECT: usize = 3 << 19;
 /// What a review carries besides its objects (uid, kinds, resources, names, the user and its groups and extras,
 /// options), with room to spare.
-pub const REVIEW_OVERHEAD: usize = 256 << 10;
+pub(crate) const REVIEW_OVERHEAD: usize = 256 << 10;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -103,7 +103,7 @@ impl Registry {
 
 /// The bounds in force and what is held against them.
 #[derive(Debug)]
-pub struct Gate {
+pub(crate) struct Gate {
     limits: Limits,
     bytes: Arc<Semaphore>,
     registry: Mutex<Registry>,
@@ -112,11 +112,11 @@ pub struct Gate {
 /// Why a request could not reserve its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the webhook is busy: {wanted} bytes could not be reserved within {waited:?}")]
-pub struct Busy {
+pub(crate) struct Busy {
     /// Bytes asked for.
-    pub wanted: usize,
+    pub(crate) wanted: usize,
     /// How long it waited.
-    pub waited: Duration,
+    pub(crate) waited: Duration,
 }
 
 fn permits(n: usize) -> u32 {
@@ -125,7 +125,7 @@ fn permits(n: usize) -> u32 {
 
 impl Gate {
     /// A gate for `limits`.
-    pub fn new(limits: Limits) -> Arc<Self> {
+    pub(crate) fn new(limits: Limits) -> Arc<Self> {
         let bytes = limits
             .bytes
             .min(Semaphore::MAX_PERMITS)
@@ -137,28 +137,25 @@ impl Gate {
         })
     }
 
-    /// The limits in force.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    #[cfg(test)]
     /// Connections held now.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.registry().entries.len()
     }
 
+    #[cfg(test)]
     /// Bytes reserved now.
-    pub fn bytes_in_use(&self) -> usize {
+    pub(crate) fn bytes_in_use(&self) -> usize {
         self.limits.bytes - self.bytes.available_permits()
     }
 
     /// Take a new connection: past the cap, the one that has waited longest is closed for it; `None` when every
     /// connection held is deciding a request (the new one is refused).
-    pub fn admit(self: &Arc<Self>) -> Option<Conn> {
+    pub(crate) fn admit(self: &Arc<Self>) -> Option<Conn> {
         let mut r = self.registry();
         if r.entries.len() >= self.limits.connections {
             let Some(victim) = r.oldest(None, 0) else {
@@ -191,7 +188,7 @@ impl Gate {
 
 /// One connection held by the gate; dropped, it is released.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     id: u64,
     cancel: CancellationToken,
     gate: Arc<Gate>,
@@ -205,7 +202,7 @@ impl Drop for Conn {
 
 /// Bytes reserved by one connection; dropped, they are returned.
 #[derive(Debug)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     _permit: OwnedSemaphorePermit,
     n: usize,
     id: u64,
@@ -230,12 +227,12 @@ impl Drop for Reservation {
 
 impl Conn {
     /// The limits in force.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.gate.limits
     }
 
     /// Cancelled when the gate closes this connection for a newer caller.
-    pub fn closed(&self) -> &CancellationToken {
+    pub(crate) fn closed(&self) -> &CancellationToken {
         &self.cancel
     }
 
@@ -248,17 +245,17 @@ impl Conn {
     }
 
     /// Its TLS handshake is done, or a request's headers arrived: it waits for the caller again, from now.
-    pub fn waiting(&self) {
+    pub(crate) fn waiting(&self) {
         self.set(true, false);
     }
 
     /// Its request is being decided: it is not closed for others until it is answered.
-    pub fn deciding(&self) {
+    pub(crate) fn deciding(&self) {
         self.set(false, false);
     }
 
     /// Its request was answered (`reviewed`: with a review): it waits for the next one, from now.
-    pub fn answered(&self, reviewed: bool) {
+    pub(crate) fn answered(&self, reviewed: bool) {
         self.set(true, reviewed);
     }
 
@@ -266,7 +263,7 @@ impl Conn {
     /// until enough would be, and the request takes the bytes as they are returned, for up to
     /// [`Limits::reserve_wait`]. It does not queue: a small request is not kept waiting behind large ones, which
     /// is what a caller holding bodies open asks for.
-    pub async fn reserve(&self, n: usize) -> Result<Reservation, Busy> {
+    pub(crate) async fn reserve(&self, n: usize) -> Result<Reservation, Busy> {
         let gate = &self.gate;
         let n = n.min(gate.limits.bytes);
         let wait = gate.limits.reserve_wait;

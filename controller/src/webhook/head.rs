@@ -23,11 +23,11 @@ const STOP: &str = "isthmus: head read";
 #[derive(Debug, Default)]
 pub(crate) struct Head {
     /// `apiVersion`.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// `kind`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// The request without `object` and `oldObject`; `None` when the review has no `request`.
-    pub request: Option<Request>,
+    pub(crate) request: Option<Request>,
 }
 
 impl Head {

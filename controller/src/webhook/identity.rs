@@ -6,16 +6,16 @@ use std::collections::BTreeMap;
 use super::review::UserInfo;
 
 /// Extra of a service-account token bound to a pod on a node (Kubernetes ≥ 1.30).
-pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+pub(crate) const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Extra of a service-account token bound to a pod (TokenRequest with a Pod `boundObjectRef`, what the kubelet
 /// mounts into pods).
-pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+pub(crate) const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 /// The bound pod's UID, beside [`POD_NAME_EXTRA`].
-pub const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
+pub(crate) const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 /// The group every kubelet's credential carries.
-pub const NODES_GROUP: &str = "system:nodes";
+pub(crate) const NODES_GROUP: &str = "system:nodes";
 /// A kubelet's user name is this prefix and its Node's name.
-pub const NODE_USER_PREFIX: &str = "system:node:";
+pub(crate) const NODE_USER_PREFIX: &str = "system:node:";
 
 /// The administrators' group by default.
 pub const DEFAULT_ADMIN_GROUP: &str = "system:masters";
@@ -30,16 +30,16 @@ pub const DEFAULT_SCHEDULER_USER: &str = "system:kube-scheduler";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// The controller's ServiceAccount user: exempt from the Slurm pod rules (it binds pods and records job ids).
-    pub controller_user: String,
+    pub(crate) controller_user: String,
     /// The node agent's ServiceAccount user: writes only its own node's reports.
-    pub agent_user: String,
+    pub(crate) agent_user: String,
     /// The agent's namespace (where the pod its token is bound to lives).
-    pub agent_namespace: String,
+    pub(crate) agent_namespace: String,
     /// Groups exempt from every rule (administrators).
-    pub admin_groups: Vec<String>,
+    pub(crate) admin_groups: Vec<String>,
     /// Users that may bind pods to Slurm-managed nodes besides the controller (the default scheduler, for pods
     /// that tolerate the managed taint, such as DaemonSets).
-    pub scheduler_users: Vec<String>,
+    pub(crate) scheduler_users: Vec<String>,
 }
 
 /// The user name of ServiceAccount `ns/name`.
@@ -49,35 +49,35 @@ pub fn service_account_user(ns: &str, name: &str) -> String {
 
 impl Policy {
     /// Whether `user` is an administrator.
-    pub fn is_admin(&self, user: &UserInfo) -> bool {
+    pub(crate) fn is_admin(&self, user: &UserInfo) -> bool {
         user.groups.iter().any(|g| self.admin_groups.contains(g))
     }
 
     /// Whether `user` is the controller's ServiceAccount.
-    pub fn is_controller(&self, user: &UserInfo) -> bool {
+    pub(crate) fn is_controller(&self, user: &UserInfo) -> bool {
         user.username == self.controller_user
     }
 
     /// Whether `user` is the node agent's ServiceAccount.
-    pub fn is_agent(&self, user: &UserInfo) -> bool {
+    pub(crate) fn is_agent(&self, user: &UserInfo) -> bool {
         user.username == self.agent_user
     }
 
     /// Whether `user` is one of the schedulers allowed to bind to Slurm-managed nodes.
-    pub fn is_scheduler(&self, user: &UserInfo) -> bool {
+    pub(crate) fn is_scheduler(&self, user: &UserInfo) -> bool {
         self.scheduler_users.contains(&user.username)
     }
 }
 
 /// The Node a kubelet's credential belongs to (`system:node:NAME` in group `system:nodes`).
-pub fn kubelet_node(user: &UserInfo) -> Option<&str> {
+pub(crate) fn kubelet_node(user: &UserInfo) -> Option<&str> {
     let node = user.username.strip_prefix(NODE_USER_PREFIX)?;
     (user.groups.iter().any(|g| g == NODES_GROUP) && is_dns_subdomain(node)).then_some(node)
 }
 
 /// What a token says about where it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// The node name extra (≥ 1.30): the API server itself resolved the node.
     Node(String),
     /// A pod-bound token: the pod's node is read from the pod, whose UID must match.
@@ -107,7 +107,7 @@ fn single<'a>(
 /// Where a ServiceAccount token runs, from its extras: the node name when the API server put it there, else the pod
 /// it is bound to. A token with neither (not bound to a pod: a TokenRequest without `boundObjectRef`, a legacy
 /// Secret token) cannot prove a node, and the error says so.
-pub fn claim(extra: &BTreeMap<String, Vec<String>>) -> Result<Claim, String> {
+pub(crate) fn claim(extra: &BTreeMap<String, Vec<String>>) -> Result<Claim, String> {
     if let Some(node) = single(extra, NODE_NAME_EXTRA)? {
         return if is_dns_subdomain(node) {
             Ok(Claim::Node(node.to_owned()))
@@ -137,7 +137,7 @@ pub fn claim(extra: &BTreeMap<String, Vec<String>>) -> Result<Claim, String> {
 
 /// The node of the pod a token is bound to: the pod must exist with the token's UID (a pod deleted and created
 /// again under the same name is another pod) and be on a node.
-pub fn node_of_pod(
+pub(crate) fn node_of_pod(
     claim_name: &str,
     claim_uid: &str,
     pod: Option<(&str, Option<&str>)>,

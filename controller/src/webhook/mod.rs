@@ -45,21 +45,21 @@ pub struct WebhookArgs {
     pub listen: Option<String>,
     /// The Secret (in the controller's namespace) that holds the webhook's CA and serving certificate.
     #[arg(id = "webhook-secret", long = "webhook-secret", default_value = access::SECRET)]
-    pub secret: String,
+    pub(crate) secret: String,
     /// The Service in front of the webhook: the certificate names `SERVICE.NAMESPACE.svc` and its short forms.
     #[arg(
         id = "webhook-service",
         long = "webhook-service",
         default_value = "isthmus-controller-webhook"
     )]
-    pub service: String,
+    pub(crate) service: String,
     /// More names for the certificate (DNS names or IP addresses), comma-separated.
     #[arg(
         id = "webhook-extra-names",
         long = "webhook-extra-names",
         value_delimiter = ','
     )]
-    pub extra_names: Vec<String>,
+    pub(crate) extra_names: Vec<String>,
     /// The ValidatingWebhookConfigurations whose caBundle the controller keeps current (missing ones are skipped).
     #[arg(
         id = "webhook-configurations",
@@ -67,20 +67,20 @@ pub struct WebhookArgs {
         value_delimiter = ',',
         default_value = "isthmus-controller-nrt,isthmus-controller-slurm"
     )]
-    pub configurations: Vec<String>,
+    pub(crate) configurations: Vec<String>,
     /// Groups exempt from every rule (administrators), comma-separated.
     #[arg(id = "webhook-admin-groups", long = "webhook-admin-groups", value_delimiter = ',', default_value = identity::DEFAULT_ADMIN_GROUP)]
-    pub admin_groups: Vec<String>,
+    pub(crate) admin_groups: Vec<String>,
     /// The node agent's ServiceAccount (in the controller's namespace): it writes only its own node's reports.
     #[arg(id = "webhook-agent-service-account", long = "webhook-agent-service-account", default_value = identity::DEFAULT_AGENT_SERVICE_ACCOUNT)]
-    pub agent_service_account: String,
+    pub(crate) agent_service_account: String,
     /// The controller's own ServiceAccount (in its namespace): exempt from the Slurm pod rules.
     #[arg(
         id = "webhook-controller-service-account",
         long = "webhook-controller-service-account",
         default_value = identity::DEFAULT_CONTROLLER_SERVICE_ACCOUNT
     )]
-    pub controller_service_account: String,
+    pub(crate) controller_service_account: String,
     /// Users besides the controller that may bind pods to Slurm-managed nodes (schedulers), comma-separated.
     #[arg(
         id = "webhook-scheduler-users",
@@ -88,7 +88,7 @@ pub struct WebhookArgs {
         value_delimiter = ',',
         default_value = identity::DEFAULT_SCHEDULER_USER
     )]
-    pub scheduler_users: Vec<String>,
+    pub(crate) scheduler_users: Vec<String>,
     /// A PEM bundle of the CAs whose client certificates may call the webhook: with it, a caller must present one
     /// (the API server does so through its `--admission-control-config-file`, docs/deploy.md); without it, anyone
     /// that reaches the port may call.
@@ -98,15 +98,15 @@ pub struct WebhookArgs {
         env = "ISTHMUS_WEBHOOK_CLIENT_CA",
         value_name = "FILE"
     )]
-    pub client_ca: Option<std::path::PathBuf>,
+    pub(crate) client_ca: Option<std::path::PathBuf>,
     /// How often each replica re-reads the certificate Secret (renewal, another replica's renewal, caBundle).
     #[arg(id = "webhook-cert-check-interval", long = "webhook-cert-check-interval", default_value = "10m", value_parser = parse_duration)]
-    pub cert_check_interval: Duration,
+    pub(crate) cert_check_interval: Duration,
 }
 
 impl WebhookArgs {
     /// The rules' view of who is who, for the controller in `namespace`.
-    pub fn policy(&self, namespace: &str) -> Policy {
+    pub(crate) fn policy(&self, namespace: &str) -> Policy {
         let nonempty = |v: &[String]| v.iter().filter(|s| !s.is_empty()).cloned().collect();
         Policy {
             controller_user: service_account_user(namespace, &self.controller_service_account),
@@ -118,7 +118,7 @@ impl WebhookArgs {
     }
 
     /// The names the serving certificate must carry.
-    pub fn names(&self, namespace: &str) -> Vec<String> {
+    pub(crate) fn names(&self, namespace: &str) -> Vec<String> {
         let svc = &self.service;
         let mut names = vec![
             format!("{svc}.{namespace}.svc"),

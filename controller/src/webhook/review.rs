@@ -15,91 +15,91 @@ pub(crate) const API_VERSION: &str = "admission.k8s.io/v1";
 pub(crate) struct ReviewIn {
     /// `admission.k8s.io/v1`.
     #[serde(default)]
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// `AdmissionReview`.
     #[serde(default)]
-    pub kind: String,
+    pub(crate) kind: String,
     /// The request (absent only in a malformed review).
-    pub request: Option<Request>,
+    pub(crate) request: Option<Request>,
 }
 
 /// Group, version and resource of a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct Resource {
+pub(crate) struct Resource {
     /// API group (`""` for the core group).
     #[serde(default)]
-    pub group: String,
+    pub(crate) group: String,
     /// Version.
     #[serde(default)]
-    pub version: String,
+    pub(crate) version: String,
     /// Resource (plural).
     #[serde(default)]
-    pub resource: String,
+    pub(crate) resource: String,
 }
 
 /// Who is asking, as the API server authenticated it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct UserInfo {
+pub(crate) struct UserInfo {
     /// User name (`system:serviceaccount:NS:NAME`, `system:node:NODE`, …).
     #[serde(default)]
-    pub username: String,
+    pub(crate) username: String,
     /// Groups.
     #[serde(default)]
-    pub groups: Vec<String>,
+    pub(crate) groups: Vec<String>,
     /// Extra attributes of the credential (the pod or node a service-account token is bound to).
     #[serde(default)]
-    pub extra: BTreeMap<String, Vec<String>>,
+    pub(crate) extra: BTreeMap<String, Vec<String>>,
 }
 
 /// The request under review.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Request {
+pub(crate) struct Request {
     /// Echoed in the response.
-    pub uid: String,
+    pub(crate) uid: String,
     /// The resource (with `matchPolicy: Equivalent`, possibly converted from the version the client used).
-    pub resource: Resource,
+    pub(crate) resource: Resource,
     /// `status`, `binding` …; absent for the main resource.
     #[serde(default)]
-    pub sub_resource: Option<String>,
+    pub(crate) sub_resource: Option<String>,
     /// The object's name (may be empty on CREATE with `generateName`).
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     /// The namespace (absent for cluster-scoped objects).
     #[serde(default)]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
-    pub operation: String,
+    pub(crate) operation: String,
     /// The requester.
     #[serde(default)]
-    pub user_info: UserInfo,
+    pub(crate) user_info: UserInfo,
     /// The new object (CREATE, UPDATE).
     #[serde(default)]
-    pub object: Option<Value>,
+    pub(crate) object: Option<Value>,
     /// The existing object (UPDATE, DELETE).
     #[serde(default)]
-    pub old_object: Option<Value>,
+    pub(crate) old_object: Option<Value>,
 }
 
 /// The response's `status` (only its message matters to the API server).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Status {
     /// HTTP-like code: 403 for a denial.
-    pub code: u16,
+    pub(crate) code: u16,
     /// Shown to the client: `admission webhook "…" denied the request: MESSAGE`.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// The response inside the review.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Response {
     /// The request's uid.
-    pub uid: String,
+    pub(crate) uid: String,
     /// Whether the request may go on.
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// Why not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<Status>,
+    pub(crate) status: Option<Status>,
 }
 
 /// An AdmissionReview as the webhook answers.
@@ -107,11 +107,11 @@ pub(crate) struct Response {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ReviewOut {
     /// `admission.k8s.io/v1`.
-    pub api_version: &'static str,
+    pub(crate) api_version: &'static str,
     /// `AdmissionReview`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// The answer.
-    pub response: Response,
+    pub(crate) response: Response,
 }
 
 impl ReviewOut {

@@ -53,19 +53,19 @@ pub(crate) enum RotationError {
 #[derive(Clone)]
 pub(crate) struct Rotation {
     /// API client.
-    pub client: Client,
+    pub(crate) client: Client,
     /// The controller's namespace (the Secret's).
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The Secret's name.
-    pub secret: String,
+    pub(crate) secret: String,
     /// The ValidatingWebhookConfigurations whose `caBundle` is kept (a missing one is skipped).
-    pub configurations: Vec<String>,
+    pub(crate) configurations: Vec<String>,
     /// The names the serving certificate must carry.
-    pub names: Vec<String>,
+    pub(crate) names: Vec<String>,
     /// What the server serves.
-    pub slot: Arc<CertSlot>,
+    pub(crate) slot: Arc<CertSlot>,
     /// Time between rounds.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 }
 
 impl std::fmt::Debug for Rotation {

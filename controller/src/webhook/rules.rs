@@ -60,7 +60,7 @@ impl Rule {
 
 /// What a rule decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The request keeps to the rule.
     Allowed,
     /// The requester is not held to the rule.
@@ -71,7 +71,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The metric label.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Exempt => "exempt",
@@ -82,11 +82,11 @@ impl Outcome {
 
 /// A decision: the rule and its outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// The rule that decided.
-    pub rule: Rule,
+    pub(crate) rule: Rule,
     /// What it decided.
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
 }
 
 impl Verdict {
@@ -112,7 +112,7 @@ impl Verdict {
     }
 
     /// The message a denial carries: the rule's name, then why.
-    pub fn message(&self) -> Option<String> {
+    pub(crate) fn message(&self) -> Option<String> {
         match &self.outcome {
             Outcome::Denied(why) => Some(format!(
                 "isthmus admission rule {}: {why}",
@@ -125,7 +125,7 @@ impl Verdict {
 
 /// What a request is, for the rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// A NodeResourceTopology or Numatopology.
     NodeReport,
     /// A pod (main resource).
@@ -141,7 +141,7 @@ pub enum Target {
 }
 
 /// Classify a request by its resource and subresource.
-pub fn target(req: &Request) -> Target {
+pub(crate) fn target(req: &Request) -> Target {
     let r = &req.resource;
     match (
         r.group.as_str(),
@@ -163,7 +163,7 @@ pub fn target(req: &Request) -> Target {
 
 /// The first step of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Decided.
     Done(Verdict),
     /// The agent's token is bound to this pod (in the agent's namespace): read its node and UID, then
@@ -183,7 +183,7 @@ pub enum Step {
 
 /// What the handler found out about a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeLookup {
+pub(crate) enum NodeLookup {
     /// It exists and is Slurm-managed.
     Managed,
     /// It exists and is not.
@@ -208,7 +208,7 @@ fn object_name(req: &Request) -> &str {
 }
 
 /// Decide what can be decided from the review alone.
-pub fn first_step(policy: &Policy, req: &Request) -> Step {
+pub(crate) fn first_step(policy: &Policy, req: &Request) -> Step {
     let user = &req.user_info;
     match target(req) {
         Target::NodeReport if policy.is_agent(user) => match identity::claim(&user.extra) {
@@ -259,7 +259,7 @@ fn report_verdict(req: &Request, node: &str, whence: &str) -> Verdict {
 }
 
 /// Finish an agent's report write once the node of its token's pod is known (or why it is not).
-pub fn with_requester_node(req: &Request, node: Result<String, String>) -> Verdict {
+pub(crate) fn with_requester_node(req: &Request, node: Result<String, String>) -> Verdict {
     match node {
         Ok(node) => report_verdict(req, &node, "the node of the pod its token is bound to"),
         Err(why) => Verdict::denied(
@@ -351,7 +351,7 @@ fn pod_step(policy: &Policy, req: &Request) -> Step {
 /// object padded past the limit must not pass a webhook whose failure policy is Ignore), but administrators, and the
 /// controller for pods. The API server stores no object larger than etcd's 1.5 MiB, so only JSON far larger than
 /// its stored form (huge annotations of characters JSON escapes) gets here.
-pub fn too_long(policy: &Policy, req: &Request, length: u64, max: usize) -> Verdict {
+pub(crate) fn too_long(policy: &Policy, req: &Request, length: u64, max: usize) -> Verdict {
     let user = &req.user_info;
     let t = target(req);
     let pod = matches!(t, Target::Pod | Target::PodStatus | Target::PodBinding);
@@ -373,7 +373,7 @@ pub fn too_long(policy: &Policy, req: &Request, length: u64, max: usize) -> Verd
 }
 
 /// Finish a pod placed on a Node by name once it is known whether that Node is Slurm-managed.
-pub fn with_target_node(req: &Request, node: &str, lookup: NodeLookup) -> Verdict {
+pub(crate) fn with_target_node(req: &Request, node: &str, lookup: NodeLookup) -> Verdict {
     let who = &req.user_info.username;
     let how = if target(req) == Target::PodBinding {
         "bind a pod to"
@@ -397,7 +397,7 @@ pub fn with_target_node(req: &Request, node: &str, lookup: NodeLookup) -> Verdic
 }
 
 /// Finish a Node update once the Node as stored before it is known (or why it is not).
-pub fn with_stored_node(req: &Request, stored: Result<Value, String>) -> Verdict {
+pub(crate) fn with_stored_node(req: &Request, stored: Result<Value, String>) -> Verdict {
     match stored {
         Ok(old) => node_verdict(req, Some(&old)),
         Err(why) => Verdict::denied(

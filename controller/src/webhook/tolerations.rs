@@ -14,7 +14,7 @@ pub const DOMAIN: &str = "isthmus.io";
 
 /// Whether taint key `key` is in isthmus's domains: its prefix (before `/`) is `isthmus.io` or ends in
 /// `.isthmus.io`.
-pub fn is_isthmus_key(key: &str) -> bool {
+pub(crate) fn is_isthmus_key(key: &str) -> bool {
     key.split_once('/').is_some_and(|(prefix, _)| {
         prefix == DOMAIN
             || prefix
@@ -24,7 +24,7 @@ pub fn is_isthmus_key(key: &str) -> bool {
 }
 
 /// Why toleration `t` is refused, or `None` when it is allowed.
-pub fn refused(t: &Value) -> Option<String> {
+pub(crate) fn refused(t: &Value) -> Option<String> {
     let key = t.get("key").and_then(Value::as_str).unwrap_or("");
     let operator = t.get("operator").and_then(Value::as_str).unwrap_or("Equal");
     if key.is_empty() && operator == "Exists" {
@@ -43,7 +43,7 @@ fn tolerations(pod: &Value) -> &[Value] {
 }
 
 /// The first toleration of `new` that is refused and that `old` (the pod before an UPDATE) did not have, with why.
-pub fn first_refused(new: &Value, old: Option<&Value>) -> Option<String> {
+pub(crate) fn first_refused(new: &Value, old: Option<&Value>) -> Option<String> {
     let before = old.map_or(&[][..], tolerations);
     tolerations(new)
         .iter()

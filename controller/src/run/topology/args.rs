@@ -25,69 +25,69 @@ pub enum SlurmTopology {
 pub struct TopologyArgs {
     /// Write the topology node labels (`<tier-label-prefix>N`, the accelerator domain) on Nodes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub node_labels: bool,
+    pub(crate) node_labels: bool,
     /// Write Volcano HyperNodes (only where the `hypernodes.topology.volcano.sh` CRD is installed).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub hypernodes: bool,
+    pub(crate) hypernodes: bool,
     /// Write the Kueue Topology (only where the `topologies.kueue.x-k8s.io` CRD is installed).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub kueue_topology: bool,
+    pub(crate) kueue_topology: bool,
     /// Write the KAI Scheduler Topology (only where the `topologies.kai.scheduler` CRD is installed).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub kai_topology: bool,
+    pub(crate) kai_topology: bool,
     /// Write the Slurm ConfigMap (`topology.conf`, `gres.conf`, `nodes.conf`, and `topology.yaml` when asked).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub slurm_configmap: bool,
+    pub(crate) slurm_configmap: bool,
     /// Name of the Slurm ConfigMap (in the controller's namespace).
     #[arg(long, default_value = "isthmus-slurm-topology")]
-    pub slurm_configmap_name: String,
+    pub(crate) slurm_configmap_name: String,
     /// The form of `topology.conf` in the Slurm ConfigMap.
     #[arg(long, value_enum, default_value_t = SlurmTopology::Tree)]
-    pub slurm_topology: SlurmTopology,
+    pub(crate) slurm_topology: SlurmTopology,
     /// Also write `topology.yaml` into the Slurm ConfigMap, beside topology.conf: Slurm 25.05 and later read it
     /// and then ignore topology.conf (topology `isthmus-tree`, the cluster default, and `isthmus-block` for
     /// partitions that name it). Sites on 22.05 and 24.11 leave it off: they read topology.conf only.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub slurm_topology_yaml: bool,
+    pub(crate) slurm_topology_yaml: bool,
     /// Write the status ConfigMap: the nodes no source placed, each with the reason (a status entry per node).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub status_configmap: bool,
+    pub(crate) status_configmap: bool,
     /// Name of the status ConfigMap (in the controller's namespace).
     #[arg(long, default_value = "isthmus-topology-status")]
-    pub status_configmap_name: String,
+    pub(crate) status_configmap_name: String,
     /// Run `scontrol reconfigure` after the Slurm ConfigMap changed (needs the Slurm client and its auth in the pod).
     #[arg(long)]
-    pub scontrol_reconfigure: bool,
+    pub(crate) scontrol_reconfigure: bool,
     /// ConfigMap (in the controller's namespace) holding an ibnetdiscover dump: the second topology source.
     #[arg(long, value_name = "NAME")]
-    pub ibnetdiscover_configmap: Option<String>,
+    pub(crate) ibnetdiscover_configmap: Option<String>,
     /// Key of the dump in that ConfigMap.
     #[arg(long, default_value = "ibnetdiscover", value_name = "KEY")]
-    pub ibnetdiscover_key: String,
+    pub(crate) ibnetdiscover_key: String,
     /// How the model is built and the outputs are named (the same flags as `isthmus controller render`).
     #[command(flatten)]
-    pub model: offline::ModelFlags,
+    pub(crate) model: offline::ModelFlags,
     /// How many node label applies run at once (the first pass labels every Node; the API server's capacity
     /// bounds how fast).
     #[arg(long, default_value_t = 32, value_name = "N")]
-    pub write_concurrency: usize,
+    pub(crate) write_concurrency: usize,
     /// How long to wait after a change for more changes before recomputing.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
-    pub debounce: Duration,
+    pub(crate) debounce: Duration,
     /// While nodes.conf keeps a node whose report no longer gives its line (until Slurm shows it drained and idle),
     /// how often Slurm is asked again.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub retained_recheck: Duration,
+    pub(crate) retained_recheck: Duration,
 }
 
 impl TopologyArgs {
     /// Render options, as `isthmus controller render` builds them from the same flags.
-    pub fn render_options(&self) -> RenderOptions {
+    pub(crate) fn render_options(&self) -> RenderOptions {
         self.model.render_options()
     }
 
     /// Model options, as `isthmus controller render` builds them from the same flags.
-    pub fn model_options(&self) -> ModelOptions {
+    pub(crate) fn model_options(&self) -> ModelOptions {
         self.model.model_options()
     }
 }
@@ -118,7 +118,7 @@ impl TopologyError {
     }
 
     /// Short name for the error metric's label.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Self::Api { what, .. } => what,
             Self::Render(_) => "render",
