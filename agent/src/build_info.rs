@@ -3,13 +3,13 @@
 //! and exported by the agent's and the controller's `/metrics` as `isthmus_build_info{version,commit,arch} 1`.
 
 /// The crate's (the workspace's) version.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The git commit (12 hex digits), the build's `ISTHMUS_COMMIT`, or `unknown`.
-pub const COMMIT: &str = env!("ISTHMUS_BUILD_COMMIT");
+pub(crate) const COMMIT: &str = env!("ISTHMUS_BUILD_COMMIT");
 
 /// The target architecture (`x86_64`, `aarch64`).
-pub const ARCH: &str = env!("ISTHMUS_BUILD_ARCH");
+pub(crate) const ARCH: &str = env!("ISTHMUS_BUILD_ARCH");
 
 /// `isthmus --version`'s text after the name: `0.1.0 (commit 10665b7abcde, x86_64)`.
 pub const LONG_VERSION: &str = concat!(
@@ -22,10 +22,10 @@ pub const LONG_VERSION: &str = concat!(
 );
 
 /// The metric's name.
-pub const METRIC: &str = "isthmus_build_info";
+pub(crate) const METRIC: &str = "isthmus_build_info";
 
 /// Set `isthmus_build_info{version,commit,arch}` to 1 in the current recorder.
-pub fn record() {
+pub(crate) fn record() {
     metrics::gauge!(METRIC, "version" => VERSION, "commit" => COMMIT, "arch" => ARCH).set(1.0);
 }
 

@@ -20,10 +20,10 @@ pub enum WriteOutcome {
 #[error("{path}: {source}")]
 pub struct WriteError {
     /// The file (or its temp file / directory).
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The cause.
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 fn err(path: &Path, source: io::Error) -> WriteError {

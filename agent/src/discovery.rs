@@ -77,7 +77,7 @@ fn read_recording(what: &'static str, path: &std::path::Path) -> Result<String, 
 }
 
 /// The NVML source the flags ask for. A process creates one and keeps it: NVML is initialised once.
-pub fn nvml_source(host: &HostConfig) -> Result<Box<dyn NvmlSource + Send>, DiscoveryError> {
+pub(crate) fn nvml_source(host: &HostConfig) -> Result<Box<dyn NvmlSource + Send>, DiscoveryError> {
     if host.no_nvml {
         return Ok(Box::new(NoNvml("disabled by --no-nvml".into())));
     }
@@ -98,7 +98,7 @@ pub fn nvml_source(host: &HostConfig) -> Result<Box<dyn NvmlSource + Send>, Disc
 }
 
 /// Check that the host root exists.
-pub fn check_host_root(host: &HostConfig) -> Result<HostRoot, DiscoveryError> {
+pub(crate) fn check_host_root(host: &HostConfig) -> Result<HostRoot, DiscoveryError> {
     if !host.host_root.is_dir() {
         return Err(DiscoveryError::NoHostRoot(
             host.host_root.display().to_string(),
@@ -108,7 +108,7 @@ pub fn check_host_root(host: &HostConfig) -> Result<HostRoot, DiscoveryError> {
 }
 
 /// Discover the node described by `host` with an NVML source the caller keeps.
-pub fn discover_with(
+pub(crate) fn discover_with(
     host: &HostConfig,
     nvml: &dyn NvmlSource,
     ib_counters: bool,
@@ -137,28 +137,28 @@ pub fn probe_neighbours(topo: &mut NodeTopology) {
 
 /// What the worker is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     /// Discover now (SIGHUP).
     Rediscover,
 }
 
 /// The worker's timing.
 #[derive(Debug, Clone, Copy)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     /// Time between discoveries.
-    pub rediscover: Duration,
+    pub(crate) rediscover: Duration,
     /// Time between NVML telemetry reads (when NVML is available).
-    pub telemetry: Duration,
+    pub(crate) telemetry: Duration,
     /// Time between reads of the GPUs' memory health alone (row remaps, page retirement, uncorrected ECC), between
     /// telemetry reads.
-    pub memory_health: Duration,
+    pub(crate) memory_health: Duration,
     /// Ask the InfiniBand neighbour switches (at start, when a port's state changes, and every
     /// [`NEIGHBOUR_PERIOD`]); in between, the last answers are carried over.
-    pub neighbours: bool,
+    pub(crate) neighbours: bool,
 }
 
 /// How often the neighbour switches are asked again while nothing changes.
-pub const NEIGHBOUR_PERIOD: Duration = Duration::from_secs(600);
+pub(crate) const NEIGHBOUR_PERIOD: Duration = Duration::from_secs(600);
 
 /// Which InfiniBand ports are up: a change means cables moved and the neighbours must be asked again.
 fn ports_up(topo: &NodeTopology) -> Vec<(String, u32)> {
@@ -208,7 +208,7 @@ fn without_counters(mut topo: NodeTopology) -> NodeTopology {
 /// every trigger sender is gone. Each discovery's result that differs from the previous one is sent on `out`; the
 /// GPU memory findings of each NVML telemetry read (row remaps, page retirement, uncorrected ECC), when they
 /// change, on `memory`.
-pub fn spawn_worker(
+pub(crate) fn spawn_worker(
     host: HostConfig,
     nvml: Box<dyn NvmlSource + Send>,
     schedule: Schedule,

@@ -35,7 +35,7 @@ impl Health {
     }
 
     /// Whether the agent reports itself ready.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
 
@@ -45,7 +45,7 @@ impl Health {
     }
 
     /// Whether discovery ran within `stale_after`.
-    pub fn alive(&self, stale_after: Duration) -> bool {
+    pub(crate) fn alive(&self, stale_after: Duration) -> bool {
         now_secs().saturating_sub(self.heartbeat.load(Ordering::Relaxed)) <= stale_after.as_secs()
     }
 }
@@ -63,7 +63,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The response to a GET of `path`.
-    pub fn respond(&self, path: &str) -> (StatusCode, &'static str, String) {
+    pub(crate) fn respond(&self, path: &str) -> (StatusCode, &'static str, String) {
         const TEXT: &str = "text/plain; charset=utf-8";
         match path {
             "/metrics" => (

@@ -177,7 +177,7 @@ fn describe() {
 
 impl Metrics {
     /// A recorder of our own; series not updated for 10 minutes (a removed device) disappear.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let recorder = PrometheusBuilder::new()
             .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(600)))
             .build_recorder();
@@ -230,13 +230,8 @@ impl Metrics {
         metrics::with_local_recorder(&self.recorder, f)
     }
 
-    /// A handle that renders the exposition text (cheap to clone, usable from the HTTP thread).
-    pub fn handle(&self) -> PrometheusHandle {
-        self.handle.clone()
-    }
-
     /// Record what a discovery found and how long it took.
-    pub fn record_discovery(&self, topo: &NodeTopology, took: Duration) {
+    pub(crate) fn record_discovery(&self, topo: &NodeTopology, took: Duration) {
         self.with(|| {
             counter!("isthmus_discoveries_total").increment(1);
             gauge!("isthmus_discovery_duration_seconds").set(took.as_secs_f64());
@@ -300,7 +295,7 @@ impl Metrics {
     }
 
     /// Record the supervised children.
-    pub fn record_children(&self, children: &[ChildStatus], crash_loop_after: u32) {
+    pub(crate) fn record_children(&self, children: &[ChildStatus], crash_loop_after: u32) {
         self.with(|| {
             for c in children {
                 let name = c.name.clone();
@@ -324,7 +319,7 @@ impl Metrics {
 
     /// Record whether the Slurm jobs are confined (on hierarchy `cgroup`, for `reason`) and whether slurmd is
     /// refused for it.
-    pub fn record_slurm_confinement(
+    pub(crate) fn record_slurm_confinement(
         &self,
         cgroup: &'static str,
         reason: &'static str,
@@ -343,7 +338,7 @@ impl Metrics {
     /// `pci_bus_id`, `model_name`; `gpu` and `pci_bus_id` with DCGM-exporter's values, so that a join on either
     /// matches its series). MIG devices carry their parent's labels plus their instance ids, UUID and the
     /// profile the model names (`topo`, the last discovery).
-    pub fn record_gpus(
+    pub(crate) fn record_gpus(
         &self,
         snapshot: &isthmus_topology::nvml::NvmlSnapshot,
         topo: Option<&NodeTopology>,
@@ -404,12 +399,12 @@ impl Metrics {
     }
 
     /// Pods whose devices disagree with Slurm's (the device plugin's check).
-    pub fn record_device_mismatches(&self, pods: usize) {
+    pub(crate) fn record_device_mismatches(&self, pods: usize) {
         self.with(|| gauge!("isthmus_device_allocation_mismatches").set(pods as f64));
     }
 
     /// Device health: `devices` are (class, device, sound).
-    pub fn record_health(&self, devices: &[(&'static str, String, bool)]) {
+    pub(crate) fn record_health(&self, devices: &[(&'static str, String, bool)]) {
         self.with(|| {
             for (class, device, sound) in devices {
                 gauge!("isthmus_device_health", "device" => device.clone(), "class" => *class)
@@ -420,7 +415,7 @@ impl Metrics {
 
     /// Count one health event: a classified XID (`isthmus_health_xid_events_total{action}`) or a condition write
     /// (`isthmus_health_condition_writes_total{result}`).
-    pub fn record_health_event(
+    pub(crate) fn record_health_event(
         &self,
         name: &'static str,
         label: &'static str,
@@ -430,12 +425,12 @@ impl Metrics {
     }
 
     /// Count what a publication of one of the agent's objects did (`object`: `nrt`, `numatopology`).
-    pub fn record_publication(&self, object: &str, outcome: Publication) {
+    pub(crate) fn record_publication(&self, object: &str, outcome: Publication) {
         self.with(|| counter!(format!("isthmus_{object}_{}", outcome.suffix())).increment(1));
     }
 
     /// A publisher of `object` starts: each of its counters is exported, at 0 until something happens.
-    pub fn start_publication(&self, object: &str) {
+    pub(crate) fn start_publication(&self, object: &str) {
         self.with(|| {
             for outcome in Publication::ALL {
                 counter!(format!("isthmus_{object}_{}", outcome.suffix())).increment(0);
@@ -445,7 +440,7 @@ impl Metrics {
 
     /// The other writers of one of the agent's objects: `present` at 1, `gone` at 0 (`manager`: a name already
     /// made safe by the publisher).
-    pub fn record_foreign_writers(&self, object: &str, present: &[String], gone: &[String]) {
+    pub(crate) fn record_foreign_writers(&self, object: &str, present: &[String], gone: &[String]) {
         self.with(|| {
             let name = format!("isthmus_{object}_foreign_writer");
             for (managers, value) in [(present, 1.0), (gone, 0.0)] {
@@ -457,7 +452,7 @@ impl Metrics {
     }
 
     /// The exposition text, the process metrics (`process_*`, read from `/proc/self` now) last.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         self.record_build_info();
         let mut text = self.handle.render();
         if !text.is_empty() && !text.ends_with("\n\n") {

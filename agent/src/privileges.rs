@@ -17,7 +17,7 @@ pub struct Need {
     /// The capability.
     pub cap: Capability,
     /// What fails without it.
-    pub why: &'static str,
+    pub(crate) why: &'static str,
 }
 
 /// What slurmd (and the slurmstepd it forks for every job step) needs when jobs run as their users. munged, run as
@@ -73,7 +73,7 @@ pub enum SlurmCgroups {
 /// proctrack/cgroup`, `TaskPlugin=task/cgroup` with the shipped cgroup.conf) on a cgroup v1 hierarchy: the first
 /// wherever the cgroups are, the second too on a host. Each was checked by removing it, with real slurmd 22.05
 /// supervised by the agent (tests/tests/slurm_agent/cgroups.rs; in the pod, tests/tests/kubelet_node).
-pub const SLURM_CGROUP_CAPABILITIES: &[Need] = &[
+pub(crate) const SLURM_CGROUP_CAPABILITIES: &[Need] = &[
     Need {
         cap: Capability::CAP_SYS_ADMIN,
         why: "the devices controller lets only CAP_SYS_ADMIN write devices.allow and devices.deny, so \
@@ -90,7 +90,7 @@ pub const SLURM_CGROUP_CAPABILITIES: &[Need] = &[
 /// What `--slurm-cgroups delegated` needs besides [`SLURM_CAPABILITIES`] on cgroup v2. Each was checked by removing
 /// it, with real slurmd 24.11 and 26.05 supervised by the agent as a pod's PID 1 on a cgroup v2 kernel
 /// (tests/tests/cgroup_v2.rs). The first two the agent uses and takes from its children; slurmd keeps the last two.
-pub const SLURM_CGROUP_V2_CAPABILITIES: &[Need] = &[
+pub(crate) const SLURM_CGROUP_V2_CAPABILITIES: &[Need] = &[
     Need {
         cap: Capability::CAP_SYS_ADMIN,
         why: "the agent remounts its /sys/fs/cgroup read-write and starts slurmd in a cgroup and mount namespace of \
@@ -133,7 +133,7 @@ fn all_needs(cgroups: SlurmCgroups) -> impl Iterator<Item = &'static Need> {
 
 /// Whether a slurm.conf's `ProctrackType` or `TaskPlugin` names a cgroup plugin (keys are case-insensitive, as
 /// Slurm reads them; comments and continuation-free lines only, as slurm.conf is written).
-pub fn conf_uses_cgroups(conf: &str) -> bool {
+pub(crate) fn conf_uses_cgroups(conf: &str) -> bool {
     conf.lines()
         .map(|l| l.split('#').next().unwrap_or_default().trim())
         .filter_map(|l| l.split_once('='))
@@ -146,20 +146,20 @@ pub fn conf_uses_cgroups(conf: &str) -> bool {
 
 /// What [`restrict`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Kept in the bounding set for the children.
-    pub kept: Vec<Capability>,
+    pub(crate) kept: Vec<Capability>,
     /// Removed from the bounding set.
-    pub dropped: Vec<Capability>,
+    pub(crate) dropped: Vec<Capability>,
     /// Beyond what is needed but could not be removed (no CAP_SETPCAP).
-    pub undroppable: Vec<Capability>,
+    pub(crate) undroppable: Vec<Capability>,
     /// Needed but not granted to the process.
-    pub missing: Vec<Capability>,
+    pub(crate) missing: Vec<Capability>,
 }
 
 /// Errors of [`restrict`].
 #[derive(Debug, thiserror::Error)]
-pub enum PrivilegeError {
+pub(crate) enum PrivilegeError {
     /// A capability set could not be read or written.
     #[error("capabilities ({what}): {source}")]
     Caps {
@@ -184,7 +184,7 @@ fn sorted(set: impl IntoIterator<Item = Capability>) -> Vec<Capability> {
 /// Restrict this thread (call it before any other thread starts) to `wanted`: the bounding and permitted sets keep
 /// only `wanted` (the bounding set when CAP_SETPCAP allows removing the rest), and the effective, inheritable and
 /// ambient sets are cleared. Children started as uid 0 get `wanted` as their permitted and effective sets.
-pub fn restrict(wanted: &CapsHashSet) -> Result<Report, PrivilegeError> {
+pub(crate) fn restrict(wanted: &CapsHashSet) -> Result<Report, PrivilegeError> {
     let bounding = caps::read(None, CapSet::Bounding).map_err(caps_err("reading bounding"))?;
     let effective = caps::read(None, CapSet::Effective).map_err(caps_err("reading effective"))?;
     let can_drop = effective.contains(&Capability::CAP_SETPCAP);
@@ -212,7 +212,7 @@ pub fn restrict(wanted: &CapsHashSet) -> Result<Report, PrivilegeError> {
 }
 
 /// Lower-case names without the `cap_` prefix, as Kubernetes and capsh spell them after `CAP_`.
-pub fn names(caps: &[Capability]) -> String {
+pub(crate) fn names(caps: &[Capability]) -> String {
     if caps.is_empty() {
         return "none".into();
     }

@@ -25,11 +25,11 @@ pub(crate) const MULTIPLE_REASON: &str = "MultipleDeviceFailures";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClassState {
     /// Every device sound.
-    pub healthy: bool,
+    pub(crate) healthy: bool,
     /// CamelCase reason.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The message.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// `s` cut to `max` bytes at a character boundary, ending in `...` when cut.

@@ -17,11 +17,11 @@ pub(crate) const COMPONENT: &str = "isthmus-agent";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Change {
     /// `Warning` for a failure, `Normal` for a recovery.
-    pub type_: EventType,
+    pub(crate) type_: EventType,
     /// The condition's reason (`Xid79`, `IbPortDown`, `DevicesHealthy`).
-    pub reason: String,
+    pub(crate) reason: String,
     /// `<Type> is False: <message>` or `<Type> is True again: <message>`.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// The Events for going from the conditions `before` to `after` (a condition is compared by status and reason).

@@ -75,30 +75,30 @@ pub struct HealthArgs {
 }
 
 /// What the health task needs.
-pub struct HealthOptions {
+pub(crate) struct HealthOptions {
     /// The XID table, with the operator's overrides.
-    pub table: Arc<XidTable>,
+    pub(crate) table: Arc<XidTable>,
     /// A kernel-log recording of XID events to replay.
-    pub xid_replay: Option<PathBuf>,
+    pub(crate) xid_replay: Option<PathBuf>,
     /// The live NVML's XID events (with the recovery action), when NVML is loaded.
-    pub live_xids: Option<isthmus_topology::nvml::XidQueue>,
+    pub(crate) live_xids: Option<isthmus_topology::nvml::XidQueue>,
     /// The GPU memory findings of the latest NVML telemetry read (the discovery worker's).
-    pub memory: watch::Receiver<Vec<Finding>>,
+    pub(crate) memory: watch::Receiver<Vec<Finding>>,
     /// Where every change of the findings goes (the NRT shows them).
-    pub findings: watch::Sender<Vec<Finding>>,
+    pub(crate) findings: watch::Sender<Vec<Finding>>,
     /// The host root whose InfiniBand port files are read every [`PORT_POLL`]; `None`: ports are seen at
     /// discoveries only.
-    pub host_root: Option<PathBuf>,
+    pub(crate) host_root: Option<PathBuf>,
     /// When a port flaps.
-    pub flap: FlapPolicy,
+    pub(crate) flap: FlapPolicy,
     /// Where the conditions go (the node's NodeReport), with the client and the Node's name for the
     /// Node's previous conditions and the Events; `None`: metric only.
-    pub publish: Option<Publish>,
+    pub(crate) publish: Option<Publish>,
     /// Report unchanged conditions again this often (their heartbeat); zero: only on change.
-    pub heartbeat: Duration,
+    pub(crate) heartbeat: Duration,
     /// The failed GPUs the node's Slurm definition leaves out (`--slurm-failed-gpus remove`): the `GpuHealthy`
     /// message says so, and the node sync then drains nothing for them.
-    pub out_of_slurm: watch::Receiver<std::collections::BTreeSet<String>>,
+    pub(crate) out_of_slurm: watch::Receiver<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for HealthOptions {
@@ -118,14 +118,14 @@ impl std::fmt::Debug for HealthOptions {
 
 /// Where the health conditions go.
 #[derive(Clone)]
-pub struct Publish {
+pub(crate) struct Publish {
     /// The agent's client: the Node's conditions as the controller projected them (their transition times) and
     /// UID are read at start, and the Events recorded.
-    pub client: kube::Client,
+    pub(crate) client: kube::Client,
     /// The Node's name.
-    pub node: String,
+    pub(crate) node: String,
     /// The conditions the node's NodeReport carries.
-    pub reported: crate::k8s::reported::Reported,
+    pub(crate) reported: crate::k8s::reported::Reported,
 }
 
 impl std::fmt::Debug for Publish {
@@ -138,7 +138,7 @@ impl std::fmt::Debug for Publish {
 
 /// Load the XID table and apply the override file, if any. A bad override file is a warning: the built-in table
 /// stays in force.
-pub fn load_table(
+pub(crate) fn load_table(
     overrides: Option<&std::path::Path>,
 ) -> Result<XidTable, isthmus_topology::health::xid::XidTableError> {
     let table = XidTable::builtin()?;
@@ -165,7 +165,7 @@ pub fn load_table(
 }
 
 /// Run until `shutdown`.
-pub async fn run(
+pub(crate) async fn run(
     mut opts: HealthOptions,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     metrics: Arc<Metrics>,

@@ -74,7 +74,7 @@ pub const DISCOVERY_READS: &[&str] = &["/apis", "/apis/nodeinfo.volcano.sh/v1alp
 
 /// The (group, resource, verb) an HTTP request to the API server is authorised as, for the request shapes the agent
 /// makes (cluster-scoped or namespaced resources, named or listed/watched). `None` for anything else.
-pub fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'static str)> {
+pub(crate) fn authorised_as(method: &str, path: &str) -> Option<(String, String, &'static str)> {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let watch = query
         .split('&')

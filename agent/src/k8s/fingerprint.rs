@@ -5,7 +5,7 @@
 use xxhash_rust::xxh64::{Xxh64, xxh64};
 
 /// The version prefix.
-pub const PREFIX: &str = "pfp0v001";
+pub(crate) const PREFIX: &str = "pfp0v001";
 
 /// Fingerprint of a pod set given as (namespace, name) pairs. Order does not matter.
 pub fn fingerprint<'a>(pods: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {

@@ -13,25 +13,25 @@ pub const DEFAULT_CONFIG: &str = "/var/lib/kubelet/config.yaml";
 /// The parts of a `KubeletConfiguration` isthmus reads; unset fields are `None` (the kubelet's defaults apply).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct KubeletConfig {
+pub(crate) struct KubeletConfig {
     /// `topologyManagerPolicy` (`none`, `best-effort`, `restricted`, `single-numa-node`).
-    pub topology_manager_policy: Option<String>,
+    pub(crate) topology_manager_policy: Option<String>,
     /// `topologyManagerScope` (`container`, `pod`).
-    pub topology_manager_scope: Option<String>,
+    pub(crate) topology_manager_scope: Option<String>,
     /// `cpuManagerPolicy` (`none`, `static`).
-    pub cpu_manager_policy: Option<String>,
+    pub(crate) cpu_manager_policy: Option<String>,
     /// `reservedSystemCPUs`, a cpuset such as `0,1`.
     #[serde(rename = "reservedSystemCPUs")]
-    pub reserved_system_cpus: Option<String>,
+    pub(crate) reserved_system_cpus: Option<String>,
     /// `kubeReserved`: resource name → quantity.
-    pub kube_reserved: Option<BTreeMap<String, String>>,
+    pub(crate) kube_reserved: Option<BTreeMap<String, String>>,
     /// `systemReserved`: resource name → quantity.
-    pub system_reserved: Option<BTreeMap<String, String>>,
+    pub(crate) system_reserved: Option<BTreeMap<String, String>>,
 }
 
 impl KubeletConfig {
     /// `self` with every field `flags` sets replaced (the kubelet lets flags override its configuration file).
-    pub fn overridden_by(mut self, flags: &KubeletConfig) -> Self {
+    pub(crate) fn overridden_by(mut self, flags: &KubeletConfig) -> Self {
         let pick = |mine: &mut Option<String>, theirs: &Option<String>| {
             if theirs.is_some() {
                 mine.clone_from(theirs);
@@ -61,17 +61,17 @@ impl KubeletConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KubeletSettings {
     /// The configuration file merged with the command line's flags.
-    pub config: KubeletConfig,
+    pub(crate) config: KubeletConfig,
     /// The configuration file was read.
-    pub from_file: bool,
+    pub(crate) from_file: bool,
     /// The kubelet's command line was read (its process is visible under the host root's `/proc`).
-    pub from_command_line: bool,
+    pub(crate) from_command_line: bool,
 }
 
 impl KubeletSettings {
     /// Whether an unset field means the kubelet's default: only when both places it can be set were read (a
     /// policy not in the file may still be a flag, and a kubelet without a readable file may have flags).
-    pub fn complete(&self) -> bool {
+    pub(crate) fn complete(&self) -> bool {
         self.from_file && self.from_command_line
     }
 }
@@ -81,14 +81,14 @@ impl KubeletSettings {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TopologyManager {
     /// `topologyManagerPolicy`.
-    pub policy: Option<String>,
+    pub(crate) policy: Option<String>,
     /// `topologyManagerScope`.
-    pub scope: Option<String>,
+    pub(crate) scope: Option<String>,
 }
 
 /// Read the kubelet configuration (a host path): `Ok(None)` when there is no such file, `Err` with the reason when
 /// it cannot be read or parsed. An empty file reads as an empty configuration.
-pub fn read_config(root: &HostRoot, path: &str) -> Result<Option<KubeletConfig>, String> {
+pub(crate) fn read_config(root: &HostRoot, path: &str) -> Result<Option<KubeletConfig>, String> {
     let text = match root.read_string(path) {
         Ok(t) => t,
         Err(e) if e.is_not_found() => return Ok(None),
@@ -104,7 +104,7 @@ pub fn read_config(root: &HostRoot, path: &str) -> Result<Option<KubeletConfig>,
 
 /// The running kubelet's flags that isthmus reads, from `/proc/<pid>/cmdline` under the host root: `None` when no
 /// kubelet process is visible there (the host's `/proc` is not mounted, or the kubelet runs elsewhere).
-pub fn read_command_line(root: &HostRoot) -> Option<KubeletConfig> {
+pub(crate) fn read_command_line(root: &HostRoot) -> Option<KubeletConfig> {
     let proc = root.join("/proc");
     let entries = std::fs::read_dir(&proc).ok()?;
     for entry in entries.flatten() {
@@ -222,7 +222,7 @@ pub fn topology_manager(settings: &KubeletSettings) -> TopologyManager {
 
 /// The deprecated `topologyPolicies` value of an NRT (v1alpha1 names, for consumers older than top-level
 /// attributes), as resource-topology-exporter writes it.
-pub fn topology_policies(tm: &TopologyManager) -> Vec<String> {
+pub(crate) fn topology_policies(tm: &TopologyManager) -> Vec<String> {
     let name = match (tm.policy.as_deref(), tm.scope.as_deref()) {
         (Some("none"), _) => "None",
         (Some("best-effort"), _) => "BestEffort",

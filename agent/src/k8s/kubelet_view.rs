@@ -57,7 +57,11 @@ pub struct Source {
 }
 
 /// Poll until `shutdown`; send every view that differs from the last.
-pub async fn run(source: Source, out: watch::Sender<KubeletView>, shutdown: CancellationToken) {
+pub(crate) async fn run(
+    source: Source,
+    out: watch::Sender<KubeletView>,
+    shutdown: CancellationToken,
+) {
     let started = Instant::now();
     let mut warned_socket = false;
     let mut answered_once = false;

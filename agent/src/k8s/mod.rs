@@ -48,7 +48,7 @@ pub enum Switch {
 
 impl Switch {
     /// As on the command line: `auto`, `true`, `false`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Switch::Auto => "auto",
             Switch::True => "true",
@@ -59,7 +59,7 @@ impl Switch {
 
 /// What the node reports to the cluster controller in its NRT: its InfiniBand ports (and their neighbour switches
 /// when learned), its accelerator domain and, when it is a Slurm node, its node definition and gres.conf lines.
-pub fn node_report(
+pub(crate) fn node_report(
     topo: &NodeTopology,
     slurm: Option<&SlurmFacts>,
 ) -> Vec<isthmus_api::nrt::Attribute> {
@@ -141,7 +141,7 @@ pub fn nrt_for(
 
 /// Render an object from the latest discovery, kubelet view and device health each time one changes, and send it on `out` when it differs from the last one. `render` returns `None` when the discovery cannot
 /// be described (no CPU or NUMA facts): the last object stays.
-pub async fn render_task<K: PartialEq>(
+pub(crate) async fn render_task<K: PartialEq>(
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut kubelet: watch::Receiver<KubeletView>,
     mut health: watch::Receiver<Vec<Finding>>,

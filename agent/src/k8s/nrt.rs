@@ -19,34 +19,34 @@ fn attr(name: impl Into<String>, value: impl Into<String>) -> Attribute {
 /// What is allocatable and in use, per NUMA node: from the kubelet's PodResources answers, and from its
 /// configuration's reservations where it cannot say (see [`super::podresources::allocation`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     /// NUMA node → resource name → (allocatable, in use).
-    pub per_numa: BTreeMap<u32, BTreeMap<String, (u64, u64)>>,
+    pub(crate) per_numa: BTreeMap<u32, BTreeMap<String, (u64, u64)>>,
     /// Fingerprint of the pods on the node (when the kubelet listed them).
-    pub pods_fingerprint: Option<String>,
+    pub(crate) pods_fingerprint: Option<String>,
     /// Device amounts came from the kubelet's `GetAllocatableResources` (a device it does not list is then not
     /// allocatable); otherwise every discovered device counts as allocatable.
-    pub devices_from_kubelet: bool,
+    pub(crate) devices_from_kubelet: bool,
 }
 
 /// Inputs besides the model.
 #[derive(Debug, Clone)]
 pub(crate) struct NrtInputs {
     /// Node name (the object's name).
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// Node UID for the owner reference (unknown outside a cluster).
-    pub node_uid: Option<String>,
+    pub(crate) node_uid: Option<String>,
     /// Topology manager settings.
-    pub topology_manager: TopologyManager,
+    pub(crate) topology_manager: TopologyManager,
     /// Kubelet allocation, when the PodResources API answered.
-    pub allocation: Option<Allocation>,
+    pub(crate) allocation: Option<Allocation>,
     /// How MIG devices are named (the NVIDIA device plugin's strategy on this node).
-    pub mig_strategy: MigStrategy,
+    pub(crate) mig_strategy: MigStrategy,
     /// More node-level attributes (the node's fabric and Slurm report for the controller).
-    pub report: Vec<Attribute>,
+    pub(crate) report: Vec<Attribute>,
     /// The device health findings now: a failed device says so in its zone attribute (`health=<reason>`), and a
     /// failed GPU leaves its zone's allocatable.
-    pub unhealthy: Vec<Finding>,
+    pub(crate) unhealthy: Vec<Finding>,
 }
 
 /// Kubernetes' hugepages resource name for a page size (`hugepages-2Mi`, `hugepages-1Gi`).

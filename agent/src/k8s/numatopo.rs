@@ -33,7 +33,7 @@ use super::podresources::proto::ListPodResourcesResponse;
 use super::reservations::CpuManager;
 
 /// Resources Volcano accepts in `resReserved` (its `ParseResourceList` refuses the map for any other).
-pub const RESERVABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
+pub(crate) const RESERVABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
 /// Inputs besides the model.
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +81,7 @@ pub fn render(topo: &NodeTopology, input: &NumatopoInputs<'_>) -> (Numatopology,
 }
 
 /// The CPUs of the NUMA nodes (resource-exporter's `cpu2NUMA` keys): every CPU Volcano may place on.
-pub fn numa_cpus(topo: &NodeTopology) -> CpuSet {
+pub(crate) fn numa_cpus(topo: &NodeTopology) -> CpuSet {
     topo.numa_nodes
         .iter()
         .fold(CpuSet::new(), |acc, n| acc.union(&n.cpuset))
@@ -89,7 +89,7 @@ pub fn numa_cpus(topo: &NodeTopology) -> CpuSet {
 
 /// The kubelet's manager policies: what it is set to, its default `none` where everything it reads was read and
 /// nothing sets one; a policy that is not known is left out.
-pub fn policies(settings: &KubeletSettings) -> BTreeMap<String, String> {
+pub(crate) fn policies(settings: &KubeletSettings) -> BTreeMap<String, String> {
     let known = |v: &Option<String>| match v.as_deref().filter(|s| !s.is_empty()) {
         Some(v) => Some(v.to_owned()),
         None if settings.complete() => Some("none".to_owned()),
@@ -108,7 +108,7 @@ pub fn policies(settings: &KubeletSettings) -> BTreeMap<String, String> {
 }
 
 /// `resReserved` from the kubelet configuration, and warnings for values that are not quantities or cpusets.
-pub fn reserved(config: &KubeletConfig) -> (BTreeMap<String, String>, Vec<String>) {
+pub(crate) fn reserved(config: &KubeletConfig) -> (BTreeMap<String, String>, Vec<String>) {
     let mut warnings = Vec::new();
     let mut sums: BTreeMap<&str, Quantity> = BTreeMap::new();
     sums.insert(CPU, Quantity::default());
@@ -168,7 +168,7 @@ pub fn reserved(config: &KubeletConfig) -> (BTreeMap<String, String>, Vec<String
 
 /// CPU id → NUMA node, socket, core, for every CPU of a NUMA node; warnings for CPUs the model places in no NUMA
 /// node (left out) or in no package (their socket reads as 0).
-pub fn cpu_detail(topo: &NodeTopology) -> (BTreeMap<String, CpuInfo>, Vec<String>) {
+pub(crate) fn cpu_detail(topo: &NodeTopology) -> (BTreeMap<String, CpuInfo>, Vec<String>) {
     let mut core_of: BTreeMap<u32, u32> = BTreeMap::new();
     for core in topo
         .packages
@@ -239,7 +239,7 @@ fn container_cpus(ids: &[i64], node_cpus: &CpuSet) -> CpuSet {
 }
 
 /// The CPUs some container holds exclusively (only CPUs of `node_cpus`).
-pub fn held_cpus(
+pub(crate) fn held_cpus(
     pods: &ListPodResourcesResponse,
     node_cpus: &CpuSet,
     manager: &CpuManager,
@@ -254,7 +254,7 @@ pub fn held_cpus(
 
 /// Per pod, per container, the CPUs held exclusively; sorted like resource-exporter sorts them (pods by UID,
 /// namespace, name; containers by name).
-pub fn pod_allocations(
+pub(crate) fn pod_allocations(
     pods: &ListPodResourcesResponse,
     node_cpus: &CpuSet,
     manager: &CpuManager,

@@ -67,12 +67,16 @@ pub struct Kubelet {
 /// How long an allocatable answer is used before it is asked again while nothing else changes. What is
 /// allocatable changes only with the kubelet's devices (a device plugin's health, a registration) and its restart;
 /// asking once per poll would double an idle node's PodResources traffic for nothing.
-pub const ALLOCATABLE_REFRESH: Duration = Duration::from_secs(10);
+pub(crate) const ALLOCATABLE_REFRESH: Duration = Duration::from_secs(10);
 
 /// Whether to ask `GetAllocatableResources` in this poll: when there is no answer on this connection, when the pod
 /// list changed (a pod's devices may have come from a changed device set), or when the answer is older than
 /// [`ALLOCATABLE_REFRESH`].
-pub fn ask_allocatable(answered_at: Option<Instant>, now: Instant, list_changed: bool) -> bool {
+pub(crate) fn ask_allocatable(
+    answered_at: Option<Instant>,
+    now: Instant,
+    list_changed: bool,
+) -> bool {
     match answered_at {
         None => true,
         Some(at) => list_changed || now.saturating_duration_since(at) >= ALLOCATABLE_REFRESH,
@@ -178,7 +182,7 @@ impl Kubelet {
 }
 
 /// Ask the kubelet once through `socket` (a path on this machine) for allocatable resources and the pod list.
-pub async fn query(socket: &Path, timeout: Duration) -> Result<Answers, PodResourcesError> {
+pub(crate) async fn query(socket: &Path, timeout: Duration) -> Result<Answers, PodResourcesError> {
     Kubelet::new(socket, timeout).query().await
 }
 
@@ -211,7 +215,7 @@ fn numa_of(t: Option<&TopologyInfo>) -> Option<u32> {
 /// cpusets. Without `GetAllocatableResources` (or without any answer), allocatable CPUs are the CPUs outside the
 /// kubelet's reservation ([`super::reservations`]) and devices are left to discovery; CPUs count as held only
 /// where the CPU manager gives them exclusively.
-pub fn allocation(
+pub(crate) fn allocation(
     topo: &NodeTopology,
     answers: Option<&Answers>,
     cpus: &super::reservations::CpuManager,

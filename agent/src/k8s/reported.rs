@@ -28,14 +28,14 @@ type Writers = BTreeMap<String, (Vec<String>, bool)>;
 
 /// Where the agent's tasks put the conditions they report.
 #[derive(Debug, Clone)]
-pub struct Reported {
+pub(crate) struct Reported {
     tx: Arc<watch::Sender<Conditions>>,
     writers: Arc<Mutex<Writers>>,
 }
 
 impl Reported {
     /// An empty set and the receiver the report's writer reads.
-    pub fn new() -> (Self, watch::Receiver<Conditions>) {
+    pub(crate) fn new() -> (Self, watch::Receiver<Conditions>) {
         let (tx, rx) = watch::channel(Conditions::new());
         (
             Self {
@@ -49,7 +49,7 @@ impl Reported {
     /// Say who else writes the node's object of kind `kind` (a NodeResourceTopology or Numatopology the agent
     /// publishes; `managers` empty: nobody), and whether the agent writes over them: the `NrtSingleWriter`
     /// condition, over every such object.
-    pub fn set_writers(&self, kind: &str, managers: &[String], takeover: bool) {
+    pub(crate) fn set_writers(&self, kind: &str, managers: &[String], takeover: bool) {
         let condition = {
             let mut w = self.writers.lock().unwrap_or_else(PoisonError::into_inner);
             w.insert(kind.to_owned(), (managers.to_vec(), takeover));
@@ -59,7 +59,7 @@ impl Reported {
     }
 
     /// Report `conditions` (each replaces the one of its type); the writer is woken only when something changed.
-    pub fn set(&self, conditions: &[NodeCondition]) {
+    pub(crate) fn set(&self, conditions: &[NodeCondition]) {
         self.tx.send_if_modified(|cur| {
             let mut changed = false;
             for c in conditions {

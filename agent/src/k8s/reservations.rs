@@ -15,17 +15,17 @@ use super::kubelet::{KubeletConfig, KubeletSettings};
 
 /// What the kubelet's CPU manager does with CPUs, as far as its settings tell.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CpuManager {
+pub(crate) struct CpuManager {
     /// The CPUs it reserves.
-    pub reserved: ReservedCpus,
+    pub(crate) reserved: ReservedCpus,
     /// `Some(true)`: the static policy (containers may hold CPUs exclusively); `Some(false)`: none can; `None`:
     /// unknown.
-    pub static_policy: Option<bool>,
+    pub(crate) static_policy: Option<bool>,
 }
 
 impl CpuManager {
     /// The CPU manager `settings` describe on `topo`.
-    pub fn of(topo: &NodeTopology, settings: &KubeletSettings) -> Self {
+    pub(crate) fn of(topo: &NodeTopology, settings: &KubeletSettings) -> Self {
         let static_policy = match settings.config.cpu_manager_policy.as_deref() {
             Some(p) if !p.is_empty() => Some(p == "static"),
             _ if settings.complete() => Some(false),
@@ -41,7 +41,7 @@ impl CpuManager {
     /// 1.21 reports the shared pool for every container that holds none (and every CPU under the `none` policy);
     /// the shared pool always includes the reserved CPUs, which the static policy never gives a container, so ids
     /// that include one are the pool, not a holding.
-    pub fn exclusive<'a>(&self, ids: &'a [i64]) -> &'a [i64] {
+    pub(crate) fn exclusive<'a>(&self, ids: &'a [i64]) -> &'a [i64] {
         let reserved = |c: &i64| u32::try_from(*c).is_ok_and(|c| self.reserved.cpus.contains(c));
         if self.static_policy == Some(false) || ids.iter().any(reserved) {
             &[]
@@ -53,11 +53,11 @@ impl CpuManager {
 
 /// The CPUs the kubelet reserves, and why when the configuration could not be read as such.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReservedCpus {
+pub(crate) struct ReservedCpus {
     /// The reserved CPUs (empty: none).
-    pub cpus: CpuSet,
+    pub(crate) cpus: CpuSet,
     /// Why the reservation is not known exactly (a malformed value), for a warning.
-    pub problem: Option<String>,
+    pub(crate) problem: Option<String>,
 }
 
 /// The CPUs `config` reserves on `topo`.

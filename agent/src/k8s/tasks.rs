@@ -20,25 +20,25 @@ use crate::metrics::Metrics;
 /// What the Kubernetes side publishes, and where it asks the kubelet.
 pub(crate) struct Publishing {
     /// The client (in-cluster configuration or KUBECONFIG).
-    pub client: kube::Client,
+    pub(crate) client: kube::Client,
     /// The node's name (the objects' names and the owner Node).
-    pub node: String,
+    pub(crate) node: String,
     /// The NodeResourceTopology's options; `None`: not published.
-    pub nrt: Option<NrtOptions>,
+    pub(crate) nrt: Option<NrtOptions>,
     /// Whether the Numatopology is published (`Auto`: once the API server serves its CRD).
-    pub numatopology: Switch,
+    pub(crate) numatopology: Switch,
     /// With `Auto`: how often the API server is asked again while it does not serve the CRD.
-    pub numatopology_recheck: Duration,
+    pub(crate) numatopology_recheck: Duration,
     /// Write the objects over another writer (`--nrt-takeover`).
-    pub takeover: bool,
+    pub(crate) takeover: bool,
     /// Where and how often the kubelet is asked.
-    pub kubelet: kubelet_view::Source,
+    pub(crate) kubelet: kubelet_view::Source,
     /// The device health findings (the health task's), which the NRT shows.
-    pub health: watch::Receiver<Vec<Finding>>,
+    pub(crate) health: watch::Receiver<Vec<Finding>>,
     /// The conditions the node reports about itself, which its NodeReport carries; `None`: not reported.
-    pub reported: Option<watch::Receiver<super::reported::Conditions>>,
+    pub(crate) reported: Option<watch::Receiver<super::reported::Conditions>>,
     /// Where the topology objects' publishers report their other writers (`NrtSingleWriter`); `None`: not reported.
-    pub report_writers: Option<Arc<dyn super::publisher::WritersReport>>,
+    pub(crate) report_writers: Option<Arc<dyn super::publisher::WritersReport>>,
 }
 
 impl std::fmt::Debug for Publishing {

@@ -9,25 +9,25 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Process {
     /// User and system CPU time, in seconds.
-    pub cpu_seconds: f64,
+    pub(crate) cpu_seconds: f64,
     /// Resident set size, in bytes.
-    pub resident_bytes: f64,
+    pub(crate) resident_bytes: f64,
     /// Virtual memory size, in bytes.
-    pub virtual_bytes: f64,
+    pub(crate) virtual_bytes: f64,
     /// Threads.
-    pub threads: f64,
+    pub(crate) threads: f64,
     /// Start time since the Unix epoch, in seconds.
     pub start_time_seconds: f64,
     /// Open file descriptors (None when `fd/` cannot be listed).
-    pub open_fds: Option<f64>,
+    pub(crate) open_fds: Option<f64>,
     /// The soft limit on open file descriptors (None when unlimited or unreadable).
-    pub max_fds: Option<f64>,
+    pub(crate) max_fds: Option<f64>,
 }
 
 /// What `/proc/<pid>/stat` says, given the clock tick rate, the page size and the boot time (`btime` of
 /// `/proc/stat`, seconds since the epoch). The command name (field 2) may hold spaces and parentheses: the fields
 /// are counted after its last `)`.
-pub fn parse_stat(
+pub(crate) fn parse_stat(
     stat: &str,
     ticks_per_second: f64,
     page_size: f64,
@@ -49,14 +49,14 @@ pub fn parse_stat(
 }
 
 /// `btime` of `/proc/stat`.
-pub fn parse_boot_time(stat: &str) -> Option<f64> {
+pub(crate) fn parse_boot_time(stat: &str) -> Option<f64> {
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
 }
 
 /// The soft limit of "Max open files" in `/proc/<pid>/limits` ("unlimited" is none).
-pub fn parse_max_fds(limits: &str) -> Option<f64> {
+pub(crate) fn parse_max_fds(limits: &str) -> Option<f64> {
     limits
         .lines()
         .find_map(|l| l.strip_prefix("Max open files"))
@@ -86,7 +86,7 @@ pub fn read(proc_self: &Path, proc_stat: &Path) -> Option<Process> {
 }
 
 /// `p` in the exposition format, with the client libraries' names, help and types.
-pub fn render(p: &Process) -> String {
+pub(crate) fn render(p: &Process) -> String {
     let mut out = String::new();
     let mut one = |name: &str, kind: &str, help: &str, value: Option<f64>| {
         if let Some(v) = value {
@@ -142,7 +142,7 @@ pub fn render(p: &Process) -> String {
 }
 
 /// The process metrics of this process, or nothing where `/proc` cannot be read.
-pub fn render_self() -> String {
+pub(crate) fn render_self() -> String {
     read(Path::new("/proc/self"), Path::new("/proc/stat"))
         .map(|p| render(&p))
         .unwrap_or_default()

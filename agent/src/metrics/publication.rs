@@ -17,7 +17,7 @@ pub enum Publication {
 
 impl Publication {
     /// Every outcome: a publisher exports a counter for each from its start.
-    pub const ALL: [Publication; 5] = [
+    pub(crate) const ALL: [Publication; 5] = [
         Publication::Written,
         Publication::Skipped,
         Publication::Failed,
@@ -26,7 +26,7 @@ impl Publication {
     ];
 
     /// The suffix of the outcome's counter, `isthmus_<object>_<suffix>`.
-    pub fn suffix(self) -> &'static str {
+    pub(crate) fn suffix(self) -> &'static str {
         match self {
             Publication::Written => "writes_total",
             Publication::Skipped => "skips_total",

@@ -91,11 +91,11 @@ pub(crate) enum DelegationError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cgroup2Mount {
     /// The path of the hierarchy shown at the mount point (`/` when it is the namespace's root).
-    pub root: String,
+    pub(crate) root: String,
     /// Per-mount options (`ro`, `rw`, `nosuid`, …).
-    pub options: Vec<String>,
+    pub(crate) options: Vec<String>,
     /// Super-block options (`nsdelegate`, `memory_recursiveprot`, …).
-    pub super_options: Vec<String>,
+    pub(crate) super_options: Vec<String>,
 }
 
 /// The last cgroup2 mount at `at` in a mountinfo text (the one on top).
@@ -179,9 +179,9 @@ pub(crate) fn enable_line(available: &str) -> String {
 
 /// What [`delegate`] made: where slurmd is started.
 #[derive(Debug, Clone)]
-pub struct Delegation {
+pub(crate) struct Delegation {
     /// slurmd's subtree (`/sys/fs/cgroup/slurm`).
-    pub slurm: PathBuf,
+    pub(crate) slurm: PathBuf,
     /// The cgroup namespace rooted there ([`slurm_namespace`]).
     namespace: Arc<OwnedFd>,
 }

@@ -26,7 +26,7 @@ fn yes(conf: &str, key: &str) -> bool {
 /// Why jobs are, or are not, confined, as one CamelCase word: the reason of the Node condition `SlurmJobsConfined`
 /// and the `reason` label of `isthmus_slurm_jobs_confined`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// `--slurm-cgroups off`: slurmd runs without its cgroup plugins.
     CgroupPluginsOff,
     /// slurm.conf is not local (configless): the plugins cannot be checked.
@@ -46,8 +46,9 @@ pub enum Reason {
 }
 
 impl Reason {
+    #[cfg(test)]
     /// Every reason.
-    pub const ALL: [Self; 8] = [
+    pub(crate) const ALL: [Self; 8] = [
         Self::CgroupPluginsOff,
         Self::NotLocal,
         Self::PluginsMissing,
@@ -59,7 +60,7 @@ impl Reason {
     ];
 
     /// Its name in the condition and the metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::CgroupPluginsOff => "CgroupPluginsOff",
             Self::NotLocal => "NotLocal",
@@ -77,13 +78,13 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confinement {
     /// The hierarchy.
-    pub cgroup: CgroupVersion,
+    pub(crate) cgroup: CgroupVersion,
     /// Whether every job is held to its devices, memory and cores.
-    pub confined: bool,
+    pub(crate) confined: bool,
     /// Why, as one word ([`Reason::Confined`] exactly when `confined`).
-    pub code: Reason,
+    pub(crate) code: Reason,
     /// Why (a sentence naming what is missing, or what confines them).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// What the agent can tell of its Slurm jobs' confinement. `slurm_conf` and `cgroup_conf` are the local files'

@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::privileges::SlurmCgroups;
 
 /// The condition's reason while the agent does not start slurmd because its jobs would not be confined.
-pub const REFUSED_REASON: &str = "RefusedUnconfined";
+pub(crate) const REFUSED_REASON: &str = "RefusedUnconfined";
 
 /// How often the gauges are set again: the registry forgets a gauge left alone for 10 minutes.
 const REFRESH: Duration = Duration::from_secs(60);
@@ -43,7 +43,7 @@ pub enum Decision {
 
 impl Decision {
     /// Whether slurmd is started.
-    pub fn starts_slurmd(self) -> bool {
+    pub(crate) fn starts_slurmd(self) -> bool {
         self != Self::Refused
     }
 }
@@ -84,16 +84,16 @@ pub fn observe(cgroups: SlurmCgroups, slurm_conf: Option<&Path>) -> Confinement 
 
 /// The assessment and what the agent does about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// What [`confinement::assess`] said.
-    pub confinement: Confinement,
+    pub(crate) confinement: Confinement,
     /// What the agent does.
-    pub decision: Decision,
+    pub(crate) decision: Decision,
 }
 
 impl Verdict {
     /// The verdict on `confinement` ([`decide`]).
-    pub fn new(confinement: Confinement, serves_pods: bool, allow_unconfined: bool) -> Self {
+    pub(crate) fn new(confinement: Confinement, serves_pods: bool, allow_unconfined: bool) -> Self {
         let decision = decide(&confinement, serves_pods, allow_unconfined);
         Self {
             confinement,
@@ -102,7 +102,7 @@ impl Verdict {
     }
 
     /// The condition's reason: the assessment's word, or [`REFUSED_REASON`].
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self.decision {
             Decision::Refused => REFUSED_REASON,
             _ => self.confinement.code.as_str(),
@@ -110,7 +110,7 @@ impl Verdict {
     }
 
     /// The condition's message: the assessment's sentence, and what the agent does about it.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         let why = &self.confinement.reason;
         match self.decision {
             Decision::Confined | Decision::Unconfined => why.clone(),
@@ -127,7 +127,7 @@ impl Verdict {
     }
 
     /// The Node condition `SlurmJobsConfined` (no heartbeat: it is said once per start).
-    pub fn condition(&self, now: &Time) -> NodeCondition {
+    pub(crate) fn condition(&self, now: &Time) -> NodeCondition {
         NodeCondition {
             type_: SLURM_JOBS_CONFINED.to_owned(),
             status: if self.confinement.confined {
@@ -147,7 +147,7 @@ impl Verdict {
     }
 
     /// Say it in the log: confined jobs as information, unconfined ones as a warning, a refusal as an error.
-    pub fn say(&self) {
+    pub(crate) fn say(&self) {
         let c = &self.confinement;
         let (cgroup, reason) = (c.cgroup.as_str(), self.reason());
         match self.decision {
@@ -167,7 +167,7 @@ impl Verdict {
     }
 
     /// Set the gauges.
-    pub fn record(&self, metrics: &Metrics) {
+    pub(crate) fn record(&self, metrics: &Metrics) {
         let c = &self.confinement;
         metrics.record_slurm_confinement(
             c.cgroup.as_str(),
@@ -180,7 +180,7 @@ impl Verdict {
 
 /// Report `verdict`: the condition once in `reported` (when the node reports its conditions), the
 /// gauges now and every minute until `shutdown`.
-pub async fn report(
+pub(crate) async fn report(
     verdict: Verdict,
     metrics: Arc<Metrics>,
     reported: Option<Reported>,

@@ -58,18 +58,18 @@ pub const FAULT_POINTS: &[&str] = &["slurm/node-forgotten", "slurm/gres-written"
 /// For `--slurm-failed-gpus remove`: the health findings in, and out the failed GPUs the node's registered Slurm
 /// definition leaves out (the health conditions say so, and the node sync then drains nothing for them).
 #[derive(Debug)]
-pub struct FailedGpuWatch {
+pub(crate) struct FailedGpuWatch {
     /// The latest health findings.
-    pub findings: watch::Receiver<Vec<Finding>>,
+    pub(crate) findings: watch::Receiver<Vec<Finding>>,
     /// The PCI addresses of the failed GPUs the registered definition leaves out.
-    pub removed: watch::Sender<BTreeSet<String>>,
+    pub(crate) removed: watch::Sender<BTreeSet<String>>,
 }
 
 /// How soon a node slurmctld would not delete (it has jobs) is asked again.
 const BUSY_RETRY: Duration = Duration::from_secs(10);
 
 /// The PCI addresses of the GPUs of `topo` with a GPU health finding.
-pub fn failed_gpus(topo: &NodeTopology, findings: &[Finding]) -> BTreeSet<String> {
+pub(crate) fn failed_gpus(topo: &NodeTopology, findings: &[Finding]) -> BTreeSet<String> {
     findings
         .iter()
         .filter(|f| f.class == HealthClass::Gpu)
@@ -79,7 +79,7 @@ pub fn failed_gpus(topo: &NodeTopology, findings: &[Finding]) -> BTreeSet<String
 }
 
 /// `topo` without the devices in `leave_out` (by PCI address).
-pub fn without(topo: &NodeTopology, leave_out: &BTreeSet<String>) -> NodeTopology {
+pub(crate) fn without(topo: &NodeTopology, leave_out: &BTreeSet<String>) -> NodeTopology {
     let mut t = topo.clone();
     t.devices.retain(|d| !leave_out.contains(&d.pci_address));
     t
@@ -100,7 +100,7 @@ async fn findings_changed(w: &mut Option<FailedGpuWatch>) {
 /// slurmd is first started once the first gres.conf is in place. With `failed` (`--slurm-failed-gpus remove`), the
 /// GPUs with a health finding are left out of the definition; a node slurmctld will not delete (it has jobs) keeps
 /// its registration, and is asked again every [`BUSY_RETRY`], until it can be.
-pub async fn run(
+pub(crate) async fn run(
     node: SlurmNode,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     supervisor: mpsc::Sender<Configure>,

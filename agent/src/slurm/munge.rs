@@ -20,7 +20,7 @@ pub struct MungeConfig {
 }
 
 /// munged's spec, after checking its key and preparing its directories.
-pub fn munged_spec(args: &MungeConfig) -> Result<ChildSpec, SlurmConfigError> {
+pub(crate) fn munged_spec(args: &MungeConfig) -> Result<ChildSpec, SlurmConfigError> {
     let program = resolve_program(&args.munged)?;
     let key_error = |problem| SlurmConfigError::MungeKey {
         key: args.key.clone(),

@@ -73,11 +73,11 @@ pub enum SlurmConfigError {
 
 /// What slurmd is started with; compared between discoveries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlurmView {
+pub(crate) struct SlurmView {
     /// gres.conf text (when a node-local gres.conf is used).
-    pub gres: Option<String>,
+    pub(crate) gres: Option<String>,
     /// slurmd's arguments.
-    pub slurmd: ChildSpec,
+    pub(crate) slurmd: ChildSpec,
 }
 
 /// The gres.conf the agent owns: `text` with `AutoDetect=off` after its header comments. slurmd then takes its GRES
@@ -119,7 +119,7 @@ pub enum MungeKeyProblem {
 }
 
 /// Find a program in PATH (or accept a path).
-pub fn resolve_program(p: &Path) -> Result<PathBuf, SlurmConfigError> {
+pub(crate) fn resolve_program(p: &Path) -> Result<PathBuf, SlurmConfigError> {
     if p.components().count() > 1 {
         if p.is_file() {
             return Ok(p.to_path_buf());
@@ -171,7 +171,7 @@ pub struct SlurmConfig {
 
 /// The Slurm node's fixed inputs, validated once at start.
 #[derive(Debug, Clone)]
-pub struct SlurmNode {
+pub(crate) struct SlurmNode {
     mode: SlurmMode,
     slurm_conf: Option<PathBuf>,
     conf_server: Option<String>,
@@ -186,7 +186,7 @@ pub struct SlurmNode {
 
 impl SlurmNode {
     /// Validate the configuration: programs exist, slurm.conf exists (unless configless).
-    pub fn new(args: &SlurmConfig) -> Result<Self, SlurmConfigError> {
+    pub(crate) fn new(args: &SlurmConfig) -> Result<Self, SlurmConfigError> {
         let node = args.node.clone();
         let slurmd = resolve_program(&args.slurmd)?;
         if let Some(conf) = &args.slurm_conf {
@@ -227,22 +227,22 @@ impl SlurmNode {
     }
 
     /// The node name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.node
     }
 
     /// Register under `name` instead (the Node's Slurm name: `k8s::slurm_name`); checked a Slurm host name there.
-    pub fn rename(&mut self, name: String) {
+    pub(crate) fn rename(&mut self, name: String) {
         self.node = name;
     }
 
     /// Where gres.conf is written, if anywhere.
-    pub fn gres_out(&self) -> Option<&Path> {
+    pub(crate) fn gres_out(&self) -> Option<&Path> {
         self.gres_out.as_deref()
     }
 
     /// What slurmd would be started with for this discovery.
-    pub fn view(&self, topo: &NodeTopology) -> Result<SlurmView, SlurmConfigError> {
+    pub(crate) fn view(&self, topo: &NodeTopology) -> Result<SlurmView, SlurmConfigError> {
         let gres = self
             .gres_out
             .as_ref()
@@ -279,7 +279,7 @@ impl SlurmNode {
     }
 
     /// Write gres.conf if it changed.
-    pub fn write_gres(&self, view: &SlurmView) -> Result<WriteOutcome, WriteError> {
+    pub(crate) fn write_gres(&self, view: &SlurmView) -> Result<WriteOutcome, WriteError> {
         match (&self.gres_out, &view.gres) {
             (Some(path), Some(text)) => write_if_changed(path, text.as_bytes()),
             _ => Ok(WriteOutcome::Unchanged),
@@ -289,7 +289,7 @@ impl SlurmNode {
     /// A dynamic node whose definition changed keeps its old one in slurmctld until deleted: delete it (bounded;
     /// a failure is a warning, slurmd then re-registers with what slurmctld still has).
     /// Whether the node is gone from slurmctld (or was never dynamic).
-    pub async fn forget_dynamic_node(&self, reaper: &Reaper) -> bool {
+    pub(crate) async fn forget_dynamic_node(&self, reaper: &Reaper) -> bool {
         if self.mode != SlurmMode::Dynamic {
             return true;
         }
@@ -341,7 +341,7 @@ impl SlurmNode {
     }
 
     /// Whether a failed GPU leaves the node's definition.
-    pub fn removes_failed_gpus(&self) -> bool {
+    pub(crate) fn removes_failed_gpus(&self) -> bool {
         self.failed_gpus == super::FailedGpus::Remove
     }
 }

@@ -15,11 +15,11 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Asked {
     /// `--slurmd-readyz`: slurmd's HTTP listener.
-    pub readyz: bool,
+    pub(crate) readyz: bool,
     /// `--slurm-topology`: the dynamic node's `Topology=`.
-    pub topology: bool,
+    pub(crate) topology: bool,
     /// munged started by the agent (`--no-munged` not given).
-    pub munged: bool,
+    pub(crate) munged: bool,
 }
 
 /// One thing to say about the flags and the release.

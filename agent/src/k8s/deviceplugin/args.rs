@@ -8,23 +8,23 @@ pub struct DevicePluginArgs {
     /// Serve the kubelet's device plugin API for the node's accelerators (`nvidia.com/gpu`, `amd.com/gpu`,
     /// `habana.ai/gaudi`, `cambricon.com/mlu`; devices named by PCI address), in place of the vendor's plugin.
     #[arg(long, env = "ISTHMUS_DEVICE_PLUGIN", default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub device_plugin: bool,
+    pub(crate) device_plugin: bool,
     /// The kubelet's device-plugins directory (its `kubelet.sock`; the plugin's sockets are made there).
     #[arg(long, env = "ISTHMUS_DEVICE_PLUGIN_DIR", default_value = super::DEFAULT_DIR, value_name = "DIR")]
-    pub device_plugin_dir: PathBuf,
+    pub(crate) device_plugin_dir: PathBuf,
     /// The host's `/` as the container runtime sees it: device nodes are handed to containers from below it
     /// (`/` on a node; a recorded host root when the node's devices are stand-ins).
     #[arg(long, default_value = "/", value_name = "DIR")]
-    pub device_plugin_runtime_root: PathBuf,
+    pub(crate) device_plugin_runtime_root: PathBuf,
     /// For kubelets before Kubernetes 1.26: re-encode each call's HTTP/2 `:authority`, which those kubelets set to
     /// the socket's path and the plugin's HTTP/2 server refuses, as `localhost`. Newer kubelets send `localhost`
     /// themselves and need nothing.
     #[arg(long, env = "ISTHMUS_DEVICE_PLUGIN_REWRITE_AUTHORITY", default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub device_plugin_rewrite_authority: bool,
+    pub(crate) device_plugin_rewrite_authority: bool,
     /// The ConfigMap where the placement controller publishes each placement namespace's Slurm user (beside Slurm,
     /// a job counts as a pod's placeholder only when it runs as that user); in `--namespace`.
     #[arg(long = "placement-owners", default_value = isthmus_api::placement_owners::CONFIGMAP, value_name = "CONFIGMAP")]
-    pub placement_owners: String,
+    pub(crate) placement_owners: String,
     /// The agent's namespace (the controller's too), where the placement owners are read.
     #[arg(
         long,
@@ -32,7 +32,7 @@ pub struct DevicePluginArgs {
         default_value = "isthmus-system",
         value_name = "NAMESPACE"
     )]
-    pub namespace: String,
+    pub(crate) namespace: String,
 }
 
 impl DevicePluginArgs {

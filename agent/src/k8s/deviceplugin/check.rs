@@ -20,10 +20,10 @@ use super::slurm_jobs::Holds;
 use crate::k8s::podresources::proto::ListPodResourcesResponse;
 
 /// How often the pods' devices are compared with Slurm's.
-pub const PERIOD: Duration = Duration::from_secs(2);
+pub(crate) const PERIOD: Duration = Duration::from_secs(2);
 
 /// The resource names the plugin serves.
-pub const SERVED: [&str; 4] = isthmus_api::conditions::DEVICE_RESOURCES;
+pub(crate) const SERVED: [&str; 4] = isthmus_api::conditions::DEVICE_RESOURCES;
 
 /// The devices of the one placed pod the kubelet is admitting, when that can be told: the placeholder job (a
 /// single pod's, not a gang's) whose pod the kubelet lists while none of its containers holds a served device yet
@@ -31,7 +31,10 @@ pub const SERVED: [&str; 4] = isthmus_api::conditions::DEVICE_RESOURCES;
 /// there is no such job, or more than one (the controller binds a placed pod that asks for devices only when no
 /// other placed pod on the node waits for its own, so that there is one), or when more than one Slurm job's comment
 /// names that pod.
-pub fn admitting(holds: &Holds, list: &ListPodResourcesResponse) -> Option<BTreeSet<String>> {
+pub(crate) fn admitting(
+    holds: &Holds,
+    list: &ListPodResourcesResponse,
+) -> Option<BTreeSet<String>> {
     let waiting: BTreeSet<(&str, &str)> = list
         .pod_resources
         .iter()
@@ -156,12 +159,12 @@ pub fn mismatches(holds: &Holds, list: &ListPodResourcesResponse) -> Vec<Mismatc
 }
 
 /// Whether `now` has a clash `last` did not report.
-pub fn has_new_clash(now: &[Mismatch], last: &[Mismatch]) -> bool {
+pub(crate) fn has_new_clash(now: &[Mismatch], last: &[Mismatch]) -> bool {
     now.iter().any(|m| m.is_clash() && !last.contains(m))
 }
 
 /// `now` less the clashes `last` did not report: what is reported while Slurm has not confirmed them.
-pub fn without_new_clashes(mut now: Vec<Mismatch>, last: &[Mismatch]) -> Vec<Mismatch> {
+pub(crate) fn without_new_clashes(mut now: Vec<Mismatch>, last: &[Mismatch]) -> Vec<Mismatch> {
     now.retain(|m| !m.is_clash() || last.contains(m));
     now
 }
@@ -173,7 +176,7 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 /// only once an answer Slurm gave after that comparison still says so (`refresh` asks it at once): the kubelet's
 /// list is current, Slurm's last answer may be up to a poll old, and a device that moved from an ended job to this
 /// pod in between must not get the pod evicted. While Slurm does not answer, no new clash is reported.
-pub async fn run(
+pub(crate) async fn run(
     pod_resources: PathBuf,
     mut holds: watch::Receiver<Holds>,
     refresh: Arc<super::slurm_poll::Refresh>,

@@ -21,18 +21,18 @@ pub(crate) const UNHEALTHY: &str = "Unhealthy";
 pub(crate) struct ServedDevice {
     /// The device ID: the PCI address `dddd:bb:dd.f` (known from sysfs alone, the name health findings, gres.conf's
     /// `File=` order and the NRT use; stable for the life of the machine's PCI layout).
-    pub id: String,
+    pub(crate) id: String,
     /// NUMA node, when the platform reports one.
-    pub numa_node: Option<u32>,
+    pub(crate) numa_node: Option<u32>,
     /// Host paths of the device nodes a container needs that exist on the host as character devices: the device's
     /// own node first (`/dev/nvidia0`), then the vendor's control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`, …).
-    pub nodes: Vec<String>,
+    pub(crate) nodes: Vec<String>,
     /// Whether the device's own node exists (a device without it cannot be handed to a container).
-    pub has_own_node: bool,
+    pub(crate) has_own_node: bool,
     /// What names the device in the vendor's visibility variable: the UUID when known, otherwise its index.
-    pub visible_name: Option<String>,
+    pub(crate) visible_name: Option<String>,
     /// A health finding names the device.
-    pub unhealthy: bool,
+    pub(crate) unhealthy: bool,
 }
 
 impl ServedDevice {

@@ -5,9 +5,9 @@
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Mismatch {
     /// The pod's namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The pod's name.
-    pub name: String,
+    pub(crate) name: String,
     /// What disagrees.
     pub message: String,
 }

@@ -45,50 +45,51 @@ use inventory::Devices;
 #[allow(
     missing_docs,
     missing_debug_implementations,
+    unreachable_pub,
     clippy::all,
     clippy::pedantic,
     clippy::unwrap_used
 )]
-pub mod proto {
+pub(crate) mod proto {
     tonic::include_proto!("v1beta1");
 }
 
 /// The kubelet's device-plugins directory.
-pub const DEFAULT_DIR: &str = "/var/lib/kubelet/device-plugins";
+pub(crate) const DEFAULT_DIR: &str = "/var/lib/kubelet/device-plugins";
 
 /// How often the kubelet's socket and the plugin's own sockets are checked (a kubelet restart is noticed within
 /// this period) and the device nodes looked at again.
-pub const CHECK_PERIOD: Duration = Duration::from_secs(2);
+pub(crate) const CHECK_PERIOD: Duration = Duration::from_secs(2);
 
 /// The device plugin's settings.
 #[derive(Debug, Clone)]
 pub struct DevicePluginRole {
     /// The kubelet's device-plugins directory, as the agent sees it.
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// The host's `/` as the container runtime sees it (`/` on a node): device nodes are handed out below it.
-    pub runtime_root: PathBuf,
+    pub(crate) runtime_root: PathBuf,
     /// Whether calls go through [`authority::AuthorityFix`] (`--device-plugin-rewrite-authority`: kubelets before
     /// Kubernetes 1.26).
-    pub rewrite_authority: bool,
+    pub(crate) rewrite_authority: bool,
     /// The kubelet's PodResources socket, for the check after admission.
-    pub pod_resources: PathBuf,
+    pub(crate) pod_resources: PathBuf,
     /// The namespace and name of the placement owners ConfigMap.
-    pub owners: (String, String),
+    pub(crate) owners: (String, String),
 }
 
 /// What the plugin reads.
 #[derive(Debug)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     /// Where the host's `/dev` is, as the agent sees it.
-    pub host_root: HostRoot,
+    pub(crate) host_root: HostRoot,
     /// The latest discovery.
-    pub topo: watch::Receiver<Option<Arc<NodeTopology>>>,
+    pub(crate) topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     /// The latest health findings.
-    pub health: watch::Receiver<Vec<Finding>>,
+    pub(crate) health: watch::Receiver<Vec<Finding>>,
     /// The devices Slurm's jobs hold on this node (always empty without Slurm).
-    pub holds: watch::Receiver<slurm_jobs::Holds>,
+    pub(crate) holds: watch::Receiver<slurm_jobs::Holds>,
     /// Asks Slurm out of turn (`None` without Slurm).
-    pub refresh: Option<Arc<slurm_poll::Refresh>>,
+    pub(crate) refresh: Option<Arc<slurm_poll::Refresh>>,
 }
 
 /// The current inventory: discovery, findings and the host's device nodes.
@@ -112,18 +113,18 @@ fn current(inputs: &mut Inputs) -> BTreeMap<String, Devices> {
 /// tell a placeholder job from a forgery, and where the check of the pods' devices against them reports (the Node's
 /// condition and Events; `None`: the Kubernetes side is off, and no Slurm job is a placeholder).
 #[derive(Debug, Clone)]
-pub struct SlurmSide {
+pub(crate) struct SlurmSide {
     /// Where and as which node Slurm is asked.
-    pub source: slurm_poll::SlurmSource,
+    pub(crate) source: slurm_poll::SlurmSource,
     /// Where the placement owners are read.
-    pub owners: Option<owners::OwnersSource>,
+    pub(crate) owners: Option<owners::OwnersSource>,
     /// Where the check reports.
-    pub publish: Option<report::Publisher>,
+    pub(crate) publish: Option<report::Publisher>,
 }
 
 /// Start the plugin and, on a Slurm node, the question to Slurm about its jobs' devices and the check of the pods'
 /// devices against them.
-pub fn spawn(
+pub(crate) fn spawn(
     role: DevicePluginRole,
     slurm: Option<SlurmSide>,
     host_root: HostRoot,
@@ -175,7 +176,7 @@ pub fn spawn(
 }
 
 /// Serve and register until `shutdown`.
-pub async fn run(role: DevicePluginRole, mut inputs: Inputs, shutdown: CancellationToken) {
+pub(crate) async fn run(role: DevicePluginRole, mut inputs: Inputs, shutdown: CancellationToken) {
     let policy = RetryPolicy::kubelet_registration();
     let mut backoff = policy.backoff();
     let mut session: Option<Session> = None;
@@ -229,7 +230,7 @@ fn kubelet_socket(dir: &Path) -> PathBuf {
 
 /// Why a session could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub(crate) enum SessionError {
     /// The plugin's socket could not be made.
     #[error("serving {path}: {source}")]
     Listen {

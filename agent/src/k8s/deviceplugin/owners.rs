@@ -38,7 +38,7 @@ impl std::fmt::Debug for OwnersSource {
 }
 
 /// What one version of the object means: the owners, or why they are unknown.
-pub fn read(cm: &ConfigMap) -> Result<Arc<placement_owners::Owners>, String> {
+pub(crate) fn read(cm: &ConfigMap) -> Result<Arc<placement_owners::Owners>, String> {
     let data = cm.data.clone().unwrap_or_default();
     if cm.binary_data.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err("it has binaryData".to_owned());

@@ -20,7 +20,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a registration failed.
 #[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
+pub(crate) enum RegisterError {
     /// No connection to the kubelet's socket.
     #[error("connecting to the kubelet's device plugin socket {0}: {1}")]
     Connect(String, String),

@@ -21,13 +21,13 @@ use super::mismatch::Mismatch;
 use crate::k8s::reported::Reported;
 
 /// The reason (and the Events' reason) while a pod's devices disagree with Slurm's.
-pub const MISMATCH_REASON: &str = isthmus_api::conditions::DEVICE_ALLOCATION_MISMATCH;
+pub(crate) const MISMATCH_REASON: &str = isthmus_api::conditions::DEVICE_ALLOCATION_MISMATCH;
 
 /// The reason while everything agrees.
-pub const AGREE_REASON: &str = "DevicesAgreeWithSlurm";
+pub(crate) const AGREE_REASON: &str = "DevicesAgreeWithSlurm";
 
 /// The Events' component.
-pub const COMPONENT: &str = "isthmus-agent";
+pub(crate) const COMPONENT: &str = "isthmus-agent";
 
 /// The condition for `mismatches`, keeping `previous`'s transition time while the status stays the same.
 pub fn condition(
@@ -70,19 +70,19 @@ pub fn condition(
 }
 
 /// The mismatches of `now` that `before` did not have (each gets an Event).
-pub fn new_ones<'a>(before: &[Mismatch], now: &'a [Mismatch]) -> Vec<&'a Mismatch> {
+pub(crate) fn new_ones<'a>(before: &[Mismatch], now: &'a [Mismatch]) -> Vec<&'a Mismatch> {
     now.iter().filter(|m| !before.contains(m)).collect()
 }
 
 /// Where the condition and the Events go.
 #[derive(Clone)]
-pub struct Publisher {
+pub(crate) struct Publisher {
     /// The agent's client (Events).
-    pub client: kube::Client,
+    pub(crate) client: kube::Client,
     /// The Node's name.
-    pub node: String,
+    pub(crate) node: String,
     /// The conditions the node's NodeReport carries.
-    pub reported: Reported,
+    pub(crate) reported: Reported,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -95,12 +95,12 @@ impl std::fmt::Debug for Publisher {
 
 impl Publisher {
     /// Report `cond` in the node's NodeReport.
-    pub fn report(&self, cond: &NodeCondition) {
+    pub(crate) fn report(&self, cond: &NodeCondition) {
         self.reported.set(std::slice::from_ref(cond));
     }
 
     /// A `Warning` Event on the Node (UID `uid`, when known) for each pod of `mismatches`.
-    pub async fn record(&self, mismatches: &[&Mismatch], uid: Option<&str>) {
+    pub(crate) async fn record(&self, mismatches: &[&Mismatch], uid: Option<&str>) {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let reporter = Reporter {
             component: COMPONENT,

@@ -21,15 +21,15 @@ const MAX_CONTAINERS: usize = 256;
 #[derive(Debug, Clone)]
 pub(crate) struct Plugin {
     /// The resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Its devices.
-    pub devices: watch::Receiver<Devices>,
+    pub(crate) devices: watch::Receiver<Devices>,
     /// The host's `/` as the container runtime sees it.
-    pub runtime_root: PathBuf,
+    pub(crate) runtime_root: PathBuf,
     /// The devices Slurm's jobs hold on this node.
-    pub holds: watch::Receiver<Holds>,
+    pub(crate) holds: watch::Receiver<Holds>,
     /// On a Slurm node: where to learn which placed pod is being admitted.
-    pub slurm: Option<AdmittingSource>,
+    pub(crate) slurm: Option<AdmittingSource>,
 }
 
 /// Where the plugin learns which placed pod the kubelet is admitting: the kubelet's PodResources, and Slurm asked
@@ -37,9 +37,9 @@ pub(crate) struct Plugin {
 #[derive(Debug, Clone)]
 pub(crate) struct AdmittingSource {
     /// The kubelet's PodResources socket.
-    pub pod_resources: PathBuf,
+    pub(crate) pod_resources: PathBuf,
     /// Asks Slurm now.
-    pub refresh: std::sync::Arc<super::slurm_poll::Refresh>,
+    pub(crate) refresh: std::sync::Arc<super::slurm_poll::Refresh>,
 }
 
 /// How long `GetPreferredAllocation` waits for the kubelet's PodResources answer, and then for Slurm's, before

@@ -24,7 +24,7 @@ pub struct HeldJob {
     pub uid: u64,
     /// The pod(s) its comment names, when the comment has the placement controller's form (not yet a sign that it
     /// is one: [`holds`] checks its user).
-    pub placeholder: Option<JobRef>,
+    pub(crate) placeholder: Option<JobRef>,
     /// GRES name → Slurm's device indexes on this node.
     pub indexes: BTreeMap<String, BTreeSet<u32>>,
 }
@@ -60,7 +60,7 @@ fn kind(job: &HeldJob, owners: &KnownOwners) -> Kind {
 
 /// `gpu:1(IDX:0)`, `gpu:h100:2(IDX:0,2)`, `gpu:2(IDX:0-1),nic:1(IDX:0)`, `gpu(IDX:0)`: each GRES name with its
 /// indexes; `None` when anything does not fit. A GRES without `(IDX:…)` (a count-only GRES) holds no device.
-pub fn parse_gres(value: &str) -> Option<Vec<(String, BTreeSet<u32>)>> {
+pub(crate) fn parse_gres(value: &str) -> Option<Vec<(String, BTreeSet<u32>)>> {
     if value == "(null)" || value.is_empty() {
         return Some(Vec::new());
     }
@@ -119,7 +119,7 @@ pub fn parse_gres(value: &str) -> Option<Vec<(String, BTreeSet<u32>)>> {
 /// GRES name → device IDs in slurmd's index order: the records' device files in order (one file per device; a
 /// record of several files of one device, a MIG device, is not a whole device and ends the mapping of its name),
 /// each file the own node of a served device.
-pub fn index_map(
+pub(crate) fn index_map(
     records: &[isthmus_gres::GresRecord],
     id_of_file: &dyn Fn(&str) -> Option<String>,
 ) -> BTreeMap<String, Vec<Option<String>>> {
@@ -159,7 +159,7 @@ pub struct Holds {
 
 impl Holds {
     /// The job that holds `id` and keeps it from pods: a Slurm job's, or one whose comment cannot be checked.
-    pub fn refusing(&self, id: &str) -> Option<u64> {
+    pub(crate) fn refusing(&self, id: &str) -> Option<u64> {
         self.slurm
             .get(id)
             .or_else(|| self.unverified.get(id))

@@ -19,7 +19,7 @@ use super::slurm_jobs::{self, Holds, KnownOwners};
 use super::slurm_json;
 
 /// How often Slurm is asked.
-pub const PERIOD: Duration = Duration::from_secs(5);
+pub(crate) const PERIOD: Duration = Duration::from_secs(5);
 /// How long one `squeue` may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// The question about node `node`: its jobs, hidden partitions' too, as JSON. 24.11 and later list only the jobs
@@ -40,18 +40,18 @@ const MAX_OUTPUT: usize = 64 * 1024 * 1024;
 
 /// Where and as which node Slurm is asked.
 #[derive(Debug, Clone)]
-pub struct SlurmSource {
+pub(crate) struct SlurmSource {
     /// The Slurm node name.
-    pub node: String,
+    pub(crate) node: String,
     /// `SLURM_CONF` for scontrol (`None`: Slurm's default, or slurmd's cached configuration when configless).
-    pub slurm_conf: Option<PathBuf>,
+    pub(crate) slurm_conf: Option<PathBuf>,
     /// gres.conf rendering options (the index order is the rendered records' order).
-    pub gres: isthmus_gres::GresOptions,
+    pub(crate) gres: isthmus_gres::GresOptions,
 }
 
 /// Why Slurm could not be asked.
 #[derive(Debug, thiserror::Error)]
-pub enum PollError {
+pub(crate) enum PollError {
     /// squeue could not run or failed.
     #[error("squeue --all --json: {0}")]
     Run(String),
@@ -91,15 +91,16 @@ async fn ask(source: &SlurmSource) -> Result<Vec<slurm_jobs::HeldJob>, PollError
     Ok(slurm_json::parse_jobs(&out.stdout, &source.node)?)
 }
 
+#[cfg(test)]
 /// Whether squeue's `stderr` says slurmctld does not know `node` (`squeue: error: Invalid node name <node>`).
-pub fn names_unknown_node(stderr: &str, node: &str) -> bool {
+pub(crate) fn names_unknown_node(stderr: &str, node: &str) -> bool {
     stderr
         .lines()
         .any(|l| l.trim_end().ends_with(&format!(": {UNKNOWN_NODE} {node}")))
 }
 
 /// The holds for `jobs` on this discovery, under `owners`.
-pub fn holds_for(
+pub(crate) fn holds_for(
     topo: &NodeTopology,
     gres: &isthmus_gres::GresOptions,
     jobs: &[slurm_jobs::HeldJob],
@@ -126,14 +127,14 @@ pub fn holds_for(
 /// A question to Slurm out of turn: the plugin asks for one when a pod is being admitted whose placeholder job it
 /// does not know yet (a job starts up to [`PERIOD`] before the next question).
 #[derive(Debug)]
-pub struct Refresh {
+pub(crate) struct Refresh {
     ask: tokio::sync::Notify,
     answered: watch::Sender<u64>,
 }
 
 impl Refresh {
     /// A new one.
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             ask: tokio::sync::Notify::new(),
             answered: watch::channel(0).0,
@@ -141,7 +142,7 @@ impl Refresh {
     }
 
     /// Ask Slurm now and wait up to `timeout` for its answer to be published: whether it was.
-    pub async fn now(&self, timeout: Duration) -> bool {
+    pub(crate) async fn now(&self, timeout: Duration) -> bool {
         let mut answered = self.answered.subscribe();
         answered.borrow_and_update();
         self.ask.notify_one();
@@ -152,7 +153,7 @@ impl Refresh {
 }
 
 /// Ask until `shutdown`, and whenever `refresh` asks; the last answer is checked again when `owners` change.
-pub async fn run(
+pub(crate) async fn run(
     source: SlurmSource,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
     mut owners: watch::Receiver<KnownOwners>,

@@ -70,10 +70,10 @@ pub(crate) enum Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Desired<K> {
     /// The object.
-    pub object: K,
+    pub(crate) object: K,
     /// Made without the facts that make it true (the kubelet has not answered): publish it only where no object
     /// exists yet, never over one an earlier life of this agent published from those facts.
-    pub keep_existing: bool,
+    pub(crate) keep_existing: bool,
 }
 
 impl<K> Desired<K> {
@@ -247,21 +247,21 @@ pub(crate) trait WritersReport: Debug + Send + Sync {
 #[derive(Debug, Clone)]
 pub(crate) struct Telling {
     /// The agent's metrics.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The node's reported conditions (`None`: the object's other writers are not reported as a condition).
-    pub writers: Option<Arc<dyn WritersReport>>,
+    pub(crate) writers: Option<Arc<dyn WritersReport>>,
 }
 
 /// How the publisher task paces itself, and whether it writes over another writer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pacing {
     /// At most one apply per this interval (bursts of changes coalesce to the latest object; see [`Pacer`]).
-    pub min_interval: Duration,
+    pub(crate) min_interval: Duration,
     /// Timeout of one API call.
-    pub call_timeout: Duration,
+    pub(crate) call_timeout: Duration,
     /// Take the object over from another writer (`--nrt-takeover`): apply (and restore) although another field
     /// manager owns its content. Off: stop writing while one does.
-    pub takeover: bool,
+    pub(crate) takeover: bool,
 }
 
 impl Default for Pacing {

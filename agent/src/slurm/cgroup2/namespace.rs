@@ -11,7 +11,7 @@ use super::{CGROUP_MOUNT, Delegation, SLICE, START_LEAF, cstr};
 
 /// What a child started in slurmd's subtree does between fork and exec ([`SlurmdNamespace::enter`]).
 #[derive(Debug, Clone)]
-pub struct SlurmdNamespace {
+pub(crate) struct SlurmdNamespace {
     namespace: Arc<OwnedFd>,
     /// The start leaf on the agent's mount.
     start: PathBuf,
@@ -55,7 +55,7 @@ const CAP_V3: u32 = 0x2008_0522;
 
 impl SlurmdNamespace {
     /// For `delegation`'s subtree.
-    pub fn new(delegation: &Delegation) -> Self {
+    pub(crate) fn new(delegation: &Delegation) -> Self {
         Self {
             namespace: delegation.namespace.clone(),
             start: delegation.slurm.join(SLICE).join(START_LEAF),
@@ -75,7 +75,7 @@ impl SlurmdNamespace {
     /// it into a child `system` and enable controllers for it before moving slurmd into its scope; a restarted
     /// slurmd could not join it then (EBUSY). The empty children go and the controllers are handed back; what
     /// cannot be undone is logged, and the start fails and is retried.
-    pub fn prepare(&self) {
+    pub(crate) fn prepare(&self) {
         if let Ok(dirs) = std::fs::read_dir(&self.start) {
             for dir in dirs.flatten().filter(|d| d.path().is_dir()) {
                 if let Err(e) = std::fs::remove_dir(dir.path()) {
@@ -101,7 +101,7 @@ impl SlurmdNamespace {
     /// the bounding set so that slurmd, its slurmstepds and their jobs never hold them.
     ///
     /// Only system calls, on data prepared before the fork: async-signal-safe.
-    pub fn enter(&self) -> io::Result<()> {
+    pub(crate) fn enter(&self) -> io::Result<()> {
         fn check(rc: libc::c_int) -> io::Result<()> {
             if rc < 0 {
                 Err(io::Error::last_os_error())

@@ -9,11 +9,11 @@ use isthmus_api::retry::RetryPolicy;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct BackoffPolicy {
     /// Delays between restarts.
-    pub retry: RetryPolicy,
+    pub(crate) retry: RetryPolicy,
     /// A child that ran at least this long counts as healthy: its next failure starts again at the first delay.
-    pub stable_after: Duration,
+    pub(crate) stable_after: Duration,
     /// Consecutive failures from which the child is reported as crash-looping.
-    pub crash_loop_after: u32,
+    pub(crate) crash_loop_after: u32,
 }
 
 impl Default for BackoffPolicy {
@@ -30,9 +30,9 @@ impl Default for BackoffPolicy {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Backoff {
     /// Failures since the last stable run.
-    pub consecutive_failures: u32,
+    pub(crate) consecutive_failures: u32,
     /// Restarts over the agent's life.
-    pub restarts: u64,
+    pub(crate) restarts: u64,
 }
 
 impl Backoff {

@@ -19,26 +19,26 @@ use state::{StopProgress, Supervisor};
 
 /// A configuration request: add the child, or restart it with a new spec.
 #[derive(Debug, Clone)]
-pub struct Configure {
+pub(crate) struct Configure {
     /// What to run.
-    pub spec: ChildSpec,
+    pub(crate) spec: ChildSpec,
     /// The child that must be ready first, by name.
-    pub depends_on: Option<String>,
+    pub(crate) depends_on: Option<String>,
     /// Restart a running child even when its spec is unchanged (a file it reads changed).
-    pub restart: bool,
+    pub(crate) restart: bool,
 }
 
 /// One child's state as the rest of the agent sees it (metrics, readiness).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChildStatus {
+pub(crate) struct ChildStatus {
     /// Name.
-    pub name: String,
+    pub(crate) name: String,
     /// Running and ready.
-    pub up: bool,
+    pub(crate) up: bool,
     /// Consecutive failures.
-    pub consecutive_failures: u32,
+    pub(crate) consecutive_failures: u32,
     /// Restarts over the agent's life.
-    pub restarts: u64,
+    pub(crate) restarts: u64,
 }
 
 fn status_of(sup: &Supervisor<OsProcess>) -> Vec<ChildStatus> {

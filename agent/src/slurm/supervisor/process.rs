@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 /// How a child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// Exited with a code.
     Code(i32),
     /// Killed by a signal.
@@ -21,16 +21,18 @@ pub enum Exit {
 }
 
 impl Exit {
+    #[cfg(test)]
     /// Shell convention: the code, or 128 + signal number.
-    pub fn as_code(self) -> i32 {
+    pub(crate) fn as_code(self) -> i32 {
         match self {
             Self::Code(c) => c,
             Self::Signal(s) => 128 + s,
         }
     }
 
+    #[cfg(test)]
     /// Whether the child exited with code 0.
-    pub fn success(self) -> bool {
+    pub(crate) fn success(self) -> bool {
         self == Self::Code(0)
     }
 }
@@ -46,24 +48,24 @@ impl std::fmt::Display for Exit {
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChildSpec {
+pub(crate) struct ChildSpec {
     /// Name used in logs and metrics (`munged`, `slurmd`).
-    pub name: String,
+    pub(crate) name: String,
     /// Program.
-    pub program: PathBuf,
+    pub(crate) program: PathBuf,
     /// Arguments.
-    pub args: Vec<String>,
+    pub(crate) args: Vec<String>,
     /// Extra environment.
-    pub env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
     /// When the child counts as ready.
-    pub ready: Readiness,
+    pub(crate) ready: Readiness,
     /// What the child does between fork and exec besides the supervisor's own steps.
-    pub confine: Confine,
+    pub(crate) confine: Confine,
 }
 
 /// Where a child runs relative to the cgroup delegation of `--slurm-cgroups delegated`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Confine {
+pub(crate) enum Confine {
     /// As the agent (no delegation, or a program that needs nothing of it).
     #[default]
     Inherit,
@@ -75,7 +77,7 @@ pub enum Confine {
 
 /// Readiness of a child.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Readiness {
+pub(crate) enum Readiness {
     /// As soon as it runs.
     Started,
     /// When this path exists (munged's socket).
@@ -176,13 +178,13 @@ fn try_wait(pid: libc::pid_t) -> Option<(u32, Exit)> {
 /// Collects the exits of every child of the agent — supervised, adopted orphans — except the children another part
 /// of the agent waits for itself (registered with [`Reaper::foreign`]): `waitpid(-1)` would steal their status.
 #[derive(Debug, Clone, Default)]
-pub struct Reaper {
+pub(crate) struct Reaper {
     foreign: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 /// A child someone else waits for; unregistered on drop.
 #[derive(Debug)]
-pub struct ForeignChild {
+pub(crate) struct ForeignChild {
     pid: u32,
     foreign: Arc<Mutex<BTreeSet<u32>>>,
 }
@@ -197,12 +199,12 @@ impl Drop for ForeignChild {
 
 impl Reaper {
     /// A reaper with an empty foreign registry.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Spawn a command whose exit its caller awaits (e.g. `scontrol`): registered before the reaper can see it exit.
-    pub fn spawn_foreign(
+    pub(crate) fn spawn_foreign(
         &self,
         cmd: &mut tokio::process::Command,
     ) -> io::Result<(tokio::process::Child, ForeignChild)> {
@@ -224,7 +226,7 @@ impl Reaper {
 
     /// Reap every ended child that is not foreign. Reads /proc to find them; without /proc, falls back to
     /// `waitpid(-1)` (then foreign children may lose their status, which their owners report as an error).
-    pub fn reap(&self) -> Vec<(u32, Exit)> {
+    pub(crate) fn reap(&self) -> Vec<(u32, Exit)> {
         let Ok(foreign) = self.foreign.lock() else {
             return Vec::new();
         };

@@ -61,15 +61,15 @@ struct Restart {
 #[derive(Debug, Clone)]
 pub(crate) struct Managed {
     /// What to run.
-    pub spec: ChildSpec,
+    pub(crate) spec: ChildSpec,
     /// Index of the child that must be ready first.
-    pub depends_on: Option<usize>,
+    pub(crate) depends_on: Option<usize>,
     /// Current state.
-    pub state: State,
+    pub(crate) state: State,
     /// Restart bookkeeping.
-    pub backoff: Backoff,
+    pub(crate) backoff: Backoff,
     /// The last exit, if any.
-    pub last_exit: Option<Exit>,
+    pub(crate) last_exit: Option<Exit>,
     restart: Option<Restart>,
 }
 
@@ -77,11 +77,11 @@ pub(crate) struct Managed {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timing {
     /// Restart backoff.
-    pub policy: BackoffPolicy,
+    pub(crate) policy: BackoffPolicy,
     /// Time a child gets after SIGTERM before SIGKILL (restart and stop).
-    pub grace: Duration,
+    pub(crate) grace: Duration,
     /// Time a child may take to become ready before it is killed and restarted.
-    pub ready_timeout: Duration,
+    pub(crate) ready_timeout: Duration,
 }
 
 impl Timing {
