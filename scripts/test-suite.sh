@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make test's runner: build every test target of the workspace once (the features `make test` uses), then run the
-# test binaries in two lanes at once, each lane one binary after another, and the doc tests.
+# test binaries in two lanes at once, each lane one binary after another, and the doc tests; the few binaries that
+# judge a component under load (SOLO) run alone after both lanes.
 #
 #   test-suite.sh [CARGO_FLAGS...]     e.g. test-suite.sh --features isthmus-tests/system
 #   TEST_SUITE_ONLY=REGEX test-suite.sh ...   only the binaries whose name matches (grep -E), and no doc tests
@@ -22,11 +23,15 @@ cd "$(dirname "$0")/.."
 
 CARGO=${CARGO:-cargo}
 # The binaries that wait on Slurm sites of their own (test target names), and four that balance the lanes' wall time
-# (a full run on 2 cores: main 2855 s, slurm 1623 s before status, controller_run, hwloc_truth and admission moved;
+# (a full run on 2 cores: main 2855 s, slurm 1623 s before status, controller_run and hwloc_truth moved;
 # target/test-suite/times.txt after each run says how they stand).
 SLURM_LANE="crash_convergence controller_nodesync health_nodesync controller_placement controller_placement_forgery
 controller_placement_tenancy controller_placement_fencing placement_owners slurm_agent slurm_cluster slurm_image_root
-slurm_readyz slurm_cgroup deviceplugin_slurm fabric_slurm deploy_auth_slurm status controller_run hwloc_truth admission"
+slurm_readyz slurm_cgroup deviceplugin_slurm fabric_slurm deploy_auth_slurm status controller_run hwloc_truth"
+# The binaries whose tests put a component under load and judge how it holds (admission: 200 held request bodies
+# against one webhook replica, its memory and the pods it must still admit): they run alone, after both lanes, so that
+# the other lane's load is not part of what they measure.
+SOLO="admission"
 
 out=target/test-suite
 rm -rf "$out"
@@ -60,26 +65,30 @@ if [ ! -s "$out/binaries.txt" ]; then
   exit 1
 fi
 
-in_slurm_lane() {
+named() {
   local t
-  for t in $SLURM_LANE; do [ "$t" = "$1" ] && return 0; done
+  for t in $1; do [ "$t" = "$2" ] && return 0; done
   return 1
 }
 
 : >"$out/main.txt"
 : >"$out/slurm.txt"
+: >"$out/solo.txt"
 while IFS=$'\t' read -r kind name target dir exe; do
   if [ -n "${TEST_SUITE_ONLY:-}" ] && ! grep -Eq -- "$TEST_SUITE_ONLY" <<<"$name"; then
     continue
   fi
-  if [ "$kind" = test ] && in_slurm_lane "$target"; then
+  if [ "$kind" = test ] && named "$SOLO" "$target"; then
+    printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$out/solo.txt"
+  elif [ "$kind" = test ] && named "$SLURM_LANE" "$target"; then
     printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$out/slurm.txt"
   else
     printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$out/main.txt"
   fi
 done <"$out/binaries.txt"
-for t in $SLURM_LANE; do
-  [ -n "${TEST_SUITE_ONLY:-}" ] || grep -q "^$t	" "$out/slurm.txt" || echo "test-suite: $t is in SLURM_LANE but cargo built no such test binary" >&2
+for t in $SLURM_LANE $SOLO; do
+  [ -n "${TEST_SUITE_ONLY:-}" ] || grep -q "^$t	" "$out/slurm.txt" "$out/solo.txt" ||
+    echo "test-suite: $t is named here but cargo built no such test binary" >&2
 done
 
 # One binary: run it as cargo does, keep its output, print it whole when it ends.
@@ -115,16 +124,18 @@ run_lane() {
   fi
 }
 
-echo "test-suite: $(wc -l <"$out/main.txt") binaries in the main lane, $(wc -l <"$out/slurm.txt") in the slurm lane"
+echo "test-suite: $(wc -l <"$out/main.txt") binaries in the main lane, $(wc -l <"$out/slurm.txt") in the slurm lane," \
+  "$(wc -l <"$out/solo.txt") alone after them"
 run_lane slurm "$@" &
 slurm_pid=$!
 run_lane main "$@"
 wait "$slurm_pid"
+run_lane solo "$@"
 
 echo
 echo "== wall time of each test binary (seconds, lane, binary, exit status), slowest first"
 sort -rn "$out/times.raw" | tee "$out/times.txt"
-for lane in main slurm; do
+for lane in main slurm solo; do
   awk -F'\t' -v l="$lane" '$2 == l { s += $1 } END { printf "== %s lane: %.0f s\n", l, s }' "$out/times.raw"
 done
 if [ -s "$out/failed.txt" ]; then
