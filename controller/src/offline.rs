@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 
-use crate::fabric::{Fabric, ibnetdiscover};
+use crate::fabric::graph::{Fabric, ibnetdiscover};
 use crate::facts::{self, Interner};
 use crate::identity;
 use crate::model::{self, ClusterModel, ModelOptions, NodeInput};

@@ -3,7 +3,7 @@
 //! [`isthmus_api::conditions`]) — or, for a node without one (an agent from before the NodeReport), from the same
 //! attributes in its NodeResourceTopology. Both are objects whose writes the admission webhook's `own-node-report`
 //! rule holds to the writer's own node, failing closed: the only sources the controller believes for these condition
-//! types. A Node's status may carry them too — the controller projects them there ([`crate::conditions`]) — but a
+//! types. A Node's status may carry them too — the controller projects them there ([`crate::projection`]) — but a
 //! Node's status is also written by its kubelet (and, where RBAC allows, others), so the node sync reads these types
 //! from here and never from the Node ([`view`]).
 

@@ -344,7 +344,7 @@ pub fn set_real_memory(o: &mut NodeResourceTopology, memory: u64) {
     }
 }
 
-/// The controller's projection of the reported conditions onto the Nodes ([`isthmus_controller::conditions::run`]),
+/// The controller's projection of the reported conditions onto the Nodes ([`isthmus_controller::projection::run`]),
 /// in this process, as the controller's shipped ServiceAccount; stopped when dropped.
 #[allow(missing_debug_implementations)]
 pub struct Projection(isthmus_controller::nodesync::CancellationToken);
@@ -356,8 +356,8 @@ impl Projection {
         let client = rt.block_on(crate::apiserver::client_for(&kubeconfig));
         let stop = isthmus_controller::nodesync::CancellationToken::new();
         let guard =
-            isthmus_controller::run::fence::Guard::unfenced(std::time::Duration::from_secs(5));
-        rt.spawn(isthmus_controller::conditions::run(
+            isthmus_controller::leader::fence::Guard::unfenced(std::time::Duration::from_secs(5));
+        rt.spawn(isthmus_controller::projection::run(
             client,
             guard,
             stop.clone(),

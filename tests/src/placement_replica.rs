@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use clap::Parser;
+use isthmus_controller::leader::fence::Fence;
 use isthmus_controller::placement::CancellationToken;
-use isthmus_controller::run::fence::Fence;
-use isthmus_controller::run::{self, LeaderContext, RunArgs, leader};
+use isthmus_controller::run::{self, LeaderContext, RunArgs};
 use isthmus_controller::slurm::SlurmClient;
 
 use crate::apiserver::client_for;
@@ -140,7 +140,7 @@ impl Placement {
             .filter(|t| t.name == "placement")
             .collect();
         let token = CancellationToken::new();
-        let task = self.rt.spawn(leader::campaign(ctx, tasks, token.clone()));
+        let task = self.rt.spawn(run::campaign(ctx, tasks, token.clone()));
         Replica {
             identity: identity.to_owned(),
             fence,

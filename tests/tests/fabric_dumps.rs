@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use isthmus_controller::fabric::{NodeKind, ibnetdiscover};
+use isthmus_controller::fabric::graph::{NodeKind, ibnetdiscover};
 use isthmus_controller::hostlist;
 use isthmus_controller::model::{self, ModelOptions};
 use isthmus_controller::offline::{self, ModelFlags, OutputKind, RenderArgs};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use isthmus_api::fabric::{NodeReport, PortReport, node_report_attributes};
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_api::report::{DecodeOptions, decode};
-use isthmus_controller::fabric::{NodeKind, ibnetdiscover, is_aggregation_node};
+use isthmus_controller::fabric::graph::{NodeKind, ibnetdiscover, is_aggregation_node};
 use isthmus_controller::facts::{Interner, NodeFacts};
 use isthmus_controller::hostlist;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};

@@ -11,12 +11,12 @@ use std::path::Path;
 use clap::Parser as _;
 use isthmus_api::fabric::node_report_attributes;
 use isthmus_api::nrt::NodeResourceTopology;
+use isthmus_controller::fabric::FabricArgs;
+use isthmus_controller::fabric::outputs;
 use isthmus_controller::hostlist;
 use isthmus_controller::model::ClusterModel;
 use isthmus_controller::offline::{self, ModelFlags, OutputKind, RenderArgs};
 use isthmus_controller::render::check;
-use isthmus_controller::run::outputs;
-use isthmus_controller::run::topology::TopologyArgs;
 use isthmus_tests::slurm::{SlurmDir, problems, slurmd_g};
 use isthmus_tests::slurm_release::SlurmRelease;
 use isthmus_tests::slurmctld::{Auth, Controller};
@@ -154,7 +154,7 @@ fn slurmctld_loads_the_director_topology(release) {
 #[derive(clap::Parser)]
 struct ControllerFlags {
     #[command(flatten)]
-    topology: TopologyArgs,
+    topology: FabricArgs,
 }
 
 /// `scontrol show topology [NAME]` as unit name (`SwitchName=`/`BlockName=`) → key/value map.

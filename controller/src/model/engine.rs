@@ -11,7 +11,7 @@ use std::sync::Arc;
 use isthmus_api::report::{RejectReason, Rejection};
 
 use super::{ClusterModel, ModelOptions, build};
-use crate::fabric::Fabric;
+use crate::fabric::graph::Fabric;
 use crate::facts::NodeFacts;
 use crate::identity::{self, SLURM_NODE_NAME_LABEL};
 

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use super::{ClusterModel, PlacementSource};
-use crate::fabric::names::sanitize;
-use crate::fabric::tree::{Group, GroupOrigin};
+use crate::fabric::graph::names::sanitize;
+use crate::fabric::graph::tree::{Group, GroupOrigin};
 use crate::label_sources::LabelScheme;
 
 /// Place the nodes no fabric source placed by the first label scheme they carry; returns the nodes it placed.

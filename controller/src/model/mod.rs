@@ -24,10 +24,10 @@ use isthmus_api::report::Rejection;
 use isthmus_gres::grammar::{GresLine, NodeDefinition, is_slurm_hostname};
 use serde::{Serialize, Serializer};
 
-use crate::fabric::lookup::FabricIndex;
-use crate::fabric::names::switch_names;
-use crate::fabric::tree::{self, Attachment, Group, Tree};
-use crate::fabric::{Fabric, FabricSummary, NodeKind, host_of_description};
+use crate::fabric::graph::lookup::FabricIndex;
+use crate::fabric::graph::names::switch_names;
+use crate::fabric::graph::tree::{self, Attachment, Group, Tree};
+use crate::fabric::graph::{Fabric, FabricSummary, NodeKind, host_of_description};
 use crate::facts::NodeFacts;
 use crate::label_sources::{LabelScheme, default_accelerator_labels, default_schemes};
 

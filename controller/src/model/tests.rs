@@ -1,5 +1,5 @@
 use super::*;
-use crate::fabric::ibnetdiscover;
+use crate::fabric::graph::ibnetdiscover;
 use isthmus_api::fabric::{NodeReport, PortReport};
 
 const PREFIX: u64 = 0xfe80_0000_0000_0000;

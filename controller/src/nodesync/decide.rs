@@ -99,7 +99,7 @@ pub(crate) fn cordon_drain(node: &Node) -> Option<String> {
 /// The drain reason of the first configured condition that is `True`, else of the first failed health class.
 pub(crate) fn condition_drain(node: &Node, policy: &Policy) -> Option<String> {
     configured_drain(node, policy)
-        .or_else(|| super::health::drain_reason(node, policy).map(|r| clean_reason(&r)))
+        .or_else(|| super::health_drain::drain_reason(node, policy).map(|r| clean_reason(&r)))
 }
 
 fn configured_drain(node: &Node, policy: &Policy) -> Option<String> {
@@ -325,14 +325,14 @@ pub(crate) fn decide(
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let ours = |k: &str| k == TAINT_KEY || k.starts_with(super::health::TAINT_PREFIX);
+    let ours = |k: &str| k == TAINT_KEY || k.starts_with(super::health_drain::TAINT_PREFIX);
     let has: std::collections::BTreeSet<String> = taints
         .iter()
         .filter(|t| ours(&t.key))
         .map(|t| t.key.clone())
         .collect();
     let ours_now = wanted.is_some() && is_ours(&slurm.reason);
-    let mut want = super::health::wanted_taints(node, policy, wanted);
+    let mut want = super::health_drain::wanted_taints(node, policy, wanted);
     if policy.taint && drained && !ours_now {
         want.insert(TAINT_KEY.to_owned());
     }

@@ -18,13 +18,14 @@
 pub(crate) mod clash;
 pub(crate) mod clash_limit;
 pub mod decide;
-pub mod health;
+pub mod health_drain;
 pub(crate) mod hold;
 pub(crate) mod mapping;
 pub mod ownership;
 pub(crate) mod policy;
 pub mod records;
 mod shell;
+pub(crate) mod task;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +40,7 @@ pub use tokio_util::sync::CancellationToken;
 
 use isthmus_api::access::ApiAccess;
 
-pub use crate::run::fence::Guard;
+pub use crate::leader::fence::Guard;
 use crate::slurm::nodes::NodeReader;
 use crate::slurm::{SlurmClient, parse_duration};
 use decide::Policy;
@@ -110,7 +111,7 @@ fn parse_share(s: &str) -> Result<f64, String> {
 /// One of the health condition types (or nothing, to turn health drains off).
 fn parse_health_type(s: &str) -> Result<String, String> {
     let s = s.trim();
-    if s.is_empty() || health::class_of(s).is_some() {
+    if s.is_empty() || health_drain::class_of(s).is_some() {
         Ok(s.to_owned())
     } else {
         Err(format!(
@@ -129,7 +130,7 @@ impl Default for NodeSyncArgs {
             drain_conditions: Vec::new(),
             taint: true,
             condition_hold: Duration::from_secs(60),
-            health_conditions: health::CLASSES
+            health_conditions: health_drain::CLASSES
                 .iter()
                 .map(|(t, _)| (*t).to_owned())
                 .collect(),

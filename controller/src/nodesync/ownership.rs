@@ -113,7 +113,7 @@ impl NodeRecord {
 /// Slurm's own time). The second is how a drain sent in a pass stays the node sync's whatever happens before the
 /// pass that records it: the Node uncordoned in between, the controller restarted or another replica leading. An
 /// intent is dropped only in a pass whose read of Slurm came after every `scontrol update` that could carry it (this
-/// replica's are awaited; another replica's ended before its lease could pass, see [`crate::run::fence`]).
+/// replica's are awaited; another replica's ended before its lease could pass, see [`crate::leader::fence`]).
 pub fn owned(record: &NodeRecord, slurm: &SlurmNode) -> Option<DrainRecord> {
     if let Some(d) = record.drain.as_ref().filter(|d| is_exactly(slurm, d)) {
         return Some(d.clone());

@@ -14,12 +14,12 @@ pub struct Policy {
     pub(crate) taint: bool,
     /// How long a condition-driven drain outlasts its condition ([`super::hold`]).
     pub(crate) condition_hold: Duration,
-    /// Device health condition types that drain while `False` ([`super::health`]).
+    /// Device health condition types that drain while `False` ([`super::health_drain`]).
     pub(crate) health_conditions: Vec<String>,
     /// Whether a failed health class puts its `isthmus.io/health-<class>:NoSchedule` taint on the Node.
     pub(crate) health_taint: bool,
     /// Largest share of the paired Nodes that may have a failed health class at once before the circuit breaker
-    /// holds new health drains back ([`super::health::breaker`]).
+    /// holds new health drains back ([`super::health_drain::breaker`]).
     pub(crate) health_breaker: f64,
 }
 

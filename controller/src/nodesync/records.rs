@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use isthmus_api::CONTROLLER_FIELD_MANAGER;
 
 use super::ownership::NodeRecord;
-use crate::run::fence::Guard;
+use crate::leader::fence::Guard;
 
 /// How many ConfigMaps the records are spread over.
 pub const SHARDS: usize = 16;

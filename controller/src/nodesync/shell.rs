@@ -21,7 +21,7 @@ use super::hold::Holds;
 use super::mapping::NodeMap;
 use super::ownership;
 use super::records::Records;
-use crate::run::fence::Guard;
+use crate::leader::fence::Guard;
 use crate::slurm::nodes::{NodeReader, SlurmNode};
 use isthmus_api::retry::{Backoff, RetryPolicy};
 
@@ -257,7 +257,7 @@ impl Shell {
             // While the breaker holds this Node's new health drain back, the decision does not see its health.
             let stripped;
             let seen: &Node = if breaker.held.contains(name) {
-                stripped = super::health::without_health(node);
+                stripped = super::health_drain::without_health(node);
                 &stripped
             } else {
                 node

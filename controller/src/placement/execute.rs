@@ -12,7 +12,7 @@ use super::annotations::JOB_ID;
 use super::decide::{Action, PodRef};
 use super::submit;
 use super::submit_method::SubmitMethod;
-use crate::run::fence::{ApiCallError, Guard, NotLeading};
+use crate::leader::fence::{ApiCallError, Guard, NotLeading};
 use crate::slurm::{SlurmClient, SlurmError, jobs};
 
 /// Why one action failed.

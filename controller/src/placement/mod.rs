@@ -8,6 +8,7 @@
 //! `docs/placement.md`.
 
 pub(crate) mod annotations;
+pub(crate) mod task;
 /// The job-comment protocol (`isthmus_gres::comment`).
 pub use isthmus_gres::comment;
 pub(crate) mod confirm;
@@ -40,7 +41,7 @@ use tokio::sync::Notify;
 /// The shutdown signal [`run`] takes.
 pub use tokio_util::sync::CancellationToken;
 
-pub use crate::run::fence::Guard;
+pub use crate::leader::fence::Guard;
 use crate::slurm::{SlurmClient, parse_duration};
 use decide::Action;
 use execute::Executor;

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::policy::Policy;
 use super::policy_watch::PolicyCell;
-use crate::run::fence::Guard;
+use crate::leader::fence::Guard;
 
 /// How often the map is compared with the object even when nothing was heard (a missed event, a failed write).
 const RECHECK: Duration = Duration::from_secs(30);

@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 
 use super::policy::{POLICY_KEY, Policy, parse};
-use crate::run::fence::Guard;
+use crate::leader::fence::Guard;
 
 /// The ConfigMap annotation where the controller says which policy is in force.
 pub(crate) const STATUS_ANNOTATION: &str = "placement.isthmus.io/policy-status";

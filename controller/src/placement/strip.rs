@@ -68,8 +68,8 @@ fn container(c: Container) -> Container {
 pub(crate) async fn list_stripped(
     api: &Api<Pod>,
     lp: &ListParams,
-    guard: &crate::run::fence::Guard,
-) -> Result<Vec<Pod>, crate::run::fence::ApiCallError> {
+    guard: &crate::leader::fence::Guard,
+) -> Result<Vec<Pod>, crate::leader::fence::ApiCallError> {
     let mut out = Vec::new();
     let mut lp = lp.clone().limit(PAGE);
     loop {

@@ -2,7 +2,7 @@
 //! the `NodeName=` definitions of configured clusters: each node's lines rendered from the typed fields its report
 //! was parsed into, under the Slurm name the cluster gives it (never one the report names), with nodes whose lines
 //! are identical grouped under one hostlist. Both files render from a map of each node's lines
-//! ([`SlurmLines`]), so that the running controller can add the nodes it keeps ([`crate::run::retention`]), and
+//! ([`SlurmLines`]), so that the running controller can add the nodes it keeps ([`crate::fabric::retention`]), and
 //! [`read_lines`] reads them back.
 
 use std::collections::{BTreeMap, BTreeSet};

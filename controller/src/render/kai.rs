@@ -25,7 +25,7 @@ pub fn render(model: &ClusterModel, opts: &RenderOptions) -> Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::ibnetdiscover;
+    use crate::fabric::graph::ibnetdiscover;
     use crate::model::{self, ModelOptions};
     use crate::render::kueue;
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::RenderOptions;
-use crate::fabric::names::fnv1a64;
+use crate::fabric::graph::names::fnv1a64;
 use crate::model::ClusterModel;
 
 pub use isthmus_gres::grammar::is_label_value;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{RenderOptions, SlurmNode, groups_holding, slurm_nodes};
-use crate::fabric::names::sanitize;
+use crate::fabric::graph::names::sanitize;
 use crate::hostlist::compress;
 use crate::model::ClusterModel;
 

@@ -51,7 +51,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
 /// (the Slurm tasks' come with `overlays/slurm`, which turns them on).
 pub const TASK_ACCESS: &[(&str, &[ApiAccess])] = &[
     ("base/rbac-topology.yaml", API_ACCESS),
-    ("base/rbac-conditions.yaml", crate::conditions::API_ACCESS),
+    ("base/rbac-conditions.yaml", crate::projection::API_ACCESS),
     (
         "overlays/slurm/rbac-nodesync.yaml",
         crate::nodesync::API_ACCESS,

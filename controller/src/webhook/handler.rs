@@ -12,7 +12,7 @@ use kube::{Api, Client};
 
 use super::facts;
 use super::head::Head;
-use super::identity::{Policy, node_of_pod};
+use super::requester::{Policy, node_of_pod};
 use super::review::{self, Request, ReviewOut};
 use super::rules::{self, NodeLookup, Step, Verdict};
 

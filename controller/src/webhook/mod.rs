@@ -4,7 +4,7 @@
 //! ValidatingWebhookConfigurations ([`rotation`]).
 //!
 //! - [`review`]: the AdmissionReview wire format; [`head`]: its bounded pre-parse; [`facts`]: what the rules read
-//!   from objects; [`identity`]: who is asking and which node a token belongs to; [`rules`] and [`tolerations`]:
+//!   from objects; [`requester`]: who is asking and which node a token belongs to; [`rules`] and [`tolerations`]:
 //!   the decisions, pure; [`handler`]: the lookups a decision needs; [`certs`]: the PKI, pure apart from key
 //!   generation; [`gate`] and [`body`]: what a caller can make a replica hold, bounded.
 //!
@@ -17,7 +17,7 @@ pub(crate) mod facts;
 pub mod gate;
 pub(crate) mod handler;
 pub(crate) mod head;
-pub mod identity;
+pub mod requester;
 pub(crate) mod review;
 pub(crate) mod rotation;
 pub mod rules;
@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::slurm::parse_duration;
-use identity::{Policy, service_account_user};
+use requester::{Policy, service_account_user};
 
 /// Arguments of the webhook (part of `isthmus controller run`).
 #[derive(Debug, Clone, clap::Args)]
@@ -69,16 +69,16 @@ pub struct WebhookArgs {
     )]
     pub(crate) configurations: Vec<String>,
     /// Groups exempt from every rule (administrators), comma-separated.
-    #[arg(id = "webhook-admin-groups", long = "webhook-admin-groups", value_delimiter = ',', default_value = identity::DEFAULT_ADMIN_GROUP)]
+    #[arg(id = "webhook-admin-groups", long = "webhook-admin-groups", value_delimiter = ',', default_value = requester::DEFAULT_ADMIN_GROUP)]
     pub(crate) admin_groups: Vec<String>,
     /// The node agent's ServiceAccount (in the controller's namespace): it writes only its own node's reports.
-    #[arg(id = "webhook-agent-service-account", long = "webhook-agent-service-account", default_value = identity::DEFAULT_AGENT_SERVICE_ACCOUNT)]
+    #[arg(id = "webhook-agent-service-account", long = "webhook-agent-service-account", default_value = requester::DEFAULT_AGENT_SERVICE_ACCOUNT)]
     pub(crate) agent_service_account: String,
     /// The controller's own ServiceAccount (in its namespace): exempt from the Slurm pod rules.
     #[arg(
         id = "webhook-controller-service-account",
         long = "webhook-controller-service-account",
-        default_value = identity::DEFAULT_CONTROLLER_SERVICE_ACCOUNT
+        default_value = requester::DEFAULT_CONTROLLER_SERVICE_ACCOUNT
     )]
     pub(crate) controller_service_account: String,
     /// Users besides the controller that may bind pods to Slurm-managed nodes (schedulers), comma-separated.
@@ -86,7 +86,7 @@ pub struct WebhookArgs {
         id = "webhook-scheduler-users",
         long = "webhook-scheduler-users",
         value_delimiter = ',',
-        default_value = identity::DEFAULT_SCHEDULER_USER
+        default_value = requester::DEFAULT_SCHEDULER_USER
     )]
     pub(crate) scheduler_users: Vec<String>,
     /// A PEM bundle of the CAs whose client certificates may call the webhook: with it, a caller must present one

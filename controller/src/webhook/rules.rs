@@ -15,7 +15,7 @@
 use serde_json::Value;
 
 use super::facts;
-use super::identity::{self, Claim, Policy};
+use super::requester::{self, Claim, Policy};
 use super::review::Request;
 use super::tolerations;
 
@@ -211,7 +211,7 @@ fn object_name(req: &Request) -> &str {
 pub(crate) fn first_step(policy: &Policy, req: &Request) -> Step {
     let user = &req.user_info;
     match target(req) {
-        Target::NodeReport if policy.is_agent(user) => match identity::claim(&user.extra) {
+        Target::NodeReport if policy.is_agent(user) => match requester::claim(&user.extra) {
             Ok(Claim::Node(node)) => Step::Done(report_verdict(req, &node, "its token's node")),
             Ok(Claim::Pod { name, uid }) => Step::RequesterPod { name, uid },
             Err(why) => Step::Done(Verdict::denied(
@@ -313,7 +313,7 @@ fn pod_step(policy: &Policy, req: &Request) -> Step {
     // A kubelet's mirror pod on its own Node: the static pod runs whatever admission says.
     let own_mirror = |node: &str| {
         target(req) == Target::Pod
-            && identity::kubelet_node(user) == Some(node)
+            && requester::kubelet_node(user) == Some(node)
             && req
                 .object
                 .as_ref()

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use isthmus_api::report::DecodeOptions;
-use isthmus_controller::fabric::ibnetdiscover;
+use isthmus_controller::fabric::graph::ibnetdiscover;
 use isthmus_controller::model::{self, ClusterModel, ModelOptions, NodeInput};
 use isthmus_controller::render::{self, RenderOptions};
 use isthmus_tests::cluster_gen::{self, Template};

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use isthmus_controller::placement::policy::TENANT_LABEL;
-use isthmus_controller::webhook::identity::{
+use isthmus_controller::webhook::requester::{
     DEFAULT_ADMIN_GROUP, DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_CONTROLLER_SERVICE_ACCOUNT,
     DEFAULT_SCHEDULER_USER, service_account_user,
 };

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use isthmus_api::nrt::NodeResourceTopology;
 use isthmus_controller::nodesync::decide::{REASON_PREFIX, TAINT_KEY, is_ours};
-use isthmus_controller::nodesync::health::{TAINT_PREFIX, class_of};
+use isthmus_controller::nodesync::health_drain::{TAINT_PREFIX, class_of};
 use isthmus_controller::nodesync::ownership::{self, NodeRecord};
 use isthmus_controller::placement::lock::{LOCK, parse_lock};
 use isthmus_controller::slurm::jobs::Job;
@@ -72,7 +72,7 @@ fn taint_rule<'a>(
             ),
         )
     } else if let Some(class) = key.strip_prefix(TAINT_PREFIX) {
-        let failed = isthmus_controller::nodesync::health::CLASSES
+        let failed = isthmus_controller::nodesync::health_drain::CLASSES
             .iter()
             .find(|(_, c)| *c == class)
             .and_then(|(t, _)| condition(t));

@@ -84,7 +84,7 @@ fn policy() -> Policy {
         drain_conditions: vec!["GpuUnhealthy".to_owned()],
         taint: true,
         condition_hold: std::time::Duration::ZERO,
-        health_conditions: crate::nodesync::health::CLASSES
+        health_conditions: crate::nodesync::health_drain::CLASSES
             .iter()
             .map(|(t, _)| (*t).to_owned())
             .collect(),

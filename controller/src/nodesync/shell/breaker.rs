@@ -8,7 +8,7 @@ use isthmus_api::CONTROLLER_FIELD_MANAGER;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::super::{decide, health, ownership};
+use super::super::{decide, health_drain, ownership};
 use super::Shell;
 use crate::slurm::nodes::SlurmNode;
 
@@ -20,8 +20,8 @@ impl Shell {
         by_slurm_name: &BTreeMap<&str, &SlurmNode>,
         map: &super::super::mapping::NodeMap,
         records: &BTreeMap<String, ownership::NodeRecord>,
-    ) -> health::Breaker {
-        use health::BreakerInput;
+    ) -> health_drain::Breaker {
+        use health_drain::BreakerInput;
         let inputs: Vec<BreakerInput<'_>> = kube_nodes
             .iter()
             .filter_map(|n| {
@@ -31,22 +31,22 @@ impl Shell {
                 let paired = by_slurm_name.contains_key(slurm) && map.is_node_of(slurm, name);
                 paired.then(|| BreakerInput {
                     node: name,
-                    failing: health::drain_reason(n, &self.policy).is_some(),
+                    failing: health_drain::drain_reason(n, &self.policy).is_some(),
                     // Drained for health: by the node sync's record, or by Slurm's own word (the record may
                     // not be written yet right after the drain) — a drain Slurm shows now (the DRAIN flag), not a
                     // reason it keeps after the drain was lifted (24.11 and later keep it until a job runs).
                     drained: by_slurm_name.get(slurm).is_some_and(|s| {
-                        health::drained_for_health(s)
+                        health_drain::drained_for_health(s)
                             || s.is_drained()
                                 && records
                                     .get(name)
                                     .and_then(|r| r.drain.as_ref())
-                                    .is_some_and(|r| health::is_health_reason(&r.reason))
+                                    .is_some_and(|r| health_drain::is_health_reason(&r.reason))
                     }),
                 })
             })
             .collect();
-        let b = health::breaker(&inputs, self.policy.health_breaker);
+        let b = health_drain::breaker(&inputs, self.policy.health_breaker);
         if b.open != self.breaker_open {
             let failing = inputs.iter().filter(|i| i.failing).count();
             if b.open {
@@ -80,7 +80,7 @@ impl Shell {
     pub(super) async fn record_held(
         &mut self,
         kube_nodes: &[Arc<Node>],
-        breaker: &health::Breaker,
+        breaker: &health_drain::Breaker,
     ) {
         use isthmus_api::events::{self, EventType, Involved, Reporter};
         let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -91,7 +91,7 @@ impl Shell {
             if !breaker.held.contains(name) || self.held.contains(name) {
                 continue;
             }
-            let classes = health::drain_reason(node, &self.policy).unwrap_or_default();
+            let classes = health_drain::drain_reason(node, &self.policy).unwrap_or_default();
             let message = format!(
                 "the health circuit breaker is open (more than {} of the paired Nodes report a failed device class \
                  at once): the drain {classes:?} and its taint are held back until fewer do",

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::webhook::identity::{NODE_NAME_EXTRA, NODES_GROUP, POD_NAME_EXTRA, POD_UID_EXTRA};
+use crate::webhook::requester::{NODE_NAME_EXTRA, NODES_GROUP, POD_NAME_EXTRA, POD_UID_EXTRA};
 use crate::webhook::review::{Resource, UserInfo};
 
 mod more;

@@ -2,7 +2,7 @@
 //! what the node sync set.
 
 use super::*;
-use crate::nodesync::health;
+use crate::nodesync::health_drain;
 
 const MSG: &str = "failed: 0000:9b:00.0. XID 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) on GPU 4 (0000:9b:00.0)";
 const REASON: &str = "isthmus: health: gpu 0000:9b:00.0";
@@ -180,8 +180,8 @@ fn a_gpu_removed_from_the_slurm_definition_drains_and_taints_nothing() {
         "{:?}",
         d(&n, &s, &p, &time(1))
     );
-    assert_eq!(health::drain_reason(&n, &p), None);
-    assert!(health::wanted_taints(&n, &p, None).is_empty());
+    assert_eq!(health_drain::drain_reason(&n, &p), None);
+    assert!(health_drain::wanted_taints(&n, &p, None).is_empty());
     // Two failed, one removed: the node drains (for the one Slurm still has).
     set_condition(
         &mut n,
@@ -190,7 +190,7 @@ fn a_gpu_removed_from_the_slurm_definition_drains_and_taints_nothing() {
         "failed: 0000:19:00.0, 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0. x; y",
     );
     assert_eq!(
-        health::drain_reason(&n, &p).as_deref(),
+        health_drain::drain_reason(&n, &p).as_deref(),
         Some("isthmus: health: gpu 0000:19:00.0,0000:9b:00.0")
     );
     // A drain made before the GPU left the definition (the node was busy) is lifted once it has.
@@ -208,6 +208,6 @@ fn a_gpu_removed_from_the_slurm_definition_drains_and_taints_nothing() {
         "failed: 0000:9b:00.0. Removed from Slurm: 0000:9b:00.0 ; rm -rf. x",
     ] {
         set_condition(&mut n, "GpuHealthy", "False", m);
-        assert!(health::drain_reason(&n, &p).is_some(), "{m}");
+        assert!(health_drain::drain_reason(&n, &p).is_some(), "{m}");
     }
 }

@@ -80,9 +80,9 @@ fn allowed(method: &str, path: &str) -> bool {
     };
     let v = verb(method, one);
     let namespaced = path.contains("/namespaces/");
-    super::access::cluster_verbs(&group, &resource).contains(&v)
+    crate::run::access::cluster_verbs(&group, &resource).contains(&v)
         || (namespaced
-            && super::access::NAMESPACE_ACCESS
+            && crate::run::access::NAMESPACE_ACCESS
                 .iter()
                 .any(|a| a.group == group && a.resource == resource && a.verbs.contains(&v)))
 }

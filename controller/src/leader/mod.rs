@@ -1,7 +1,17 @@
-//! Leader election on a `coordination.k8s.io` Lease ([`super::lease`]). The replica that holds the lease runs the
-//! leader tasks; losing it, or failing to renew it within the renew deadline, cancels them (a child token of the
-//! process's shutdown token) and the replica goes on campaigning. `isthmus_controller_leader` is 1 while leading.
+//! Leader election on a `coordination.k8s.io` Lease ([`lease`]) and the fence every leader write asks first
+//! ([`fence`]). The replica that holds the lease runs the leader tasks; losing it, or failing to renew it within the
+//! renew deadline, cancels them (a child token of the process's shutdown token) and the replica goes on
+//! campaigning. `isthmus_controller_leader` is 1 while leading.
+//!
+//! This module knows no task: a [`LeaderTask`] is a name and a start function over a context `C` the caller
+//! chooses (the running controller's is [`crate::run::LeaderContext`]), and [`campaign`] only starts, supervises and
+//! stops them.
 
+pub mod fence;
+pub(crate) mod lease;
+
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
@@ -9,8 +19,74 @@ use tokio_util::sync::CancellationToken;
 
 use isthmus_api::retry::RetryPolicy;
 
-use super::lease::{Elector, LeaseConfig};
-use super::{LEASE_FIELD_MANAGER_PREFIX, LeaderContext, LeaderTask};
+use fence::Fence;
+use lease::{Elector, LeaseConfig};
+
+/// Field manager of the Lease (the lease manager's own SSA writes); each replica appends its identity, so that
+/// two replicas' claims conflict instead of silently merging.
+pub(crate) const LEASE_FIELD_MANAGER_PREFIX: &str = "isthmus-controller-lease";
+
+/// The election's three durations, ordered as client-go requires: duration > renew deadline > retry period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// How long a claim is valid without renewal.
+    pub duration: Duration,
+    /// How long the leader acts without a successful renewal.
+    pub renew_deadline: Duration,
+    /// Renewal and retry period.
+    pub(crate) retry: Duration,
+}
+
+/// Which Lease a replica campaigns for, and as whom.
+#[derive(Debug, Clone)]
+pub(crate) struct Election {
+    /// The Lease's name.
+    pub(crate) lease_name: String,
+    /// The Lease's namespace.
+    pub(crate) namespace: String,
+    /// This replica's identity in the Lease.
+    pub(crate) identity: String,
+    /// The election's durations.
+    pub(crate) timing: LeaseTiming,
+}
+
+/// A leader task's error, kept with its source chain.
+pub(crate) type TaskError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A leader task's future; its error is logged and counted, then the task is restarted with backoff.
+pub(crate) type TaskFuture = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
+
+/// One task the leader runs, over the context `C` every task is given. It must return soon after its token is
+/// cancelled.
+pub struct LeaderTask<C> {
+    /// Name (log field and metric label).
+    pub name: &'static str,
+    /// Start it.
+    pub(crate) start: fn(C, CancellationToken) -> TaskFuture,
+}
+
+impl<C> Clone for LeaderTask<C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for LeaderTask<C> {}
+
+impl<C> std::fmt::Debug for LeaderTask<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderTask")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Box a task's future and its error.
+pub(crate) fn boxed<E: std::error::Error + Send + Sync + 'static>(
+    f: impl Future<Output = Result<(), E>> + Send + 'static,
+) -> TaskFuture {
+    Box::pin(async move { f.await.map_err(|e| Box::new(e) as TaskError) })
+}
 
 /// Sleep `d` unless `token` is cancelled first; false when cancelled.
 pub(crate) async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
@@ -21,7 +97,7 @@ pub(crate) async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> b
 }
 
 /// Run one task until `token` is cancelled, restarting it with backoff when it fails or ends early.
-async fn supervise(task: LeaderTask, ctx: LeaderContext, token: CancellationToken) {
+async fn supervise<C: Clone>(task: LeaderTask<C>, ctx: C, token: CancellationToken) {
     let mut backoff = RetryPolicy::task_restart().backoff();
     loop {
         let result = (task.start)(ctx.clone(), token.clone()).await;
@@ -49,7 +125,11 @@ struct Leading {
 }
 
 impl Leading {
-    fn start(ctx: &LeaderContext, tasks: &[LeaderTask], shutdown: &CancellationToken) -> Self {
+    fn start<C: Clone + Send + 'static>(
+        ctx: &C,
+        tasks: &[LeaderTask<C>],
+        shutdown: &CancellationToken,
+    ) -> Self {
         let token = shutdown.child_token();
         let mut set = JoinSet::new();
         for t in tasks {
@@ -87,20 +167,30 @@ fn jittered(d: Duration) -> Duration {
 /// Campaign until `shutdown`: hold the lease when possible, run `tasks` while holding it, release it at the end.
 /// Leading ends, and the tasks are cancelled, when no claim or renewal has succeeded for the renew deadline (every
 /// request has a timeout, so an API server that stops answering ends it too), or when another replica holds the
-/// Lease. Every success is recorded in `ctx.fence`, which the tasks ask before each write.
-pub async fn campaign(ctx: LeaderContext, tasks: Vec<LeaderTask>, shutdown: CancellationToken) {
-    let identity = ctx.args.identity();
-    let timing = ctx.args.lease_timing();
-    tracing::info!(%identity, lease = %ctx.args.lease_name, namespace = %ctx.args.namespace,
+/// Lease. Every success is recorded in `fence`, which the tasks ask before each write.
+pub(crate) async fn campaign<C: Clone + Send + 'static>(
+    client: kube::Client,
+    election: Election,
+    fence: Fence,
+    ctx: C,
+    tasks: Vec<LeaderTask<C>>,
+    shutdown: CancellationToken,
+) {
+    let Election {
+        lease_name,
+        namespace,
+        identity,
+        timing,
+    } = election;
+    tracing::info!(%identity, lease = %lease_name, %namespace,
         duration = ?timing.duration, renew_deadline = ?timing.renew_deadline, retry = ?timing.retry,
         "campaigning for the lease");
     set_leader(false);
-    let fence = ctx.fence.clone();
     let mut elector = Elector::new(
-        ctx.client.clone(),
+        client,
         LeaseConfig {
-            name: ctx.args.lease_name.clone(),
-            namespace: ctx.args.namespace.clone(),
+            name: lease_name,
+            namespace,
             identity: identity.clone(),
             duration: timing.duration,
             call_timeout: timing.retry.max(Duration::from_secs(1)),

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::args::{FabricArgs, FabricError, MANAGED_BY, SlurmTopology};
 use super::objects::Desired;
 use super::retention::Retention;
-use super::topology::args::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
 use crate::model::ClusterModel;
 use crate::offline::{self, OutputKind};
 use crate::render;
@@ -18,15 +18,15 @@ use crate::render::hypernodes::HyperNode;
 use crate::render::kai;
 use crate::render::kueue::Topology;
 
-fn desired<K: serde::Serialize>(v: &K) -> Result<Desired<K>, TopologyError> {
+fn desired<K: serde::Serialize>(v: &K) -> Result<Desired<K>, FabricError> {
     Desired::new(v).map_err(|e| offline::Error::Serialize(e.to_string()).into())
 }
 
 /// The Slurm ConfigMap's data: topology.conf, gres.conf, nodes.conf and, when asked, topology.yaml.
 pub fn slurm_files(
     model: &ClusterModel,
-    args: &TopologyArgs,
-) -> Result<BTreeMap<String, String>, TopologyError> {
+    args: &FabricArgs,
+) -> Result<BTreeMap<String, String>, FabricError> {
     slurm_files_of(model, args, &gres_conf::node_lines(model))
 }
 
@@ -34,9 +34,9 @@ pub fn slurm_files(
 /// Slurm lets them go, see [`super::retention`]).
 pub(crate) fn slurm_files_of(
     model: &ClusterModel,
-    args: &TopologyArgs,
+    args: &FabricArgs,
     lines: &SlurmLines,
-) -> Result<BTreeMap<String, String>, TopologyError> {
+) -> Result<BTreeMap<String, String>, FabricError> {
     let opts = args.render_options();
     let topo = match args.slurm_topology {
         SlurmTopology::Tree => OutputKind::TopologyConf,
@@ -150,10 +150,10 @@ impl Rendered {
     /// holds none).
     pub(crate) fn new(
         model: &ClusterModel,
-        args: &TopologyArgs,
+        args: &FabricArgs,
         namespace: &str,
         retention: &Retention,
-    ) -> Result<Self, TopologyError> {
+    ) -> Result<Self, FabricError> {
         let opts = args.render_options();
         let mut out = Self {
             namespace: namespace.to_owned(),
@@ -198,7 +198,7 @@ impl Rendered {
         Ok(out)
     }
 
-    fn slurm_object(&mut self, args: &TopologyArgs) -> Result<(), TopologyError> {
+    fn slurm_object(&mut self, args: &FabricArgs) -> Result<(), FabricError> {
         let cm = configmap(&args.slurm_configmap_name, &self.namespace, &self.files);
         self.slurm = Some(BTreeMap::from([(
             args.slurm_configmap_name.clone(),
@@ -207,7 +207,7 @@ impl Rendered {
         Ok(())
     }
 
-    fn status_object(&mut self, args: &TopologyArgs) -> Result<(), TopologyError> {
+    fn status_object(&mut self, args: &FabricArgs) -> Result<(), FabricError> {
         let cm = configmap(
             &args.status_configmap_name,
             &self.namespace,
@@ -224,9 +224,9 @@ impl Rendered {
     /// elsewhere; or a kept node left).
     pub(crate) fn refresh_slurm(
         &mut self,
-        args: &TopologyArgs,
+        args: &FabricArgs,
         lines: &SlurmLines,
-    ) -> Result<(), TopologyError> {
+    ) -> Result<(), FabricError> {
         if !args.slurm_configmap {
             return Ok(());
         }
@@ -241,9 +241,9 @@ impl Rendered {
     pub(crate) fn refresh_status(
         &mut self,
         model: &ClusterModel,
-        args: &TopologyArgs,
+        args: &FabricArgs,
         retention: &Retention,
-    ) -> Result<(), TopologyError> {
+    ) -> Result<(), FabricError> {
         if !args.status_configmap {
             return Ok(());
         }

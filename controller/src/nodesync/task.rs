@@ -3,7 +3,8 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
+use crate::leader::{TaskFuture, boxed};
+use crate::run::context::{LeaderContext, LeaderTask};
 
 /// The node state sync as the leader runs it (idle unless `--node-sync`).
 pub(crate) const TASK: LeaderTask = LeaderTask {

@@ -16,8 +16,8 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::args::FabricArgs;
 use super::reports::ReportStore;
-use super::topology::args::TopologyArgs;
 use crate::identity::SLURM_NODE_NAME_LABEL;
 
 /// What the reconciler reads.
@@ -188,7 +188,7 @@ pub(crate) fn trim_node_meta(meta: &mut kube::api::ObjectMeta, keep: &dyn Fn(&st
 /// Start the watches (their tasks end with `cancel`).
 pub(crate) fn start_reflectors(
     client: &kube::Client,
-    args: &TopologyArgs,
+    args: &FabricArgs,
     namespace: &str,
     notify: &Arc<Notify>,
     cancel: &CancellationToken,

@@ -11,12 +11,12 @@ use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::run::inputs::NodeChanges;
-use crate::run::mock_api::{
+use crate::fabric::FabricArgs;
+use crate::fabric::inputs::NodeChanges;
+use crate::fabric::mock_api::{
     self, Handle, expect, expect_applies, expect_apply, failure, finished, reply, serve,
 };
-use crate::run::reports::ReportStore;
-use crate::run::topology::TopologyArgs;
+use crate::fabric::reports::ReportStore;
 use crate::slurm::{SlurmArgs, SlurmClient};
 
 const NS_CM: &str = "/api/v1/namespaces/isthmus-system/configmaps";
@@ -30,7 +30,7 @@ const LABEL_APPLY: &str = "?&fieldManager=isthmus-controller";
 #[derive(Debug, clap::Parser)]
 struct Cli {
     #[command(flatten)]
-    args: TopologyArgs,
+    args: FabricArgs,
 }
 
 /// A Node placed by an existing leaf-group label (the model's third topology source).
@@ -322,10 +322,7 @@ async fn an_output_whose_crd_is_not_served_is_skipped_and_asked_about_again() {
     assert!(reconcile(&inputs, &mut state).await.is_ok());
     assert!(reconcile(&inputs, &mut state).await.is_ok());
     let err = reconcile(&inputs, &mut state).await.err();
-    assert_eq!(
-        err.as_ref().map(TopologyError::label),
-        Some("API discovery")
-    );
+    assert_eq!(err.as_ref().map(FabricError::label), Some("API discovery"));
     drop(state);
     finished(server).await;
 }

@@ -25,8 +25,10 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::leader::fence::Guard;
+use crate::leader::{TaskFuture, boxed};
 use crate::reported::{Reports, is_reported_type};
-use crate::run::fence::Guard;
+use crate::run::context::{LeaderContext, LeaderTask};
 
 /// The field manager of the projected conditions (the one the agent used when it wrote them itself).
 pub(crate) const FIELD_MANAGER: &str = "isthmus-health";
@@ -256,6 +258,17 @@ pub async fn run(
             () = retry_sleep => {}
         }
     }
+}
+
+/// The projection as the leader runs it (always on).
+pub(crate) const TASK: LeaderTask = LeaderTask {
+    name: "conditions",
+    start,
+};
+
+fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
+    let guard = c.guard();
+    boxed(run(c.client, guard, t))
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
-//! The topology task's entry point: start the watches, wait for every first list (a stop or a watch that ended
+//! The fabric task's entry point: start the watches, wait for every first list (a stop or a watch that ended
 //! before its list writes nothing), then run one [`reconcile`] per change, debounced, until cancelled. A failed pass
 //! is retried after [`error_policy`]'s capped exponential backoff; API errors never end the task. While a node is
 //! kept in the Slurm files until Slurm lets it go, a pass also runs every `--retained-recheck`. The task itself
-//! (inputs, model, renderers, sinks) lives in [`crate::run`]'s other modules.
+//! (inputs, model, renderers, sinks) lives in [`crate::fabric`]'s other modules.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +11,13 @@ use futures::FutureExt as _;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::run::inputs::start_reflectors;
-use crate::run::leader::sleep_or_cancel;
-use crate::run::pass::reconcile;
-use crate::run::topology::{State, TopologyArgs, TopologyError};
-use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
+use crate::fabric::inputs::start_reflectors;
+use crate::fabric::pass::reconcile;
+use crate::fabric::state::State;
+use crate::fabric::{FabricArgs, FabricError};
+use crate::leader::sleep_or_cancel;
+use crate::leader::{TaskFuture, boxed};
+use crate::run::context::{LeaderContext, LeaderTask};
 use crate::slurm::SlurmClient;
 use isthmus_api::retry::{Backoff, RetryPolicy};
 
@@ -29,14 +31,14 @@ fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
     boxed(run(
         c.client,
         c.slurm,
-        c.args.topology.clone(),
+        c.args.fabric.clone(),
         c.args.namespace.clone(),
         t,
     ))
 }
 
 /// How long to wait before retrying after `error` (capped exponential backoff), counted per kind of failure.
-pub(crate) fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Duration {
+pub(crate) fn error_policy(error: &FabricError, backoff: &mut Backoff) -> Duration {
     metrics::counter!("isthmus_controller_topology_reconcile_errors_total", "what" => error.label())
         .increment(1);
     backoff.next_delay()
@@ -47,10 +49,10 @@ pub(crate) fn error_policy(error: &TopologyError, backoff: &mut Backoff) -> Dura
 pub(crate) async fn run(
     client: kube::Client,
     slurm: SlurmClient,
-    args: TopologyArgs,
+    args: FabricArgs,
     namespace: String,
     cancel: CancellationToken,
-) -> Result<(), TopologyError> {
+) -> Result<(), FabricError> {
     let notify = Arc::new(Notify::new());
     // The reflectors stop with this task, whether it is cancelled or returns.
     let reflectors = cancel.child_token();

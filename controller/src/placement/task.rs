@@ -3,7 +3,8 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::run::{LeaderContext, LeaderTask, TaskFuture, boxed};
+use crate::leader::{TaskFuture, boxed};
+use crate::run::context::{LeaderContext, LeaderTask};
 
 /// Slurm placement as the leader runs it (idle unless `--placement`).
 pub(crate) const TASK: LeaderTask = LeaderTask {

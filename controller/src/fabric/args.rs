@@ -22,7 +22,7 @@ pub enum SlurmTopology {
 
 /// Arguments of the topology task: inputs, outputs (each switchable) and render options.
 #[derive(Debug, Clone, clap::Args)]
-pub struct TopologyArgs {
+pub struct FabricArgs {
     /// Write the topology node labels (`<tier-label-prefix>N`, the accelerator domain) on Nodes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub(crate) node_labels: bool,
@@ -80,7 +80,7 @@ pub struct TopologyArgs {
     pub(crate) retained_recheck: Duration,
 }
 
-impl TopologyArgs {
+impl FabricArgs {
     /// Render options, as `isthmus controller render` builds them from the same flags.
     pub(crate) fn render_options(&self) -> RenderOptions {
         self.model.render_options()
@@ -94,7 +94,7 @@ impl TopologyArgs {
 
 /// Why a reconcile failed (it is retried).
 #[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
+pub enum FabricError {
     /// An API call failed.
     #[error("{what}: {source}")]
     Api {
@@ -112,8 +112,8 @@ pub enum TopologyError {
     Slurm(#[from] SlurmError),
 }
 
-impl TopologyError {
-    pub(in crate::run) fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
+impl FabricError {
+    pub(in crate::fabric) fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
         move |source| Self::Api { what, source }
     }
 

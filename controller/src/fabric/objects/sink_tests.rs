@@ -3,7 +3,9 @@
 //! is never written again.
 
 use super::*;
-use crate::run::mock_api::{self, Handle, expect, expect_apply, failure, finished, reply, serve};
+use crate::fabric::mock_api::{
+    self, Handle, expect, expect_apply, failure, finished, reply, serve,
+};
 use http::StatusCode;
 use isthmus_api::hypernode::HyperNode;
 use isthmus_api::kueue::Topology;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::fabric::ibnetdiscover;
+use crate::fabric::graph::ibnetdiscover;
 
 fn att(node: &str, switches: &[u64]) -> Attachment {
     Attachment {
@@ -52,7 +52,7 @@ fn a_two_level_fat_tree_from_a_dump() {
          Switch 4 \"S-0000000000000012\" # \"MF0;leaf2:MQM8700/U1\" enhanced port 0 lid 3 lmc 0\n\
          [1] \"H-0000000000000102\"[1](102) # \"n2 mlx5_0\" lid 6 4xHDR\n",
     );
-    let names = crate::fabric::names::switch_names(&f);
+    let names = crate::fabric::graph::names::switch_names(&f);
     let t = build(&[att("n1", &[0x11]), att("n2", &[0x12])], Some(&f), &names);
     let ids: Vec<(usize, &str)> = t
         .ordered()

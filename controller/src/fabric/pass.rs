@@ -14,11 +14,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 
+use super::FabricError;
 use super::inputs::{Changed, Inputs};
 use super::objects::{Desired, ObjectSink, Writes};
 use super::outputs::Rendered;
 use super::retention::{Settled, SlurmView};
-use super::topology::{State, TopologyError};
+use super::state::State;
 use crate::model::engine::Engine;
 use crate::render::gres_conf;
 use crate::slurm::SlurmClient;
@@ -63,12 +64,12 @@ fn feed_nodes(inputs: &Inputs, engine: &mut Engine) -> Option<BTreeSet<String>> 
 /// Read the Slurm ConfigMap the server holds and seed the retention with its nodes (see
 /// [`super::retention`]); a ConfigMap that is not there seeds nothing. Lines that do not read are skipped with a
 /// warning.
-async fn seed_retention(state: &mut State) -> Result<(), TopologyError> {
+async fn seed_retention(state: &mut State) -> Result<(), FabricError> {
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(state.client.clone(), &state.namespace);
     let held = api
         .get_opt(&state.args.slurm_configmap_name)
         .await
-        .map_err(TopologyError::api("slurm configmap"))?;
+        .map_err(FabricError::api("slurm configmap"))?;
     let data = held.and_then(|cm| cm.data).unwrap_or_default();
     let file = |key: &str| data.get(key).map_or("", String::as_str);
     let (lines, problems) = gres_conf::read_lines(
@@ -107,7 +108,7 @@ async fn read_slurm(slurm: &SlurmClient) -> SlurmView {
 
 /// One pass: bring the model up to date, refresh the outputs the change touches, write what differs. Every output
 /// is tried even when one fails; the first error is returned (and the pass retried by the caller).
-pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), TopologyError> {
+pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), FabricError> {
     let started = Instant::now();
     // A fresh leader first reads back what its predecessor rendered: no node leaves the Slurm files by a restart.
     if state.args.slurm_configmap && !state.retention.seeded() {
@@ -174,8 +175,8 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
         return Ok(());
     };
 
-    let mut first_error: Option<TopologyError> = None;
-    let mut note = |kind: &str, r: Result<Writes, TopologyError>| match r {
+    let mut first_error: Option<FabricError> = None;
+    let mut note = |kind: &str, r: Result<Writes, FabricError>| match r {
         Ok(w) if w.any() => tracing::info!(
             output = kind,
             applied = w.applied,
@@ -196,7 +197,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
                 .configmap
                 .sync(desired)
                 .await
-                .map_err(TopologyError::api("slurm configmap"))?;
+                .map_err(FabricError::api("slurm configmap"))?;
             if w.any() && args.scontrol_reconfigure {
                 state.reconfigure_due = true;
             }
@@ -215,7 +216,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
             .status
             .sync(desired)
             .await
-            .map_err(TopologyError::api("status configmap"));
+            .map_err(FabricError::api("status configmap"));
         note("status-configmap", r);
     }
 
@@ -255,7 +256,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
             .labels
             .sync(check, desired)
             .await
-            .map_err(TopologyError::api("node labels"));
+            .map_err(FabricError::api("node labels"));
         state.labels_due = r.is_err();
         metrics::gauge!("isthmus_controller_topology_labels_foreign")
             .set(state.labels.foreign() as f64);
@@ -284,7 +285,7 @@ async fn sync_served<K>(
     sink: fn(&mut State) -> &mut ObjectSink<K>,
     desired: &BTreeMap<String, Desired<K>>,
     what: &'static str,
-) -> Result<Writes, TopologyError>
+) -> Result<Writes, FabricError>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -301,7 +302,7 @@ where
     sink(state)
         .sync(desired)
         .await
-        .map_err(TopologyError::api(what))
+        .map_err(FabricError::api(what))
 }
 
 #[cfg(test)]

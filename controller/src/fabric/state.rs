@@ -1,9 +1,8 @@
-//! The topology task's configuration and state: its arguments (inputs, outputs, render options), its error, and
-//! the [`State`] its passes share: the sinks, the dump in use, which optional CRDs are served, the model kept up to
+//! The fabric task's state: the [`State`] its passes share: the sinks, the dump in use, which optional CRDs are served, the model kept up to
 //! date change by change ([`Engine`]), the outputs rendered from it and the nodes kept in the Slurm files
 //! ([`Retention`]). The task's entry point, which waits for the
 //! first lists and runs one [`super::pass::reconcile`] per (debounced) change with capped exponential backoff after
-//! a failure, is [`super::tasks::topology`]; API errors never end the task.
+//! a failure, is [`super::task`]; API errors never end the task.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,7 +16,7 @@ use super::objects::ObjectSink;
 use super::outputs::Rendered;
 use super::rejections::RejectionLog;
 use super::retention::Retention;
-use crate::fabric::{Fabric, ibnetdiscover};
+use crate::fabric::graph::{Fabric, ibnetdiscover};
 use crate::model::engine::Engine;
 use crate::render::RenderOptions;
 use crate::render::hypernodes::{self, HyperNode};
@@ -25,13 +24,11 @@ use crate::render::kai;
 use crate::render::kueue::Topology;
 use crate::slurm::SlurmClient;
 
-pub use args::{MANAGED_BY, SlurmTopology, TopologyArgs, TopologyError};
-
-pub(super) mod args;
+use super::args::{FabricArgs, FabricError};
 
 /// The reconciler's state between runs.
 pub(crate) struct State {
-    pub(super) args: TopologyArgs,
+    pub(super) args: FabricArgs,
     pub(super) namespace: String,
     pub(super) slurm: SlurmClient,
     pub(super) client: kube::Client,
@@ -71,7 +68,7 @@ impl State {
     pub(crate) fn new(
         client: kube::Client,
         slurm: SlurmClient,
-        args: TopologyArgs,
+        args: FabricArgs,
         namespace: String,
     ) -> Self {
         let engine = Engine::new(args.model_options());
@@ -115,7 +112,7 @@ impl State {
     /// a write.
     pub(super) async fn served<K: kube::Resource<DynamicType = ()>>(
         &mut self,
-    ) -> Result<bool, TopologyError> {
+    ) -> Result<bool, FabricError> {
         let key = (
             K::api_version(&()).into_owned(),
             K::plural(&()).into_owned(),
@@ -127,7 +124,7 @@ impl State {
         let found = match self.client.list_api_group_resources(group_version).await {
             Ok(list) => list.resources.iter().any(|r| &r.name == plural),
             Err(kube::Error::Api(s)) if s.code == 404 => false,
-            Err(e) => return Err(TopologyError::api("API discovery")(e)),
+            Err(e) => return Err(FabricError::api("API discovery")(e)),
         };
         if found {
             tracing::info!(
@@ -195,12 +192,13 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::SlurmTopology;
     use clap::Parser as _;
 
     #[derive(Debug, clap::Parser)]
     struct Cli {
         #[command(flatten)]
-        args: TopologyArgs,
+        args: FabricArgs,
     }
 
     #[test]
