@@ -282,6 +282,30 @@ impl ControllerProcess {
         crate::scrape(&self.listen, name)
     }
 
+    /// The fabric task's passes that have ended, writes and all (`isthmus_controller_topology_recompute_seconds`'s
+    /// count, recorded as a pass returns).
+    pub fn fabric_passes(&self) -> f64 {
+        self.metric("isthmus_controller_topology_recompute_seconds_count")
+    }
+
+    /// Cause `n` fabric passes that change nothing isthmus reads or writes, one after another, and return once the
+    /// last has ended: each is an annotation of Node `node` (a watch event, so a pass that looks at that Node's
+    /// labels again), awaited by [`Self::fabric_passes`]. What an idle window is meant to show — a pass over
+    /// unchanged inputs writes nothing — shown pass by pass instead of by waiting.
+    pub fn await_idle_passes(&self, api: &ApiServer, node: &str, n: usize) {
+        for i in 0..n {
+            let before = self.fabric_passes();
+            let value = format!("isthmus-tests.example/idle-pass={before}-{i}");
+            let out = api.kubectl(&["annotate", "node", node, &value, "--overwrite"]);
+            assert!(out.status.success(), "{}", crate::apiserver::describe(&out));
+            crate::slurm::wait_until(
+                &format!("idle fabric pass {} of {n}", i + 1),
+                std::time::Duration::from_secs(60),
+                || self.fabric_passes() > before,
+            );
+        }
+    }
+
     /// One series of a metric, by its exact label text (`kind="configmap",result="applied"`).
     pub fn metric_with(&self, name: &str, labels: &str) -> f64 {
         crate::scrape(&self.listen, &format!("{name}{{{labels}}}"))

@@ -281,7 +281,8 @@ fn converges_after_the_api_server_restarts_without_a_write_storm() {
     if let Ok(mut pods) = agent.kubelet.pods.lock() {
         pods.push(pod("ml", "trainer-2", &[5], &[12]));
     }
-    std::thread::sleep(Duration::from_secs(5));
+    // Passes of the agent while the server is away, each of which would publish the change.
+    agent.kubelet.await_passes(6, 0);
     assert_eq!(
         http_get(&agent.listen, "/healthz").map(|r| r.0).ok(),
         Some(200),
@@ -297,7 +298,8 @@ fn converges_after_the_api_server_restarts_without_a_write_storm() {
         fingerprint(o) == want
     }));
     eprintln!("converged {took:?} after the API server answered again");
-    std::thread::sleep(Duration::from_secs(5));
+    // Passes after convergence, each of which could write again.
+    agent.kubelet.await_passes(6, 0);
     let writes = server.writes_by(&agent_user(), back);
     // A restarted API server refuses requests (403) until its RBAC caches have synced again: such an attempt is
     // retried with backoff. One apply of each object catches up; no storm of attempts.

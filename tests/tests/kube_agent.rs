@@ -146,8 +146,9 @@ fn publishes_on_start_and_on_change_only_and_survives_api_failures() {
         isthmus_agent::k8s::fingerprint::fingerprint([("ml", "trainer-0")])
     );
 
-    // Nothing changes: no further write (several ticks and one PodResources poll later).
-    std::thread::sleep(Duration::from_secs(12));
+    // Nothing changes: no further write after six passes of the agent, one of them reading the allocatable
+    // resources again.
+    kubelet.await_passes(6, 1);
     assert_eq!(
         patches(&state).len(),
         1,
