@@ -288,6 +288,17 @@ impl ControllerProcess {
         self.metric("isthmus_controller_topology_recompute_seconds_count")
     }
 
+    /// Wait until `n` more fabric passes have ended, whatever caused them (a watch event, the retained nodes'
+    /// recheck).
+    pub fn await_passes(&self, n: usize) {
+        let until = self.fabric_passes() + n as f64;
+        crate::slurm::wait_until(
+            &format!("{n} more fabric passes"),
+            std::time::Duration::from_secs(60),
+            || self.fabric_passes() >= until,
+        );
+    }
+
     /// Cause `n` fabric passes that change nothing isthmus reads or writes, one after another, and return once the
     /// last has ended: each is an annotation of Node `node` (a watch event, so a pass that looks at that Node's
     /// labels again), awaited by [`Self::fabric_passes`]. What an idle window is meant to show — a pass over

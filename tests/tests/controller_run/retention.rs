@@ -187,7 +187,7 @@ fn run(release: SlurmRelease) {
         &[&c],
         || status_key(&api, "retained").ends_with("Slurm shows IDLE\n"),
     );
-    std::thread::sleep(Duration::from_secs(3));
+    c.await_passes(3);
     assert_eq!(nodes_conf(&api), written);
 
     // Drained in Slurm: the line leaves, and so do the status entry and the metric.
