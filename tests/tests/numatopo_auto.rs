@@ -49,8 +49,18 @@ fn auto_waits_for_the_crd_without_failing_calls_and_then_publishes() {
     wait_until("the NRT published", Duration::from_secs(60), || {
         rt.block_on(nrts.get_opt(NODE)).ok().flatten().is_some()
     });
-    // A few checks' worth of time without the CRD.
-    std::thread::sleep(Duration::from_secs(4 * RECHECK_S + 1));
+    // Four checks without the CRD, counted in the audit log.
+    wait_until(
+        "four discovery reads without the CRD",
+        Duration::from_secs(60),
+        || {
+            api.requests_by(&user, started)
+                .iter()
+                .filter(|c| c.uri == "/apis")
+                .count()
+                >= 4
+        },
+    );
     let calls = api.requests_by(&user, started);
     let failed: Vec<_> = calls
         .iter()
