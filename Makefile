@@ -115,8 +115,10 @@ run: build
 fmt:
 	$(CARGO) fmt --all -- --check
 
+# The hardware crate also without libhwloc (its `hwloc` feature off): what is dead or unused only there shows.
 lint:
 	$(CARGO) clippy --workspace --all-targets --features isthmus-tests/system -- -D warnings
+	$(CARGO) clippy -p isthmus-topology --no-default-features --all-targets -- -D warnings
 
 # The fast tier as a machine with only Rust, a C toolchain, pkg-config and libhwloc-dev has it: `cargo test` with
 # nothing else on PATH (the system tier, `--features isthmus-tests/system`, is what `make test` adds).

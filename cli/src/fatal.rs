@@ -56,7 +56,7 @@ impl Write for Buffer {
 
 /// `message` as the one line tracing-subscriber's JSON formatter writes for an ERROR event of target `isthmus`
 /// (with its newline). Independent of `RUST_LOG` and of a subscriber already installed: the error is always said.
-pub fn json_line(message: &str) -> String {
+pub(crate) fn json_line(message: &str) -> String {
     let buf = Buffer::default();
     let sink = buf.clone();
     let subscriber = tracing_subscriber::fmt()

@@ -105,7 +105,7 @@ fn read(path: &Path) -> Result<String, SettingsError> {
 
 /// The `--key=value` arguments of the file `text` for the subcommand at `path` (`["agent"]`), leaving out the
 /// flags `explicit` shows as given on the command line or in the environment. Every key is checked alone.
-pub fn settings(
+pub(crate) fn settings(
     path: &[String],
     explicit: &ArgMatches,
     file: &Path,

@@ -6,7 +6,7 @@
 //! says to Slurm. Pure.
 
 /// Prefix of a placeholder job's comment.
-pub const COMMENT_PREFIX: &str = "k8s:";
+pub(crate) const COMMENT_PREFIX: &str = "k8s:";
 
 /// What a placeholder job's comment names.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -38,7 +38,7 @@ pub fn is_dns_subdomain(s: &str) -> bool {
 }
 
 /// A pod UID as the API server writes them (hex digits and dashes, at most 64).
-pub fn is_uid(s: &str) -> bool {
+pub(crate) fn is_uid(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-')
 }
 

@@ -45,7 +45,7 @@ pub struct GresRecord {
 
 impl GresRecord {
     /// How many devices the record describes.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         if self.multiple_files {
             1
         } else {
@@ -81,7 +81,7 @@ impl GresRecord {
 }
 
 /// The GRES name Slurm sites use for a device kind.
-pub fn gres_name(kind: DeviceKind) -> &'static str {
+pub(crate) fn gres_name(kind: DeviceKind) -> &'static str {
     match kind {
         DeviceKind::Gpu => "gpu",
         DeviceKind::Npu => "npu",
@@ -317,7 +317,7 @@ fn collapse(records: Vec<GresRecord>) -> Vec<GresRecord> {
 }
 
 /// GRES names and counts per (name, type), for `Gres=` of the node definition, in first-seen order.
-pub fn counts(records: &[GresRecord]) -> Vec<(String, String, usize)> {
+pub(crate) fn counts(records: &[GresRecord]) -> Vec<(String, String, usize)> {
     let mut out: Vec<(String, String, usize)> = Vec::new();
     for r in records {
         match out
@@ -332,7 +332,7 @@ pub fn counts(records: &[GresRecord]) -> Vec<(String, String, usize)> {
 }
 
 /// The GRES names slurm.conf must list in `GresTypes=`.
-pub fn gres_types(records: &[GresRecord]) -> Vec<String> {
+pub(crate) fn gres_types(records: &[GresRecord]) -> Vec<String> {
     let mut names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
     names.dedup();
     names.sort();

@@ -120,11 +120,6 @@ impl NodeShape {
         };
         (shape, issues)
     }
-
-    /// Total sockets.
-    pub fn sockets(&self) -> u32 {
-        self.sockets_per_board * self.boards
-    }
 }
 
 /// Slurm's abstract core id of every core, keyed by the core's first Linux CPU id: cores numbered by socket (in

@@ -56,7 +56,7 @@ fn token_ok(s: &str) -> bool {
 }
 
 /// Features discovered from the hardware: one per accelerator type, `nvswitch`, `ib` / `roce` for active ports.
-pub fn discovered_features(topo: &NodeTopology, gres: &GresOptions) -> Vec<String> {
+pub(crate) fn discovered_features(topo: &NodeTopology, gres: &GresOptions) -> Vec<String> {
     let (recs, _) = records(topo, gres);
     let mut f: Vec<String> = recs
         .iter()
@@ -87,7 +87,7 @@ pub fn discovered_features(topo: &NodeTopology, gres: &GresOptions) -> Vec<Strin
 /// The node's memory in MiB as slurmd computes RealMemory (`get_memory`): the system's page count
 /// (`sysconf(_SC_PHYS_PAGES)`, which is `/proc/meminfo`'s MemTotal) times the page size, through a `float`, truncated.
 /// Without `/proc/meminfo` in the host root, the NUMA nodes' total.
-pub fn slurmd_memory_mib(topo: &NodeTopology) -> u64 {
+pub(crate) fn slurmd_memory_mib(topo: &NodeTopology) -> u64 {
     let Some(total) = topo.machine.system_memory_bytes else {
         return topo.machine.memory_bytes >> 20;
     };
@@ -103,7 +103,7 @@ pub fn slurmd_memory_mib(topo: &NodeTopology) -> u64 {
 
 /// The node's attributes after `NodeName=` (shared by the slurm.conf line and the dynamic `--conf` string), plus
 /// the irregularities Slurm itself would log.
-pub fn attributes(
+pub(crate) fn attributes(
     topo: &NodeTopology,
     opts: &NodeOptions,
 ) -> Result<(String, Vec<ShapeIssue>), NodeDefError> {

@@ -11,11 +11,11 @@ const MAX_LINE: usize = 128;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SlurmVersion {
     /// The year (`26`).
-    pub major: u16,
+    pub(crate) major: u16,
     /// The month of the line (`5`, printed `05`).
-    pub minor: u16,
+    pub(crate) minor: u16,
     /// The maintenance release (`5`; 0 when the line prints none).
-    pub micro: u16,
+    pub(crate) micro: u16,
 }
 
 /// Why a version line was not read.
@@ -33,7 +33,7 @@ pub enum VersionError {
 
 impl SlurmVersion {
     /// A release.
-    pub const fn new(major: u16, minor: u16, micro: u16) -> Self {
+    pub(crate) const fn new(major: u16, minor: u16, micro: u16) -> Self {
         Self {
             major,
             minor,

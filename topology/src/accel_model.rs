@@ -25,7 +25,7 @@ pub struct MigDevice {
     pub gpu_instance_slices: Option<u32>,
     /// Compute slices of the compute instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compute_instance_slices: Option<u32>,
+    pub(crate) compute_instance_slices: Option<u32>,
     /// Streaming multiprocessors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multiprocessors: Option<u32>,
@@ -77,19 +77,19 @@ pub struct NvlinkFabric {
     pub state: FabricState,
     /// Registration status as reported (`Success`, or an NVML error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
+    pub(crate) status: Option<String>,
     /// The NVLink domain's cluster UUID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster_uuid: Option<String>,
+    pub(crate) cluster_uuid: Option<String>,
     /// The clique (NVLink partition) inside the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clique_id: Option<u32>,
+    pub(crate) clique_id: Option<u32>,
 }
 
 impl NvlinkFabric {
     /// `<ClusterUUID>.<CliqueId>` when registration completed and both are known: the accelerator domain this GPU
     /// belongs to (GPU feature discovery's `nvidia.com/gpu.clique` value).
-    pub fn domain(&self) -> Option<String> {
+    pub(crate) fn domain(&self) -> Option<String> {
         match (self.state, &self.cluster_uuid, self.clique_id) {
             (FabricState::Completed, Some(uuid), Some(clique)) => Some(format!("{uuid}.{clique}")),
             _ => None,
@@ -108,7 +108,7 @@ pub struct AmdInfo {
     pub hive_id: Option<u64>,
     /// `gfx_target_version` (e.g. 90010 for gfx90a, 90402 for gfx942).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gfx_target_version: Option<u32>,
+    pub(crate) gfx_target_version: Option<u32>,
     /// Compute partitions (one per KFD GPU node); a GPU in SPX mode has one, CPX mode on an MI300X has eight. Sorted
     /// by partition index.
     pub partitions: Vec<AmdPartition>,
@@ -126,7 +126,7 @@ pub struct AmdPartition {
     pub kfd_node: u32,
     /// KFD `gpu_id`, when recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_id: Option<u32>,
+    pub(crate) gpu_id: Option<u32>,
     /// `/dev/dri/renderD<N>` minor.
     pub render_minor: u32,
     /// SIMD units.
@@ -135,7 +135,7 @@ pub struct AmdPartition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
     /// Device nodes a job needs: `/dev/dri/renderD<N>` and `/dev/kfd`.
-    pub device_nodes: Vec<String>,
+    pub(crate) device_nodes: Vec<String>,
 }
 
 /// An xGMI connection from one AMD GPU to another (KFD io_link type 11).
@@ -146,7 +146,7 @@ pub struct XgmiLink {
     /// Hops (1 = direct link).
     pub hops: u32,
     /// KFD link weight (lower is closer).
-    pub weight: u32,
+    pub(crate) weight: u32,
     /// Largest `max_bandwidth` KFD reports on the links between the two GPUs, MB/s (0 when not reported).
-    pub max_bandwidth_mbps: u64,
+    pub(crate) max_bandwidth_mbps: u64,
 }

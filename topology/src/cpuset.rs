@@ -5,7 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The largest CPU id accepted from a host file. Linux' `NR_CPUS` tops out at 8192; anything beyond is garbage.
-pub const MAX_CPU_ID: u32 = 65_535;
+pub(crate) const MAX_CPU_ID: u32 = 65_535;
 
 /// Why a cpulist or mask could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

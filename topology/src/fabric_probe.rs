@@ -22,18 +22,18 @@ use crate::warning::{Warning, WarningSource};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SmpNodeInfo {
     /// `NodeType` (`Switch`, `Channel Adapter`, `Router`).
-    pub node_type: String,
+    pub(crate) node_type: String,
     /// `Guid`: the node GUID.
-    pub node_guid: u64,
+    pub(crate) node_guid: u64,
     /// `PortGuid`, when printed.
-    pub port_guid: Option<u64>,
+    pub(crate) port_guid: Option<u64>,
     /// `LocalPort`: the port of the answering node the query arrived on.
-    pub local_port: u32,
+    pub(crate) local_port: u32,
 }
 
 impl SmpNodeInfo {
     /// Whether the answering node is a switch.
-    pub fn is_switch(&self) -> bool {
+    pub(crate) fn is_switch(&self) -> bool {
         self.node_type.eq_ignore_ascii_case("switch")
     }
 }

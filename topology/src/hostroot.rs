@@ -12,10 +12,10 @@ use crate::warning::{Warning, WarningSource};
 #[error("{path}: {source}")]
 pub struct ReadError {
     /// The host path (as seen from inside the host root, e.g. `/sys/bus/pci/devices`).
-    pub path: String,
+    pub(crate) path: String,
     /// What went wrong.
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 impl ReadError {
@@ -25,7 +25,7 @@ impl ReadError {
     }
 
     /// Turn the error into a model warning attributed to `source`.
-    pub fn warning(&self, source: WarningSource) -> Warning {
+    pub(crate) fn warning(&self, source: WarningSource) -> Warning {
         Warning::new(source, Some(&self.path), self.source.to_string())
     }
 }
@@ -94,12 +94,12 @@ impl HostRoot {
     }
 
     /// The directory that stands for `/`.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.root
     }
 
     /// Whether this root is the running system's own `/`.
-    pub fn is_system_root(&self) -> bool {
+    pub(crate) fn is_system_root(&self) -> bool {
         self.root == Path::new("/")
     }
 
@@ -141,7 +141,7 @@ impl HostRoot {
     }
 
     /// Read a small file's raw bytes (at most 1 MiB).
-    pub fn read_bytes(&self, host_path: impl AsRef<Path>) -> Result<Vec<u8>, ReadError> {
+    pub(crate) fn read_bytes(&self, host_path: impl AsRef<Path>) -> Result<Vec<u8>, ReadError> {
         use std::io::Read;
         let host_path = host_path.as_ref();
         let file = self.open(host_path).map_err(|e| Self::err(host_path, e))?;
@@ -153,7 +153,7 @@ impl HostRoot {
     }
 
     /// The sorted names of the entries of a directory.
-    pub fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>, ReadError> {
+    pub(crate) fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>, ReadError> {
         let host_path = host_path.as_ref();
         let rd = fs::read_dir(self.join(host_path)).map_err(|e| Self::err(host_path, e))?;
         let mut names = Vec::new();
@@ -166,14 +166,14 @@ impl HostRoot {
     }
 
     /// The target of a symbolic link, as written in the link.
-    pub fn read_link(&self, host_path: impl AsRef<Path>) -> Result<PathBuf, ReadError> {
+    pub(crate) fn read_link(&self, host_path: impl AsRef<Path>) -> Result<PathBuf, ReadError> {
         let host_path = host_path.as_ref();
         fs::read_link(self.join(host_path)).map_err(|e| Self::err(host_path, e))
     }
 
     /// Resolve a symbolic link to a host path (absolute, inside the root), lexically: `..` is applied to the link's
     /// directory. Absolute link targets are taken as host paths.
-    pub fn resolve_link(&self, host_path: impl AsRef<Path>) -> Result<PathBuf, ReadError> {
+    pub(crate) fn resolve_link(&self, host_path: impl AsRef<Path>) -> Result<PathBuf, ReadError> {
         let host_path = host_path.as_ref();
         let target = self.read_link(host_path)?;
         let base = host_path.parent().unwrap_or(Path::new("/"));
@@ -181,7 +181,7 @@ impl HostRoot {
     }
 
     /// The last component of a symbolic link's target (e.g. the driver name behind `.../driver`).
-    pub fn link_name(&self, host_path: impl AsRef<Path>) -> Result<String, ReadError> {
+    pub(crate) fn link_name(&self, host_path: impl AsRef<Path>) -> Result<String, ReadError> {
         let target = self.read_link(host_path)?;
         Ok(target
             .file_name()
@@ -190,7 +190,7 @@ impl HostRoot {
     }
 
     /// Whether a host path exists (any file type, links not followed).
-    pub fn exists(&self, host_path: impl AsRef<Path>) -> bool {
+    pub(crate) fn exists(&self, host_path: impl AsRef<Path>) -> bool {
         fs::symlink_metadata(self.join(host_path)).is_ok()
     }
 }

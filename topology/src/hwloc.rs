@@ -8,8 +8,6 @@
 //! binary sets it once at start-up, before any thread exists ([`hwloc_env`]); this probe refuses to run when the
 //! environment points elsewhere, so it can never describe the wrong machine.
 
-use std::path::Path;
-
 #[cfg(feature = "hwloc")]
 mod load;
 
@@ -19,7 +17,7 @@ use crate::model::{Cache, Core, NumaNode, Package};
 
 /// Why hwloc could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum HwlocError {
+pub(crate) enum HwlocError {
     /// `HWLOC_FSROOT` does not match the host root we were asked to describe.
     #[error(
         "HWLOC_FSROOT is {found:?} but the host root is {expected:?}; hwloc would describe another machine"
@@ -32,44 +30,47 @@ pub enum HwlocError {
     },
     /// libhwloc failed to configure or load the topology.
     #[error("hwloc: {0}")]
+    #[cfg(feature = "hwloc")]
     Load(String),
     /// The topology loaded but is unusable (no PU).
     #[error("hwloc found no processing unit")]
+    #[cfg(feature = "hwloc")]
     Empty,
     /// This build has no libhwloc (the `hwloc` feature was off).
     #[error("this isthmus was built without libhwloc")]
+    #[cfg(not(feature = "hwloc"))]
     NotBuilt,
 }
 
 /// What hwloc reports about CPUs and memory.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HwlocFacts {
+pub(crate) struct HwlocFacts {
     /// Packages with their cores.
-    pub packages: Vec<Package>,
+    pub(crate) packages: Vec<Package>,
     /// NUMA nodes with memory, huge pages and distances.
-    pub numa_nodes: Vec<NumaNode>,
+    pub(crate) numa_nodes: Vec<NumaNode>,
     /// Last-level caches.
-    pub caches: Vec<Cache>,
+    pub(crate) caches: Vec<Cache>,
     /// All PUs.
-    pub cpuset: CpuSet,
+    pub(crate) cpuset: CpuSet,
     /// Allowed PUs (cgroup), when narrower.
-    pub allowed_cpuset: Option<CpuSet>,
+    pub(crate) allowed_cpuset: Option<CpuSet>,
     /// `Architecture` info.
-    pub architecture: Option<String>,
+    pub(crate) architecture: Option<String>,
     /// First package's `CPUModel`.
-    pub cpu_model: Option<String>,
+    pub(crate) cpu_model: Option<String>,
     /// DMI system vendor and product hwloc found.
-    pub dmi: (Option<String>, Option<String>),
+    pub(crate) dmi: (Option<String>, Option<String>),
     /// Number of Group objects at the first level below the machine (boards, in Slurm's terms), 0 when none.
-    pub top_level_groups: usize,
+    pub(crate) top_level_groups: usize,
     /// Allowed NUMA nodes (cgroup), when narrower than all nodes.
-    pub allowed_numa_nodes: Option<Vec<u32>>,
+    pub(crate) allowed_numa_nodes: Option<Vec<u32>>,
     /// Cores outside every package (hwloc dropped a package whose description contradicted itself).
-    pub unpackaged_cores: Vec<Core>,
+    pub(crate) unpackaged_cores: Vec<Core>,
     /// Core objects hwloc reported (0 when the platform reports no core level).
-    pub core_count: usize,
+    pub(crate) core_count: usize,
     /// The normal page size, when hwloc reported one.
-    pub page_size_bytes: Option<u64>,
+    pub(crate) page_size_bytes: Option<u64>,
 }
 
 /// Environment variables hwloc needs to read `root` instead of `/`: `HWLOC_FSROOT`, and for a recorded tree
@@ -106,7 +107,7 @@ pub(crate) fn check_fsroot(root: &HostRoot) -> Result<(), HwlocError> {
 }
 
 /// Load the topology of `root` (which must be the root `HWLOC_FSROOT` points at).
-pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
+pub(crate) fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
     #[cfg(feature = "hwloc")]
     {
         load::probe(root)
@@ -116,9 +117,4 @@ pub fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
         let _ = root;
         Err(HwlocError::NotBuilt)
     }
-}
-
-/// Whether `path` looks like it holds a Linux host tree hwloc can read.
-pub fn looks_like_host_root(path: &Path) -> bool {
-    path.join("sys").is_dir() || path.join("proc").is_dir()
 }

@@ -15,19 +15,19 @@ pub struct IbDevice {
     pub pci_address: Option<String>,
     /// `MT4129`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hca_type: Option<String>,
+    pub(crate) hca_type: Option<String>,
     /// Firmware version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fw_ver: Option<String>,
+    pub(crate) fw_ver: Option<String>,
     /// Board id (`MT_0000000838`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub board_id: Option<String>,
+    pub(crate) board_id: Option<String>,
     /// Node GUID (`a088:c203:00da:6342`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_guid: Option<String>,
     /// System image GUID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sys_image_guid: Option<String>,
+    pub(crate) sys_image_guid: Option<String>,
     /// `/dev/infiniband/uverbsN`, when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uverbs: Option<String>,
@@ -57,7 +57,7 @@ pub struct IbPort {
     pub rate_mbps: Option<u64>,
     /// Rate text as the kernel printed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<String>,
+    pub(crate) rate: Option<String>,
     /// `InfiniBand` or `Ethernet` (RoCE).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_layer: Option<String>,
@@ -72,7 +72,7 @@ pub struct IbPort {
     pub gid: Option<String>,
     /// RoCE network device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netdev: Option<String>,
+    pub(crate) netdev: Option<String>,
     /// Numeric counters (`counters/` and `hw_counters/`, the latter prefixed `hw_`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
@@ -88,7 +88,7 @@ pub struct IbPort {
 impl IbPort {
     /// Whether the port speaks InfiniBand (a missing `link_layer`, as on old kernels and simulated devices, means
     /// InfiniBand), as opposed to RoCE.
-    pub fn is_infiniband(&self) -> bool {
+    pub(crate) fn is_infiniband(&self) -> bool {
         self.link_layer.as_deref().is_none_or(|l| l == "InfiniBand")
     }
 

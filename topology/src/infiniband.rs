@@ -14,7 +14,7 @@ const IB_CLASS: &str = "/sys/class/infiniband";
 const VERBS_CLASS: &str = "/sys/class/infiniband_verbs";
 
 /// Parse `4: ACTIVE` into (4, "ACTIVE").
-pub fn parse_state(s: &str) -> Option<(u8, String)> {
+pub(crate) fn parse_state(s: &str) -> Option<(u8, String)> {
     let (id, name) = s.trim().split_once(':')?;
     let id = id.trim().parse().ok()?;
     let name = name.trim();
@@ -22,7 +22,7 @@ pub fn parse_state(s: &str) -> Option<(u8, String)> {
 }
 
 /// Parse a rate such as `400 Gb/sec (4X NDR)` or `2.5 Gb/sec (1X SDR)` into Mb/s.
-pub fn parse_rate_mbps(s: &str) -> Option<u64> {
+pub(crate) fn parse_rate_mbps(s: &str) -> Option<u64> {
     let mut it = s.split_whitespace();
     let number = it.next()?;
     let unit = it.next()?;
@@ -49,7 +49,7 @@ pub fn parse_rate_mbps(s: &str) -> Option<u64> {
 }
 
 /// Parse a LID (`0x80`; plain decimal accepted too).
-pub fn parse_lid(s: &str) -> Option<u32> {
+pub(crate) fn parse_lid(s: &str) -> Option<u32> {
     let s = s.trim();
     match s.strip_prefix("0x") {
         Some(h) if !h.is_empty() && h.len() <= 8 => u32::from_str_radix(h, 16).ok(),
@@ -59,7 +59,7 @@ pub fn parse_lid(s: &str) -> Option<u32> {
 }
 
 /// Parse a counter value; `N/A (no PMA)` and other text give `None`.
-pub fn parse_counter(s: &str) -> Option<u64> {
+pub(crate) fn parse_counter(s: &str) -> Option<u64> {
     s.trim().parse().ok()
 }
 
@@ -194,7 +194,11 @@ fn probe_port(
 }
 
 /// Read every InfiniBand/RoCE device and its ports. `with_counters` also reads the traffic/error counters.
-pub fn probe(root: &HostRoot, with_counters: bool, warnings: &mut Vec<Warning>) -> Vec<IbDevice> {
+pub(crate) fn probe(
+    root: &HostRoot,
+    with_counters: bool,
+    warnings: &mut Vec<Warning>,
+) -> Vec<IbDevice> {
     let names = match root.list_dir(IB_CLASS) {
         Ok(n) => n,
         Err(e) => {

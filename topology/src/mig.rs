@@ -7,15 +7,15 @@ use std::collections::BTreeMap;
 use crate::nvml::NvmlMigDevice;
 
 /// Where the driver lists the capability minors of every GPU instance and compute instance.
-pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
+pub(crate) const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
 
 /// Capability minors from `mig-minors`, keyed by (GPU minor, GPU instance id, compute instance id); the GPU
 /// instance's own entry has `None` as compute instance.
-pub type MigMinors = BTreeMap<(u32, u32, Option<u32>), u32>;
+pub(crate) type MigMinors = BTreeMap<(u32, u32, Option<u32>), u32>;
 
 /// Parse `mig-minors` (`config 1`, `monitor 2`, `gpu0/gi0/access 3`, `gpu0/gi0/ci0/access 4`, ...). Lines that are
 /// not GPU capabilities (config, monitor) are skipped; malformed lines are returned as problems (sentences).
-pub fn parse_mig_minors(text: &str) -> (MigMinors, Vec<String>) {
+pub(crate) fn parse_mig_minors(text: &str) -> (MigMinors, Vec<String>) {
     let mut out = MigMinors::new();
     let mut problems = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -60,31 +60,31 @@ fn parse_cap_name(name: &str) -> Option<(u32, u32, Option<u32>)> {
 
 /// One row of `nvidia-smi mig -lgip`: a GPU-instance profile the GPU supports.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GpuInstanceProfile {
+pub(crate) struct GpuInstanceProfile {
     /// Profile name without the `MIG ` prefix (`1g.10gb`, `1g.10gb+me`).
-    pub name: String,
+    pub(crate) name: String,
     /// Profile id (`nvidia-smi mig -cgi <id>`).
-    pub id: u32,
+    pub(crate) id: u32,
     /// Compute slices (the `<n>g` of the name).
-    pub slices: u32,
+    pub(crate) slices: u32,
     /// Memory, GiB as printed (two decimals).
-    pub memory_gib: f64,
+    pub(crate) memory_gib: f64,
     /// Streaming multiprocessors.
-    pub multiprocessors: u32,
+    pub(crate) multiprocessors: u32,
     /// Decoders.
-    pub decoders: Option<u32>,
+    pub(crate) decoders: Option<u32>,
     /// Encoders.
-    pub encoders: Option<u32>,
+    pub(crate) encoders: Option<u32>,
     /// Copy engines (second line of the row, newer drivers).
-    pub copy_engines: Option<u32>,
+    pub(crate) copy_engines: Option<u32>,
     /// JPEG engines (second line).
-    pub jpeg_engines: Option<u32>,
+    pub(crate) jpeg_engines: Option<u32>,
     /// Optical-flow accelerators (second line).
-    pub ofa_engines: Option<u32>,
+    pub(crate) ofa_engines: Option<u32>,
 }
 
 /// Parse the table of `nvidia-smi mig -lgip`. Rows that do not parse are skipped (the table has frame lines).
-pub fn parse_lgip(text: &str) -> Vec<GpuInstanceProfile> {
+pub(crate) fn parse_lgip(text: &str) -> Vec<GpuInstanceProfile> {
     let mut out: Vec<GpuInstanceProfile> = Vec::new();
     let mut last_was_row = false;
     for line in text.lines() {
@@ -143,7 +143,7 @@ fn agrees(a: Option<u32>, b: Option<u32>) -> bool {
 /// Fill a MIG device's slice counts (and the profile's attribute suffix) from the GPU-instance profile table when
 /// NVML's attributes were not recorded: the rows whose multiprocessors and memory match the device (and its engine
 /// counts, where both sides know them). Returns false when no row, or rows of different slice counts, match.
-pub fn resolve_slices(dev: &mut NvmlMigDevice, table: &[GpuInstanceProfile]) -> bool {
+pub(crate) fn resolve_slices(dev: &mut NvmlMigDevice, table: &[GpuInstanceProfile]) -> bool {
     if dev.gpu_instance_slices.is_some() {
         return true;
     }
@@ -184,7 +184,7 @@ pub fn resolve_slices(dev: &mut NvmlMigDevice, table: &[GpuInstanceProfile]) -> 
 
 /// The memory part of a MIG profile name as NVIDIA's tools compute it (go-nvlib `getMigMemorySizeGB`): the
 /// instance's fraction of the parent's memory, rounded up to eighths, times the parent's memory in whole GiB.
-pub fn nvidia_memory_gb(mig_memory_bytes: u64, parent_memory_bytes: u64) -> Option<u64> {
+pub(crate) fn nvidia_memory_gb(mig_memory_bytes: u64, parent_memory_bytes: u64) -> Option<u64> {
     if parent_memory_bytes == 0 {
         return None;
     }
@@ -196,7 +196,7 @@ pub fn nvidia_memory_gb(mig_memory_bytes: u64, parent_memory_bytes: u64) -> Opti
 
 /// NVIDIA's profile name (`1g.10gb`, `1c.3g.40gb`, `1g.10gb+me`), as the device plugin's `nvidia.com/mig-<profile>`
 /// resources and GPU feature discovery's labels use it.
-pub fn nvidia_profile_name(
+pub(crate) fn nvidia_profile_name(
     gi_slices: u32,
     ci_slices: u32,
     memory_gb: u64,

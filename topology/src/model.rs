@@ -10,13 +10,13 @@ pub use crate::ib_model::{IbDevice, IbNeighbour, IbPort};
 use crate::warning::Warning;
 
 /// Version of the serialised model; bumped on incompatible changes.
-pub const MODEL_VERSION: u32 = 2;
+pub(crate) const MODEL_VERSION: u32 = 2;
 
 /// Everything isthmus knows about one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeTopology {
     /// [`MODEL_VERSION`].
-    pub version: u32,
+    pub(crate) version: u32,
     /// The machine as a whole.
     pub machine: Machine,
     /// CPU packages (sockets), in topology order (by first CPU).
@@ -119,9 +119,9 @@ pub struct Package {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Core {
     /// Machine-wide logical index (topology order: package, then core).
-    pub logical: u32,
+    pub(crate) logical: u32,
     /// OS index (`core_id`, unique only within a package).
-    pub id: u32,
+    pub(crate) id: u32,
     /// Its hardware threads.
     pub cpuset: CpuSet,
 }
@@ -223,13 +223,13 @@ pub struct Device {
     /// PCI vendor id.
     pub vendor_id: u16,
     /// PCI device id.
-    pub device_id: u16,
+    pub(crate) device_id: u16,
     /// Model name (from NVML/procfs when known, otherwise the id table).
     pub model: String,
     /// PCI address `dddd:bb:dd.f`.
     pub pci_address: String,
     /// PCI class code (24 bits).
-    pub class: u32,
+    pub(crate) class: u32,
     /// NUMA node, when the platform reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<u32>,
@@ -244,10 +244,10 @@ pub struct Device {
     /// Device nodes a job needs (host paths).
     pub device_nodes: Vec<String>,
     /// PCIe upstream chain, root complex first (`pci0000:15`, `0000:15:01.0`, ...).
-    pub pci_path: Vec<String>,
+    pub(crate) pci_path: Vec<String>,
     /// Current PCIe link, when reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pcie_link: Option<PcieLink>,
+    pub(crate) pcie_link: Option<PcieLink>,
     /// NVIDIA specifics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvidia: Option<NvidiaInfo>,
@@ -264,11 +264,11 @@ pub struct Device {
 
 /// A PCIe link's speed and width.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PcieLink {
+pub(crate) struct PcieLink {
     /// Transfer rate as printed by the kernel (`32.0 GT/s PCIe`).
-    pub speed: String,
+    pub(crate) speed: String,
     /// Lanes.
-    pub width: u32,
+    pub(crate) width: u32,
 }
 
 /// NVIDIA GPU facts (procfs and NVML).
@@ -291,7 +291,7 @@ pub struct NvidiaInfo {
     pub memory_bytes: Option<u64>,
     /// VBIOS version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vbios: Option<String>,
+    pub(crate) vbios: Option<String>,
     /// MIG mode currently enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_enabled: Option<bool>,
@@ -310,7 +310,7 @@ pub struct NvidiaInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvLink {
     /// Link number.
-    pub link: u32,
+    pub(crate) link: u32,
     /// Whether it is up.
     pub active: bool,
     /// PCI address of the remote end.
@@ -356,7 +356,7 @@ impl Link {
     }
 
     /// Parse `nvidia-smi topo -m` notation.
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "X" => Self::SelfLink,
             "PIX" => Self::SameSwitch,
@@ -373,7 +373,7 @@ impl Link {
     }
 
     /// Rank for "nearest" decisions: lower is closer. NVLink and xGMI beat every PCIe relation.
-    pub fn rank(self) -> u32 {
+    pub(crate) fn rank(self) -> u32 {
         match self {
             Self::SelfLink => 0,
             Self::NvLink(_) | Self::Xgmi(_) => 1,

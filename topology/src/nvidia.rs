@@ -9,17 +9,17 @@ use crate::warning::{Warning, WarningSource};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ProcGpuInfo {
     /// `Model:`.
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// `GPU UUID:` (absent when the driver prints `GPU-????...`).
-    pub uuid: Option<String>,
+    pub(crate) uuid: Option<String>,
     /// `Video BIOS:`.
-    pub vbios: Option<String>,
+    pub(crate) vbios: Option<String>,
     /// `Bus Location:`, normalised.
-    pub bus_location: Option<String>,
+    pub(crate) bus_location: Option<String>,
     /// `Device Minor:`.
-    pub minor: Option<u32>,
+    pub(crate) minor: Option<u32>,
     /// `GPU Excluded:` / `Blacklisted:` is `Yes`.
-    pub excluded: bool,
+    pub(crate) excluded: bool,
 }
 
 /// Parse an `information` file. Unknown lines are ignored; nothing panics.

@@ -5,13 +5,13 @@ use crate::model::DeviceKind;
 
 /// How a PCI function is classified.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Classified {
+pub(crate) struct Classified {
     /// Kind.
-    pub kind: DeviceKind,
+    pub(crate) kind: DeviceKind,
     /// Vendor short name.
-    pub vendor: &'static str,
+    pub(crate) vendor: &'static str,
     /// Model name.
-    pub model: String,
+    pub(crate) model: String,
 }
 
 /// PCI vendor ids.
@@ -19,7 +19,7 @@ pub mod vendor {
     /// NVIDIA.
     pub const NVIDIA: u16 = 0x10de;
     /// Huawei (Ascend).
-    pub const HUAWEI: u16 = 0x19e5;
+    pub(crate) const HUAWEI: u16 = 0x19e5;
     /// Cambricon.
     pub const CAMBRICON: u16 = 0xcabc;
     /// Habana Labs (Intel Gaudi).
@@ -27,19 +27,19 @@ pub mod vendor {
     /// AMD/ATI.
     pub const AMD: u16 = 0x1002;
     /// Xilinx (AMD FPGAs).
-    pub const XILINX: u16 = 0x10ee;
+    pub(crate) const XILINX: u16 = 0x10ee;
     /// Mellanox (NVIDIA networking).
-    pub const MELLANOX: u16 = 0x15b3;
+    pub(crate) const MELLANOX: u16 = 0x15b3;
     /// Intel.
-    pub const INTEL: u16 = 0x8086;
+    pub(crate) const INTEL: u16 = 0x8086;
     /// QLogic.
-    pub const QLOGIC: u16 = 0x1077;
+    pub(crate) const QLOGIC: u16 = 0x1077;
     /// Broadcom (NetXtreme-E RoCE).
-    pub const BROADCOM: u16 = 0x14e4;
+    pub(crate) const BROADCOM: u16 = 0x14e4;
 }
 
 /// Short vendor name for a PCI vendor id.
-pub fn vendor_name(id: u16) -> &'static str {
+pub(crate) fn vendor_name(id: u16) -> &'static str {
     match id {
         vendor::NVIDIA => "nvidia",
         vendor::HUAWEI => "huawei",
@@ -116,7 +116,7 @@ const MODELS: &[(u16, u16, &str)] = &[
 ];
 
 /// The model name of a known device, or `vendor device 10de:2330`.
-pub fn model_name(vendor_id: u16, device_id: u16) -> String {
+pub(crate) fn model_name(vendor_id: u16, device_id: u16) -> String {
     MODELS
         .iter()
         .find(|(v, d, _)| *v == vendor_id && *d == device_id)
@@ -135,19 +135,24 @@ fn class16(class: u32) -> u16 {
 }
 
 /// Whether any vendor's function of this class could be reported (a cheap first filter before reading the vendor).
-pub fn class_may_matter(class: u32) -> bool {
+pub(crate) fn class_may_matter(class: u32) -> bool {
     let c = class16(class);
     matches!(c >> 8, 0x02 | 0x03 | 0x05 | 0x0b | 0x11 | 0x12) || matches!(c, 0x0680 | 0x0c06)
 }
 
 /// Whether a function with this vendor and class could be reported (the device id does not change the kind).
-pub fn is_candidate(vendor_id: u16, class: u32, has_rdma: bool) -> bool {
+pub(crate) fn is_candidate(vendor_id: u16, class: u32, has_rdma: bool) -> bool {
     classify(vendor_id, 0, class, has_rdma).is_some()
 }
 
 /// Classify a PCI function. `has_rdma` is true when an InfiniBand/RoCE device sits on it (RoCE NICs report the
 /// Ethernet class).
-pub fn classify(vendor_id: u16, device_id: u16, class: u32, has_rdma: bool) -> Option<Classified> {
+pub(crate) fn classify(
+    vendor_id: u16,
+    device_id: u16,
+    class: u32,
+    has_rdma: bool,
+) -> Option<Classified> {
     let c = class16(class);
     let base = c >> 8;
     let kind = match (vendor_id, c, base) {
@@ -172,7 +177,7 @@ pub fn classify(vendor_id: u16, device_id: u16, class: u32, has_rdma: bool) -> O
 }
 
 /// Parse a sysfs hex id file (`0x10de`).
-pub fn parse_hex_u32(s: &str) -> Option<u32> {
+pub(crate) fn parse_hex_u32(s: &str) -> Option<u32> {
     let s = s.trim();
     let digits = s
         .strip_prefix("0x")
@@ -185,12 +190,12 @@ pub fn parse_hex_u32(s: &str) -> Option<u32> {
 }
 
 /// Parse a 16-bit sysfs hex id (`0x10de`).
-pub fn parse_hex_u16(s: &str) -> Option<u16> {
+pub(crate) fn parse_hex_u16(s: &str) -> Option<u16> {
     parse_hex_u32(s).and_then(|v| u16::try_from(v).ok())
 }
 
 /// Parse a PCI address `dddd:bb:dd.f` (or `bb:dd.f`) into its normal form `dddd:bb:dd.f`, lower case.
-pub fn normalize_pci_address(s: &str) -> Option<String> {
+pub(crate) fn normalize_pci_address(s: &str) -> Option<String> {
     let s = s.trim();
     let (dom, rest) = match s.matches(':').count() {
         2 => {

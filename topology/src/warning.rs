@@ -57,7 +57,11 @@ pub struct Warning {
 
 impl Warning {
     /// A warning from `source` about `path`.
-    pub fn new(source: WarningSource, path: Option<&str>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        source: WarningSource,
+        path: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             source,
             path: path.map(str::to_owned),

@@ -2,7 +2,7 @@
 
 pub(crate) mod agent;
 pub(crate) mod controller;
-pub(crate) mod discover;
+pub mod discover;
 pub(crate) mod render;
 pub mod status;
 pub(crate) mod table;

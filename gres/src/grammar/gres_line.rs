@@ -45,7 +45,7 @@ pub enum GresFlag {
 
 impl GresFlag {
     /// Every flag, in Slurm's spelling.
-    pub const ALL: [(Self, &'static str); 8] = [
+    pub(crate) const ALL: [(Self, &'static str); 8] = [
         (Self::CountOnly, "CountOnly"),
         (Self::OneSharing, "one_sharing"),
         (Self::AllSharing, "all_sharing"),
@@ -57,7 +57,7 @@ impl GresFlag {
     ];
 
     /// Slurm's spelling.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         Self::ALL
             .iter()
             .find(|(f, _)| *f == self)
@@ -69,20 +69,15 @@ impl GresFlag {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DevicePattern {
     /// The path, or the part before `[`.
-    pub prefix: String,
+    pub(crate) prefix: String,
     /// The numbers in brackets, in order.
-    pub range: Option<Vec<(u32, u32)>>,
+    pub(crate) range: Option<Vec<(u32, u32)>>,
 }
 
 impl DevicePattern {
     /// How many files it names.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.range.as_deref().map_or(1, range_len)
-    }
-
-    /// Whether it names no file (never, once parsed).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -109,7 +104,7 @@ pub enum DeviceFiles {
 
 impl DeviceFiles {
     /// How many devices the files describe.
-    pub fn devices(&self) -> u64 {
+    pub(crate) fn devices(&self) -> u64 {
         match self {
             Self::File(p) => p.iter().map(DevicePattern::len).sum(),
             Self::Multiple(_) => 1,
@@ -123,17 +118,17 @@ pub struct GresLine {
     /// `Name=`.
     pub name: String,
     /// `Type=`.
-    pub gres_type: Option<String>,
+    pub(crate) gres_type: Option<String>,
     /// `File=` / `MultipleFiles=`.
-    pub files: Option<DeviceFiles>,
+    pub(crate) files: Option<DeviceFiles>,
     /// `Cores=` ranges, in order.
-    pub cores: Option<Vec<(u32, u32)>>,
+    pub(crate) cores: Option<Vec<(u32, u32)>>,
     /// `Links=`.
-    pub links: Option<Vec<i32>>,
+    pub(crate) links: Option<Vec<i32>>,
     /// `Count=`.
-    pub count: Option<u64>,
+    pub(crate) count: Option<u64>,
     /// `Flags=`, in order.
-    pub flags: Vec<GresFlag>,
+    pub(crate) flags: Vec<GresFlag>,
 }
 
 impl fmt::Display for GresLine {
@@ -369,8 +364,9 @@ impl GresLine {
         Ok(g)
     }
 
+    #[cfg(test)]
     /// How many devices the line describes: its files, else `Count=`, else 1.
-    pub fn devices(&self) -> u64 {
+    pub(crate) fn devices(&self) -> u64 {
         self.files
             .as_ref()
             .map(DeviceFiles::devices)

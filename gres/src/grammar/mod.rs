@@ -45,13 +45,13 @@ pub use node_line::{GresCount, NodeDefinition};
 /// The longest line accepted, bytes.
 pub const MAX_LINE: usize = 4096;
 /// The longest Slurm host name accepted (a DNS name; a Kubernetes Node name has the same bound).
-pub const MAX_HOSTNAME: usize = 253;
+pub(crate) const MAX_HOSTNAME: usize = 253;
 /// The longest name, type, feature or flag token.
-pub const MAX_TOKEN: usize = 64;
+pub(crate) const MAX_TOKEN: usize = 64;
 /// Most entries of a list value (files of a line after range expansion, cores ranges, links, features).
-pub const MAX_LIST: usize = 1024;
+pub(crate) const MAX_LIST: usize = 1024;
 /// The largest number inside a range or a core id (Slurm keeps core ids and device indices well below it).
-pub const MAX_INDEX: u32 = 1 << 20;
+pub(crate) const MAX_INDEX: u32 = 1 << 20;
 
 /// Why a line was refused. Every piece of input it quotes is escaped and cut short ([`excerpt`]), so an error is
 /// safe to log or to put in a status entry.
@@ -219,7 +219,7 @@ pub(crate) fn range_len(ranges: &[(u32, u32)]) -> u64 {
 }
 
 /// A non-empty token of letters, digits, `_`, `.` and `-`, at most [`MAX_TOKEN`] long: a GRES type, a feature.
-pub fn is_word(s: &str) -> bool {
+pub(crate) fn is_word(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_TOKEN
         && s.chars()
@@ -227,7 +227,7 @@ pub fn is_word(s: &str) -> bool {
 }
 
 /// A GRES name: a letter, then letters, digits and `_`, at most [`MAX_TOKEN`] long (`gpu`, `npu`, `hca`).
-pub fn is_gres_name(s: &str) -> bool {
+pub(crate) fn is_gres_name(s: &str) -> bool {
     s.len() <= MAX_TOKEN
         && s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')

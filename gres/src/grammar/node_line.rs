@@ -21,11 +21,11 @@ pub(crate) const MAX_ENTRIES: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GresCount {
     /// GRES name (`gpu`).
-    pub name: String,
+    pub(crate) name: String,
     /// Type (`nvidia_h100_80gb_hbm3`).
-    pub gres_type: Option<String>,
+    pub(crate) gres_type: Option<String>,
     /// How many.
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 impl fmt::Display for GresCount {
@@ -41,21 +41,21 @@ impl fmt::Display for GresCount {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeDefinition {
     /// `CPUs=`.
-    pub cpus: u32,
+    pub(crate) cpus: u32,
     /// `Boards=`.
-    pub boards: u32,
+    pub(crate) boards: u32,
     /// `SocketsPerBoard=`.
-    pub sockets_per_board: u32,
+    pub(crate) sockets_per_board: u32,
     /// `CoresPerSocket=`.
-    pub cores_per_socket: u32,
+    pub(crate) cores_per_socket: u32,
     /// `ThreadsPerCore=`.
-    pub threads_per_core: u32,
+    pub(crate) threads_per_core: u32,
     /// `RealMemory=` (MiB).
     pub real_memory_mib: u64,
     /// `Gres=`, in the order given.
-    pub gres: Vec<GresCount>,
+    pub(crate) gres: Vec<GresCount>,
     /// `Features=`, in the order given.
-    pub features: Vec<String>,
+    pub(crate) features: Vec<String>,
 }
 
 impl fmt::Display for NodeDefinition {

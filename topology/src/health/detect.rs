@@ -22,7 +22,7 @@ pub enum HealthClass {
 
 impl HealthClass {
     /// Every class, in condition order.
-    pub const ALL: [Self; 3] = [Self::Gpu, Self::Nvlink, Self::Infiniband];
+    pub(crate) const ALL: [Self; 3] = [Self::Gpu, Self::Nvlink, Self::Infiniband];
 
     /// The lower-case name (metric label, drain reason).
     pub fn as_str(self) -> &'static str {

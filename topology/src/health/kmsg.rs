@@ -16,7 +16,7 @@ pub struct XidEvent {
     pub xid: u32,
     /// The recovery action the event reports: XID 154 lines say `changed from 0x0 (None) to 0x4 (Drain and
     /// Reset)`; live NVML answers the query after each event.
-    pub recovery: Option<RecoveryAction>,
+    pub(crate) recovery: Option<RecoveryAction>,
 }
 
 /// Parse one kernel log line; `None` when it is not an NVRM XID line (or is malformed).

@@ -20,20 +20,20 @@ use crate::model::IbDevice;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortRead {
     /// The HCA (`mlx5_0`).
-    pub hca: String,
+    pub(crate) hca: String,
     /// The port number.
-    pub port: u32,
+    pub(crate) port: u32,
     /// The logical state name (`ACTIVE`), `None` when the file is gone or unreadable.
-    pub state: Option<String>,
+    pub(crate) state: Option<String>,
     /// The physical state name (`LinkUp`).
-    pub phys_state: Option<String>,
+    pub(crate) phys_state: Option<String>,
     /// `counters/link_downed`.
-    pub link_downed: Option<u64>,
+    pub(crate) link_downed: Option<u64>,
 }
 
 impl PortRead {
     /// ACTIVE and LinkUp.
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.state.as_deref() == Some("ACTIVE") && self.phys_state.as_deref() == Some("LinkUp")
     }
 }

@@ -9,16 +9,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The table the agent embeds.
-pub const TABLE_CSV: &str = include_str!("xid-table.csv");
+pub(crate) const TABLE_CSV: &str = include_str!("xid-table.csv");
 
 /// XIDs that are always the job's error: they never drain anything.
-pub const APPLICATION_XIDS: [u32; 4] = [13, 31, 43, 45];
+pub(crate) const APPLICATION_XIDS: [u32; 4] = [13, 31, 43, 45];
 
 /// Largest XID a table or override may name (NVIDIA's catalog stops far below).
-pub const MAX_XID: u32 = 1023;
+pub(crate) const MAX_XID: u32 = 1023;
 
 /// Largest override file accepted, bytes.
-pub const MAX_OVERRIDE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_OVERRIDE_BYTES: usize = 64 * 1024;
 
 /// What an XID asks of the schedulers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,7 +37,7 @@ pub enum XidAction {
 
 impl XidAction {
     /// Parse the table's spelling (`app`, `ignore`, `reset-gpu`, `reboot`, `nvlink`).
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "app" => Self::App,
             "ignore" => Self::Ignore,
@@ -88,7 +88,7 @@ pub enum RecoveryAction {
 
 impl RecoveryAction {
     /// From NVML's value; unknown values give `None` (the caller keeps the table's verdict).
-    pub fn from_raw(v: u32) -> Option<Self> {
+    pub(crate) fn from_raw(v: u32) -> Option<Self> {
         Some(match v {
             0 => Self::None,
             1 => Self::GpuReset,
@@ -100,7 +100,7 @@ impl RecoveryAction {
     }
 
     /// NVML's name, for messages.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::None => "None",
             Self::GpuReset => "GPU Reset Required",
@@ -111,7 +111,7 @@ impl RecoveryAction {
     }
 
     /// What the schedulers must do; `None` for [`RecoveryAction::None`] (nothing to say: the table decides).
-    pub fn action(self) -> Option<XidAction> {
+    pub(crate) fn action(self) -> Option<XidAction> {
         match self {
             Self::None => None,
             Self::GpuReset | Self::DrainAndReset => Some(XidAction::ResetGpu),
@@ -123,17 +123,17 @@ impl RecoveryAction {
 
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct XidEntry {
+pub(crate) struct XidEntry {
     /// The chosen action.
-    pub action: XidAction,
+    pub(crate) action: XidAction,
     /// NVIDIA's mnemonic.
-    pub name: String,
+    pub(crate) name: String,
     /// The generator's rule that decided (`dp-app`, `nvs`, `nvs+gpud`, `recovery-action`).
-    pub rule: String,
+    pub(crate) rule: String,
     /// Whether the three sources disagree about draining.
-    pub disagreement: bool,
+    pub(crate) disagreement: bool,
     /// Why this action (set for every disagreement).
-    pub why: String,
+    pub(crate) why: String,
 }
 
 /// Where a verdict came from.
@@ -153,7 +153,7 @@ pub enum VerdictSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XidVerdict {
     /// The XID.
-    pub xid: u32,
+    pub(crate) xid: u32,
     /// What the schedulers must do.
     pub action: XidAction,
     /// What decided.
@@ -221,7 +221,7 @@ impl XidTable {
 
     /// Parse a table in the format of `xid-table.csv`: `#` comments (one of them `... version N.`), the header,
     /// then `xid,action,name,rule,disagreement,why`.
-    pub fn parse(text: &str) -> Result<Self, XidTableError> {
+    pub(crate) fn parse(text: &str) -> Result<Self, XidTableError> {
         let mut version = None;
         let mut entries = BTreeMap::new();
         let mut header = false;
@@ -317,12 +317,13 @@ impl XidTable {
     }
 
     /// The built-in row of an XID.
-    pub fn entry(&self, xid: u32) -> Option<&XidEntry> {
+    pub(crate) fn entry(&self, xid: u32) -> Option<&XidEntry> {
         self.entries.get(&xid)
     }
 
+    #[cfg(test)]
     /// Every built-in row.
-    pub fn entries(&self) -> impl Iterator<Item = (u32, &XidEntry)> {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u32, &XidEntry)> {
         self.entries.iter().map(|(x, e)| (*x, e))
     }
 
@@ -334,7 +335,7 @@ impl XidTable {
     /// Classify one XID event. `recovery` is the recovery action NVML reported for the GPU right after the event
     /// (`None` when the driver cannot say). Order: an application error stays one; a recovery action other than
     /// `None` decides; then the override; then the table; an unknown XID is ignored.
-    pub fn classify(&self, xid: u32, recovery: Option<RecoveryAction>) -> XidVerdict {
+    pub(crate) fn classify(&self, xid: u32, recovery: Option<RecoveryAction>) -> XidVerdict {
         let (action, source) = if let Some(a) = self.overrides.get(&xid) {
             (*a, VerdictSource::Override)
         } else if let Some(e) = self.entries.get(&xid) {

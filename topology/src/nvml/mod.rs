@@ -45,32 +45,32 @@ pub struct GpuTelemetry {
     /// Critical XID errors NVML reported since the watcher started (live NVML only).
     pub xid_errors_total: Option<u64>,
     /// Uncorrected ECC errors since the driver loaded or the GPU was last reset (volatile).
-    pub ecc_uncorrected_volatile: Option<u64>,
+    pub(crate) ecc_uncorrected_volatile: Option<u64>,
     /// Row remapping (Ampere and later; `nvmlDeviceGetRemappedRows`).
-    pub remapped_rows: Option<RemappedRows>,
+    pub(crate) remapped_rows: Option<RemappedRows>,
     /// Pages waiting to be retired at the next reset (before Ampere; `nvmlDeviceGetRetiredPagesPendingStatus`).
-    pub retired_pages_pending: Option<bool>,
+    pub(crate) retired_pages_pending: Option<bool>,
 }
 
 /// The row-remapping state of a GPU's memory: rows remapped for correctable and uncorrectable errors, whether a
 /// remap waits for the next GPU reset, and whether a remap failed (the GPU should be replaced).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RemappedRows {
+pub(crate) struct RemappedRows {
     /// Rows remapped for correctable errors.
-    pub correctable: u64,
+    pub(crate) correctable: u64,
     /// Rows remapped for uncorrectable errors.
-    pub uncorrectable: u64,
+    pub(crate) uncorrectable: u64,
     /// A remap waits for the next GPU reset.
-    pub pending: bool,
+    pub(crate) pending: bool,
     /// A remap failed.
-    pub failure: bool,
+    pub(crate) failure: bool,
 }
 
 /// What NVML reports about one MIG device (`nvmlDeviceGetMigDeviceHandleByIndex` and the calls on that handle).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NvmlMigDevice {
     /// MIG device index on the parent GPU.
-    pub index: u32,
+    pub(crate) index: u32,
     /// `nvmlDeviceGetGpuInstanceId`.
     pub gpu_instance_id: Option<u32>,
     /// `nvmlDeviceGetComputeInstanceId`.
@@ -78,25 +78,25 @@ pub struct NvmlMigDevice {
     /// `MIG-...` UUID.
     pub uuid: Option<String>,
     /// `gpuInstanceSliceCount` of `nvmlDeviceGetAttributes`.
-    pub gpu_instance_slices: Option<u32>,
+    pub(crate) gpu_instance_slices: Option<u32>,
     /// `computeInstanceSliceCount`.
-    pub compute_instance_slices: Option<u32>,
+    pub(crate) compute_instance_slices: Option<u32>,
     /// `multiprocessorCount`.
     pub multiprocessors: Option<u32>,
     /// Shared copy engines.
-    pub copy_engines: Option<u32>,
+    pub(crate) copy_engines: Option<u32>,
     /// Shared decoders.
-    pub decoders: Option<u32>,
+    pub(crate) decoders: Option<u32>,
     /// Shared encoders.
-    pub encoders: Option<u32>,
+    pub(crate) encoders: Option<u32>,
     /// Shared JPEG engines.
-    pub jpeg_engines: Option<u32>,
+    pub(crate) jpeg_engines: Option<u32>,
     /// Shared optical-flow accelerators.
-    pub ofa_engines: Option<u32>,
+    pub(crate) ofa_engines: Option<u32>,
     /// `memorySizeMB` in bytes (the GPU instance's memory).
     pub memory_total_bytes: Option<u64>,
     /// Profile attribute suffix from the GPU-instance profile (`+me`), when known.
-    pub profile_suffix: Option<String>,
+    pub(crate) profile_suffix: Option<String>,
     /// Memory in use, bytes (telemetry).
     pub memory_used_bytes: Option<u64>,
 }
@@ -111,7 +111,7 @@ pub struct NvmlGpu {
     /// `GPU-...`.
     pub uuid: Option<String>,
     /// Board serial.
-    pub serial: Option<String>,
+    pub(crate) serial: Option<String>,
     /// PCI address, normalised (`0000:19:00.0`).
     pub pci_address: String,
     /// `pciDeviceId`: device id in the upper 16 bits, vendor id in the lower (`0x233010DE`).
@@ -119,11 +119,11 @@ pub struct NvmlGpu {
     /// `/dev/nvidiaN` minor.
     pub minor: Option<u32>,
     /// Frame-buffer size, bytes.
-    pub memory_total_bytes: Option<u64>,
+    pub(crate) memory_total_bytes: Option<u64>,
     /// VBIOS version.
-    pub vbios: Option<String>,
+    pub(crate) vbios: Option<String>,
     /// CPUs NVML considers local.
-    pub cpu_affinity: Option<CpuSet>,
+    pub(crate) cpu_affinity: Option<CpuSet>,
     /// MIG mode currently enabled.
     pub mig_enabled: Option<bool>,
     /// MIG devices (empty when MIG is off or none exist).
@@ -131,7 +131,7 @@ pub struct NvmlGpu {
     /// NVLink fabric registration, when the GPU reports one.
     pub fabric: Option<NvlinkFabric>,
     /// NVLinks (empty when unsupported or unknown).
-    pub nvlinks: Vec<NvLink>,
+    pub(crate) nvlinks: Vec<NvLink>,
     /// Live telemetry.
     pub telemetry: GpuTelemetry,
 }
@@ -140,14 +140,14 @@ pub struct NvmlGpu {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NvmlSnapshot {
     /// Driver version.
-    pub driver_version: Option<String>,
+    pub(crate) driver_version: Option<String>,
     /// How many GPUs the source says are attached (`nvmlDeviceGetCount`, or the `Attached GPUs` header of a
     /// recording). More than [`Self::gpus`] means some could not be read, or the recording is truncated.
     pub attached_gpus: Option<u32>,
     /// GPUs in NVML index order.
     pub gpus: Vec<NvmlGpu>,
     /// What the source itself could not make sense of (sentences, for warnings).
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
 }
 
 /// A source of NVML answers.

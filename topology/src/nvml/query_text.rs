@@ -13,11 +13,11 @@ pub type Fields = BTreeMap<String, String>;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuSection {
     /// The bus id after `GPU `.
-    pub bus: String,
+    pub(crate) bus: String,
     /// `Section/Key` → value for everything outside the MIG device blocks.
-    pub fields: Fields,
+    pub(crate) fields: Fields,
     /// One map per `MIG Device` block, keys relative to the block.
-    pub mig_devices: Vec<Fields>,
+    pub(crate) mig_devices: Vec<Fields>,
 }
 
 /// `nvidia-smi -q` as nested `Section/Key` → value per GPU section, plus the header fields.

@@ -65,12 +65,6 @@ impl RecordedNvml {
         me
     }
 
-    /// Add the `nvidia-smi mig -lgip` table of the recorded GPU model (when it was recorded separately).
-    pub fn with_mig_profiles(mut self, lgip: &str) -> Self {
-        self.apply_mig_profiles(&parse_lgip(lgip));
-        self
-    }
-
     fn apply_mig_profiles(&mut self, table: &[GpuInstanceProfile]) {
         for gpu in &mut self.snapshot.gpus {
             for dev in &mut gpu.mig_devices {

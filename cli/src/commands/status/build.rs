@@ -25,20 +25,20 @@ use super::model::{
 #[derive(Debug, Clone)]
 pub(crate) struct Inputs {
     /// The Node.
-    pub node: Node,
+    pub(crate) node: Node,
     /// Its NodeResourceTopology (`Ok(None)`: there is none).
-    pub nrt: Result<Option<NodeResourceTopology>, String>,
+    pub(crate) nrt: Result<Option<NodeResourceTopology>, String>,
     /// Its NodeReport, the conditions its agent reports (`Ok(None)`: there is none: an agent from before the
     /// NodeReport reports them in the NodeResourceTopology, which is read then, as the controller does).
-    pub report: Result<Option<isthmus_api::node_report::NodeReport>, String>,
+    pub(crate) report: Result<Option<isthmus_api::node_report::NodeReport>, String>,
     /// The node sync's record of the Node (`Ok(None)`: none).
-    pub record: Result<Option<String>, String>,
+    pub(crate) record: Result<Option<String>, String>,
     /// The Slurm node name used.
-    pub slurm_name: String,
+    pub(crate) slurm_name: String,
     /// Slurm's node (`None`: Slurm was not asked; `Ok(None)`: Slurm does not know it).
-    pub slurm: Option<Result<Option<SlurmNode>, String>>,
+    pub(crate) slurm: Option<Result<Option<SlurmNode>, String>>,
     /// The job the lock names (`None`: not asked or no lock).
-    pub lock_job: Option<Result<Option<Job>, String>>,
+    pub(crate) lock_job: Option<Result<Option<Job>, String>>,
 }
 
 fn verdict(scope: &str, state: &str, ok: bool, owner: &str, rule: String) -> Verdict {

@@ -57,10 +57,10 @@ pub const NAMESPACE_ACCESS: &[ApiAccess] = &[ApiAccess {
 pub struct StatusArgs {
     /// The Node's name.
     #[arg(value_name = "NODE")]
-    pub node: String,
+    pub(crate) node: String,
     /// Output: `table` for a person, `json` for tools (schema `isthmus.io/status/v1`, docs/troubleshooting.md).
     #[arg(long, short, value_enum, default_value_t = StatusFormat::Table)]
-    pub output: StatusFormat,
+    pub(crate) output: StatusFormat,
     /// The controller's namespace (where the node sync keeps its drain records).
     #[arg(
         long,
@@ -68,18 +68,18 @@ pub struct StatusArgs {
         default_value = "isthmus-system",
         value_name = "NAMESPACE"
     )]
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Do not ask Slurm (no `sinfo`, no `squeue`).
     #[arg(long)]
-    pub no_slurm: bool,
+    pub(crate) no_slurm: bool,
     /// Where Slurm's client tools are.
     #[command(flatten)]
-    pub slurm: SlurmArgs,
+    pub(crate) slurm: SlurmArgs,
 }
 
 /// Output formats of `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StatusFormat {
+pub(crate) enum StatusFormat {
     /// For a person at a terminal.
     Table,
     /// The model as JSON.
@@ -87,7 +87,7 @@ pub enum StatusFormat {
 }
 
 /// Run `status`.
-pub fn run(args: &StatusArgs) -> Result<()> {
+pub(crate) fn run(args: &StatusArgs) -> Result<()> {
     if !isthmus_api::placement_owners::is_dns_label(&args.namespace) {
         bail!("--namespace {:?} is not a namespace name", args.namespace);
     }

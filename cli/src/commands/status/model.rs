@@ -18,34 +18,34 @@ pub(crate) const MAX_LINE: usize = 1024;
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Status {
     /// [`SCHEMA`].
-    pub schema: String,
+    pub(crate) schema: String,
     /// The Node's name.
-    pub node: String,
+    pub(crate) node: String,
     /// `spec.unschedulable`.
-    pub cordoned: bool,
+    pub(crate) cordoned: bool,
     /// The Node's `isthmus.io/drain-reason` annotation (appended to a cordon's drain reason).
-    pub drain_reason_annotation: Option<String>,
+    pub(crate) drain_reason_annotation: Option<String>,
     /// The discovery summary of the node's NodeResourceTopology (`None`: none published or unreadable).
-    pub discovery: Option<Discovery>,
+    pub(crate) discovery: Option<Discovery>,
     /// The Node's conditions, with the component that writes each.
-    pub conditions: Vec<Condition>,
+    pub(crate) conditions: Vec<Condition>,
     /// The conditions the agent reports in the node's NodeResourceTopology (the controller copies them onto the
     /// Node; they differ while it has not yet, or does not run).
-    pub reported_conditions: Vec<Condition>,
+    pub(crate) reported_conditions: Vec<Condition>,
     /// The Node's taints isthmus sets (`isthmus.io/…`, `slurm.isthmus.io/…`), with owner and rule.
-    pub taints: Vec<TaintView>,
+    pub(crate) taints: Vec<TaintView>,
     /// The node sync's drain record.
-    pub drain_record: Option<DrainRecordView>,
+    pub(crate) drain_record: Option<DrainRecordView>,
     /// The placement lock.
-    pub lock: Option<LockView>,
+    pub(crate) lock: Option<LockView>,
     /// Slurm's view of the node.
-    pub slurm: SlurmView,
+    pub(crate) slurm: SlurmView,
     /// The device plugin's health and clashes (`DeviceAllocationConsistent`).
-    pub device_plugin: Option<Condition>,
+    pub(crate) device_plugin: Option<Condition>,
     /// Every state that keeps work off the node, and the verdict of placement; each with its owner and rule.
-    pub verdicts: Vec<Verdict>,
+    pub(crate) verdicts: Vec<Verdict>,
     /// Sources that could not be read.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// The NodeResourceTopology's summary.
@@ -53,13 +53,13 @@ pub(crate) struct Status {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Discovery {
     /// Zones (NUMA nodes).
-    pub zones: Vec<Zone>,
+    pub(crate) zones: Vec<Zone>,
     /// CPUs (sum of the zones' `cpu` capacity).
-    pub cpus: u64,
+    pub(crate) cpus: u64,
     /// Accelerators and other device resources: resource name → capacity summed over the zones.
-    pub devices: BTreeMap<String, u64>,
+    pub(crate) devices: BTreeMap<String, u64>,
     /// The fabric report.
-    pub fabric: Fabric,
+    pub(crate) fabric: Fabric,
 }
 
 /// One zone.
@@ -67,9 +67,9 @@ pub(crate) struct Discovery {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Zone {
     /// Zone name (`node-0`).
-    pub name: String,
+    pub(crate) name: String,
     /// Its CPU list (`isthmus.io/cpus`).
-    pub cpus: Option<String>,
+    pub(crate) cpus: Option<String>,
 }
 
 /// The fabric report's attributes.
@@ -77,11 +77,11 @@ pub(crate) struct Zone {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Fabric {
     /// InfiniBand/RoCE ports: `device.port` → the reported value.
-    pub ports: BTreeMap<String, String>,
+    pub(crate) ports: BTreeMap<String, String>,
     /// The multi-node NVLink domain.
-    pub accelerator_domain: Option<String>,
+    pub(crate) accelerator_domain: Option<String>,
     /// The node's Slurm definition line.
-    pub slurm_node: Option<String>,
+    pub(crate) slurm_node: Option<String>,
 }
 
 /// A Node condition.
@@ -90,15 +90,15 @@ pub(crate) struct Fabric {
 pub(crate) struct Condition {
     /// Type.
     #[serde(rename = "type")]
-    pub type_: String,
+    pub(crate) type_: String,
     /// `True`, `False`, `Unknown`.
-    pub status: String,
+    pub(crate) status: String,
     /// Reason.
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// Message.
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
     /// Who writes it: `agent`, `node sync`, `kubelet`.
-    pub owner: String,
+    pub(crate) owner: String,
 }
 
 /// One of isthmus's taints.
@@ -106,15 +106,15 @@ pub(crate) struct Condition {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct TaintView {
     /// Key.
-    pub key: String,
+    pub(crate) key: String,
     /// Value.
-    pub value: Option<String>,
+    pub(crate) value: Option<String>,
     /// Effect.
-    pub effect: String,
+    pub(crate) effect: String,
     /// The component that sets it: `node sync`, `placement`.
-    pub owner: String,
+    pub(crate) owner: String,
     /// Why it is there.
-    pub rule: String,
+    pub(crate) rule: String,
 }
 
 /// The node sync's record.
@@ -122,17 +122,17 @@ pub(crate) struct TaintView {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct DrainRecordView {
     /// A drain reason being sent.
-    pub sent: Option<String>,
+    pub(crate) sent: Option<String>,
     /// The recorded drain's reason.
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// When Slurm set it.
-    pub since: Option<String>,
+    pub(crate) since: Option<String>,
     /// The Slurm node the Node is paired with.
-    pub slurm_node: Option<String>,
+    pub(crate) slurm_node: Option<String>,
     /// Whether Slurm shows exactly this drain now (the node sync owns Slurm's drain and will lift it).
-    pub owns_slurm_drain: bool,
+    pub(crate) owns_slurm_drain: bool,
     /// Why the record is not one the node sync writes (it is then ignored, like no record).
-    pub invalid: Option<String>,
+    pub(crate) invalid: Option<String>,
 }
 
 /// The placement lock.
@@ -140,17 +140,17 @@ pub(crate) struct DrainRecordView {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct LockView {
     /// The lock's value as found (taint value, else annotation).
-    pub value: String,
+    pub(crate) value: String,
     /// The job it names (`None`: not a job id: no lock of placement's).
-    pub job: Option<u64>,
+    pub(crate) job: Option<u64>,
     /// The taint is present.
-    pub taint: bool,
+    pub(crate) taint: bool,
     /// The annotation is present.
-    pub annotation: bool,
+    pub(crate) annotation: bool,
     /// The pod (or gang) the job holds the node for, `namespace/name`, from the job's comment.
-    pub pod: Option<String>,
+    pub(crate) pod: Option<String>,
     /// The job's state in Slurm (`None`: not asked or unknown to Slurm).
-    pub job_state: Option<String>,
+    pub(crate) job_state: Option<String>,
 }
 
 /// Slurm's view.
@@ -158,21 +158,21 @@ pub(crate) struct LockView {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SlurmView {
     /// Whether Slurm was asked.
-    pub asked: bool,
+    pub(crate) asked: bool,
     /// The Slurm node name.
-    pub name: String,
+    pub(crate) name: String,
     /// Whether Slurm knows the node.
-    pub found: bool,
+    pub(crate) found: bool,
     /// State as `scontrol show node` writes it (`IDLE+DRAIN`).
-    pub state: Option<String>,
+    pub(crate) state: Option<String>,
     /// Reason of a drain or down.
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// When the reason was set.
-    pub reason_time: Option<String>,
+    pub(crate) reason_time: Option<String>,
     /// Whether Slurm may start jobs here.
-    pub runs_jobs: Option<bool>,
+    pub(crate) runs_jobs: Option<bool>,
     /// Why Slurm could not be read.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// One verdict.
@@ -180,15 +180,15 @@ pub(crate) struct SlurmView {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Verdict {
     /// What it concerns: `kubernetes`, `slurm`, `placement`, `health`.
-    pub scope: String,
+    pub(crate) scope: String,
     /// The state: `cordoned`, `drained`, `tainted`, `locked`, `condition`, `placeable`, `unavailable`.
-    pub state: String,
+    pub(crate) state: String,
     /// Whether work may go there as far as this state goes.
-    pub ok: bool,
+    pub(crate) ok: bool,
     /// The component or person that owns the state.
-    pub owner: String,
+    pub(crate) owner: String,
     /// The rule behind it, in words.
-    pub rule: String,
+    pub(crate) rule: String,
 }
 
 /// `text` bounded to `max` characters (cut ones end in `…`), with every control character escaped (`\n`,
