@@ -100,10 +100,6 @@ fn describe() {
         "Warnings of the last discovery, by probe."
     );
     describe_counter!("isthmus_discoveries_total", "Discoveries run.");
-    describe_counter!(
-        "isthmus_pod_resources_lists_total",
-        "PodResources List calls to the kubelet, by result (ok, error): each is one look at what the node's pods hold."
-    );
     describe_gauge!(
         "isthmus_device_allocation_mismatches",
         "Pods holding devices other than their placeholder job's, or a device a Slurm job holds."

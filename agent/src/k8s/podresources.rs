@@ -125,11 +125,9 @@ impl Kubelet {
     /// failure drops the connection (the next call reconnects).
     pub async fn list(&mut self) -> Result<ListPodResourcesResponse, PodResourcesError> {
         let mut client = self.client().await?;
-        let answer = client.list(proto::ListPodResourcesRequest {}).await;
-        metrics::counter!("isthmus_pod_resources_lists_total",
-            "result" => if answer.is_ok() { "ok" } else { "error" })
-        .increment(1);
-        let list = answer
+        let list = client
+            .list(proto::ListPodResourcesRequest {})
+            .await
             .map_err(|e| PodResourcesError::Call("List", e.message().to_owned()))?
             .into_inner();
         self.client = Some(client);

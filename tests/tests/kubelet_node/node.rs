@@ -106,31 +106,11 @@ pub(crate) fn delete_pod(node: &KubeNode, name: &str) {
 
 /// The agent on the host as the Kubernetes-only DaemonSet runs it (its args, environment and capabilities), with
 /// the host's own root and the kubelet's real PodResources socket.
-/// A running agent and its `/metrics` address.
-pub(crate) struct Agent {
-    _process: Reaped,
-    listen: String,
-}
-
-impl Agent {
-    /// Wait until the agent has made `n` more PodResources `List` calls that were answered: `n` passes of its
-    /// kubelet view, each of which could have written (`isthmus_pod_resources_lists_total{result="ok"}`).
-    pub(crate) fn await_passes(&self, n: usize) {
-        let series = r#"isthmus_pod_resources_lists_total{result="ok"}"#;
-        let until = isthmus_tests::scrape(&self.listen, series) + n as f64;
-        wait_until(
-            &format!("{n} more pod lists of the agent"),
-            Duration::from_secs(120),
-            || isthmus_tests::scrape(&self.listen, series) >= until,
-        );
-    }
-}
-
-pub(crate) fn start_agent(node: &KubeNode, kubeconfig: &Path, log: &Path) -> Agent {
+pub(crate) fn start_agent(node: &KubeNode, kubeconfig: &Path, log: &Path) -> Reaped {
     let docs = render("overlays/kubernetes-only");
     let container = agent_container(&docs);
     let listen = format!("127.0.0.1:{}", free_port());
-    let process = Reaped(start_as_in_the_pod(
+    Reaped(start_as_in_the_pod(
         container,
         &added_capabilities(container),
         &[],
@@ -140,16 +120,12 @@ pub(crate) fn start_agent(node: &KubeNode, kubeconfig: &Path, log: &Path) -> Age
                 "ISTHMUS_POD_RESOURCES_SOCKET",
                 node.pod_resources_socket().display().to_string(),
             ),
-            ("ISTHMUS_LISTEN", listen.clone()),
+            ("ISTHMUS_LISTEN", listen),
         ],
         &[("NODE_NAME", NODE_NAME)],
         kubeconfig,
         log,
-    ));
-    Agent {
-        _process: process,
-        listen,
-    }
+    ))
 }
 
 pub(crate) fn wait_for(what: &str, f: impl FnMut() -> bool) -> Duration {
