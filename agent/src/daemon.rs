@@ -388,6 +388,10 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
                         node: s.node.node.clone(),
                         slurm_conf: s.node.slurm_conf.clone(),
                         gres: s.node.options.gres.clone(),
+                        spool: crate::slurm::spool::spool_dir(
+                            s.node.slurm_conf.as_deref(),
+                            &s.node.node,
+                        ),
                     },
                     owners,
                     publish,

@@ -9,13 +9,15 @@
 //! - [`slurm`]: the Slurm side (gres.conf and slurmd's arguments from discovery, the supervisor of munged and slurmd).
 //! - [`metrics`], [`http`], [`readiness`]: the Prometheus registry, the `/metrics`, `/healthz`, `/readyz` endpoint
 //!   and what `/readyz` says.
-//! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle).
+//! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle); [`dir_watch`]: directories
+//!   watched for entries made and removed, which ask a poll out of turn.
 //! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
 
 pub mod build_info;
 mod cadence;
 pub mod config_file;
 pub mod daemon;
+mod dir_watch;
 pub mod discovery;
 pub mod health;
 pub mod http;

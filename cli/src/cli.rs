@@ -379,6 +379,18 @@ pub struct AgentArgs {
         value_name = "SECONDS"
     )]
     pub(crate) pod_resources_interval: f64,
+    /// Where the kubelet's pods' cgroups are watched (inotify), so that a pod admitted or gone is asked about at
+    /// once and reaches the NRT when it happens; PodResources is then polled only every 6.144 s as a safety net.
+    /// `auto`: the kubelet's `kubepods` cgroup found from its cgroup driver and root under the host root's
+    /// `/sys/fs/cgroup` (polling at `--pod-resources-interval` where none is found); `off`; or the `kubepods`
+    /// directory as the agent sees it.
+    #[arg(
+        long,
+        env = "ISTHMUS_POD_CGROUPS",
+        default_value = "auto",
+        value_name = "auto|off|PATH"
+    )]
+    pub(crate) pod_cgroups: isthmus_agent::k8s::kubelet_view::PodCgroupsSource,
     /// Seconds to wait for the kubelet's first PodResources answer before publishing without it (allocatable from
     /// the kubelet's reservations, nothing held). An object already on the API server is never replaced by one
     /// made without the kubelet: a restarted agent keeps it until the kubelet answers.

@@ -319,24 +319,31 @@ pub fn logs() -> String {
     out
 }
 
+/// Tear the node down now, as at the process's exit (a bench that checks for leftovers before it exits); the node
+/// is not started again in this process ([`KubeNode::shared`] keeps returning the one torn down).
+pub fn tear_down() {
+    teardown();
+}
+
+extern "C" fn teardown() {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return;
+    }
+    *done = true;
+    let script = crate::repo_root().join("tests/kubernetes/node-down.sh");
+    let _ = Command::new("bash")
+        .arg(script)
+        .env("NODE_LAB", LAB)
+        .env("CGROUP_ROOT", CGROUP_ROOT)
+        .env("KUBELET_ROOT", KUBELET_ROOT)
+        .output();
+}
+
 /// Tear the node down when the process exits (libtest leaves through `exit()`, also when tests failed).
 fn install_teardown() {
     static ONCE: Once = Once::new();
-    extern "C" fn teardown() {
-        static DONE: Mutex<bool> = Mutex::new(false);
-        let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-        if *done {
-            return;
-        }
-        *done = true;
-        let script = crate::repo_root().join("tests/kubernetes/node-down.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .env("NODE_LAB", LAB)
-            .env("CGROUP_ROOT", CGROUP_ROOT)
-            .env("KUBELET_ROOT", KUBELET_ROOT)
-            .output();
-    }
     ONCE.call_once(|| {
         // SAFETY: registers a plain `extern "C"` function with no arguments, as atexit requires.
         unsafe {

@@ -27,6 +27,10 @@ pub(crate) struct KubeletConfig {
     pub(crate) kube_reserved: Option<BTreeMap<String, String>>,
     /// `systemReserved`: resource name → quantity.
     pub(crate) system_reserved: Option<BTreeMap<String, String>>,
+    /// `cgroupDriver` (`cgroupfs`, `systemd`): how the pods' cgroups are named.
+    pub(crate) cgroup_driver: Option<String>,
+    /// `cgroupRoot`: the cgroup the pods' `kubepods` is made under.
+    pub(crate) cgroup_root: Option<String>,
 }
 
 impl KubeletConfig {
@@ -47,6 +51,8 @@ impl KubeletConfig {
         );
         pick(&mut self.cpu_manager_policy, &flags.cpu_manager_policy);
         pick(&mut self.reserved_system_cpus, &flags.reserved_system_cpus);
+        pick(&mut self.cgroup_driver, &flags.cgroup_driver);
+        pick(&mut self.cgroup_root, &flags.cgroup_root);
         if flags.kube_reserved.is_some() {
             self.kube_reserved.clone_from(&flags.kube_reserved);
         }
@@ -153,6 +159,8 @@ fn kubelet_flags(args: &[String]) -> Option<KubeletConfig> {
             "topology-manager-scope" => out.topology_manager_scope = Some(value),
             "cpu-manager-policy" => out.cpu_manager_policy = Some(value),
             "reserved-cpus" => out.reserved_system_cpus = Some(value),
+            "cgroup-driver" => out.cgroup_driver = Some(value),
+            "cgroup-root" => out.cgroup_root = Some(value),
             "kube-reserved" => out.kube_reserved = Some(key_values(&value)),
             "system-reserved" => out.system_reserved = Some(key_values(&value)),
             _ => {}
@@ -348,6 +356,17 @@ mod tests {
         assert_eq!(
             f.and_then(|f| f.cpu_manager_policy).as_deref(),
             Some("static")
+        );
+        let f = kubelet_flags(&args(&[
+            "kubelet",
+            "--cgroup-driver",
+            "systemd",
+            "--cgroup-root=/isthmus.slice",
+        ]))
+        .unwrap_or_default();
+        assert_eq!(
+            (f.cgroup_driver.as_deref(), f.cgroup_root.as_deref()),
+            (Some("systemd"), Some("/isthmus.slice"))
         );
     }
 

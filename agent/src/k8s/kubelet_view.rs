@@ -54,6 +54,60 @@ pub struct Source {
     pub interval: Duration,
     /// How long to wait for the kubelet's first answer before publishing without it.
     pub first_answer_wait: Duration,
+    /// Where the kubelet's pods' cgroups are watched, so that a pod admitted or gone is asked about at once.
+    pub pod_cgroups: PodCgroupsSource,
+}
+
+/// Where to watch the kubelet's pods come and go ([`super::pod_cgroups`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PodCgroupsSource {
+    /// Found from the kubelet's cgroup driver and root under the host root's `/sys/fs/cgroup`.
+    #[default]
+    Auto,
+    /// Not watched: PodResources is asked every poll period only.
+    Off,
+    /// The kubelet's `kubepods` cgroup directory, as the agent sees it (with its QoS children that exist).
+    Dir(PathBuf),
+}
+
+impl std::str::FromStr for PodCgroupsSource {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "auto" => PodCgroupsSource::Auto,
+            "off" => PodCgroupsSource::Off,
+            dir => PodCgroupsSource::Dir(PathBuf::from(dir)),
+        })
+    }
+}
+
+/// The poll period while the pods' cgroups are watched: a safety net for a change the watch cannot see (a pod
+/// that holds nothing and whose cgroup the kubelet keeps). Four health port polls, so they share a wake-up.
+pub(crate) const SAFETY_NET: Duration = Duration::from_millis(6144);
+
+/// The directories to watch for `source` and the kubelet's `settings`.
+fn pod_cgroup_dirs(
+    source: &PodCgroupsSource,
+    root: &HostRoot,
+    settings: &KubeletSettings,
+) -> Vec<PathBuf> {
+    match source {
+        PodCgroupsSource::Off => Vec::new(),
+        PodCgroupsSource::Auto => super::pod_cgroups::find(root, settings),
+        PodCgroupsSource::Dir(d) => std::iter::once(d.clone())
+            .chain(
+                [
+                    "burstable",
+                    "besteffort",
+                    "kubepods-burstable.slice",
+                    "kubepods-besteffort.slice",
+                ]
+                .iter()
+                .map(|q| d.join(q)),
+            )
+            .filter(|p| p.is_dir())
+            .collect(),
+    }
 }
 
 /// Poll until `shutdown`; send every view that differs from the last.
@@ -74,6 +128,11 @@ pub(crate) async fn run(
     let mut config_checked: Option<Instant> = None;
     // Polls fall on the daemon's time grid, so the health task's port reads share their wake-ups.
     let mut tick = crate::cadence::ticker(source.interval);
+    let mut safety_tick = crate::cadence::ticker(source.interval.max(SAFETY_NET));
+    let mut pods: Option<crate::dir_watch::DirWatch> = None;
+    // The directories last found (or not found) to watch: the search is said once per outcome.
+    let mut watch_tried: Option<Vec<PathBuf>> = None;
+    let mut watch_checked: Option<Instant> = None;
     loop {
         let (pod_resources, answer) = match kubelet.query().await {
             Ok(answers) => {
@@ -130,6 +189,17 @@ pub(crate) async fn run(
             }
             settings = read;
         }
+        // The pods' cgroups are looked for again as often as the settings (they name the cgroup driver and root).
+        if pods.is_none()
+            && source.pod_cgroups != PodCgroupsSource::Off
+            && watch_checked.is_none_or(|t| t.elapsed() >= super::podresources::ALLOCATABLE_REFRESH)
+        {
+            watch_checked = Some(Instant::now());
+            let dirs = pod_cgroup_dirs(&source.pod_cgroups, &source.root, &settings);
+            let said = watch_tried.as_ref() == Some(&dirs);
+            pods = watch_pods(&dirs, source.interval, said);
+            watch_tried = Some(dirs);
+        }
         let view = KubeletView {
             topology_manager: topology_manager(&settings),
             settings: settings.clone(),
@@ -143,9 +213,58 @@ pub(crate) async fn run(
             *cur = view;
             true
         });
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+        match pods.as_mut() {
+            Some(watch) => tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = safety_tick.tick() => {}
+                changed = watch.changed() => if let Err(e) = changed {
+                    tracing::warn!(error = %e, "asking the kubelet's PodResources API every poll period until the \
+                        pods' cgroups are found again");
+                    pods = None;
+                    watch_tried = None;
+                    watch_checked = Some(Instant::now());
+                }
+            },
+            None => tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            },
+        }
+    }
+}
+
+/// A watch on `dirs`, said in the log unless `said` (the same directories were tried last time).
+fn watch_pods(
+    dirs: &[PathBuf],
+    interval: Duration,
+    said: bool,
+) -> Option<crate::dir_watch::DirWatch> {
+    let safety = interval.max(SAFETY_NET);
+    if dirs.is_empty() {
+        if !said {
+            tracing::info!(
+                interval_ms = interval.as_millis() as u64,
+                "the kubelet's pod cgroups are not found (is the host's /sys/fs/cgroup mounted?): pod changes \
+                 reach the NodeResourceTopology at the next PodResources poll"
+            );
+        }
+        return None;
+    }
+    match crate::dir_watch::DirWatch::watch(dirs, crate::dir_watch::Entries::Dirs) {
+        Ok(w) => {
+            tracing::info!(
+                dirs = ?w.dirs(),
+                safety_interval_ms = safety.as_millis() as u64,
+                "watching the kubelet's pod cgroups: PodResources is asked when a pod is admitted or gone"
+            );
+            Some(w)
+        }
+        Err(e) => {
+            if !said {
+                tracing::warn!(error = %e, "the kubelet's pod cgroups cannot be watched: pod changes reach the \
+                    NodeResourceTopology at the next PodResources poll");
+            }
+            None
         }
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod kubelet_grpc;
 pub mod kubelet_view;
 pub(crate) mod nrt;
 pub mod numatopo;
+mod pod_cgroups;
 pub mod podresources;
 pub(crate) mod publisher;
 pub(crate) mod reported;

@@ -11,6 +11,7 @@ pub mod munge;
 pub mod node;
 pub(crate) mod readyz;
 pub(crate) mod release;
+pub(crate) mod spool;
 pub(crate) mod supervisor;
 pub(crate) mod topology_unit;
 

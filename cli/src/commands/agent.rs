@@ -100,6 +100,7 @@ pub(crate) fn daemon_config(args: &AgentArgs) -> Result<DaemonConfig, DaemonErro
                 first_answer_wait: Duration::from_secs_f64(
                     args.kubelet_wait_seconds.clamp(0.0, 3600.0),
                 ),
+                pod_cgroups: args.pod_cgroups.clone(),
             },
         },
         device_plugin: args.device_plugin.role(&args.pod_resources_socket),

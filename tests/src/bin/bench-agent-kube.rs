@@ -1,7 +1,10 @@
 //! The agent against the real kube-apiserver, measured: how long from a pod-set change (the kubelet's PodResources
-//! answer changes) to the NRT carrying it on the server, and the idle footprint (CPU, RSS, threads, API writes) with
-//! PodResources polled every `--pod-resources-interval` (the agent's default, or the third argument) and NVML
-//! replayed from the fixture.
+//! answer changes, then the pod's cgroup is made or removed under `kubepods`, in that order, as the kubelet does:
+//! it allocates when it admits a pod and makes the cgroup when it first syncs it) to the NRT carrying it on the
+//! server, and the idle footprint (CPU, RSS, threads, API writes) with NVML replayed from the fixture. The agent
+//! watches the pods' cgroups (`--pod-cgroups`), so PodResources is polled only as a safety net; with
+//! `BENCH_POD_CGROUPS=off` it is not told and polls every `--pod-resources-interval` (the agent's default, or the
+//! third argument). Changes alternate: a pod admitted, then the last one gone.
 //!
 //! ```text
 //! cargo build --release -p isthmus-tests --bin bench-agent-kube && target/release/bench-agent-kube [CHANGES] [IDLE_SECONDS] [INTERVAL]
@@ -43,6 +46,16 @@ fn bench() {
         *pods = vec![pod("ml", "trainer-0", &[0], &[1])];
     }
     let _kubelet_rt = serve(&socket, kubelet.clone());
+    // The kubelet's pods' cgroups (cgroupfs driver): kubepods with its QoS children.
+    let kubepods = dir.path().join("kubepods");
+    std::fs::create_dir_all(kubepods.join("burstable")).unwrap();
+    std::fs::create_dir_all(kubepods.join("besteffort")).unwrap();
+    let told = std::env::var("BENCH_POD_CGROUPS").as_deref() != Ok("off");
+    let pod_cgroups = if told {
+        kubepods.display().to_string()
+    } else {
+        "off".to_owned()
+    };
     let fixture = fixtures().join("hosts/xe9680-8xh100");
     let listen = format!("127.0.0.1:{}", free_port());
     let child = std::process::Command::new(isthmus_bin())
@@ -62,6 +75,7 @@ fn bench() {
         .arg("--pod-resources-socket")
         .arg(&socket)
         .args(["--listen", &listen, "--log-format", "json"])
+        .args(["--pod-cgroups", &pod_cgroups])
         .args(
             interval
                 .iter()
@@ -116,16 +130,31 @@ fn bench() {
     for i in 0..changes {
         // Changes arrive at random points of the poll period.
         std::thread::sleep(Duration::from_millis(700 + (i as u64 * 137) % 600));
-        let name = format!("job-{i}");
-        if let Ok(mut pods) = kubelet.pods.lock() {
-            pods.push(pod("ml", &name, &[], &[]));
+        let name = format!("job-{}", i / 2);
+        let cgroup = kubepods.join("burstable").join(format!("pod-{name}"));
+        if i % 2 == 0 {
+            if let Ok(mut pods) = kubelet.pods.lock() {
+                pods.push(pod("ml", &name, &[], &[]));
+            }
+            names.push(("ml".to_owned(), name));
+            std::fs::create_dir(&cgroup).unwrap();
+        } else {
+            if let Ok(mut pods) = kubelet.pods.lock() {
+                pods.retain(|p| p.name != name);
+            }
+            names.retain(|(_, n)| *n != name);
+            std::fs::remove_dir(&cgroup).unwrap();
         }
-        names.push(("ml".to_owned(), name));
         latencies.push(wait_for(&current(&names)));
     }
     latencies.sort();
     println!(
-        "pod-set change -> NRT on the server, {} changes: p50 {:?}, p90 {:?}, p99 {:?}, max {:?}",
+        "pod-set change -> NRT on the server ({}), {} changes: p50 {:?}, p90 {:?}, p99 {:?}, max {:?}",
+        if told {
+            "told by the pods' cgroups"
+        } else {
+            "polled"
+        },
         latencies.len(),
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.9),

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::slurm_jobs::{self, Holds, KnownOwners};
 use super::slurm_json;
+use crate::dir_watch::{DirWatch, Entries};
 
 /// How often Slurm is asked.
 pub(crate) const PERIOD: Duration = Duration::from_secs(5);
@@ -47,6 +48,8 @@ pub(crate) struct SlurmSource {
     pub(crate) slurm_conf: Option<PathBuf>,
     /// gres.conf rendering options (the index order is the rendered records' order).
     pub(crate) gres: isthmus_gres::GresOptions,
+    /// slurmd's spool directory, watched for job steps starting and ending (`None`: not watched).
+    pub(crate) spool: Option<PathBuf>,
 }
 
 /// Why Slurm could not be asked.
@@ -152,7 +155,12 @@ impl Refresh {
     }
 }
 
-/// Ask until `shutdown`, and whenever `refresh` asks; the last answer is checked again when `owners` change.
+/// How long after a job step's socket came or went in slurmd's spool Slurm is asked: a job's start makes several
+/// (its extern step, its batch step, its first step), and one question answers them all.
+const SPOOL_SETTLE: Duration = Duration::from_millis(100);
+
+/// Ask until `shutdown`, whenever `refresh` asks, and soon after a job starts or ends on this node (slurmd's spool
+/// directory, watched); the last answer is checked again when `owners` change.
 pub(crate) async fn run(
     source: SlurmSource,
     mut topo: watch::Receiver<Option<Arc<NodeTopology>>>,
@@ -164,11 +172,16 @@ pub(crate) async fn run(
     let mut backoff = RetryPolicy::slurm_device_poll().backoff();
     let mut last: Option<Vec<slurm_jobs::HeldJob>> = None;
     let mut owners_open = true;
-    let mut delay = Duration::ZERO;
+    let mut next = tokio::time::Instant::now();
+    let mut spool: Option<DirWatch> = None;
+    let mut spool_said = false;
     loop {
+        if spool.is_none() {
+            spool = watch_spool(source.spool.as_deref(), &mut spool_said);
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
+            () = tokio::time::sleep_until(next) => {}
             () = refresh.ask.notified() => {}
             r = owners.changed(), if owners_open => {
                 owners_open = r.is_ok();
@@ -177,8 +190,25 @@ pub(crate) async fn run(
                 }
                 continue;
             }
+            changed = async {
+                match spool.as_mut() {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                match changed {
+                    Ok(()) => next = next.min(tokio::time::Instant::now() + SPOOL_SETTLE),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "device plugin: slurmd's spool directory is no longer watched; \
+                            Slurm is asked every {PERIOD:?} until it is again");
+                        spool = None;
+                        spool_said = false;
+                    }
+                }
+                continue;
+            }
         }
-        delay = match ask(&source).await {
+        let delay = match ask(&source).await {
             Ok(jobs) => {
                 backoff.reset();
                 publish(
@@ -198,6 +228,25 @@ pub(crate) async fn run(
                 d
             }
         };
+        next = tokio::time::Instant::now() + delay;
+    }
+}
+
+/// A watch on slurmd's spool directory, said once in the log whichever way it goes (`said`).
+fn watch_spool(dir: Option<&std::path::Path>, said: &mut bool) -> Option<DirWatch> {
+    let dir = dir?;
+    match DirWatch::watch(&[dir.to_path_buf()], Entries::Any) {
+        Ok(w) => {
+            tracing::info!(dir = %dir.display(), "device plugin: slurmd's spool directory is watched: Slurm is asked when a job step starts or ends");
+            *said = false;
+            Some(w)
+        }
+        Err(e) => {
+            if !std::mem::replace(said, true) {
+                tracing::info!(dir = %dir.display(), error = %e, "device plugin: slurmd's spool directory cannot be watched (yet): Slurm is asked every {PERIOD:?}");
+            }
+            None
+        }
     }
 }
 
