@@ -198,6 +198,7 @@ async fn serve(plan: Plan) -> Result<i32, DaemonError> {
             tracing::error!(error = %e, "the HTTP endpoint stopped");
         }
     });
+    tokio::spawn(crate::own_code::page_out_after_start(shutdown.clone()));
 
     // The name slurmd registers under is the Node's Slurm name, the controller's mapping (k8s::slurm_name); read
     // before anything names the Slurm node, waited for up to SLURM_NAME_WAIT (a stop ends the wait): an API server

@@ -11,7 +11,8 @@
 //!   and what `/readyz` says.
 //! - [`cadence`]: the one time grid periodic tasks tick on (fewer wake-ups while idle); [`dir_watch`]: directories
 //!   watched for entries made and removed, which ask a poll out of turn.
-//! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change.
+//! - [`privileges`]: capabilities; [`config_file`]: files replaced atomically and only on change; [`own_code`]: the
+//!   binary's code mapped only as it is used.
 
 pub mod build_info;
 mod cadence;
@@ -23,6 +24,7 @@ pub mod health;
 pub mod http;
 pub mod k8s;
 pub mod metrics;
+pub mod own_code;
 pub mod privileges;
 mod readiness;
 pub mod slurm;

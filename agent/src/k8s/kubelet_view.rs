@@ -85,6 +85,14 @@ impl std::str::FromStr for PodCgroupsSource {
 /// that holds nothing and whose cgroup the kubelet keeps). Four health port polls, so they share a wake-up.
 pub(crate) const SAFETY_NET: Duration = Duration::from_millis(6144);
 
+/// How long after a pod's cgroup came or went PodResources is also asked every [`FOLLOW_UP_INTERVAL`]: a deleted
+/// pod leaves the kubelet's answer after its cgroup is gone, once its object is deleted from the API server (1–5 s
+/// later beside kubelet v1.20, `bench-kubelet-nrt`).
+const FOLLOW_UP: Duration = Duration::from_secs(15);
+
+/// How often PodResources is asked while following a pod change up.
+const FOLLOW_UP_INTERVAL: Duration = Duration::from_millis(256);
+
 /// The directories to watch for `source` and the kubelet's `settings`.
 fn pod_cgroup_dirs(
     source: &PodCgroupsSource,
@@ -133,6 +141,8 @@ pub(crate) async fn run(
     // The directories last found (or not found) to watch: the search is said once per outcome.
     let mut watch_tried: Option<Vec<PathBuf>> = None;
     let mut watch_checked: Option<Instant> = None;
+    let mut follow_until: Option<Instant> = None;
+    let mut follow_tick = crate::cadence::ticker(FOLLOW_UP_INTERVAL.min(source.interval));
     loop {
         let (pod_resources, answer) = match kubelet.query().await {
             Ok(answers) => {
@@ -213,16 +223,23 @@ pub(crate) async fn run(
             *cur = view;
             true
         });
+        // Shortly after a pod's cgroup came or went, PodResources is asked every FOLLOW_UP_INTERVAL too: the kubelet
+        // removes a deleted pod's cgroup before the pod leaves its answer (when the API server's object is gone).
+        let following = follow_until.is_some_and(|t| Instant::now() < t);
         match pods.as_mut() {
             Some(watch) => tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = safety_tick.tick() => {}
-                changed = watch.changed() => if let Err(e) = changed {
-                    tracing::warn!(error = %e, "asking the kubelet's PodResources API every poll period until the \
-                        pods' cgroups are found again");
-                    pods = None;
-                    watch_tried = None;
-                    watch_checked = Some(Instant::now());
+                _ = follow_tick.tick(), if following => {}
+                changed = watch.changed() => match changed {
+                    Ok(()) => follow_until = Some(Instant::now() + FOLLOW_UP),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "asking the kubelet's PodResources API every poll period until \
+                            the pods' cgroups are found again");
+                        pods = None;
+                        watch_tried = None;
+                        watch_checked = Some(Instant::now());
+                    }
                 }
             },
             None => tokio::select! {

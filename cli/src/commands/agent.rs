@@ -29,6 +29,8 @@ pub(crate) fn init_logging(format: LogFormat) {
 /// Run `agent` until SIGTERM.
 pub(crate) fn run(args: &AgentArgs) -> Result<()> {
     init_logging(args.log_format);
+    // A long-running daemon: only the code it runs stays resident.
+    isthmus_agent::own_code::map_on_use();
     // Still the only thread: capabilities are per thread, and every later thread and child inherits these.
     isthmus_agent::privileges::apply(
         args.slurm_mode,

@@ -1,7 +1,8 @@
 //! The agent against the real kube-apiserver, measured: how long from a pod-set change (the kubelet's PodResources
-//! answer changes, then the pod's cgroup is made or removed under `kubepods`, in that order, as the kubelet does:
-//! it allocates when it admits a pod and makes the cgroup when it first syncs it) to the NRT carrying it on the
-//! server, and the idle footprint (CPU, RSS, threads, API writes) with NVML replayed from the fixture. The agent
+//! answer changes) to the NRT carrying it on the server, with the pod's cgroup under `kubepods` made or removed in
+//! the kubelet's order (it allocates when it admits a pod, then makes the cgroup when it first syncs it; it removes
+//! a deleted pod's cgroup, then the pod leaves its answer when the API server's object is gone, a second later
+//! here), and the idle footprint (CPU, RSS, threads, API writes) with NVML replayed from the fixture. The agent
 //! watches the pods' cgroups (`--pod-cgroups`), so PodResources is polled only as a safety net; with
 //! `BENCH_POD_CGROUPS=off` it is not told and polls every `--pod-resources-interval` (the agent's default, or the
 //! third argument). Changes alternate: a pod admitted, then the last one gone.
@@ -139,11 +140,12 @@ fn bench() {
             names.push(("ml".to_owned(), name));
             std::fs::create_dir(&cgroup).unwrap();
         } else {
+            std::fs::remove_dir(&cgroup).unwrap();
+            std::thread::sleep(Duration::from_secs(1));
             if let Ok(mut pods) = kubelet.pods.lock() {
                 pods.retain(|p| p.name != name);
             }
             names.retain(|(_, n)| *n != name);
-            std::fs::remove_dir(&cgroup).unwrap();
         }
         latencies.push(wait_for(&current(&names)));
     }
