@@ -88,10 +88,10 @@ pub(crate) const SAFETY_NET: Duration = Duration::from_millis(6144);
 /// How long after a pod's cgroup came or went PodResources is also asked every [`FOLLOW_UP_INTERVAL`]: a deleted
 /// pod leaves the kubelet's answer after its cgroup is gone, once its object is deleted from the API server (1–5 s
 /// later beside kubelet v1.20, `bench-kubelet-nrt`).
-const FOLLOW_UP: Duration = Duration::from_secs(15);
+const FOLLOW_UP: Duration = Duration::from_secs(10);
 
 /// How often PodResources is asked while following a pod change up.
-const FOLLOW_UP_INTERVAL: Duration = Duration::from_millis(256);
+const FOLLOW_UP_INTERVAL: Duration = Duration::from_millis(128);
 
 /// The directories to watch for `source` and the kubelet's `settings`.
 fn pod_cgroup_dirs(
