@@ -83,7 +83,7 @@ impl std::str::FromStr for PodCgroupsSource {
 
 /// The poll period while the pods' cgroups are watched: a safety net for a change the watch cannot see (a pod
 /// that holds nothing and whose cgroup the kubelet keeps). Four health port polls, so they share a wake-up.
-pub(crate) const SAFETY_NET: Duration = Duration::from_millis(6144);
+const SAFETY_NET: Duration = Duration::from_millis(6144);
 
 /// How long after a pod's cgroup came or went PodResources is also asked every [`FOLLOW_UP_INTERVAL`]: a deleted
 /// pod leaves the kubelet's answer after its cgroup is gone, once its object is deleted from the API server (1–5 s
@@ -102,19 +102,7 @@ fn pod_cgroup_dirs(
     match source {
         PodCgroupsSource::Off => Vec::new(),
         PodCgroupsSource::Auto => super::pod_cgroups::find(root, settings),
-        PodCgroupsSource::Dir(d) => std::iter::once(d.clone())
-            .chain(
-                [
-                    "burstable",
-                    "besteffort",
-                    "kubepods-burstable.slice",
-                    "kubepods-besteffort.slice",
-                ]
-                .iter()
-                .map(|q| d.join(q)),
-            )
-            .filter(|p| p.is_dir())
-            .collect(),
+        PodCgroupsSource::Dir(d) => super::pod_cgroups::with_qos_children(d),
     }
 }
 

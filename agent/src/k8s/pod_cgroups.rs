@@ -88,6 +88,17 @@ pub(crate) fn find(root: &HostRoot, settings: &KubeletSettings) -> Vec<PathBuf> 
     Vec::new()
 }
 
+/// `kubepods` named by the operator (`--pod-cgroups PATH`): it and whichever QoS children of either driver exist.
+pub(crate) fn with_qos_children(kubepods: &std::path::Path) -> Vec<PathBuf> {
+    let children = ["cgroupfs", "systemd"].map(|d| qos_paths(d, "/"));
+    std::iter::once(kubepods.to_path_buf())
+        .chain(children.iter().flat_map(|[_, burstable, besteffort]| {
+            [burstable, besteffort].map(|p| kubepods.join(p.rsplit('/').next().unwrap_or_default()))
+        }))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
 /// The last component of the `kubepods` cgroup for a driver.
 fn kubepods(driver: &str) -> &'static str {
     if driver == "systemd" {

@@ -69,3 +69,20 @@ fn found_in_the_hierarchy_that_has_them_and_nowhere_else() -> std::io::Result<()
     assert!(found[0].ends_with("kubepods.slice"));
     Ok(())
 }
+
+#[test]
+fn a_named_kubepods_with_the_children_either_driver_makes() -> std::io::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let kubepods = dir.path().join("kubepods");
+    std::fs::create_dir_all(kubepods.join("burstable"))?;
+    std::fs::create_dir_all(kubepods.join("kubepods-besteffort.slice"))?;
+    assert_eq!(
+        with_qos_children(&kubepods),
+        [
+            kubepods.clone(),
+            kubepods.join("burstable"),
+            kubepods.join("kubepods-besteffort.slice")
+        ]
+    );
+    Ok(())
+}
