@@ -24,6 +24,7 @@ pub mod projection;
 pub mod render;
 mod reported;
 pub mod run;
+pub mod shared_watch;
 pub mod slurm;
 pub mod webhook;
 

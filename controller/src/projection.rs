@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::leader::fence::Guard;
 use crate::leader::{TaskFuture, boxed};
 use crate::reported::{Reports, is_reported_type};
+use crate::run::Watches;
 use crate::run::context::{LeaderContext, LeaderTask};
 
 /// The field manager of the projected conditions (the one the agent used when it wrote them itself).
@@ -136,11 +137,12 @@ fn trim(node: &mut Node) {
 /// are logged and retried with backoff per Node.
 pub async fn run(
     client: Client,
+    watches: Watches,
     guard: Guard,
     shutdown: CancellationToken,
 ) -> Result<(), ProjectionError> {
     let changed = Arc::new(Notify::new());
-    let (reports, reports_task) = Reports::watch(client.clone(), changed.clone());
+    let (reports, reports_task) = Reports::watch(&watches, changed.clone());
     let nodes: Api<Node> = Api::all(client);
     let (store, writer) = reflector::store();
     let nodes_task = {
@@ -268,7 +270,7 @@ pub(crate) const TASK: LeaderTask = LeaderTask {
 
 fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
     let guard = c.guard();
-    boxed(run(c.client, guard, t))
+    boxed(run(c.client, c.watches, guard, t))
 }
 
 #[cfg(test)]

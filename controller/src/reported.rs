@@ -8,7 +8,6 @@
 //! from here and never from the Node ([`view`]).
 
 use std::collections::HashMap;
-use std::fmt::Debug;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
@@ -19,9 +18,10 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+
+use crate::run::Watches;
+use crate::shared_watch::{SharedWatch, Watched};
 
 /// The reported conditions of every node, from watches of the NodeReports and the NodeResourceTopologies (each
 /// trimmed to the condition attributes).
@@ -38,9 +38,7 @@ pub(crate) struct Reports {
 type Read = (&'static str, Option<String>, Option<Vec<NodeCondition>>);
 
 /// An object that carries reported conditions as attributes.
-trait Carrier:
-    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
-{
+trait Carrier: Watched {
     fn attributes(&self) -> &[Attribute];
     fn attributes_mut(&mut self) -> &mut Vec<Attribute>;
 }
@@ -63,16 +61,20 @@ impl Carrier for NrtAttributes {
     }
 }
 
-/// Watch every object of kind `K` into a store (trimmed to its name, resourceVersion and condition attributes);
-/// `changed` is woken when a node's condition attributes change. The watch runs while the returned future is polled.
+/// Read the shared watch of every object of kind `K` into a store (trimmed to its name, resourceVersion and condition
+/// attributes); `changed` is woken when a node's condition attributes change. The subscription is read while the
+/// returned future is polled.
 fn watch_kind<K: Carrier>(
-    client: Client,
+    watch: &SharedWatch<K>,
     changed: Arc<Notify>,
     forget: Arc<Mutex<HashMap<String, Read>>>,
-) -> (Store<K>, impl std::future::Future<Output = ()> + Send) {
+) -> (
+    Store<K>,
+    impl std::future::Future<Output = ()> + Send + use<K>,
+) {
     let (store, writer) = reflector::store();
-    let stream = watcher(Api::<K>::all(client), watcher::Config::default())
-        .default_backoff()
+    let stream = watch
+        .subscribe()
         .modify(|o| {
             let m = o.meta_mut();
             m.managed_fields = None;
@@ -124,16 +126,16 @@ fn watch_kind<K: Carrier>(
 }
 
 impl Reports {
-    /// Start the watches (their task wakes `changed` when a node's reported conditions change; abort it with the
-    /// returned handle). A report whose conditions do not read is logged once per change and counted in
+    /// Read the shared watches (their task wakes `changed` when a node's reported conditions change; abort it with
+    /// the returned handle). A report whose conditions do not read is logged once per change and counted in
     /// `isthmus_controller_refused_condition_reports_total`.
     pub(crate) fn watch(
-        client: Client,
+        watches: &Watches,
         changed: Arc<Notify>,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let read: Arc<Mutex<HashMap<String, Read>>> = Arc::default();
-        let (reports, a) = watch_kind::<NodeReport>(client.clone(), changed.clone(), read.clone());
-        let (nrts, b) = watch_kind::<NrtAttributes>(client, changed, read.clone());
+        let (reports, a) = watch_kind(&watches.node_reports, changed.clone(), read.clone());
+        let (nrts, b) = watch_kind(&watches.nrts, changed, read.clone());
         // One task for both: aborting it ends both watches.
         let task = tokio::spawn(async move {
             futures::join!(a, b);

@@ -393,7 +393,8 @@ impl Projection {
         let guard =
             isthmus_controller::leader::fence::Guard::unfenced(std::time::Duration::from_secs(5));
         rt.spawn(isthmus_controller::projection::run(
-            client,
+            client.clone(),
+            isthmus_controller::run::Watches::new(&client),
             guard,
             stop.clone(),
         ));

@@ -74,7 +74,8 @@ impl NodeSync {
         let shutdown = CancellationToken::new();
         let guard = nodesync::Guard::unfenced(Duration::from_secs(5));
         let task = rt.spawn(nodesync::run(
-            client,
+            client.clone(),
+            isthmus_controller::run::Watches::new(&client),
             slurm_client,
             args,
             SA.0.to_owned(),

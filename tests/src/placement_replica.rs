@@ -130,6 +130,7 @@ impl Placement {
         let fence = Fence::new(timing.duration, timing.renew_deadline);
         let client = self.rt.block_on(client_for(&kubeconfig));
         let ctx = LeaderContext {
+            watches: isthmus_controller::run::Watches::new(&client),
             client,
             slurm: SlurmClient::new(args.slurm.clone()),
             args: Arc::new(args),

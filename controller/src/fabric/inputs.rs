@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::FabricArgs;
 use super::reports::ReportStore;
 use crate::identity::SLURM_NODE_NAME_LABEL;
+use crate::shared_watch::SharedWatch;
 
 /// What the reconciler reads.
 #[derive(Debug, Clone)]
@@ -188,17 +189,15 @@ pub(crate) fn trim_node_meta(meta: &mut kube::api::ObjectMeta, keep: &dyn Fn(&st
 /// Start the watches (their tasks end with `cancel`).
 pub(crate) fn start_reflectors(
     client: &kube::Client,
+    nrts: &SharedWatch<NrtAttributes>,
     args: &FabricArgs,
     namespace: &str,
     notify: &Arc<Notify>,
     cancel: &CancellationToken,
 ) -> Inputs {
     let reports = ReportStore::new(args.model.decode_options());
-    let nrt_stream = watcher(
-        Api::<NrtAttributes>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff();
+    // The NRTs come from the watch the conditions' projection and the node sync share: one list at a leader's start.
+    let nrt_stream = nrts.subscribe();
     let store = reports.clone();
     spawn_watch(
         "noderesourcetopologies",

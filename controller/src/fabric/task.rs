@@ -18,7 +18,9 @@ use crate::fabric::{FabricArgs, FabricError};
 use crate::leader::sleep_or_cancel;
 use crate::leader::{TaskFuture, boxed};
 use crate::run::context::{LeaderContext, LeaderTask};
+use crate::shared_watch::SharedWatch;
 use crate::slurm::SlurmClient;
+use isthmus_api::nrt::NrtAttributes;
 use isthmus_api::retry::{Backoff, RetryPolicy};
 
 /// The topology task as the leader runs it.
@@ -30,6 +32,7 @@ pub(crate) const TASK: LeaderTask = LeaderTask {
 fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
     boxed(run(
         c.client,
+        c.watches.nrts,
         c.slurm,
         c.args.fabric.clone(),
         c.args.namespace.clone(),
@@ -48,6 +51,7 @@ pub(crate) fn error_policy(error: &FabricError, backoff: &mut Backoff) -> Durati
 /// ConfigMap) before the first write, so that a partial view never deletes or relabels anything.
 pub(crate) async fn run(
     client: kube::Client,
+    nrts: SharedWatch<NrtAttributes>,
     slurm: SlurmClient,
     args: FabricArgs,
     namespace: String,
@@ -57,7 +61,7 @@ pub(crate) async fn run(
     // The reflectors stop with this task, whether it is cancelled or returns.
     let reflectors = cancel.child_token();
     let _stop_reflectors = reflectors.clone().drop_guard();
-    let inputs = start_reflectors(&client, &args, &namespace, &notify, &reflectors);
+    let inputs = start_reflectors(&client, &nrts, &args, &namespace, &notify, &reflectors);
     // Nothing is written before every first list is complete: a stop (lease lost, SIGTERM) or a reflector that
     // ended first leaves every output as it is.
     if !inputs.first_lists(&cancel).await {

@@ -41,6 +41,7 @@ pub use tokio_util::sync::CancellationToken;
 use isthmus_api::access::ApiAccess;
 
 pub use crate::leader::fence::Guard;
+use crate::run::Watches;
 use crate::slurm::nodes::NodeReader;
 use crate::slurm::{SlurmClient, parse_duration};
 use decide::Policy;
@@ -245,6 +246,7 @@ pub enum NodeSyncError {
 /// Every write is asked of `guard`'s fence first; no pass runs while it says this replica does not lead.
 pub async fn run(
     client: Client,
+    watches: Watches,
     slurm: SlurmClient,
     args: NodeSyncArgs,
     namespace: String,
@@ -291,7 +293,7 @@ pub async fn run(
         }
     };
     let watch_task = tokio::spawn(watch);
-    let (reports, reports_task) = crate::reported::Reports::watch(client.clone(), changed.clone());
+    let (reports, reports_task) = crate::reported::Reports::watch(&watches, changed.clone());
     let (records, records_task) = records::Records::watch(client, &namespace, changed.clone());
     let stop = || {
         watch_task.abort();

@@ -16,6 +16,7 @@ fn start(c: LeaderContext, t: CancellationToken) -> TaskFuture {
     let guard = c.guard();
     boxed(crate::nodesync::run(
         c.client,
+        c.watches,
         c.slurm,
         c.args.node_sync.clone(),
         c.args.namespace.clone(),

@@ -4,8 +4,12 @@
 use std::sync::Arc;
 
 use super::args::RunArgs;
+use isthmus_api::node_report::NodeReport;
+use isthmus_api::nrt::NrtAttributes;
+
 use crate::leader;
 use crate::leader::fence::{self, Fence};
+use crate::shared_watch::SharedWatch;
 use crate::slurm::SlurmClient;
 
 /// What every leader task is given.
@@ -19,6 +23,27 @@ pub struct LeaderContext {
     pub args: Arc<RunArgs>,
     /// Whether this replica still leads: asked before every write.
     pub fence: Fence,
+    /// The one watch of the NodeResourceTopologies and of the NodeReports that every task reading them shares.
+    pub watches: Watches,
+}
+
+/// The watches the leader tasks share ([`crate::shared_watch`]).
+#[derive(Debug, Clone)]
+pub struct Watches {
+    /// Every NodeResourceTopology (the fabric task, the conditions' projection, the node sync).
+    pub nrts: SharedWatch<NrtAttributes>,
+    /// Every NodeReport (the conditions' projection, the node sync).
+    pub node_reports: SharedWatch<NodeReport>,
+}
+
+impl Watches {
+    /// The shared watches through `client` (nothing is asked until a task subscribes).
+    pub fn new(client: &kube::Client) -> Self {
+        Self {
+            nrts: SharedWatch::new(client.clone()),
+            node_reports: SharedWatch::new(client.clone()),
+        }
+    }
 }
 
 impl LeaderContext {

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use access::{API_ACCESS, NAMESPACE_ACCESS};
 pub use args::RunArgs;
-pub use context::{LeaderContext, LeaderTask};
+pub use context::{LeaderContext, LeaderTask, Watches};
 
 use crate::leader::fence::Fence;
 use crate::leader::{self, Election};
@@ -41,6 +41,7 @@ pub fn leader_tasks() -> Vec<LeaderTask> {
 pub async fn run(client: kube::Client, args: RunArgs, shutdown: CancellationToken) {
     let timing = args.lease_timing();
     let ctx = LeaderContext {
+        watches: Watches::new(&client),
         client,
         slurm: SlurmClient::new(args.slurm.clone()),
         args: Arc::new(args),

@@ -285,7 +285,8 @@ pub(crate) fn start_node_sync(
     });
     let shutdown = nodesync::CancellationToken::new();
     rt.spawn(nodesync::run(
-        client,
+        client.clone(),
+        isthmus_controller::run::Watches::new(&client),
         slurm,
         NodeSyncArgs {
             node_sync: true,
