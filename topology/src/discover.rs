@@ -85,12 +85,7 @@ pub(crate) fn assemble(
         memo.as_deref_mut().map(|m| &mut m.infiniband),
     );
     let rdma: BTreeSet<String> = ib.iter().filter_map(|d| d.pci_address.clone()).collect();
-    let mut devices = pci::probe(
-        root,
-        &rdma,
-        &mut warnings,
-        memo.as_deref_mut().map(Memo::pci),
-    );
+    let mut devices = pci::probe(root, &rdma, &mut warnings, memo.map(Memo::pci));
 
     // Locality from sysfs (`local_cpulist`, `numa_node`), completed from the NUMA nodes when one is missing.
     for dev in &mut devices {

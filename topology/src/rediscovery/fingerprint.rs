@@ -159,9 +159,12 @@ impl CpuFingerprint {
             "/proc/mounts".to_owned(),
             Reading::Text(format!("{v2_mounts:?} {v1_mounts:?}")),
         );
-        let v1_names: Vec<&String> = v1.iter().chain(cpuset_name.iter()).collect();
+        let v1_names: std::collections::BTreeSet<&String> =
+            v1.iter().chain(cpuset_name.iter()).collect();
+        let all_names: std::collections::BTreeSet<&String> =
+            v2.iter().chain(v1_names.iter().copied()).collect();
         for mnt in &v2_mounts {
-            for name in v2.iter().chain(v1_names.iter().copied()) {
+            for name in &all_names {
                 for f in ["cpuset.cpus.effective", "cpuset.mems.effective"] {
                     self.file(root, format!("{mnt}/{name}/{f}"));
                 }
