@@ -1,6 +1,6 @@
 //! Discovery as the binary runs it: the host root and NVML source from the flags, and — for the daemon — the
 //! discovery worker, the one thread that runs probes and owns NVML for the life of the process. It rediscovers on a
-//! timer or when asked (SIGHUP), publishes each topology that differs from the last on a `watch` channel, and reads
+//! timer or when asked (SIGHUP), skipping what cannot have changed since its last pass (`Rediscovery`), publishes each topology that differs from the last on a `watch` channel, and reads
 //! GPU telemetry through the same NVML handle.
 
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use isthmus_topology::health::detect::{Finding, memory_findings};
 use isthmus_topology::nvml::NvmlSnapshot;
 use isthmus_topology::{
     DiscoverOptions, HostRoot, NoNvml, NodeTopology, NvmlSource, NvmlStatus, RecordingFile,
-    SystemNvml,
+    Rediscovery, SystemNvml,
 };
 use tokio::sync::watch;
 
@@ -115,6 +115,25 @@ pub(crate) fn discover_with(
 ) -> Result<NodeTopology, DiscoveryError> {
     let root = check_host_root(host)?;
     Ok(isthmus_topology::discover(
+        &root,
+        nvml,
+        DiscoverOptions {
+            use_hwloc: !host.no_hwloc,
+            ib_counters,
+        },
+    ))
+}
+
+/// Discover again with what `memo` remembers from the worker's earlier passes (the same result as
+/// [`discover_with`], reading less).
+fn rediscover_with(
+    host: &HostConfig,
+    nvml: &dyn NvmlSource,
+    memo: &mut Rediscovery,
+    ib_counters: bool,
+) -> Result<NodeTopology, DiscoveryError> {
+    let root = check_host_root(host)?;
+    Ok(memo.discover(
         &root,
         nvml,
         DiscoverOptions {
@@ -274,12 +293,13 @@ fn worker(
     let mut nvml_available = false;
     let mut neighbours = Neighbours::default();
     let mut last: Option<Arc<NodeTopology>> = None;
+    let mut memo = Rediscovery::new();
     loop {
         let now = Instant::now();
         if now >= next_discovery {
             next_discovery = now + schedule.rediscover;
             let started = Instant::now();
-            match discover_with(host, nvml, true) {
+            match rediscover_with(host, nvml, &mut memo, true) {
                 Ok(mut topo) => {
                     if schedule.neighbours {
                         neighbours.fill(&mut topo);

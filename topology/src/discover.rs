@@ -7,6 +7,7 @@ use crate::hostroot::HostRoot;
 use crate::hwloc::{self, HwlocFacts};
 use crate::model::{CpuSource, MODEL_VERSION, Machine, NodeTopology};
 use crate::nvml::NvmlSource;
+use crate::rediscovery::Memo;
 use crate::warning::{Warning, WarningSource};
 use crate::{
     accel, cpuless_numa, infiniband, kfd, links, numa_check, nvidia, nvml_enrich, pci, sysfs_cpu,
@@ -31,15 +32,60 @@ impl Default for DiscoverOptions {
 }
 
 /// Discover the node behind `root`. Never fails: what cannot be read becomes a warning.
+///
+/// One pass, nothing remembered; a process that discovers again and again uses [`crate::Rediscovery`].
 pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -> NodeTopology {
-    let mut warnings = Vec::new();
+    assemble(root, nvml, opts, None)
+}
 
+/// The CPU and memory half of the model: what [`cpu_facts`] and [`machine`] find, with their warnings.
+#[derive(Debug, Clone)]
+pub(crate) struct CpuPart {
+    /// Packages, cores, NUMA nodes, caches.
+    pub(crate) facts: HwlocFacts,
+    /// The machine summary.
+    pub(crate) machine: Machine,
+    /// What the CPU and memory probes could not read.
+    pub(crate) warnings: Vec<Warning>,
+}
+
+/// Read the CPU and memory half of the model.
+pub(crate) fn cpu_part(root: &HostRoot, opts: DiscoverOptions) -> CpuPart {
+    let mut warnings = Vec::new();
     let (facts, cpu_source) = cpu_facts(root, opts, &mut warnings);
     warnings.extend(cpuless_numa::kubelet_limit_warning(&facts.numa_nodes));
+    let machine = machine(root, &facts, cpu_source, &mut warnings);
+    CpuPart {
+        facts,
+        machine,
+        warnings,
+    }
+}
 
-    let ib = infiniband::probe(root, opts.ib_counters, &mut warnings);
+/// One discovery pass; with `memo`, what cannot have changed since the memo's last pass is taken from it.
+pub(crate) fn assemble(
+    root: &HostRoot,
+    nvml: &dyn NvmlSource,
+    opts: DiscoverOptions,
+    mut memo: Option<&mut Memo>,
+) -> NodeTopology {
+    let CpuPart {
+        facts,
+        machine,
+        mut warnings,
+    } = match memo.as_deref_mut() {
+        Some(m) => m.cpu_part(root, opts),
+        None => cpu_part(root, opts),
+    };
+
+    let ib = infiniband::probe(
+        root,
+        opts.ib_counters,
+        &mut warnings,
+        memo.as_deref_mut().map(|m| &mut m.infiniband),
+    );
     let rdma: BTreeSet<String> = ib.iter().filter_map(|d| d.pci_address.clone()).collect();
-    let mut devices = pci::probe(root, &rdma, &mut warnings);
+    let mut devices = pci::probe(root, &rdma, &mut warnings, memo.map(Memo::pci));
 
     // Locality from sysfs (`local_cpulist`, `numa_node`), completed from the NUMA nodes when one is missing.
     for dev in &mut devices {
@@ -108,7 +154,6 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     }
 
     let links = links::build(&mut devices);
-    let machine = machine(root, &facts, cpu_source, &mut warnings);
     warnings.sort();
     warnings.dedup();
     NodeTopology {

@@ -189,6 +189,15 @@ impl HostRoot {
             .unwrap_or_default())
     }
 
+    /// The identity (device and inode numbers) of what a host path names, links followed. A sysfs directory gets a
+    /// new one when its kernel object is removed and created again (a PCI function removed and rescanned).
+    pub(crate) fn identity(&self, host_path: impl AsRef<Path>) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(self.join(host_path))
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    }
+
     /// Whether a host path exists (any file type, links not followed).
     pub(crate) fn exists(&self, host_path: impl AsRef<Path>) -> bool {
         fs::symlink_metadata(self.join(host_path)).is_ok()

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use crate::hostroot::HostRoot;
 use crate::model::{IbDevice, IbPort};
 use crate::pci_ids::normalize_pci_address;
+use crate::rediscovery::dir_memo::{self, DirMemo, DirMemos};
 use crate::warning::{Warning, WarningSource};
 
 /// Split a port GID into subnet prefix and interface id (in the model, which reads it too).
@@ -103,6 +104,13 @@ fn opt(root: &HostRoot, path: &str) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// [`opt`] through `memo` when there is one.
+fn opt_fixed(root: &HostRoot, memo: &mut Option<&mut DirMemo>, path: &str) -> Option<String> {
+    dir_memo::read(root, memo, path)
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 fn read_counters(root: &HostRoot, dir: &str, prefix: &str, port: &mut IbPort) {
     for name in root.list_dir(dir).unwrap_or_default() {
         let Ok(text) = root.read_string(format!("{dir}/{name}")) else {
@@ -132,6 +140,7 @@ fn uverbs_by_ibdev(root: &HostRoot) -> BTreeMap<String, String> {
 
 fn probe_port(
     root: &HostRoot,
+    memo: &mut Option<&mut DirMemo>,
     dev_dir: &str,
     port_no: u32,
     with_counters: bool,
@@ -173,7 +182,7 @@ fn probe_port(
         phys_state: parsed_phys.map(|s| s.1),
         rate_mbps,
         rate,
-        link_layer: opt(root, &format!("{dir}/link_layer")),
+        link_layer: opt_fixed(root, memo, &format!("{dir}/link_layer")),
         lid: opt(root, &format!("{dir}/lid"))
             .as_deref()
             .and_then(parse_lid),
@@ -194,10 +203,30 @@ fn probe_port(
 }
 
 /// Read every InfiniBand/RoCE device and its ports. `with_counters` also reads the traffic/error counters.
+///
+/// With `memo`, a device's fixed attributes are taken from what an earlier pass read while its sysfs directory is
+/// the same one ([`crate::rediscovery`] says which files those are); the rest is read every pass.
 pub(crate) fn probe(
     root: &HostRoot,
     with_counters: bool,
     warnings: &mut Vec<Warning>,
+    mut memo: Option<&mut DirMemos>,
+) -> Vec<IbDevice> {
+    if let Some(m) = memo.as_deref_mut() {
+        m.begin_pass();
+    }
+    let out = probe_devices(root, with_counters, warnings, memo.as_deref_mut());
+    if let Some(m) = memo {
+        m.end_pass();
+    }
+    out
+}
+
+fn probe_devices(
+    root: &HostRoot,
+    with_counters: bool,
+    warnings: &mut Vec<Warning>,
+    mut memos: Option<&mut DirMemos>,
 ) -> Vec<IbDevice> {
     let names = match root.list_dir(IB_CLASS) {
         Ok(n) => n,
@@ -212,9 +241,11 @@ pub(crate) fn probe(
     let mut out = Vec::new();
     for name in names {
         let dir = format!("{IB_CLASS}/{name}");
-        let pci_address = root
-            .resolve_link(format!("{dir}/device"))
-            .ok()
+        let mut memo = match memos.as_deref_mut() {
+            Some(m) => m.dir(root, &dir),
+            None => None,
+        };
+        let pci_address = dir_memo::resolve_link(root, &mut memo, &format!("{dir}/device"))
             .and_then(|p| {
                 p.file_name()
                     .and_then(|f| normalize_pci_address(&f.to_string_lossy()))
@@ -226,8 +257,7 @@ pub(crate) fn probe(
                 "no PCI function behind this device",
             ));
         }
-        let mut ports: Vec<u32> = root
-            .list_dir(format!("{dir}/ports"))
+        let mut ports: Vec<u32> = dir_memo::list_dir(root, &mut memo, &format!("{dir}/ports"))
             .unwrap_or_else(|e| {
                 warnings.push(e.warning(WarningSource::Infiniband));
                 Vec::new()
@@ -238,15 +268,15 @@ pub(crate) fn probe(
         ports.sort_unstable();
         out.push(IbDevice {
             pci_address,
-            hca_type: opt(root, &format!("{dir}/hca_type")),
+            hca_type: opt_fixed(root, &mut memo, &format!("{dir}/hca_type")),
             fw_ver: opt(root, &format!("{dir}/fw_ver")),
-            board_id: opt(root, &format!("{dir}/board_id")),
-            node_guid: opt(root, &format!("{dir}/node_guid")),
-            sys_image_guid: opt(root, &format!("{dir}/sys_image_guid")),
+            board_id: opt_fixed(root, &mut memo, &format!("{dir}/board_id")),
+            node_guid: opt_fixed(root, &mut memo, &format!("{dir}/node_guid")),
+            sys_image_guid: opt_fixed(root, &mut memo, &format!("{dir}/sys_image_guid")),
             uverbs: uverbs.get(&name).cloned(),
             ports: ports
                 .into_iter()
-                .map(|p| probe_port(root, &dir, p, with_counters, warnings))
+                .map(|p| probe_port(root, &mut memo, &dir, p, with_counters, warnings))
                 .collect(),
             name,
         });

@@ -25,6 +25,7 @@ pub mod nvml;
 mod nvml_enrich;
 mod pci;
 pub mod pci_ids;
+mod rediscovery;
 mod sysfs_cache;
 mod sysfs_cpu;
 mod warning;
@@ -36,4 +37,5 @@ pub use fabric_probe::{NeighbourQuery, SmpQuery, carry_neighbours, probe_neighbo
 pub use hostroot::HostRoot;
 pub use model::*;
 pub use nvml::{NoNvml, NvmlSource, RecordedNvml, RecordingFile, SystemNvml};
+pub use rediscovery::Rediscovery;
 pub use warning::{Warning, WarningSource};

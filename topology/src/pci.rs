@@ -8,6 +8,8 @@ use crate::model::{Device, PcieLink};
 use crate::pci_ids::{
     class_may_matter, classify, is_candidate, normalize_pci_address, parse_hex_u16, parse_hex_u32,
 };
+use crate::rediscovery::PciCache;
+use crate::rediscovery::dir_memo::{self, DirMemo};
 use crate::warning::{Warning, WarningSource};
 
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
@@ -18,6 +20,11 @@ pub(crate) fn parse_numa_node(s: &str) -> Option<u32> {
         .parse::<i64>()
         .ok()
         .and_then(|v| u32::try_from(v).ok())
+}
+
+/// A hexadecimal sysfs attribute (`class`), through `memo` when there is one.
+fn hex32(root: &HostRoot, memo: &mut Option<&mut DirMemo>, path: &str) -> Option<u32> {
+    dir_memo::read(root, memo, path).and_then(|s| parse_hex_u32(&s))
 }
 
 /// The PCIe chain of a device from its resolved sysfs path: `/sys/devices/pci0000:15/0000:15:01.0/0000:19:00.0` →
@@ -36,11 +43,32 @@ pub(crate) fn pci_path_from_sysfs(resolved: &str) -> Vec<String> {
 }
 
 /// Enumerate the PCI functions isthmus reports. `rdma_functions` are functions carrying an InfiniBand/RoCE device.
+///
+/// With `cache`, a function's fixed attributes are taken from what an earlier pass read while its sysfs directory
+/// is the same one ([`crate::rediscovery`] says which files those are); the rest is read every pass.
 pub(crate) fn probe(
     root: &HostRoot,
     rdma_functions: &BTreeSet<String>,
     warnings: &mut Vec<Warning>,
+    mut cache: Option<PciCache<'_>>,
 ) -> Vec<Device> {
+    if let Some(c) = cache.as_mut() {
+        c.dirs.begin_pass();
+    }
+    let devices = probe_functions(root, rdma_functions, warnings, cache.as_mut());
+    if let Some(c) = cache.as_mut() {
+        c.dirs.end_pass();
+    }
+    devices
+}
+
+fn probe_functions(
+    root: &HostRoot,
+    rdma_functions: &BTreeSet<String>,
+    warnings: &mut Vec<Warning>,
+    mut cache: Option<&mut PciCache<'_>>,
+) -> Vec<Device> {
+    let cpu_epoch = cache.as_ref().map(|c| c.cpu_epoch);
     let names = match root.list_dir(PCI_DEVICES) {
         Ok(n) => n,
         Err(e) => {
@@ -67,20 +95,19 @@ pub(crate) fn probe(
             continue;
         };
         let dir = format!("{PCI_DEVICES}/{name}");
-        let hex16 = |f: &str| {
-            root.read_string(format!("{dir}/{f}"))
-                .ok()
-                .and_then(|s| parse_hex_u16(&s))
+        let mut memo = match cache.as_mut() {
+            Some(c) => c.dirs.dir(root, &dir),
+            None => None,
+        };
+        let hex16 = |memo: &mut Option<&mut DirMemo>, f: &str| {
+            dir_memo::read(root, memo, &format!("{dir}/{f}")).and_then(|s| parse_hex_u16(&s))
         };
         // Class first: most functions (bridges, system peripherals) are rejected by it alone.
-        let class = root
-            .read_string(format!("{dir}/class"))
-            .ok()
-            .and_then(|s| parse_hex_u32(&s));
+        let class = hex32(root, &mut memo, &format!("{dir}/class"));
         if class.is_some_and(|c| !class_may_matter(c)) {
             continue;
         }
-        let (Some(vendor_id), Some(class)) = (hex16("vendor"), class) else {
+        let (Some(vendor_id), Some(class)) = (hex16(&mut memo, "vendor"), class) else {
             warnings.push(Warning::new(
                 WarningSource::Pci,
                 Some(&dir),
@@ -93,7 +120,7 @@ pub(crate) fn probe(
         if !is_candidate(vendor_id, class, has_rdma) {
             continue;
         }
-        let Some(device_id) = hex16("device") else {
+        let Some(device_id) = hex16(&mut memo, "device") else {
             warnings.push(Warning::new(
                 WarningSource::Pci,
                 Some(&format!("{dir}/device")),
@@ -105,15 +132,21 @@ pub(crate) fn probe(
             continue;
         };
 
-        let numa_node = root
-            .read_string(format!("{dir}/numa_node"))
-            .ok()
-            .and_then(|s| parse_numa_node(&s));
-        let local_cpuset = match root.read_string(format!("{dir}/local_cpulist")) {
-            Ok(s) => CpuSet::parse_list(&s).ok(),
-            Err(_) => root
-                .read_string(format!("{dir}/local_cpus"))
-                .ok()
+        // Read every pass: root may write it (a firmware workaround), and the local CPUs follow it.
+        let numa_text = root.read_string(format!("{dir}/numa_node")).ok();
+        let numa_node = numa_text.as_deref().and_then(parse_numa_node);
+        let (list_path, mask_path) = (format!("{dir}/local_cpulist"), format!("{dir}/local_cpus"));
+        if let (Some(m), Some(epoch)) = (memo.as_deref_mut(), cpu_epoch) {
+            // The local CPUs are the node's online CPUs: read again when the node or the CPUs changed.
+            m.depends_on(
+                "locality",
+                format!("{epoch} {numa_text:?}"),
+                &[&list_path, &mask_path],
+            );
+        }
+        let local_cpuset = match dir_memo::read(root, &mut memo, &list_path) {
+            Some(s) => CpuSet::parse_list(&s).ok(),
+            None => dir_memo::read(root, &mut memo, &mask_path)
                 .and_then(|s| CpuSet::parse_mask(&s).ok()),
         }
         .unwrap_or_default();
@@ -121,8 +154,7 @@ pub(crate) fn probe(
             .link_name(format!("{dir}/driver"))
             .ok()
             .filter(|d| !d.is_empty());
-        let pci_path = root
-            .resolve_link(&dir)
+        let pci_path = dir_memo::resolve_link(root, &mut memo, &dir)
             .map(|p| pci_path_from_sysfs(&p.display().to_string()))
             .unwrap_or_default();
         let pcie_link = match (
