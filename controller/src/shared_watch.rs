@@ -64,6 +64,7 @@ impl<K: Watched> Debug for SharedWatch<K> {
 
 struct Shared<K> {
     api: Api<K>,
+    config: watcher::Config,
     state: Mutex<State<K>>,
     /// Wakes the running watch: a subscriber wants a list of its own, or the last one left.
     wake: Notify,
@@ -103,11 +104,27 @@ enum Sent {
 }
 
 impl<K: Watched> SharedWatch<K> {
-    /// A shared watch of every `K` through `client` (nothing is asked until the first subscription).
+    /// A shared watch of every `K` through `client` (nothing is asked until the first subscription), its list read
+    /// from etcd in pages of 500 (kube-rs' default).
     pub fn new(client: Client) -> Self {
+        Self::with_config(client, watcher::Config::default())
+    }
+
+    /// A shared watch whose list is the API server's watch cache, read whole (`resourceVersion=0`, no page size),
+    /// as client-go's informers read theirs: the API server encodes objects it already holds decoded instead of
+    /// reading, decoding and defaulting every object from etcd, at the cost of one answer held whole while it is
+    /// read. Its watch starts from that list's resourceVersion, so what the cache had not yet seen arrives as events.
+    pub fn from_watch_cache(client: Client) -> Self {
+        let mut config = watcher::Config::default().any_semantic();
+        config.page_size = None;
+        Self::with_config(client, config)
+    }
+
+    fn with_config(client: Client, config: watcher::Config) -> Self {
         Self {
             shared: Arc::new(Shared {
                 api: Api::all(client),
+                config,
                 state: Mutex::new(State {
                     subscribers: Vec::new(),
                     sent: Sent::Nothing,
@@ -224,7 +241,7 @@ async fn run<K: Watched>(shared: Arc<Shared<K>>) {
             st.sent = Sent::Nothing;
             st.relist = false;
         }
-        let stream = watch(shared.api.clone(), watcher::Config::default()).default_backoff();
+        let stream = watch(shared.api.clone(), shared.config.clone()).default_backoff();
         let mut stream = std::pin::pin!(stream);
         let next = loop {
             let item = tokio::select! {

@@ -30,7 +30,8 @@ pub struct LeaderContext {
 /// The watches the leader tasks share ([`crate::shared_watch`]).
 #[derive(Debug, Clone)]
 pub struct Watches {
-    /// Every NodeResourceTopology (the fabric task, the conditions' projection, the node sync).
+    /// Every NodeResourceTopology (the fabric task, the conditions' projection, the node sync), listed from the
+    /// API server's watch cache.
     pub nrts: SharedWatch<NrtAttributes>,
     /// Every NodeReport (the conditions' projection, the node sync).
     pub node_reports: SharedWatch<NodeReport>,
@@ -40,7 +41,7 @@ impl Watches {
     /// The shared watches through `client` (nothing is asked until a task subscribes).
     pub fn new(client: &kube::Client) -> Self {
         Self {
-            nrts: SharedWatch::new(client.clone()),
+            nrts: SharedWatch::from_watch_cache(client.clone()),
             node_reports: SharedWatch::new(client.clone()),
         }
     }

@@ -144,3 +144,21 @@ async fn the_watch_stops_with_its_last_subscriber_and_starts_with_the_next() {
     send.send_response(list(&["y"], "8"));
     assert_eq!(take(&mut c, 3).await, ["init", "y", "done"]);
 }
+
+#[tokio::test]
+async fn a_watch_cache_list_is_asked_whole_at_resource_version_0() {
+    let (client, mut handle) = client();
+    let feed = SharedWatch::<ConfigMap>::from_watch_cache(client);
+    let mut a = feed.subscribe();
+    let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("a request within 5 s")
+        .expect("the client is alive");
+    let query = req.uri().query().unwrap_or_default().to_owned();
+    assert!(query.contains("resourceVersion=0"), "{query}");
+    assert!(!query.contains("limit="), "no page size: {query}");
+    send.send_response(list(&["x"], "7"));
+    assert_eq!(take(&mut a, 3).await, ["init", "x", "done"]);
+    let (is_list, _watch) = next(&mut handle).await;
+    assert!(!is_list, "then the watch");
+}
