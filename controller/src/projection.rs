@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 use crate::leader::fence::Guard;
 use crate::leader::{TaskFuture, boxed};
 use crate::reported::{Reports, is_reported_type};
-use crate::run::Watches;
 use crate::run::context::{LeaderContext, LeaderTask};
+use crate::shared_watch::Watches;
 
 /// The field manager of the projected conditions (the one the agent used when it wrote them itself).
 pub(crate) const FIELD_MANAGER: &str = "isthmus-health";

@@ -20,8 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::Notify;
 
-use crate::run::Watches;
-use crate::shared_watch::{SharedWatch, Watched};
+use crate::shared_watch::{SharedWatch, Watched, Watches};
 
 /// The reported conditions of every node, from watches of the NodeReports and the NodeResourceTopologies (each
 /// trimmed to the condition attributes).

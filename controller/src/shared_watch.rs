@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt as _};
+use isthmus_api::node_report::NodeReport;
+use isthmus_api::nrt::NrtAttributes;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt as _, watcher as watch};
 use kube::{Api, Client, Resource};
@@ -269,6 +271,26 @@ async fn run<K: Watched>(shared: Arc<Shared<K>>) {
         };
         if matches!(next, Next::Stop) {
             return;
+        }
+    }
+}
+
+/// The watches the leader tasks share.
+#[derive(Debug, Clone)]
+pub struct Watches {
+    /// Every NodeResourceTopology (the fabric task, the conditions' projection, the node sync), listed from the
+    /// API server's watch cache.
+    pub nrts: SharedWatch<NrtAttributes>,
+    /// Every NodeReport (the conditions' projection, the node sync).
+    pub node_reports: SharedWatch<NodeReport>,
+}
+
+impl Watches {
+    /// The shared watches through `client` (nothing is asked until a task subscribes).
+    pub fn new(client: &kube::Client) -> Self {
+        Self {
+            nrts: SharedWatch::from_watch_cache(client.clone()),
+            node_reports: SharedWatch::new(client.clone()),
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::hostroot::HostRoot;
 use crate::hwloc::{self, HwlocFacts};
 use crate::model::{CpuSource, MODEL_VERSION, Machine, NodeTopology};
 use crate::nvml::NvmlSource;
-use crate::rediscovery::Memo;
+use crate::rediscovery::memo::{CpuPart, Memo};
 use crate::warning::{Warning, WarningSource};
 use crate::{
     accel, cpuless_numa, infiniband, kfd, links, numa_check, nvidia, nvml_enrich, pci, sysfs_cpu,
@@ -38,17 +38,6 @@ pub fn discover(root: &HostRoot, nvml: &dyn NvmlSource, opts: DiscoverOptions) -
     assemble(root, nvml, opts, None)
 }
 
-/// The CPU and memory half of the model: what [`cpu_facts`] and [`machine`] find, with their warnings.
-#[derive(Debug, Clone)]
-pub(crate) struct CpuPart {
-    /// Packages, cores, NUMA nodes, caches.
-    pub(crate) facts: HwlocFacts,
-    /// The machine summary.
-    pub(crate) machine: Machine,
-    /// What the CPU and memory probes could not read.
-    pub(crate) warnings: Vec<Warning>,
-}
-
 /// Read the CPU and memory half of the model.
 pub(crate) fn cpu_part(root: &HostRoot, opts: DiscoverOptions) -> CpuPart {
     let mut warnings = Vec::new();
@@ -74,7 +63,7 @@ pub(crate) fn assemble(
         machine,
         mut warnings,
     } = match memo.as_deref_mut() {
-        Some(m) => m.cpu_part(root, opts),
+        Some(m) => m.cpu_part(root, opts.use_hwloc, || cpu_part(root, opts)),
         None => cpu_part(root, opts),
     };
 

@@ -8,8 +8,8 @@ use crate::model::{Device, PcieLink};
 use crate::pci_ids::{
     class_may_matter, classify, is_candidate, normalize_pci_address, parse_hex_u16, parse_hex_u32,
 };
-use crate::rediscovery::PciCache;
 use crate::rediscovery::dir_memo::{self, DirMemo};
+use crate::rediscovery::memo::PciCache;
 use crate::warning::{Warning, WarningSource};
 
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";

@@ -33,15 +33,13 @@
 
 pub(crate) mod dir_memo;
 mod fingerprint;
+pub(crate) mod memo;
 
-use std::path::PathBuf;
-
-use crate::discover::{CpuPart, DiscoverOptions, assemble, cpu_part};
+use crate::discover::{DiscoverOptions, assemble};
 use crate::hostroot::HostRoot;
 use crate::model::NodeTopology;
 use crate::nvml::NvmlSource;
-use dir_memo::DirMemos;
-use fingerprint::CpuFingerprint;
+use memo::Memo;
 
 /// Discovers the same node again and again, skipping what cannot have changed since the last pass. Each pass
 /// returns what [`crate::discover()`] would return at that moment.
@@ -64,64 +62,6 @@ impl Rediscovery {
         opts: DiscoverOptions,
     ) -> NodeTopology {
         assemble(root, nvml, opts, Some(&mut self.memo))
-    }
-}
-
-/// What the CPU half was read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct CpuKey {
-    root: PathBuf,
-    use_hwloc: bool,
-    fingerprint: CpuFingerprint,
-}
-
-/// What a [`Rediscovery`] keeps between passes.
-#[derive(Debug, Default)]
-pub(crate) struct Memo {
-    /// The last CPU half and what it was read from.
-    cpu: Option<(CpuKey, CpuPart)>,
-    /// Bumped each time the CPU half is read again (what depends on the online CPUs is then read again too).
-    cpu_epoch: u64,
-    /// PCI functions' fixed attributes.
-    pci: DirMemos,
-    /// InfiniBand devices' fixed attributes.
-    pub(crate) infiniband: DirMemos,
-}
-
-/// What the PCI probe uses of a [`Memo`].
-pub(crate) struct PciCache<'a> {
-    /// The functions' fixed attributes.
-    pub(crate) dirs: &'a mut DirMemos,
-    /// [`Memo::cpu_epoch`] of this pass.
-    pub(crate) cpu_epoch: u64,
-}
-
-impl Memo {
-    /// The CPU half: the last one while its fingerprint reads the same, else read again.
-    pub(crate) fn cpu_part(&mut self, root: &HostRoot, opts: DiscoverOptions) -> CpuPart {
-        // Fingerprint first: a change while the half is read is seen by the next pass.
-        let key = CpuKey {
-            root: root.path().to_path_buf(),
-            use_hwloc: opts.use_hwloc,
-            fingerprint: CpuFingerprint::read(root),
-        };
-        if let Some((last, part)) = &self.cpu {
-            if *last == key {
-                return part.clone();
-            }
-        }
-        let part = cpu_part(root, opts);
-        self.cpu = Some((key, part.clone()));
-        self.cpu_epoch += 1;
-        part
-    }
-
-    /// The PCI probe's view.
-    pub(crate) fn pci(&mut self) -> PciCache<'_> {
-        PciCache {
-            dirs: &mut self.pci,
-            cpu_epoch: self.cpu_epoch,
-        }
     }
 }
 

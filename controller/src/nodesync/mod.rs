@@ -41,7 +41,7 @@ pub use tokio_util::sync::CancellationToken;
 use isthmus_api::access::ApiAccess;
 
 pub use crate::leader::fence::Guard;
-use crate::run::Watches;
+use crate::shared_watch::Watches;
 use crate::slurm::nodes::NodeReader;
 use crate::slurm::{SlurmClient, parse_duration};
 use decide::Policy;

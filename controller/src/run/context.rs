@@ -4,12 +4,9 @@
 use std::sync::Arc;
 
 use super::args::RunArgs;
-use isthmus_api::node_report::NodeReport;
-use isthmus_api::nrt::NrtAttributes;
-
 use crate::leader;
 use crate::leader::fence::{self, Fence};
-use crate::shared_watch::SharedWatch;
+use crate::shared_watch::Watches;
 use crate::slurm::SlurmClient;
 
 /// What every leader task is given.
@@ -25,26 +22,6 @@ pub struct LeaderContext {
     pub fence: Fence,
     /// The one watch of the NodeResourceTopologies and of the NodeReports that every task reading them shares.
     pub watches: Watches,
-}
-
-/// The watches the leader tasks share ([`crate::shared_watch`]).
-#[derive(Debug, Clone)]
-pub struct Watches {
-    /// Every NodeResourceTopology (the fabric task, the conditions' projection, the node sync), listed from the
-    /// API server's watch cache.
-    pub nrts: SharedWatch<NrtAttributes>,
-    /// Every NodeReport (the conditions' projection, the node sync).
-    pub node_reports: SharedWatch<NodeReport>,
-}
-
-impl Watches {
-    /// The shared watches through `client` (nothing is asked until a task subscribes).
-    pub fn new(client: &kube::Client) -> Self {
-        Self {
-            nrts: SharedWatch::from_watch_cache(client.clone()),
-            node_reports: SharedWatch::new(client.clone()),
-        }
-    }
 }
 
 impl LeaderContext {

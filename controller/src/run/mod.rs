@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+pub use crate::shared_watch::Watches;
 pub use access::{API_ACCESS, NAMESPACE_ACCESS};
 pub use args::RunArgs;
-pub use context::{LeaderContext, LeaderTask, Watches};
+pub use context::{LeaderContext, LeaderTask};
 
 use crate::leader::fence::Fence;
 use crate::leader::{self, Election};
