@@ -76,40 +76,12 @@ pub(crate) struct DirMemo {
 impl DirMemo {
     /// `root.read_string(path).ok()`, remembered.
     pub(crate) fn read(&mut self, root: &HostRoot, path: &str) -> Option<String> {
-        if let Some(v) = self.files.get(path) {
-            return v.clone();
-        }
-        match root.read_string(path) {
-            Ok(s) => {
-                self.files.insert(path.to_owned(), Some(s.clone()));
-                Some(s)
-            }
-            Err(e) => {
-                if e.is_not_found() {
-                    self.files.insert(path.to_owned(), None);
-                }
-                None
-            }
-        }
+        remembered(&mut self.files, path, || root.read_string(path))
     }
 
     /// `root.resolve_link(path).ok()`, remembered.
     pub(crate) fn resolve_link(&mut self, root: &HostRoot, path: &str) -> Option<PathBuf> {
-        if let Some(v) = self.links.get(path) {
-            return v.clone();
-        }
-        match root.resolve_link(path) {
-            Ok(p) => {
-                self.links.insert(path.to_owned(), Some(p.clone()));
-                Some(p)
-            }
-            Err(e) => {
-                if e.is_not_found() {
-                    self.links.insert(path.to_owned(), None);
-                }
-                None
-            }
-        }
+        remembered(&mut self.links, path, || root.resolve_link(path))
     }
 
     /// `root.list_dir(path)`, remembered when it succeeds.
@@ -133,6 +105,30 @@ impl DirMemo {
                 self.files.remove(*p);
             }
             self.depends.insert(group, key);
+        }
+    }
+}
+
+/// What `read` finds at `path`, from `seen` when it was read before: a value and an absence (not found) are
+/// remembered, another error (unreadable for now) is not.
+fn remembered<T: Clone>(
+    seen: &mut BTreeMap<String, Option<T>>,
+    path: &str,
+    read: impl FnOnce() -> Result<T, crate::hostroot::ReadError>,
+) -> Option<T> {
+    if let Some(v) = seen.get(path) {
+        return v.clone();
+    }
+    match read() {
+        Ok(v) => {
+            seen.insert(path.to_owned(), Some(v.clone()));
+            Some(v)
+        }
+        Err(e) => {
+            if e.is_not_found() {
+                seen.insert(path.to_owned(), None);
+            }
+            None
         }
     }
 }
