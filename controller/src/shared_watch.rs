@@ -66,10 +66,19 @@ impl<K: Watched> Debug for SharedWatch<K> {
 
 struct Shared<K> {
     api: Api<K>,
-    config: watcher::Config,
+    source: Source,
     state: Mutex<State<K>>,
     /// Wakes the running watch: a subscriber wants a list of its own, or the last one left.
     wake: Notify,
+}
+
+/// Where a shared watch's list comes from.
+#[derive(Clone)]
+enum Source {
+    /// etcd, paged, through kube-rs' watcher.
+    Paged(watcher::Config),
+    /// The API server's watch cache, whole, parsed as it arrives ([`cache_list`]).
+    WatchCache(Client),
 }
 
 impl<K> Shared<K> {
@@ -109,24 +118,23 @@ impl<K: Watched> SharedWatch<K> {
     /// A shared watch of every `K` through `client` (nothing is asked until the first subscription), its list read
     /// from etcd in pages of 500 (kube-rs' default).
     pub fn new(client: Client) -> Self {
-        Self::with_config(client, watcher::Config::default())
+        Self::with_source(client.clone(), Source::Paged(watcher::Config::default()))
     }
 
     /// A shared watch whose list is the API server's watch cache, read whole (`resourceVersion=0`, no page size),
     /// as client-go's informers read theirs: the API server encodes objects it already holds decoded instead of
     /// reading, decoding and defaulting every object from etcd, at the cost of one answer held whole while it is
-    /// read. Its watch starts from that list's resourceVersion, so what the cache had not yet seen arrives as events.
+    /// read. The answer is parsed as it arrives, one object at a time ([`cache_list`]): never held whole. Its watch
+    /// starts from that list's resourceVersion, so what the cache had not yet seen arrives as events.
     pub fn from_watch_cache(client: Client) -> Self {
-        let mut config = watcher::Config::default().any_semantic();
-        config.page_size = None;
-        Self::with_config(client, config)
+        Self::with_source(client.clone(), Source::WatchCache(client))
     }
 
-    fn with_config(client: Client, config: watcher::Config) -> Self {
+    fn with_source(client: Client, source: Source) -> Self {
         Self {
             shared: Arc::new(Shared {
                 api: Api::all(client),
-                config,
+                source,
                 state: Mutex::new(State {
                     subscribers: Vec::new(),
                     sent: Sent::Nothing,
@@ -243,7 +251,11 @@ async fn run<K: Watched>(shared: Arc<Shared<K>>) {
             st.sent = Sent::Nothing;
             st.relist = false;
         }
-        let stream = watch(shared.api.clone(), shared.config.clone()).default_backoff();
+        let stream = match &shared.source {
+            Source::Paged(config) => watch(shared.api.clone(), config.clone()).boxed(),
+            Source::WatchCache(client) => cache_list::watch::<K>(client.clone()).boxed(),
+        }
+        .default_backoff();
         let mut stream = std::pin::pin!(stream);
         let next = loop {
             let item = tokio::select! {
@@ -294,6 +306,8 @@ impl Watches {
         }
     }
 }
+
+mod cache_list;
 
 #[cfg(test)]
 mod tests;
