@@ -124,6 +124,9 @@ pub(crate) struct ObjectSink<K: kube::Resource> {
     /// The objects on the server by name, each with the digest of the desired object it is known to hold (`None`:
     /// it holds something else); `None` until read (again after an error).
     observed: Option<BTreeMap<String, Option<u64>>>,
+    /// The owned objects as listed ahead of the first sync ([`ObjectSink::prefetch`]), compared by it instead of a
+    /// read of its own.
+    prefetched: Option<Vec<K>>,
 }
 
 impl<K: kube::Resource> Debug for ObjectSink<K> {
@@ -145,12 +148,23 @@ where
             api,
             owned_selector,
             observed: None,
+            prefetched: None,
         }
     }
 
-    /// Read what the server holds and compare it with `desired` there and then.
+    /// List the owned objects now, for the first sync to compare (a leader reads them while its first lists
+    /// arrive). Nothing for a sink without an owned selector or one that has read the server already.
+    pub(crate) async fn prefetch(&mut self) -> Result<(), kube::Error> {
+        if let (Some(sel), None) = (&self.owned_selector, &self.observed) {
+            let list = self.api.list(&ListParams::default().labels(sel)).await?;
+            self.prefetched = Some(list.items);
+        }
+        Ok(())
+    }
+
+    /// Read what the server holds (or take what [`ObjectSink::prefetch`] listed) and compare it with `desired`.
     async fn read(
-        &self,
+        &mut self,
         desired: &BTreeMap<String, Desired<K>>,
     ) -> Result<BTreeMap<String, Option<u64>>, kube::Error> {
         let mut out = BTreeMap::new();
@@ -161,9 +175,19 @@ where
             });
             out.insert(name, held);
         };
+        let prefetched = self.prefetched.take();
         match &self.owned_selector {
             Some(sel) => {
-                for o in self.api.list(&ListParams::default().labels(sel)).await? {
+                let held = match prefetched {
+                    Some(items) => items,
+                    None => {
+                        self.api
+                            .list(&ListParams::default().labels(sel))
+                            .await?
+                            .items
+                    }
+                };
+                for o in held {
                     if let Some(n) = o.meta().name.clone() {
                         note(n, &o);
                     }

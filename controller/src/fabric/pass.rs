@@ -3,14 +3,14 @@
 //! from what the server holds. A change to one node's Slurm facts re-renders `nodes.conf` and `gres.conf` and
 //! checks that node's labels; a change that moves the fabric tree renders and checks everything. A node whose line
 //! the model no longer gives stays in `nodes.conf` and `gres.conf` until Slurm lets it go ([`super::retention`]):
-//! the pass reads the Slurm ConfigMap back once per leader term and Slurm's nodes (one `sinfo`) while one is
-//! missing.
+//! the Slurm ConfigMap is read back once per leader term (by the task while its first lists arrive, else by the
+//! first pass) and Slurm's nodes (one `sinfo`) while one is missing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 
@@ -24,6 +24,40 @@ use crate::model::engine::Engine;
 use crate::render::gres_conf;
 use crate::slurm::SlurmClient;
 use crate::slurm::nodes::NodeReader;
+
+/// Where a pass's time went, step by step: logged with the pass (at info for a leader's first pass, which is what a
+/// restart waits for).
+struct Steps {
+    last: Instant,
+    parts: Vec<(&'static str, u128)>,
+}
+
+impl Steps {
+    fn start() -> Self {
+        Self {
+            last: Instant::now(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// The step `name` ended now.
+    fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.parts
+            .push((name, now.duration_since(self.last).as_millis()));
+        self.last = now;
+    }
+
+    /// `name=ms` for each step, in order.
+    fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(n, ms)| format!("{n}={ms}"))
+            .collect();
+        parts.join(" ")
+    }
+}
 
 /// Feed the engine the Nodes that changed; returns the Nodes whose labels to check (`None`: all of them).
 fn feed_nodes(inputs: &Inputs, engine: &mut Engine) -> Option<BTreeSet<String>> {
@@ -61,37 +95,6 @@ fn feed_nodes(inputs: &Inputs, engine: &mut Engine) -> Option<BTreeSet<String>> 
     }
 }
 
-/// Read the Slurm ConfigMap the server holds and seed the retention with its nodes (see
-/// [`super::retention`]); a ConfigMap that is not there seeds nothing. Lines that do not read are skipped with a
-/// warning.
-async fn seed_retention(state: &mut State) -> Result<(), FabricError> {
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(state.client.clone(), &state.namespace);
-    let held = api
-        .get_opt(&state.args.slurm_configmap_name)
-        .await
-        .map_err(FabricError::api("slurm configmap"))?;
-    let data = held.and_then(|cm| cm.data).unwrap_or_default();
-    let file = |key: &str| data.get(key).map_or("", String::as_str);
-    let (lines, problems) = gres_conf::read_lines(
-        file("nodes.conf"),
-        file("gres.conf"),
-        &state.args.model.gres_device_dir,
-    );
-    if !problems.is_empty() {
-        tracing::warn!(
-            count = problems.len(),
-            first = ?problems.iter().take(5).collect::<Vec<_>>(),
-            "lines of the Slurm ConfigMap that do not read were not taken as its nodes' last lines"
-        );
-    }
-    tracing::info!(
-        nodes = lines.len(),
-        "the Slurm ConfigMap's nodes read back: none leaves before Slurm lets it go"
-    );
-    state.retention.seed(lines);
-    Ok(())
-}
-
 /// Slurm's nodes, one `sinfo`; a failure is the reason in the view (cut short), not an error of the pass.
 async fn read_slurm(slurm: &SlurmClient) -> SlurmView {
     let read = NodeReader::new(slurm.clone()).nodes().await.map_err(|e| {
@@ -110,9 +113,12 @@ async fn read_slurm(slurm: &SlurmClient) -> SlurmView {
 /// is tried even when one fails; the first error is returned (and the pass retried by the caller).
 pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), FabricError> {
     let started = Instant::now();
+    let mut steps = Steps::start();
+    let first = state.out.is_none();
     // A fresh leader first reads back what its predecessor rendered: no node leaves the Slurm files by a restart.
     if state.args.slurm_configmap && !state.retention.seeded() {
-        seed_retention(state).await?;
+        state.seed_retention().await?;
+        steps.mark("read-back");
     }
     if state.update_fabric(inputs) {
         state.engine.force_rebuild();
@@ -122,6 +128,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
     }
     let changed_nodes = feed_nodes(inputs, &mut state.engine);
     let update = state.engine.update(state.fabric.as_ref().map(|(_, f)| f));
+    steps.mark("model");
     let args = state.args.clone();
     let model = state.engine.model();
     // The Slurm files' nodes: the model's, plus those missing now that Slurm does not let go yet.
@@ -135,6 +142,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
             Some(read_slurm(&state.slurm).await)
         };
         settled = state.retention.settle(current, model, slurm.as_ref());
+        steps.mark("retention");
     }
     match &mut state.out {
         Some(out) if !update.rebuilt => {
@@ -168,6 +176,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
     if update.rejected {
         state.rejections.observe(&model.rejected);
     }
+    steps.mark("render");
     metrics::counter!("isthmus_controller_topology_recomputes_total").increment(1);
     let nodes = model.nodes.len();
     // Taken out while the sinks (which need the whole state) run; put back below.
@@ -209,6 +218,7 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
         }
         .await;
         note("slurm-configmap", r);
+        steps.mark("slurm-configmap");
     }
 
     if let Some(desired) = &out.status {
@@ -218,21 +228,25 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
             .await
             .map_err(FabricError::api("status configmap"));
         note("status-configmap", r);
+        steps.mark("status-configmap");
     }
 
     if let Some(desired) = &out.hypernodes {
         let r = sync_served(state, |s| &mut s.hypernodes, desired, "hypernodes").await;
         note("hypernodes", r);
+        steps.mark("hypernodes");
     }
 
     if let Some(desired) = &out.kueue {
         let r = sync_served(state, |s| &mut s.kueue, desired, "kueue topology").await;
         note("kueue-topology", r);
+        steps.mark("kueue-topology");
     }
 
     if let Some(desired) = &out.kai {
         let r = sync_served(state, |s| &mut s.kai, desired, "kai topology").await;
         note("kai-topology", r);
+        steps.mark("kai-topology");
     }
 
     if let Some(desired) = &out.labels {
@@ -261,17 +275,28 @@ pub(crate) async fn reconcile(inputs: &Inputs, state: &mut State) -> Result<(), 
         metrics::gauge!("isthmus_controller_topology_labels_foreign")
             .set(state.labels.foreign() as f64);
         note("node-labels", r);
+        steps.mark("node-labels");
     }
 
     state.out = Some(out);
     let took = started.elapsed();
     metrics::histogram!("isthmus_controller_topology_recompute_seconds").record(took.as_secs_f64());
-    tracing::debug!(
-        nodes,
-        rebuilt = update.rebuilt,
-        took_ms = took.as_millis() as u64,
-        "recomputed"
-    );
+    if first {
+        tracing::info!(
+            nodes,
+            took_ms = took.as_millis() as u64,
+            steps_ms = %steps.summary(),
+            "first pass done"
+        );
+    } else {
+        tracing::debug!(
+            nodes,
+            rebuilt = update.rebuilt,
+            took_ms = took.as_millis() as u64,
+            steps_ms = %steps.summary(),
+            "recomputed"
+        );
+    }
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),

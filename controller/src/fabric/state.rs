@@ -19,6 +19,7 @@ use super::retention::Retention;
 use crate::fabric::graph::{Fabric, ibnetdiscover};
 use crate::model::engine::Engine;
 use crate::render::RenderOptions;
+use crate::render::gres_conf;
 use crate::render::hypernodes::{self, HyperNode};
 use crate::render::kai;
 use crate::render::kueue::Topology;
@@ -106,6 +107,69 @@ impl State {
         self.retention
             .keeps_any()
             .then_some(self.args.retained_recheck)
+    }
+
+    /// Read the Slurm ConfigMap the server holds and seed the retention with its nodes (see
+    /// [`super::retention`]); a ConfigMap that is not there seeds nothing. Lines that do not read are skipped with a
+    /// warning.
+    pub(super) async fn seed_retention(&mut self) -> Result<(), FabricError> {
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(self.client.clone(), &self.namespace);
+        let held = api
+            .get_opt(&self.args.slurm_configmap_name)
+            .await
+            .map_err(FabricError::api("slurm configmap"))?;
+        let data = held.and_then(|cm| cm.data).unwrap_or_default();
+        let file = |key: &str| data.get(key).map_or("", String::as_str);
+        let (lines, problems) = gres_conf::read_lines(
+            file("nodes.conf"),
+            file("gres.conf"),
+            &self.args.model.gres_device_dir,
+        );
+        if !problems.is_empty() {
+            tracing::warn!(
+                count = problems.len(),
+                first = ?problems.iter().take(5).collect::<Vec<_>>(),
+                "lines of the Slurm ConfigMap that do not read were not taken as its nodes' last lines"
+            );
+        }
+        tracing::info!(
+            nodes = lines.len(),
+            "the Slurm ConfigMap's nodes read back: none leaves before Slurm lets it go"
+        );
+        self.retention.seed(lines);
+        Ok(())
+    }
+
+    /// What a leader's first pass reads before it can compare anything, read while the first lists arrive: the
+    /// Slurm ConfigMap read back, whether each optional CRD that is written is served, and the owned HyperNodes.
+    /// A failure is left to the first pass, which asks again.
+    pub(crate) async fn prepare(&mut self) {
+        if self.args.slurm_configmap && !self.retention.seeded() {
+            if let Err(e) = self.seed_retention().await {
+                tracing::debug!(error = %e, "reading the Slurm ConfigMap back early failed; the first pass reads it");
+            }
+        }
+        let mut served = Ok(());
+        if self.args.hypernodes {
+            served = match self.served::<HyperNode>().await {
+                Ok(true) => self
+                    .hypernodes
+                    .prefetch()
+                    .await
+                    .map_err(FabricError::api("hypernodes")),
+                Ok(false) => Ok(()),
+                Err(e) => Err(e),
+            };
+        }
+        if self.args.kueue_topology && served.is_ok() {
+            served = self.served::<Topology>().await.map(drop);
+        }
+        if self.args.kai_topology && served.is_ok() {
+            served = self.served::<kai::Topology>().await.map(drop);
+        }
+        if let Err(e) = served {
+            tracing::debug!(error = %e, "reading the served topology kinds early failed; the first pass reads them");
+        }
     }
 
     /// Whether the API server serves `K` (its group/version lists its plural); asked until it does, a read, never

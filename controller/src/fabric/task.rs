@@ -62,9 +62,18 @@ pub(crate) async fn run(
     let reflectors = cancel.child_token();
     let _stop_reflectors = reflectors.clone().drop_guard();
     let inputs = start_reflectors(&client, &nrts, &args, &namespace, &notify, &reflectors);
+    let debounce = args.debounce;
+    let mut state = State::new(client, slurm, args, namespace);
     // Nothing is written before every first list is complete: a stop (lease lost, SIGTERM) or a reflector that
-    // ended first leaves every output as it is.
-    if !inputs.first_lists(&cancel).await {
+    // ended first leaves every output as it is. What the first pass reads besides (reads only) is read meanwhile.
+    let prepare = async {
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            () = state.prepare() => {}
+        }
+    };
+    let (listed, ()) = futures::join!(inputs.first_lists(&cancel), prepare);
+    if !listed {
         if !cancel.is_cancelled() {
             tracing::warn!("a watch ended before its first list: the topology task writes nothing");
         }
@@ -75,8 +84,6 @@ pub(crate) async fn run(
         nodes = inputs.nodes.state().len(),
         "topology inputs listed"
     );
-    let debounce = args.debounce;
-    let mut state = State::new(client, slurm, args, namespace);
     let mut backoff = RetryPolicy::task_restart().backoff();
     loop {
         let retry = match reconcile(&inputs, &mut state).await {

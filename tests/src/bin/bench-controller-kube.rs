@@ -9,7 +9,7 @@
 //! ```text
 //! cargo build --release -p isthmus-cli --bin isthmus
 //! cargo build --release -p isthmus-tests --bin bench-controller-kube
-//! target/release/bench-controller-kube [NODES] [CHANGES] [IDLE_SECONDS]     # 10000 10 60 by default
+//! target/release/bench-controller-kube [NODES] [CHANGES] [IDLE_SECONDS] [RESTARTS]     # 10000 10 60 1 by default
 //! BENCH_CONTROLLER_ARGS="--write-concurrency 64" target/release/bench-controller-kube   # more controller flags
 //! ```
 
@@ -69,11 +69,17 @@ fn print_first_steps(c: &ControllerProcess) {
         .log_text()
         .lines()
         .filter(|l| {
-            ["campaigning", "acquired the lease", "listed", "written"]
-                .iter()
-                .any(|k| l.contains(k))
+            [
+                "campaigning",
+                "acquired the lease",
+                "listed",
+                "written",
+                "first pass done",
+            ]
+            .iter()
+            .any(|k| l.contains(k))
         })
-        .take(12)
+        .take(14)
     {
         println!("  log: {}", l.chars().take(220).collect::<String>());
     }
@@ -84,6 +90,7 @@ fn bench() {
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let changes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let idle: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(60);
+    let restarts: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -228,10 +235,24 @@ fn bench() {
     // A restart with every output in place (what a rollout or a leader change costs): the controller stopped (it
     // releases the Lease) and started again; the time until its first pass is done (every NRT and Node listed, the
     // model built, every output compared, nothing to write), and what it wrote meanwhile.
+    for _ in 0..restarts {
+        c = restart(c, &api, &kc, &flags, first);
+    }
+}
+
+/// Stop `c` (it releases the Lease), start the controller again and report the time to its first pass; returns
+/// the new process.
+fn restart(
+    mut c: ControllerProcess,
+    api: &ApiServer,
+    kc: &std::path::Path,
+    flags: &[&str],
+    first: Duration,
+) -> ControllerProcess {
     c.terminate();
     let since = SystemTime::now();
     let started = Instant::now();
-    let c = ControllerProcess::start("bench-restarted", &kc, &flags);
+    let c = ControllerProcess::start("bench-restarted", kc, flags);
     let pid = c.pid().unwrap_or(0);
     while c.metric("isthmus_controller_topology_recompute_seconds_count") < 1.0 {
         assert!(
@@ -254,4 +275,5 @@ fn bench() {
         status_kib(pid, "VmHWM:")
     );
     print_first_steps(&c);
+    c
 }

@@ -85,6 +85,45 @@ fn api_code<T: Debug>(r: Result<T, kube::Error>) -> Option<u16> {
 }
 
 #[tokio::test]
+async fn hypernodes_listed_ahead_are_compared_by_the_first_sync_without_a_read_of_its_own() {
+    let (client, mut handle) = mock_api::client();
+    let mut sink = hypernode_sink(client);
+    let server = serve(async move {
+        // One list, while the leader's first lists arrive; the first sync applies only what differs.
+        let r = expect(&mut handle, "GET", &format!("{HN}{OWNED}")).await;
+        r.answer(reply(
+            StatusCode::OK,
+            &list(vec![
+                held(hypernode("leaf-a", "n1")),
+                held(hypernode("gone-1", "n9")),
+            ]),
+        ));
+        expect_apply(
+            &mut handle,
+            &format!("{HN}/leaf-b{APPLY}"),
+            &hypernode("leaf-b", "n2"),
+        )
+        .await;
+        deleted(&mut handle, "gone-1", StatusCode::OK).await;
+        handle
+    });
+    sink.prefetch().await.expect("listed");
+    let want = desired(&[hypernode("leaf-a", "n1"), hypernode("leaf-b", "n2")]);
+    assert_eq!(
+        sink.sync(&want).await.ok(),
+        Some(Writes {
+            applied: 1,
+            deleted: 1
+        })
+    );
+    // Once the server has been read, a prefetch asks nothing.
+    sink.prefetch().await.expect("nothing asked");
+    assert_eq!(sink.sync(&want).await.ok(), Some(Writes::default()));
+    drop(sink);
+    finished(server).await;
+}
+
+#[tokio::test]
 async fn hypernodes_missing_are_applied_owned_stale_ones_deleted_and_unchanged_ones_left_alone() {
     let (client, mut handle) = mock_api::client();
     let mut sink = hypernode_sink(client);
