@@ -131,6 +131,9 @@ pub(crate) struct Inputs<'a> {
     pub(crate) recent_binds: &'a BTreeMap<String, String>,
     /// The tenant of every namespace a job's comment names ([`tenants`]): whose jobs those may be.
     pub(crate) tenants: &'a Tenants,
+    /// Jobs first seen pending a moment ago: their pods are not told why yet (Slurm starts most jobs within a moment
+    /// of their submission, and a reason written then is a write the burst's bindings wait behind).
+    pub(crate) pending_new: &'a BTreeSet<u64>,
 }
 
 /// Slurm's words for a job.
@@ -350,8 +353,9 @@ fn decide_with_job(
             out.cancel(job, format!("its pods are deleted: {}", describe(job)));
             out.delete(bound, &format!("{} after it was requeued", describe(job)));
         }
-        // Pending, suspended, configuring: say why, but not Slurm's "None" before its first pass.
-        if !(job.reason.is_empty() || job.reason == "None") {
+        // Pending, suspended, configuring: say why, but not Slurm's "None" before its first pass, nor for a job that
+        // was only just seen pending.
+        if !(job.reason.is_empty() || job.reason == "None" || i.pending_new.contains(&job.id)) {
             out.wait(unbound, &describe(job), false);
         }
         return;

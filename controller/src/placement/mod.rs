@@ -307,14 +307,22 @@ pub async fn run(
     };
     let (slurm_queue, slurm_workers) = queue::queue("slurm");
     let (api_queue, api_workers) = queue::queue("api");
+    let hold = queue::Hold::new();
     // A finished submission wakes the passes as pod events do: its job may already run.
     let slurm_work = queue::work(
         slurm_workers,
         exec.clone(),
         args.parallelism,
         Some(changed.clone()),
+        hold.clone(),
     );
-    let api_work = queue::work(api_workers, exec.clone(), args.parallelism, None);
+    let api_work = queue::work(
+        api_workers,
+        exec.clone(),
+        args.parallelism,
+        None,
+        hold.clone(),
+    );
     let stores = passes::Stores {
         pods: pod_store,
         nodes: node_store,
@@ -325,6 +333,7 @@ pub async fn run(
     let queues = passes::Queues {
         slurm: slurm_queue,
         api: api_queue,
+        hold,
     };
     let main = passes::passes(
         stores,

@@ -21,7 +21,7 @@ use super::confirm::{self, Baseline};
 use super::decide::{self, Action, InFlight, Inputs};
 use super::execute::{self, Executor};
 use super::policy_watch::PolicyCell;
-use super::queue::Queue;
+use super::queue::{Hold, Queue};
 use super::recent::Recent;
 use super::view::{Context, PodView};
 use super::{Outcome, PlacementArgs, action_name};
@@ -43,6 +43,8 @@ pub(super) struct Queues {
     pub(crate) slurm: Queue,
     /// Pending reasons, Events, pod deletions.
     pub(crate) api: Queue,
+    /// Held while a pass binds: neither queue starts a write meanwhile.
+    pub(crate) hold: Hold,
 }
 
 /// What the passes remember.
@@ -52,6 +54,37 @@ struct Memory {
     baseline: Baseline,
     /// Slurm's `KillWait` (seconds) and when it was read.
     kill_wait: Option<(u64, Instant)>,
+    /// When each job listed pending was first seen so.
+    pending_since: BTreeMap<u64, Instant>,
+}
+
+/// How long a job is seen pending before its pods are told why.
+const PENDING_QUIET: Duration = Duration::from_secs(1);
+
+/// The jobs first seen pending less than [`PENDING_QUIET`] ago (`since` remembers when; jobs no longer listed
+/// pending are forgotten).
+fn pending_new(since: &mut BTreeMap<u64, Instant>, jobs: &[Job], now: Instant) -> BTreeSet<u64> {
+    let pending: BTreeSet<u64> = jobs
+        .iter()
+        .filter(|j| j.state == "PENDING")
+        .map(|j| j.id)
+        .collect();
+    since.retain(|id, _| pending.contains(id));
+    pending
+        .into_iter()
+        .filter(|id| now.duration_since(*since.entry(*id).or_insert(now)) < PENDING_QUIET)
+        .collect()
+}
+
+/// The wait before the next pass after one that `busy` says had work (a binding, a job just seen pending): a
+/// quarter of the poll interval, doubled after each quiet pass until it is the interval again. A burst's jobs are
+/// started by Slurm while it submits them; a pass soon after finds them.
+fn next_wait(last: Option<Duration>, busy: bool, interval: Duration) -> Option<Duration> {
+    if busy {
+        Some(interval / 4)
+    } else {
+        last.map(|d| d * 2).filter(|d| *d < interval)
+    }
 }
 
 /// How often `KillWait` is read again.
@@ -114,9 +147,10 @@ pub(super) async fn passes(
     }
     let mut memory = Memory::default();
     let mut failures = 0u32;
+    let mut quick: Option<Duration> = None;
     loop {
         let wait = if failures == 0 {
-            args.poll_interval
+            quick.unwrap_or(args.poll_interval)
         } else {
             RetryPolicy::placement_read().delay_after(failures)
         };
@@ -132,7 +166,10 @@ pub(super) async fn passes(
             continue;
         }
         match pass(&stores, &exec, &queues, args, &mut memory).await {
-            Ok(()) => failures = 0,
+            Ok(busy) => {
+                failures = 0;
+                quick = next_wait(quick, busy, args.poll_interval);
+            }
             Err(e) => {
                 failures += 1;
                 tracing::warn!(error = %e, "placement: cannot read Slurm's jobs; retrying");
@@ -281,6 +318,7 @@ async fn confirm_destructive(
         return Vec::new();
     }
     let views = world.views(&pods, args);
+    let pending_new = pending_new(&mut memory.pending_since, &second, Instant::now());
     let again = decide::decide(&Inputs {
         pods: &views,
         jobs: &second,
@@ -291,6 +329,7 @@ async fn confirm_destructive(
         locks: &world.locks,
         recent_binds: &memory.recent.binds(Instant::now()),
         tenants: &world.tenants,
+        pending_new: &pending_new,
     });
     let kept = confirm::confirmed(first, &again);
     tracing::debug!(
@@ -300,14 +339,14 @@ async fn confirm_destructive(
     kept
 }
 
-/// One pass.
+/// One pass; whether it had work (a binding, a job just seen pending), after which the next comes sooner.
 async fn pass(
     stores: &Stores,
     exec: &Executor,
     queues: &Queues,
     args: &PlacementArgs,
     memory: &mut Memory,
-) -> Result<(), crate::slurm::SlurmError> {
+) -> Result<bool, crate::slurm::SlurmError> {
     let kill_wait = kill_wait(exec, memory).await?;
     let started = Instant::now();
     let jobs = jobs::list(&exec.slurm).await?;
@@ -315,6 +354,7 @@ async fn pass(
     let (finished, in_flight) = queues.slurm.take();
     let (api_finished, _) = queues.api.take();
     let now = Instant::now();
+    let pending_new = pending_new(&mut memory.pending_since, &jobs, now);
     memory.recent.prune(now);
     let mut refused = Vec::new();
     record(finished, &mut memory.recent, now, &mut refused);
@@ -334,6 +374,7 @@ async fn pass(
         locks: &world.locks,
         recent_binds: &memory.recent.binds(now),
         tenants: &world.tenants,
+        pending_new: &pending_new,
     })
     .into_iter()
     .filter(|a| memory.recent.should_run(a, now, started))
@@ -368,7 +409,9 @@ async fn pass(
     }
     // Bindings here: they are what a waiting pod waits for; their Events queued after them.
     let n = binds.len();
+    let held = (n > 0).then(|| queues.hold.hold());
     let results = run_all(exec, binds, args.parallelism).await;
+    drop(held);
     for (a, r) in &results {
         if let (Action::Bind { pod, node, job, .. }, Ok(_)) = (a, r) {
             queues.api.push(Action::Scheduled {
@@ -386,7 +429,7 @@ async fn pass(
     tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
     metrics::histogram!("isthmus_controller_placement_pass_seconds")
         .record(started.elapsed().as_secs_f64());
-    Ok(())
+    Ok(n > 0 || !pending_new.is_empty())
 }
 
 /// Count and remember what was done; a refused submission backs off and says why on its pods (`refused` gets
@@ -445,3 +488,6 @@ fn record(results: Vec<Outcome>, recent: &mut Recent, now: Instant, refused: &mu
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

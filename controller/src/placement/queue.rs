@@ -109,6 +109,41 @@ impl Ledger {
     }
 }
 
+/// Held while a pass binds: the queues start nothing new meanwhile (what runs goes on), so that the API server and
+/// the machine serve first the bindings of pods whose jobs already hold their nodes. Clones share it.
+#[derive(Debug, Clone)]
+pub(crate) struct Hold(Arc<tokio::sync::watch::Sender<usize>>);
+
+/// One holder of a [`Hold`]; released when dropped.
+#[derive(Debug)]
+pub(crate) struct Held(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Hold {
+    /// Not held.
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+
+    /// Hold it until the returned [`Held`] is dropped.
+    pub(crate) fn hold(&self) -> Held {
+        self.0.send_modify(|n| *n += 1);
+        Held(self.0.clone())
+    }
+
+    /// Wait until nobody holds it.
+    pub(crate) async fn released(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives as long as `self`: this ends only when the count is 0.
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
 /// The passes' end of the queue.
 #[derive(Debug, Clone)]
 pub(crate) struct Queue {
@@ -168,20 +203,22 @@ impl Queue {
 }
 
 /// Run the queued writes in order, `parallelism` at once, until the queue is dropped; wake `done` (if any) after
-/// each.
+/// each. None starts while `hold` is held.
 pub(crate) async fn work(
     workers: Workers,
     exec: Executor,
     parallelism: usize,
     done: Option<Arc<Notify>>,
+    hold: Hold,
 ) {
     let Workers { name, ledger, rx } = workers;
     let actions =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|a| (a, rx)) });
     actions
         .map(|a| {
-            let exec = &exec;
+            let (exec, hold) = (&exec, &hold);
             async move {
+                hold.released().await;
                 let r = exec.run(&a).await;
                 (a, r)
             }
@@ -310,5 +347,29 @@ mod tests {
         assert!(!l.admit(&cancel(LIMIT as u64)));
         l.finish(cancel(0), Ok(None));
         assert!(l.admit(&cancel(LIMIT as u64)));
+    }
+
+    #[tokio::test]
+    async fn a_held_queue_starts_nothing_until_every_holder_lets_go() {
+        let hold = Hold::new();
+        // Not held: released at once.
+        tokio::time::timeout(std::time::Duration::from_secs(1), hold.released())
+            .await
+            .expect("not held");
+        let a = hold.hold();
+        let b = hold.hold();
+        let waiter = tokio::spawn({
+            let hold = hold.clone();
+            async move { hold.released().await }
+        });
+        tokio::task::yield_now().await;
+        drop(a);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "one holder is left");
+        drop(b);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
+            .await
+            .expect("released when the last holder lets go")
+            .expect("no panic");
     }
 }

@@ -46,6 +46,7 @@ fn decide_with(
         locks: &BTreeMap::new(),
         recent_binds: &BTreeMap::new(),
         tenants: &tenants(),
+        pending_new: &BTreeSet::new(),
     })
 }
 

@@ -93,6 +93,7 @@ fn a_binding_the_pod_watch_does_not_show_yet_is_waited_for() {
         locks: &BTreeMap::new(),
         recent_binds: &recent,
         tenants: &tenants(),
+        pending_new: &std::collections::BTreeSet::new(),
     });
     // a is bound again (the recent-action hold drops the repeat), b waits for it.
     assert_eq!(
@@ -114,6 +115,7 @@ fn a_binding_the_pod_watch_does_not_show_yet_is_waited_for() {
         locks: &BTreeMap::new(),
         recent_binds: &elsewhere,
         tenants: &tenants(),
+        pending_new: &std::collections::BTreeSet::new(),
     });
     assert!(
         kinds(&actions).contains(&"bind b n1 8".to_owned()),

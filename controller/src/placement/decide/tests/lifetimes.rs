@@ -13,6 +13,7 @@ fn inputs_with_locks(pods: &[PodView], jobs: &[Job], locks: &BTreeMap<String, u6
         locks,
         recent_binds: &BTreeMap::new(),
         tenants: &tenants(),
+        pending_new: &std::collections::BTreeSet::new(),
     })
 }
 
@@ -136,4 +137,29 @@ fn a_long_deletion_is_shortened_when_the_job_ends_first() {
     // While its job runs, nothing: the job waits for the pod.
     let running = job(7, &single("a"), "RUNNING", "None", "n1");
     assert!(decide(&[stopping("a", 3600)], &[running]).is_empty());
+}
+
+#[test]
+fn a_job_only_just_seen_pending_says_nothing_yet() {
+    let jobs = [job(5, &single("a"), "PENDING", "Priority", "")];
+    let decide_with_new = |new: &std::collections::BTreeSet<u64>| {
+        crate::placement::decide::decide(&Inputs {
+            pods: &[pod("a")],
+            jobs: &jobs,
+            nodes: &nodes(),
+            in_flight: &InFlight::default(),
+            default_partition: None,
+            kill_wait: 30,
+            locks: &BTreeMap::new(),
+            recent_binds: &BTreeMap::new(),
+            tenants: &tenants(),
+            pending_new: new,
+        })
+    };
+    assert!(decide_with_new(&[5].into()).is_empty());
+    // Another job just seen pending does not hold this one's reason back.
+    assert_eq!(
+        kinds(&decide_with_new(&[6].into())),
+        ["wait a Slurm job 5 is PENDING (Priority)"]
+    );
 }
