@@ -84,27 +84,33 @@ fn api_code<T: Debug>(r: Result<T, kube::Error>) -> Option<u16> {
     }
 }
 
+/// The server's side of a first sync of leaf-a (held as wanted) and leaf-b (missing): the owned objects listed
+/// (leaf-a and gone-1, no longer wanted), leaf-b applied, gone-1 deleted.
+async fn first_read_and_writes(handle: &mut Handle) {
+    let r = expect(handle, "GET", &format!("{HN}{OWNED}")).await;
+    r.answer(reply(
+        StatusCode::OK,
+        &list(vec![
+            held(hypernode("leaf-a", "n1")),
+            held(hypernode("gone-1", "n9")),
+        ]),
+    ));
+    expect_apply(
+        handle,
+        &format!("{HN}/leaf-b{APPLY}"),
+        &hypernode("leaf-b", "n2"),
+    )
+    .await;
+    deleted(handle, "gone-1", StatusCode::OK).await;
+}
+
 #[tokio::test]
 async fn hypernodes_listed_ahead_are_compared_by_the_first_sync_without_a_read_of_its_own() {
     let (client, mut handle) = mock_api::client();
     let mut sink = hypernode_sink(client);
     let server = serve(async move {
         // One list, while the leader's first lists arrive; the first sync applies only what differs.
-        let r = expect(&mut handle, "GET", &format!("{HN}{OWNED}")).await;
-        r.answer(reply(
-            StatusCode::OK,
-            &list(vec![
-                held(hypernode("leaf-a", "n1")),
-                held(hypernode("gone-1", "n9")),
-            ]),
-        ));
-        expect_apply(
-            &mut handle,
-            &format!("{HN}/leaf-b{APPLY}"),
-            &hypernode("leaf-b", "n2"),
-        )
-        .await;
-        deleted(&mut handle, "gone-1", StatusCode::OK).await;
+        first_read_and_writes(&mut handle).await;
         handle
     });
     sink.prefetch().await.expect("listed");
@@ -129,21 +135,7 @@ async fn hypernodes_missing_are_applied_owned_stale_ones_deleted_and_unchanged_o
     let mut sink = hypernode_sink(client);
     let server = serve(async move {
         // The owned objects are listed by their source label: leaf-a is as wanted, gone-1 is no longer wanted.
-        let r = expect(&mut handle, "GET", &format!("{HN}{OWNED}")).await;
-        r.answer(reply(
-            StatusCode::OK,
-            &list(vec![
-                held(hypernode("leaf-a", "n1")),
-                held(hypernode("gone-1", "n9")),
-            ]),
-        ));
-        expect_apply(
-            &mut handle,
-            &format!("{HN}/leaf-b{APPLY}"),
-            &hypernode("leaf-b", "n2"),
-        )
-        .await;
-        deleted(&mut handle, "gone-1", StatusCode::OK).await;
+        first_read_and_writes(&mut handle).await;
         // Third sync: leaf-a changed, leaf-b is no longer wanted; nothing is read again.
         expect_apply(
             &mut handle,
