@@ -255,7 +255,9 @@ fn the_agent_runs_from_its_image_as_the_daemonset_runs_it_and_rolls_out_without_
         "isthmus",
         "--wait=true",
     ]);
-    wait_for("the agent's pods gone", || {
+    // The pods' grace period (30 s, 60 s under the Slurm overlay) and the kubelet's confirmation on a loaded
+    // machine: more than the 60 s of a plain wait.
+    wait_until("the agent's pods gone", Duration::from_secs(180), || {
         node.kubectl_ok(&["get", "pods", "-n", "isthmus-system", "-o", "name"])
             .trim()
             .is_empty()
