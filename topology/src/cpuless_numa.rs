@@ -33,16 +33,17 @@ fn listed_without_cpus(root: &HostRoot, id: u32) -> bool {
 /// node whose sysfs `cpulist` is empty while every CPU hwloc gave it belongs to another node gets no CPUs, as the
 /// kernel (and the kubelet) count them.
 pub(crate) fn own_cpus(root: &HostRoot, nodes: &mut [NumaNode]) {
+    // sysfs is asked only about a node whose every CPU another node has (none, on most machines).
     let cpuless: Vec<u32> = nodes
         .iter()
         .filter(|n| !n.cpuset.is_empty())
-        .filter(|n| listed_without_cpus(root, n.id))
         .filter(|n| {
             n.cpuset
                 .ids()
                 .iter()
                 .all(|c| nodes.iter().any(|o| o.id != n.id && o.cpuset.contains(*c)))
         })
+        .filter(|n| listed_without_cpus(root, n.id))
         .map(|n| n.id)
         .collect();
     for n in nodes.iter_mut().filter(|n| cpuless.contains(&n.id)) {
@@ -54,14 +55,24 @@ pub(crate) fn own_cpus(root: &HostRoot, nodes: &mut [NumaNode]) {
 /// and distances from sysfs, and complete the distances of the nodes hwloc did report towards them. Nodes stay
 /// sorted by id.
 pub(crate) fn add_missing(root: &HostRoot, nodes: &mut Vec<NumaNode>, warnings: &mut Vec<Warning>) {
-    if root.list_dir(NODE_DIR).is_err() {
+    let Ok(entries) = root.list_dir(NODE_DIR) else {
+        return;
+    };
+    // Nodes are read in full only when sysfs lists one hwloc did not report, without CPUs (none, on most machines).
+    let missing: Vec<u32> = entries
+        .iter()
+        .filter_map(|n| n.strip_prefix("node")?.parse().ok())
+        .filter(|id| !nodes.iter().any(|h| h.id == *id))
+        .filter(|id| listed_without_cpus(root, *id))
+        .collect();
+    if missing.is_empty() {
         return;
     }
     let mut read_warnings = Vec::new();
     let from_sysfs = sysfs_cpu::numa_nodes(root, &mut read_warnings);
     let added: Vec<NumaNode> = from_sysfs
         .iter()
-        .filter(|n| !nodes.iter().any(|h| h.id == n.id) && listed_without_cpus(root, n.id))
+        .filter(|n| missing.contains(&n.id))
         .cloned()
         .collect();
     if added.is_empty() {

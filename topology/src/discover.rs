@@ -56,25 +56,42 @@ pub(crate) fn assemble(
     root: &HostRoot,
     nvml: &dyn NvmlSource,
     opts: DiscoverOptions,
-    mut memo: Option<&mut Memo>,
+    memo: Option<&mut Memo>,
 ) -> NodeTopology {
-    let CpuPart {
-        facts,
-        machine,
-        mut warnings,
-    } = match memo.as_deref_mut() {
-        Some(m) => m.cpu_part(root, opts.use_hwloc, || cpu_part(root, opts)),
-        None => cpu_part(root, opts),
+    let (
+        CpuPart {
+            facts,
+            machine,
+            mut warnings,
+        },
+        ib,
+        mut devices,
+    ) = match memo {
+        Some(m) => {
+            let mut cpu = m.cpu_part(root, opts.use_hwloc, || cpu_part(root, opts));
+            let ib = infiniband::probe(
+                root,
+                opts.ib_counters,
+                &mut cpu.warnings,
+                Some(&mut m.infiniband),
+            );
+            let rdma = rdma_functions(&ib);
+            let devices = pci::probe(root, &rdma, &mut cpu.warnings, Some(m.pci()));
+            (cpu, ib, devices)
+        }
+        // One pass: the CPU half (hwloc's load) and the devices (sysfs' PCI and InfiniBand trees) read side by side.
+        None => std::thread::scope(|s| {
+            let cpu = s.spawn(|| cpu_part(root, opts));
+            let mut io_warnings = Vec::new();
+            let ib = infiniband::probe(root, opts.ib_counters, &mut io_warnings, None);
+            let devices = pci::probe(root, &rdma_functions(&ib), &mut io_warnings, None);
+            let mut cpu = cpu
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            cpu.warnings.extend(io_warnings);
+            (cpu, ib, devices)
+        }),
     };
-
-    let ib = infiniband::probe(
-        root,
-        opts.ib_counters,
-        &mut warnings,
-        memo.as_deref_mut().map(|m| &mut m.infiniband),
-    );
-    let rdma: BTreeSet<String> = ib.iter().filter_map(|d| d.pci_address.clone()).collect();
-    let mut devices = pci::probe(root, &rdma, &mut warnings, memo.map(Memo::pci));
 
     // Locality from sysfs (`local_cpulist`, `numa_node`), completed from the NUMA nodes when one is missing.
     for dev in &mut devices {
@@ -161,15 +178,41 @@ pub(crate) fn assemble(
     }
 }
 
+/// The PCI functions of the InfiniBand/RoCE devices.
+fn rdma_functions(ib: &[crate::model::IbDevice]) -> BTreeSet<String> {
+    ib.iter().filter_map(|d| d.pci_address.clone()).collect()
+}
+
 fn cpu_facts(
     root: &HostRoot,
     opts: DiscoverOptions,
     warnings: &mut Vec<Warning>,
 ) -> (HwlocFacts, CpuSource) {
     if opts.use_hwloc {
-        match hwloc::probe(root) {
+        // hwloc reads the CPUs one after the other, most of discovery's file reads; what does not depend on it (the
+        // last-level caches of the online CPUs, the NUMA files the checks read) is read beside it meanwhile.
+        let (probed, (numa_files, caches)) = std::thread::scope(|s| {
+            let beside = s.spawn(|| {
+                let caches = online_cpus(root).map(|cpus| {
+                    let caches = crate::sysfs_cache::last_level(root, &cpus);
+                    (cpus, caches)
+                });
+                (numa_check::read(root), caches)
+            });
+            let probed = hwloc::probe(root);
+            let read = beside
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (probed, read)
+        });
+        match probed {
             Ok(mut f) => {
-                numa_check::check(root, &f.numa_nodes, warnings);
+                // hwloc's CPUs are the online ones; should they differ, the caches are read again for hwloc's.
+                f.caches = match caches {
+                    Some((cpus, caches)) if cpus == f.cpuset => caches,
+                    _ => crate::sysfs_cache::last_level(root, &f.cpuset),
+                };
+                numa_check::check(&numa_files, &f.numa_nodes, warnings);
                 cpuless_numa::own_cpus(root, &mut f.numa_nodes);
                 cpuless_numa::add_missing(root, &mut f.numa_nodes, warnings);
                 return (f, CpuSource::Hwloc);
@@ -205,6 +248,13 @@ fn cpu_facts(
         });
     }
     (facts, CpuSource::Sysfs)
+}
+
+/// The online CPUs sysfs lists (`/sys/devices/system/cpu/online`), when it lists them.
+fn online_cpus(root: &HostRoot) -> Option<CpuSet> {
+    root.read_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| CpuSet::parse_list(&s).ok())
 }
 
 fn dmi(root: &HostRoot, file: &str) -> Option<String> {

@@ -106,7 +106,8 @@ pub(crate) fn check_fsroot(root: &HostRoot) -> Result<(), HwlocError> {
     }
 }
 
-/// Load the topology of `root` (which must be the root `HWLOC_FSROOT` points at).
+/// Load the topology of `root` (which must be the root `HWLOC_FSROOT` points at). The caches are left empty: the
+/// caller reads the last-level caches from sysfs ([`crate::sysfs_cache`]).
 pub(crate) fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
     #[cfg(feature = "hwloc")]
     {

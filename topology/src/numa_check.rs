@@ -3,7 +3,7 @@
 //! `MemTotal` loses the node or its memory); these checks read the same files and say which one is bad.
 
 use crate::cpuset::CpuSet;
-use crate::hostroot::HostRoot;
+use crate::hostroot::{HostRoot, ReadError};
 use crate::model::NumaNode;
 use crate::sysfs_cpu::{parse_distances, parse_node_meminfo_total};
 use crate::warning::{Warning, WarningSource};
@@ -14,29 +14,77 @@ fn warn(warnings: &mut Vec<Warning>, path: &str, msg: String) {
     warnings.push(Warning::new(WarningSource::Numa, Some(path), msg));
 }
 
-/// Check every `nodeN` directory and compare with what hwloc reported in `nodes`.
-pub(crate) fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warning>) {
+/// The files of one `nodeN` directory the checks read, as read.
+#[derive(Debug)]
+struct NodeFiles {
+    id: u32,
+    /// Why the directory could not be listed.
+    unlisted: Option<String>,
+    cpulist: Option<String>,
+    cpumap: Option<String>,
+    distance: Option<String>,
+    meminfo: Result<String, ReadError>,
+}
+
+/// The NUMA files the checks read, read once; they do not depend on hwloc, so discovery reads them while hwloc
+/// loads ([`check`] compares them with what hwloc reported).
+#[derive(Debug, Default)]
+pub(crate) struct Read {
+    /// The node ids sysfs lists, in order.
+    ids: Vec<u32>,
+    nodes: Vec<NodeFiles>,
+}
+
+/// Read every `nodeN` directory's CPU list and mask, distances and meminfo (nothing when the node directory is absent).
+pub(crate) fn read(root: &HostRoot) -> Read {
     let Ok(entries) = root.list_dir(NODE_DIR) else {
-        return;
+        return Read::default();
     };
-    let ids: Vec<u32> = {
-        let mut v: Vec<u32> = entries
-            .iter()
-            .filter_map(|n| n.strip_prefix("node")?.parse().ok())
-            .collect();
-        v.sort_unstable();
-        v
-    };
-    for &id in &ids {
+    let mut ids: Vec<u32> = entries
+        .iter()
+        .filter_map(|n| n.strip_prefix("node")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    let nodes = ids
+        .iter()
+        .map(|&id| {
+            let dir = format!("{NODE_DIR}/node{id}");
+            if let Err(e) = root.list_dir(&dir) {
+                return NodeFiles {
+                    id,
+                    unlisted: Some(e.source.to_string()),
+                    cpulist: None,
+                    cpumap: None,
+                    distance: None,
+                    meminfo: Err(e),
+                };
+            }
+            NodeFiles {
+                id,
+                unlisted: None,
+                cpulist: root.read_string(format!("{dir}/cpulist")).ok(),
+                cpumap: root.read_string(format!("{dir}/cpumap")).ok(),
+                distance: root.read_string(format!("{dir}/distance")).ok(),
+                meminfo: root.read_string(format!("{dir}/meminfo")),
+            }
+        })
+        .collect();
+    Read { ids, nodes }
+}
+
+/// Check every `nodeN` directory read by [`read`] and compare with what hwloc reported in `nodes`.
+pub(crate) fn check(read: &Read, nodes: &[NumaNode], warnings: &mut Vec<Warning>) {
+    let ids = &read.ids;
+    for files in &read.nodes {
+        let id = files.id;
         let dir = format!("{NODE_DIR}/node{id}");
         let hw = nodes.iter().find(|n| n.id == id);
-        if let Err(e) = root.list_dir(&dir) {
+        if let Some(e) = &files.unlisted {
             warn(
                 warnings,
                 &dir,
                 format!(
-                    "NUMA node {id} cannot be read ({}){}",
-                    e.source,
+                    "NUMA node {id} cannot be read ({e}){}",
                     if hw.is_none() {
                         "; it is missing from the topology"
                     } else {
@@ -46,14 +94,8 @@ pub(crate) fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warn
             );
             continue;
         }
-        let list = root
-            .read_string(format!("{dir}/cpulist"))
-            .ok()
-            .map(|s| (CpuSet::parse_list(&s), s));
-        let map = root
-            .read_string(format!("{dir}/cpumap"))
-            .ok()
-            .map(|s| (CpuSet::parse_mask(&s), s));
+        let list = files.cpulist.as_deref().map(|s| (CpuSet::parse_list(s), s));
+        let map = files.cpumap.as_deref().map(|s| (CpuSet::parse_mask(s), s));
         if let Some((Err(e), _)) = &list {
             warn(
                 warnings,
@@ -92,8 +134,8 @@ pub(crate) fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warn
                 );
             }
         }
-        if let Ok(text) = root.read_string(format!("{dir}/distance")) {
-            match parse_distances(&text) {
+        if let Some(text) = &files.distance {
+            match parse_distances(text) {
                 Some(v) if v.len() == ids.len() => {}
                 _ => warn(
                     warnings,
@@ -105,8 +147,8 @@ pub(crate) fn check(root: &HostRoot, nodes: &[NumaNode], warnings: &mut Vec<Warn
                 ),
             }
         }
-        match root.read_string(format!("{dir}/meminfo")) {
-            Ok(text) => match parse_node_meminfo_total(&text) {
+        match &files.meminfo {
+            Ok(text) => match parse_node_meminfo_total(text) {
                 None => warn(
                     warnings,
                     &format!("{dir}/meminfo"),

@@ -45,12 +45,10 @@ fn hybrid_failure<E: std::error::Error>(e: &HybridError<E>) -> String {
 /// Load the topology of `root` with hwloc.
 ///
 /// hwloc builds no cache objects: reading every cache index of every CPU is most of its work, and the last-level
-/// caches are read from sysfs once per cache instead ([`crate::sysfs_cache`]).
+/// caches are read from sysfs once per cache instead ([`crate::sysfs_cache`], by the caller: `caches` is empty).
 pub(super) fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
     let topo = load(root)?;
-    let mut facts = facts_from(&topo)?;
-    facts.caches = crate::sysfs_cache::last_level(root, &facts.cpuset);
-    Ok(facts)
+    facts_from(&topo)
 }
 
 fn load(root: &HostRoot) -> Result<Topology, HwlocError> {
