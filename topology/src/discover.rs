@@ -80,17 +80,19 @@ pub(crate) fn assemble(
             (cpu, ib, devices)
         }
         // One pass: the CPU half (hwloc's load) and the devices (sysfs' PCI and InfiniBand trees) read side by side.
-        None => std::thread::scope(|s| {
-            let cpu = s.spawn(|| cpu_part(root, opts));
-            let mut io_warnings = Vec::new();
-            let ib = infiniband::probe(root, opts.ib_counters, &mut io_warnings, None);
-            let devices = pci::probe(root, &rdma_functions(&ib), &mut io_warnings, None);
-            let mut cpu = cpu
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        None => {
+            let ((ib, devices, io_warnings), mut cpu) = side_by_side(
+                || {
+                    let mut io_warnings = Vec::new();
+                    let ib = infiniband::probe(root, opts.ib_counters, &mut io_warnings, None);
+                    let devices = pci::probe(root, &rdma_functions(&ib), &mut io_warnings, None);
+                    (ib, devices, io_warnings)
+                },
+                || cpu_part(root, opts),
+            );
             cpu.warnings.extend(io_warnings);
             (cpu, ib, devices)
-        }),
+        }
     };
 
     // Locality from sysfs (`local_cpulist`, `numa_node`), completed from the NUMA nodes when one is missing.
@@ -178,6 +180,26 @@ pub(crate) fn assemble(
     }
 }
 
+/// `here` on this thread and `beside` on a scoped thread meanwhile; one after the other when no thread can be started
+/// (a pids limit reached): a discovery never fails for want of a thread.
+fn side_by_side<A, B: Send>(here: impl FnOnce() -> A, beside: impl Fn() -> B + Sync) -> (A, B) {
+    std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .name("discover-side".to_owned())
+            .spawn_scoped(s, &beside);
+        match spawned {
+            Ok(handle) => {
+                let a = here();
+                let b = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (a, b)
+            }
+            Err(_) => (here(), beside()),
+        }
+    })
+}
+
 /// The PCI functions of the InfiniBand/RoCE devices.
 fn rdma_functions(ib: &[crate::model::IbDevice]) -> BTreeSet<String> {
     ib.iter().filter_map(|d| d.pci_address.clone()).collect()
@@ -191,20 +213,16 @@ fn cpu_facts(
     if opts.use_hwloc {
         // hwloc reads the CPUs one after the other, most of discovery's file reads; what does not depend on it (the
         // last-level caches of the online CPUs, the NUMA files the checks read) is read beside it meanwhile.
-        let (probed, (numa_files, caches)) = std::thread::scope(|s| {
-            let beside = s.spawn(|| {
+        let (probed, (numa_files, caches)) = side_by_side(
+            || hwloc::probe(root),
+            || {
                 let caches = online_cpus(root).map(|cpus| {
                     let caches = crate::sysfs_cache::last_level(root, &cpus);
                     (cpus, caches)
                 });
                 (numa_check::read(root), caches)
-            });
-            let probed = hwloc::probe(root);
-            let read = beside
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (probed, read)
-        });
+            },
+        );
         match probed {
             Ok(mut f) => {
                 // hwloc's CPUs are the online ones; should they differ, the caches are read again for hwloc's.
@@ -328,5 +346,27 @@ fn machine(
         memory_bytes: facts.numa_nodes.iter().map(|n| n.memory_bytes).sum(),
         system_memory_bytes: system_memory(root, warnings),
         page_size_bytes: facts.page_size_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::side_by_side;
+
+    #[test]
+    fn side_by_side_returns_both_and_runs_the_second_on_another_thread() {
+        let here = std::thread::current().id();
+        let (a, b) = side_by_side(
+            || (1, std::thread::current().id()),
+            || std::thread::current().id(),
+        );
+        assert_eq!(a, (1, here));
+        assert_ne!(b, here);
+    }
+
+    #[test]
+    fn a_panic_beside_reaches_the_caller() {
+        let r = std::panic::catch_unwind(|| side_by_side(|| 1, || -> u32 { panic!("beside") }));
+        assert!(r.is_err());
     }
 }

@@ -255,7 +255,8 @@ pub(crate) struct Telling {
 /// How the publisher task paces itself, and whether it writes over another writer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pacing {
-    /// At most one apply per this interval (bursts of changes coalesce to the latest object; see [`Pacer`]).
+    /// One apply per this interval on average, two at once after a quiet one (further changes coalesce to the
+    /// latest object; see [`Pacer`]).
     pub(crate) min_interval: Duration,
     /// Timeout of one API call.
     pub(crate) call_timeout: Duration,

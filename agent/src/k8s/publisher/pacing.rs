@@ -6,7 +6,11 @@
 //! async loop in [`super::run`] only executes its decisions.
 //!
 //! The rules:
-//! - at most one write per `min_interval` (a change within it waits for the interval's end);
+//! - one write per `min_interval` on average, with a burst of two: a change after a quiet interval is written at
+//!   once, and so is the next one, however soon; a third waits until the writes again average one per interval
+//!   (a generic cell rate: a write is due at the theoretical time the last one left, less one interval). A change
+//!   right after another (a pod admitted right after one deleted) thus reaches the server at once, and a steady
+//!   stream of changes is written once per interval, as before;
 //! - after a failure, nothing before the retry instant the caller's backoff chose;
 //! - a restore (the object deleted or changed by someone else) is written at once, ignoring both; a restore within
 //!   [`RESTORE_QUIET`] of the previous one counts as a fight with another writer, and the `n`-th fight in a row waits
@@ -55,21 +59,23 @@ pub(crate) struct Pacer {
     not_before: Option<Instant>,
     /// The pending publication is a restore written at once, ignoring `min_interval`.
     urgent: bool,
-    /// When the last apply was sent.
-    last_write: Option<Instant>,
+    /// When the next write would be due were writes spaced one interval apart (the theoretical arrival time of
+    /// a cell rate): set by each apply sent, one interval after it or after the one before, whichever is later.
+    theoretical: Option<Instant>,
     last_restore: Option<Instant>,
     fights: u32,
 }
 
 impl Pacer {
-    /// A pacer allowing one write per `min_interval`, with a publication pending (the first one).
+    /// A pacer allowing one write per `min_interval` on average (two at once after a quiet interval), with a
+    /// publication pending (the first one).
     pub(crate) fn new(min_interval: Duration) -> Self {
         Self {
             min_interval,
             pending: true,
             not_before: None,
             urgent: false,
-            last_write: None,
+            theoretical: None,
             last_restore: None,
             fights: 0,
         }
@@ -84,9 +90,10 @@ impl Pacer {
             return Decision::WaitUntil(t);
         }
         if !self.urgent {
+            // A burst of two: the theoretical time may run one interval ahead of now.
             if let Some(t) = self
-                .last_write
-                .map(|w| w + self.min_interval)
+                .theoretical
+                .map(|t| t.checked_sub(self.min_interval).unwrap_or(t))
                 .filter(|t| now < *t)
             {
                 return Decision::WaitUntil(t);
@@ -126,7 +133,8 @@ impl Pacer {
     /// A publication sent an apply at `now`.
     pub(crate) fn written(&mut self, now: Instant) {
         self.settled();
-        self.last_write = Some(now);
+        let from = self.theoretical.map_or(now, |t| t.max(now));
+        self.theoretical = Some(from + self.min_interval);
     }
 
     /// A publication found nothing to send (the object is already right, or is kept, or there is none yet).

@@ -81,21 +81,50 @@ const CASES: &[Case] = &[
         want: Want::Idle,
     },
     Case {
-        name: "a change within the interval waits for its end",
+        name: "a change right after a quiet write is written at once (a burst of two)",
         steps: &[(0, Written), (100, Changed)],
+        at: 100,
+        want: Want::Now,
+    },
+    Case {
+        name: "a third change within the interval waits until writes average one per interval",
+        steps: &[(0, Written), (10, Written), (100, Changed)],
         at: 100,
         want: Want::Until(500),
     },
     Case {
         name: "changes during the wait coalesce: the deadline stays",
-        steps: &[(0, Written), (100, Changed), (200, Changed), (450, Changed)],
+        steps: &[
+            (0, Written),
+            (10, Written),
+            (100, Changed),
+            (200, Changed),
+            (450, Changed),
+        ],
         at: 450,
         want: Want::Until(500),
     },
     Case {
         name: "at the interval's end the coalesced change is written",
-        steps: &[(0, Written), (100, Changed), (200, Changed)],
+        steps: &[(0, Written), (10, Written), (100, Changed), (200, Changed)],
         at: 500,
+        want: Want::Now,
+    },
+    Case {
+        name: "a steady stream is written once per interval",
+        steps: &[(0, Written), (10, Written), (500, Written), (600, Changed)],
+        at: 600,
+        want: Want::Until(1000),
+    },
+    Case {
+        name: "a quiet interval gives the burst back",
+        steps: &[
+            (0, Written),
+            (10, Written),
+            (2000, Written),
+            (2010, Changed),
+        ],
+        at: 2010,
         want: Want::Now,
     },
     Case {
@@ -178,13 +207,18 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "the urgency of a restore ends with its write",
-        steps: &[(0, Undone), (0, Written), (100, Changed)],
+        steps: &[(0, Written), (50, Undone), (50, Written), (100, Changed)],
         at: 100,
         want: Want::Until(500),
     },
     Case {
         name: "the urgency of a restore ends with its failure",
-        steps: &[(0, Written), (100, Undone), (100, Failed(200))],
+        steps: &[
+            (0, Written),
+            (10, Written),
+            (100, Undone),
+            (100, Failed(200)),
+        ],
         at: 200,
         want: Want::Until(500),
     },
@@ -268,15 +302,31 @@ fn simulate(events: &[(u64, Step)], until: u64) -> Vec<u64> {
 }
 
 #[test]
-fn a_burst_of_changes_is_written_once_per_interval() {
+fn a_burst_of_changes_is_written_at_once_then_once_per_interval() {
     // The first object at 0, then a change every 50 ms for a second, then one more at 3 s.
     let mut events: Vec<(u64, Step)> = (1..=20).map(|i| (i * 50, Changed)).collect();
     events.push((3000, Changed));
-    assert_eq!(simulate(&events, 3000), vec![0, 500, 1000, 3000]);
+    assert_eq!(simulate(&events, 3000), vec![0, 50, 500, 1000, 3000]);
 }
 
 #[test]
 fn a_restore_in_a_burst_is_written_at_once() {
     let events = [(100, Changed), (200, Undone), (300, Changed)];
-    assert_eq!(simulate(&events, 1000), vec![0, 200, 700]);
+    assert_eq!(simulate(&events, 1500), vec![0, 100, 200, 1000]);
+}
+
+/// Over any stretch the writes average at most one per interval, bursts of two included.
+#[test]
+fn writes_never_average_more_than_one_per_interval() {
+    let events: Vec<(u64, Step)> = (1..=200).map(|i| (i * 37, Changed)).collect();
+    let writes = simulate(&events, 10_000);
+    for (i, &w) in writes.iter().enumerate() {
+        for (j, &later) in writes.iter().enumerate().skip(i + 1) {
+            // j - i writes after w: at least (j - i - 1) intervals later.
+            assert!(
+                later - w >= (j - i - 1) as u64 * 500,
+                "writes {writes:?}: {w} and {later}"
+            );
+        }
+    }
 }
