@@ -55,13 +55,9 @@ pub(crate) fn own_cpus(root: &HostRoot, nodes: &mut [NumaNode]) {
 /// and distances from sysfs, and complete the distances of the nodes hwloc did report towards them. Nodes stay
 /// sorted by id.
 pub(crate) fn add_missing(root: &HostRoot, nodes: &mut Vec<NumaNode>, warnings: &mut Vec<Warning>) {
-    let Ok(entries) = root.list_dir(NODE_DIR) else {
-        return;
-    };
     // Nodes are read in full only when sysfs lists one hwloc did not report, without CPUs (none, on most machines).
-    let missing: Vec<u32> = entries
-        .iter()
-        .filter_map(|n| n.strip_prefix("node")?.parse().ok())
+    let missing: Vec<u32> = sysfs_cpu::node_ids(root)
+        .into_iter()
         .filter(|id| !nodes.iter().any(|h| h.id == *id))
         .filter(|id| listed_without_cpus(root, *id))
         .collect();

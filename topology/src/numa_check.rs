@@ -5,7 +5,7 @@
 use crate::cpuset::CpuSet;
 use crate::hostroot::{HostRoot, ReadError};
 use crate::model::NumaNode;
-use crate::sysfs_cpu::{parse_distances, parse_node_meminfo_total};
+use crate::sysfs_cpu::{node_ids, parse_distances, parse_node_meminfo_total};
 use crate::warning::{Warning, WarningSource};
 
 const NODE_DIR: &str = "/sys/devices/system/node";
@@ -30,24 +30,15 @@ struct NodeFiles {
 /// loads ([`check`] compares them with what hwloc reported).
 #[derive(Debug, Default)]
 pub(crate) struct Read {
-    /// The node ids sysfs lists, in order.
-    ids: Vec<u32>,
+    /// Every node sysfs lists, in id order.
     nodes: Vec<NodeFiles>,
 }
 
 /// Read every `nodeN` directory's CPU list and mask, distances and meminfo (nothing when the node directory is absent).
 pub(crate) fn read(root: &HostRoot) -> Read {
-    let Ok(entries) = root.list_dir(NODE_DIR) else {
-        return Read::default();
-    };
-    let mut ids: Vec<u32> = entries
-        .iter()
-        .filter_map(|n| n.strip_prefix("node")?.parse().ok())
-        .collect();
-    ids.sort_unstable();
-    let nodes = ids
-        .iter()
-        .map(|&id| {
+    let nodes = node_ids(root)
+        .into_iter()
+        .map(|id| {
             let dir = format!("{NODE_DIR}/node{id}");
             if let Err(e) = root.list_dir(&dir) {
                 return NodeFiles {
@@ -69,12 +60,12 @@ pub(crate) fn read(root: &HostRoot) -> Read {
             }
         })
         .collect();
-    Read { ids, nodes }
+    Read { nodes }
 }
 
 /// Check every `nodeN` directory read by [`read`] and compare with what hwloc reported in `nodes`.
 pub(crate) fn check(read: &Read, nodes: &[NumaNode], warnings: &mut Vec<Warning>) {
-    let ids = &read.ids;
+    let listed = read.nodes.len();
     for files in &read.nodes {
         let id = files.id;
         let dir = format!("{NODE_DIR}/node{id}");
@@ -136,13 +127,12 @@ pub(crate) fn check(read: &Read, nodes: &[NumaNode], warnings: &mut Vec<Warning>
         }
         if let Some(text) = &files.distance {
             match parse_distances(text) {
-                Some(v) if v.len() == ids.len() => {}
+                Some(v) if v.len() == listed => {}
                 _ => warn(
                     warnings,
                     &format!("{dir}/distance"),
                     format!(
-                        "NUMA node {id}'s distances are not {} numbers ({text:?}); its distances are unknown",
-                        ids.len()
+                        "NUMA node {id}'s distances are not {listed} numbers ({text:?}); its distances are unknown"
                     ),
                 ),
             }

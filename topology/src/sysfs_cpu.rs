@@ -52,7 +52,8 @@ pub(crate) fn parse_hugepage_dir(name: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-fn node_ids(root: &HostRoot) -> Vec<u32> {
+/// The node ids `/sys/devices/system/node` lists, in order (none when it cannot be listed).
+pub(crate) fn node_ids(root: &HostRoot) -> Vec<u32> {
     let mut ids: Vec<u32> = root
         .list_dir(NODE_DIR)
         .unwrap_or_default()
