@@ -83,15 +83,14 @@ fn a_client_of_another_release_is_reported_as_such_never_as_unreachable() {
             let e = e.unwrap_or_else(|| panic!("{label}: answered"));
             assert!(!e.is_unreachable(), "{label}: {e}");
             if mismatch {
-                // 22.05's reconfigure sometimes finds the connection closed first: "Broken pipe" or "Connection
-                // reset by peer", whichever of its write and read meets the close (fixtures/slurm-protocol).
+                // A 22.05 client sometimes finds the connection closed first, its reconfigure and its sinfo alike:
+                // "Broken pipe" or "Connection reset by peer", whichever of its write and read meets the close
+                // (fixtures/slurm-protocol). All it was told is a closed connection: a failure, not unreachable.
                 let closed = ["Broken pipe", "Connection reset by peer"]
                     .iter()
                     .any(|t| e.to_string().contains(t));
                 let ok = matches!(e, SlurmError::ProtocolMismatch { .. })
-                    || (what == "scontrol reconfigure"
-                        && matches!(e, SlurmError::Failed { .. })
-                        && closed);
+                    || (matches!(e, SlurmError::Failed { .. }) && closed);
                 assert!(ok, "{label}: {e}");
             } else {
                 assert!(matches!(e, SlurmError::AuthRejected { .. }), "{label}: {e}");

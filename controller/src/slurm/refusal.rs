@@ -115,10 +115,11 @@ mod tests {
                 Some(Refusal::AuthRejected),
             ),
             // 22.05's reconfigure of 26.05 says "Insane message length" or, when slurmctld has already closed the
-            // connection, "Broken pipe" or "Connection reset by peer" (these recordings): a plain failure, still
-            // not an unreachable slurmctld.
+            // connection, "Broken pipe" or "Connection reset by peer" (these recordings), and its sinfo likewise at
+            // times: a plain failure, still not an unreachable slurmctld.
             ("client-22.05-server-26.05-scontrol-reconfigure", None),
             ("client-22.05-server-26.05-scontrol-reconfigure-reset", None),
+            ("client-22.05-server-26.05-sinfo-reset", None),
         ] {
             let (_, stderr, status) = recorded(name);
             assert_ne!(status, 0, "{name}");
