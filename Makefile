@@ -6,7 +6,7 @@
 #   make slurm-roots    build the Slurm 22.05, 24.11 and 26.05 roots the tests run, from Debian bookworm's, trixie's and
 #                       sid's packages by the Slurm image's recipe (tests/slurm/root.sh)
 #   make cross-arm64   build the aarch64 isthmus (Debian's cross toolchain) and run the hardware and Slurm-renderer
-#                      crates' unit tests for aarch64 under qemu-user-static (part of make test)
+#                      crates' unit tests for aarch64 under qemu-user-static (make test runs it in its suite)
 #   make image  build the images isthmus and isthmus-slurm for linux/amd64 and linux/arm64 with docker, podman or
 #               buildah (docs/deploy.md, "Images")
 #   make sbom   the binary's SBOM (SPDX 2.3) from Cargo.lock with cargo-sbom: target/sbom/isthmus-<version>.spdx.json
@@ -134,20 +134,25 @@ test-fast:
 # crates' unit tests are built for aarch64 (docs/benchmarks.md: the time it adds). The property tests draw 32 cases
 # each under emulation (their 256 run natively in the suite): the emulated run shows the same code passes on aarch64.
 # Without the Rust standard library for aarch64 (rustup could not fetch it) nothing is built and the suite's
-# arm64_qemu test says NOT RUN with the reason.
+# arm64_qemu test says NOT RUN with the reason. ISTHMUS_AARCH64_TARGET_DIR, when set, is the target directory of this
+# build (make test builds it in one of its own, in a lane beside the other tests: scripts/test-suite.sh); arm64_qemu
+# looks for the binary there.
 cross-arm64: deps
 	@if [ ! -d "$$(rustc --print target-libdir --target $(AARCH64))" ]; then \
 	  echo "cross-arm64: no Rust standard library for $(AARCH64) (rustup target add $(AARCH64)): not built"; \
 	else \
-	  $(CARGO) build --target $(AARCH64) -p isthmus-cli --bin isthmus && \
-	  PROPTEST_CASES=32 $(CARGO) test --target $(AARCH64) -p isthmus-topology -p isthmus-gres --lib; \
+	  dir=$${ISTHMUS_AARCH64_TARGET_DIR:+--target-dir $$ISTHMUS_AARCH64_TARGET_DIR}; \
+	  $(CARGO) build --target $(AARCH64) $$dir -p isthmus-cli --bin isthmus && \
+	  PROPTEST_CASES=32 $(CARGO) test --target $(AARCH64) $$dir -p isthmus-topology -p isthmus-gres --lib; \
 	fi
 
 # The suite: scripts/test-suite.sh builds every test target once and runs the binaries in two lanes at once (the
 # binaries that wait on Slurm sites of their own beside everything else), printing each binary's wall time at the end.
 # Checks that could not run here (e.g. ones only a newer Kubernetes can show) are listed after the suite; so is
-# every daemon the suite started and left running (scripts/leftovers.sh), which fails it.
-test: deps deploy-tools kube-assets slurm-roots sbom-tool fmt lint cross-arm64
+# every daemon the suite started and left running (scripts/leftovers.sh), which fails it. The suite runs make
+# cross-arm64 itself, first in its slurm lane, in a target directory of its own (target/aarch64): the build uses the
+# time the lanes' waits leave, where before the lanes it held up every test.
+test: deps deploy-tools kube-assets slurm-roots sbom-tool fmt lint
 	@rm -f target/not-run.txt
 	@scripts/leftovers.sh snapshot target/daemons-before.txt
 	@status=0; CARGO=$(CARGO) scripts/test-suite.sh --features isthmus-tests/system || status=$$?; \

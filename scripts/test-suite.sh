@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test's runner: build every test target of the workspace once (the features `make test` uses), then run the
-# test binaries in two lanes at once, each lane one binary after another, and the doc tests; the few binaries that
-# judge a component under load (SOLO) run alone after both lanes.
+# test binaries in two lanes at once, each lane one binary after another, and the doc tests; the aarch64 build
+# (make cross-arm64) first in the slurm lane; the few binaries that judge a component under load (SOLO) run alone
+# after both lanes.
 #
 #   test-suite.sh [CARGO_FLAGS...]     e.g. test-suite.sh --features isthmus-tests/system
 #   TEST_SUITE_ONLY=REGEX test-suite.sh ...   only the binaries whose name matches (grep -E), and no doc tests
@@ -22,12 +23,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO=${CARGO:-cargo}
-# The binaries that wait on Slurm sites of their own (test target names), and four that balance the lanes' wall time
-# (a full run on 2 cores: main 2855 s, slurm 1623 s before status, controller_run and hwloc_truth moved;
-# target/test-suite/times.txt after each run says how they stand).
+# The binaries that wait on Slurm sites of their own (test target names), and arm64_qemu, which runs the aarch64 build
+# this lane starts with (a full run on 2 cores before that build moved here from before the lanes: main 1535 s,
+# slurm 1364 s, with status, controller_run and hwloc_truth in the slurm lane; target/test-suite/times.txt after each
+# run says how they stand).
 SLURM_LANE="crash_convergence controller_nodesync health_nodesync controller_placement controller_placement_forgery
 controller_placement_tenancy controller_placement_fencing placement_owners slurm_agent slurm_cluster slurm_image_root
-slurm_readyz slurm_cgroup deviceplugin_slurm fabric_slurm deploy_auth_slurm status controller_run hwloc_truth"
+slurm_readyz slurm_cgroup deviceplugin_slurm fabric_slurm deploy_auth_slurm arm64_qemu"
+# The aarch64 build and its unit tests under qemu (make cross-arm64: ~5 CPU-minutes of compiling) run first in the slurm
+# lane, one job at a time, in a target directory of their own: the other lane's tests never wait for its build lock
+# (they build the host's isthmus on first use), and it uses the core the lanes' waits leave idle instead of holding up
+# every test before the lanes. arm64_qemu, later in the same lane, finds the binary there (ISTHMUS_AARCH64_TARGET_DIR).
+export ISTHMUS_AARCH64_TARGET_DIR="$PWD/target/aarch64"
 # The binaries whose tests put a component under load and judge how it holds (admission: 200 held request bodies
 # against one webhook replica, its memory and the pods it must still admit): they run alone, after both lanes, so that
 # the other lane's load is not part of what they measure.
@@ -91,36 +98,40 @@ for t in $SLURM_LANE $SOLO; do
     echo "test-suite: $t is named here but cargo built no such test binary" >&2
 done
 
-# One binary: run it as cargo does, keep its output, print it whole when it ends.
-run_one() {
-  local lane=$1 name=$2 dir=$3 exe=$4 start end status
+# One step of a lane (a test binary, or a make target): run it with its output kept, time it, print the output whole
+# when it ends.
+run_step() {
+  local lane=$1 name=$2 start end status secs
+  shift 2
   local log="$out/logs/$name.log"
   start=$(date +%s.%N)
-  (
-    cd "$dir" || exit 1
-    CARGO=$(command -v "$CARGO") CARGO_MANIFEST_DIR="$dir" "$exe"
-  ) >"$log" 2>&1
+  "$@" >"$log" 2>&1 </dev/null
   status=$?
   end=$(date +%s.%N)
-  local secs
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
   printf '%s\t%s\t%s\t%s\n' "$secs" "$lane" "$name" "$status" >>"$out/times.raw"
   [ "$status" = 0 ] || echo "$name" >>"$out/failed.txt"
   flock "$out/print.lock" sh -c "printf '\n== %s (%s lane, %s s, exit %s)\n' '$name' '$lane' '$secs' '$status'; cat '$log'"
 }
 
+# One binary, run as cargo would run it: from its package's directory, with cargo's CARGO* variables.
+run_one() {
+  local lane=$1 name=$2 dir=$3 exe=$4
+  run_step "$lane" "$name" sh -c 'cd "$1" && CARGO="$2" CARGO_MANIFEST_DIR="$1" exec "$3"' sh "$dir" "$(command -v "$CARGO")" "$exe"
+}
+
 run_lane() {
   local lane=$1
   local name dir exe
+  if [ "$lane" = slurm ] && grep -q "^arm64_qemu	" "$out/slurm.txt"; then
+    run_step slurm cross-arm64 env CARGO_BUILD_JOBS=1 make --no-print-directory CARGO="$CARGO" cross-arm64
+  fi
   while IFS=$'\t' read -r name dir exe; do
     run_one "$lane" "$name" "$dir" "$exe" </dev/null
   done <"$out/$lane.txt"
   if [ "$lane" = slurm ] && [ -z "${TEST_SUITE_ONLY:-}" ]; then
     # The doc tests (cargo compiles them as it runs them), in the lane that ends first.
-    if ! "$CARGO" test --workspace --doc "$@" >"$out/logs/doctests.log" 2>&1; then
-      echo "doc tests" >>"$out/failed.txt"
-    fi
-    flock "$out/print.lock" sh -c "printf '\n== doc tests (slurm lane)\n'; cat '$out/logs/doctests.log'"
+    run_step slurm doctests "$CARGO" test --workspace --doc "$@"
   fi
 }
 

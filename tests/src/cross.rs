@@ -82,8 +82,13 @@ fn profile_dir() -> PathBuf {
     .to_path_buf()
 }
 
-/// The aarch64 `isthmus` of this build's profile (`target/aarch64-unknown-linux-gnu/<profile>/isthmus`), built on
-/// first use as `make cross-arm64` builds it (no-op when that ran first). Panics when the build fails.
+/// The variable naming a target directory of the aarch64 build's own (`make test` builds it there, beside the other
+/// lane's tests, so that neither waits for the other's build lock: `scripts/test-suite.sh`).
+pub const TARGET_DIR_VAR: &str = "ISTHMUS_AARCH64_TARGET_DIR";
+
+/// The aarch64 `isthmus` of this build's profile (`target/aarch64-unknown-linux-gnu/<profile>/isthmus`, or under
+/// [`TARGET_DIR_VAR`] when set), built on first use as `make cross-arm64` builds it (no-op when that ran first).
+/// Panics when the build fails.
 pub fn aarch64_isthmus_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -92,10 +97,15 @@ pub fn aarch64_isthmus_bin() -> PathBuf {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "debug".into());
-        let target_dir = profile_dir
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
+        let own_dir = std::env::var_os(TARGET_DIR_VAR)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        let target_dir = own_dir.clone().unwrap_or_else(|| {
+            profile_dir
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        });
         let bin = target_dir.join(AARCH64).join(&profile).join("isthmus");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
@@ -110,6 +120,9 @@ pub fn aarch64_isthmus_bin() -> PathBuf {
             "isthmus",
         ])
         .current_dir(repo_root());
+        if let Some(dir) = &own_dir {
+            cmd.arg("--target-dir").arg(dir);
+        }
         if profile == "release" {
             cmd.arg("--release");
         }
