@@ -54,6 +54,7 @@ use harness::*;
 fn the_agents_device_plugin_hands_a_pod_exactly_its_gpu() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let node = KubeNode::shared();
+    wait_released(node);
     let agent = start_agent();
     node.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
@@ -219,6 +220,7 @@ fn mismatches_metric(listen: &str) -> Option<String> {
 fn a_slurm_jobs_gpu_is_never_a_pods_and_a_clash_is_reported() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let node = KubeNode::shared();
+    wait_released(node);
     let dir = tempfile::tempdir().unwrap();
     let root = prepare_root(dir.path());
     let s = slurm_site(node, &root);

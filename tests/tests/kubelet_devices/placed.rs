@@ -41,6 +41,7 @@ fn keep_served_gpus(root: &Path) {
 fn two_placed_pods_on_one_node_each_get_their_own_jobs_gpu() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let node = KubeNode::shared();
+    wait_released(node);
     let dir = tempfile::tempdir().unwrap();
     let root = prepare_root(dir.path());
     keep_served_gpus(&root);
