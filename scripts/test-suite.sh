@@ -130,7 +130,7 @@ run_lane() {
     run_one "$lane" "$name" "$dir" "$exe" </dev/null
   done <"$out/$lane.txt"
   if [ "$lane" = slurm ] && [ -z "${TEST_SUITE_ONLY:-}" ]; then
-    # The doc tests (cargo compiles them as it runs them), in the lane that ends first.
+    # The doc tests (cargo compiles them as it runs them), last in the slurm lane.
     run_step slurm doctests "$CARGO" test --workspace --doc "$@"
   fi
 }
