@@ -216,8 +216,6 @@ pub(crate) fn pod_devices_in(node: &KubeNode, ns: &str, pod: &str) -> Vec<(Strin
         .collect()
 }
 
-/// Wait until the Node's allocatable `nvidia.com/gpu` is 2 (the two served GPUs), with the agent's and the kubelet's
-/// device logs when it is not within [`WAIT`].
 /// Wait until the Node no longer offers the GPUs of an earlier test's agent (the kubelet makes a stopped plugin's devices
 /// unallocatable at its next status update), so that [`wait_allocatable`] sees this test's agent, not what the last
 /// one left: both serve two GPUs, and the capacity of the last one's devices stays for minutes.
@@ -232,6 +230,8 @@ pub(crate) fn wait_released(node: &KubeNode) {
     }
 }
 
+/// Wait until the Node's allocatable `nvidia.com/gpu` is 2 (the two served GPUs), with the agent's and the kubelet's
+/// device logs when it is not within [`WAIT`].
 pub(crate) fn wait_allocatable(node: &KubeNode, agent_log: &dyn Fn() -> String) {
     let start = std::time::Instant::now();
     while gpus(node, "allocatable") != "2" {
