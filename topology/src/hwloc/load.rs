@@ -46,6 +46,9 @@ fn hybrid_failure<E: std::error::Error>(e: &HybridError<E>) -> String {
 ///
 /// hwloc builds no cache objects: reading every cache index of every CPU is most of its work, and the last-level
 /// caches are read from sysfs once per cache instead ([`crate::sysfs_cache`], by the caller: `caches` is empty).
+/// Nor does it read what nothing here uses: CPU kinds (three files per CPU: `cpufreq/cpuinfo_max_freq`,
+/// `cpufreq/base_frequency`, `cpu_capacity`) and memory attributes (each NUMA node's `access*/initiators`). The NUMA
+/// distances are kept: [`numa_nodes`] reports them.
 pub(super) fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
     let topo = load(root)?;
     facts_from(&topo)
@@ -54,7 +57,11 @@ pub(super) fn probe(root: &HostRoot) -> Result<HwlocFacts, HwlocError> {
 fn load(root: &HostRoot) -> Result<Topology, HwlocError> {
     check_fsroot(root)?;
     Topology::builder()
-        .with_flags(BuildFlags::INCLUDE_DISALLOWED)
+        .with_flags(
+            BuildFlags::INCLUDE_DISALLOWED
+                | BuildFlags::IGNORE_CPU_KINDS
+                | BuildFlags::IGNORE_MEMORY_ATTRIBUTES,
+        )
         .map_err(|e| HwlocError::Load(hybrid_failure(&e)))?
         .with_io_type_filter(TypeFilter::KeepNone)
         .map_err(|e| HwlocError::Load(hybrid_failure(&e)))?
