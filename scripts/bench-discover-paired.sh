@@ -6,6 +6,9 @@
 #
 # Trees: the 8×H100 recording and every hwloc recording in fixtures/hwloc with 32 CPUs or more (TREES=name,... to
 # choose). Needs cargo, hyperfine (>= 1.13), python3, lstopo-no-graphics, tar + bzip2.
+#
+# BEFORE=<binary> times a second isthmus (an earlier build) in the same rounds, beside the first and lstopo: both
+# ratios to lstopo and the ratio of the two builds come from the same minutes of the machine.
 set -euo pipefail
 
 PAIRS=${PAIRS:-21}
@@ -29,26 +32,51 @@ done
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (dirty tree)')"
 echo "pairs: $PAIRS rounds of $ROUND_RUNS runs each"
 echo
-echo "| tree | isthmus [ms] | lstopo [ms] | ratio isthmus/lstopo: median (min–max) of rounds |"
-echo "|---|---:|---:|---:|"
+if [[ -n ${BEFORE:-} ]]; then
+    echo "before: $BEFORE"
+    echo
+    echo "| tree | before / isthmus / lstopo [ms] | before/lstopo: median (min–max) of rounds | isthmus/lstopo: median (min–max) | isthmus/before: median |"
+    echo "|---|---:|---:|---:|---:|"
+else
+    echo "| tree | isthmus [ms] | lstopo [ms] | ratio isthmus/lstopo: median (min–max) of rounds |"
+    echo "|---|---:|---:|---:|"
+fi
 for name in $(printf '%s\n' "${!ROOTS[@]}" | sort); do
     [[ -z ${TREES:-} || ,$TREES, == *,$name,* ]] || continue
     root=$(realpath "${ROOTS[$name]}")
     export HWLOC_FSROOT=$root HWLOC_COMPONENTS=linux,stop
+    cmds=("$BIN discover --host-root $root --output json --no-nvml" "lstopo-no-graphics --of xml")
+    [[ -z ${BEFORE:-} ]] || cmds+=("$BEFORE discover --host-root $root --output json --no-nvml")
     for ((i = 0; i < PAIRS; i++)); do
+        # Every other round runs the commands in the opposite order: neither goes first every time.
+        order=("${cmds[@]}")
+        if ((i % 2 == 1)); then
+            rev=()
+            for ((k = ${#cmds[@]} - 1; k >= 0; k--)); do rev+=("${cmds[k]}"); done
+            order=("${rev[@]}")
+        fi
         hyperfine -N --warmup 1 --runs "$ROUND_RUNS" --style none --export-json "$TMP/round-$i.json" \
-            "$BIN discover --host-root $root --output json --no-nvml" "lstopo-no-graphics --of xml" >/dev/null 2>&1
+            "${order[@]}" >/dev/null 2>&1
     done
-    python3 - "$name" "$TMP" "$PAIRS" <<'PY'
+    python3 - "$name" "$TMP" "$PAIRS" "${cmds[@]}" <<'PY'
 import json, statistics, sys
-name, tmp, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ours, theirs, ratios = [], [], []
+name, tmp, pairs, cmds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+ours, theirs, before, ratios, before_ratios, gains = [], [], [], [], [], []
 for i in range(pairs):
-    r = json.load(open(f"{tmp}/round-{i}.json"))["results"]
-    a, b = statistics.median(r[0]["times"]), statistics.median(r[1]["times"])
+    by_cmd = {x["command"]: x["times"] for x in json.load(open(f"{tmp}/round-{i}.json"))["results"]}
+    r = [by_cmd[c] for c in cmds]
+    a, b = statistics.median(r[0]), statistics.median(r[1])
     ours.append(a); theirs.append(b); ratios.append(a / b)
-print(f"| {name} | {statistics.mean(ours)*1000:.2f} | {statistics.mean(theirs)*1000:.2f} | "
-      f"**{statistics.median(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f}) |")
+    if len(r) > 2:
+        c = statistics.median(r[2])
+        before.append(c); before_ratios.append(c / b); gains.append(a / c)
+def ms(xs): return f"{statistics.mean(xs)*1000:.2f}"
+def rng(xs): return f"**{statistics.median(xs):.2f}** ({min(xs):.2f}–{max(xs):.2f})"
+if before:
+    print(f"| {name} | {ms(before)} / {ms(ours)} / {ms(theirs)} | {rng(before_ratios)} | {rng(ratios)} | "
+          f"{statistics.median(gains):.3f} |")
+else:
+    print(f"| {name} | {ms(ours)} | {ms(theirs)} | {rng(ratios)} |")
 PY
     unset HWLOC_FSROOT HWLOC_COMPONENTS
 done
