@@ -26,7 +26,7 @@ case "$release" in
   *) echo "root.sh: no Debian suite known for Slurm $release (known: 22.05 bookworm, 24.11 trixie, 26.05 sid)" >&2; exit 2 ;;
 esac
 dir=${2:-${ISTHMUS_SLURM_CACHE:-$HOME/.cache/isthmus/slurm}/$release}
-programs="slurmctld slurmd munged mungekey scontrol sinfo squeue sbatch scancel srun sacct sackd"
+programs="slurmctld slurmd munged mungekey scontrol sinfo squeue sbatch scancel sdiag srun sacct sackd"
 containerfile=$here/../../Containerfile
 # The Slurm image's recipe: each RUN of the Containerfile's runtime-slurm-base and runtime-slurm-config stages, its
 # continuation lines joined, one command per line.

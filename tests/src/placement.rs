@@ -160,7 +160,7 @@ impl Placement {
         self.tools.get_or_insert_with(|| {
             Tools::for_release(
                 release,
-                &["squeue", "sbatch", "scancel", "scontrol", "sinfo"],
+                &["squeue", "sbatch", "scancel", "scontrol", "sinfo", "sdiag"],
             )
         })
     }

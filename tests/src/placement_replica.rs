@@ -78,8 +78,10 @@ impl Placement {
                 path
             }
         };
-        let tools =
-            Tools::for_release(self.release(), &["squeue", "sbatch", "scancel", "scontrol"]);
+        let tools = Tools::for_release(
+            self.release(),
+            &["squeue", "sbatch", "scancel", "scontrol", "sdiag"],
+        );
         let a = self.args();
         let conf = self.slurm_conf().display().to_string();
         let bin = tools.path().display().to_string();

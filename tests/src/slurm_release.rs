@@ -40,6 +40,7 @@ const PROGRAMS: &[&str] = &[
     "squeue",
     "sbatch",
     "scancel",
+    "sdiag",
     "srun",
     "sacct",
     "sackd",

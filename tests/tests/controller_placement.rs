@@ -64,6 +64,15 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
             .any(|(r, m)| r == "Scheduled" && m.contains("pa2"))
     });
 
+    // A second GPU pod: its job waits for the node's only GPU. Meanwhile the loop reads Slurm's count of started
+    // jobs between its passes (`sdiag`, through the release's own client, as the controller runs it).
+    let tools = p.tools().unwrap_or_else(|| panic!("tools"));
+    let queued = p.create_pod("queued", 1, &[]);
+    wait_until("the queued pod's job to be pending", WAIT, || {
+        jobs_of(&cluster, &queued).iter().any(|j| j.state == "PENDING")
+    });
+    tools.await_more_calls("sdiag", 2, WAIT, "the count read while a job waits");
+
     // Pod deleted: while the kubelet stops its containers (the pod being deleted, its phase not terminal), the job
     // is kept; once the pod object is gone, the job is cancelled within 2 s.
     p.delete_pod("gpu");
@@ -83,6 +92,21 @@ fn a_gpu_pod_runs_where_slurm_puts_it_and_each_side_ends_the_other(release) {
         "job cancelled {:?} after the pod object was gone",
         deleted.elapsed()
     );
+    // The GPU free, Slurm starts the queued job and the pod is bound. Nothing waits now: the count is not read.
+    wait_until("the queued pod to be bound", WAIT, || p.node_of("queued").is_some());
+    assert_eq!(p.node_of("queued").as_deref(), Some("pa2"));
+    passes(&p, 1);
+    let read = tools.calls_of("sdiag").len();
+    passes(&p, 3);
+    assert_eq!(tools.calls_of("sdiag").len(), read, "sdiag read while no job waits");
+    let queued_job = p
+        .job_id_of("queued")
+        .unwrap_or_else(|| panic!("no job id on queued"));
+    p.delete_pod("queued");
+    p.kubelet_stopped("queued");
+    wait_until("the queued pod's job to be cancelled", WAIT, || {
+        !active(&cluster, queued_job)
+    });
 
     // Job cancelled in Slurm: the pod is deleted, with an Event naming the Slurm state.
     p.create_pod("gpu2", 1, &[]);

@@ -1,8 +1,28 @@
 //! The Slurm test cluster itself, on every release: two real slurmd nodes register, a GPU job runs on the node Slurm
-//! picks, a drain shows in the node state, and a restarted slurmctld keeps its state.
+//! picks (and slurmctld's count of started jobs, which the placement loop reads with `sdiag`, moves by one), a drain
+//! shows in the node state, and a restarted slurmctld keeps its state.
+//!
+//! With `ISTHMUS_RECORD_FIXTURES=1` the `sdiag` answer after the job is written to
+//! `fixtures/slurm-protocol/sdiag-<release>.txt`, which `controller/src/slurm/stats.rs` reads in its tests.
 
+use isthmus_controller::slurm::{SlurmArgs, SlurmClient, stats};
 use isthmus_tests::each_release;
 use isthmus_tests::slurm_cluster::{Cluster, NodeSpec};
+
+/// slurmctld's count of started jobs, read as the placement loop reads it.
+fn jobs_started(c: &Cluster) -> u64 {
+    let client = SlurmClient::new(SlurmArgs {
+        slurm_conf: Some(c.conf()),
+        slurm_bin_dir: c.release().bin_dir(),
+        ..SlurmArgs::default()
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(stats::jobs_started(&client))
+        .unwrap_or_else(|e| panic!("{}: {e}", c.release()))
+}
 
 each_release! {
 fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart(release) {
@@ -11,6 +31,7 @@ fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart(release) {
         &[NodeSpec::new("c1", 4, 2), NodeSpec::new("c2", 4, 0)],
         "",
     );
+    let before = jobs_started(&c);
     let out = c.run_ok(
         "srun",
         &[
@@ -22,6 +43,13 @@ fn two_nodes_run_a_gpu_job_drain_and_survive_a_controller_restart(release) {
         ],
     );
     assert_eq!(out.trim(), "c1", "only c1 has GPUs");
+    assert_eq!(jobs_started(&c), before + 1, "one job started");
+    if std::env::var_os("ISTHMUS_RECORD_FIXTURES").is_some() {
+        let path = isthmus_tests::fixtures()
+            .join(format!("slurm-protocol/sdiag-{}.txt", release.version()));
+        std::fs::write(&path, c.run_ok("sdiag", &[]))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
     c.run_ok(
         "scontrol",
         &["update", "nodename=c2", "state=drain", "reason=test drain"],

@@ -130,6 +130,11 @@ pub struct PlacementArgs {
     /// How often Slurm's job list is read when nothing happens in Kubernetes.
     #[arg(long = "placement-poll-interval", default_value = "500ms", value_parser = parse_duration)]
     pub poll_interval: Duration,
+    /// While a placeholder job is pending, how often Slurm's count of started jobs (`sdiag`: slurmctld's
+    /// counters, not its job list) is read between passes; a pass runs as soon as it moves. 0 turns it off: the
+    /// job list is then read every poll interval only.
+    #[arg(long = "placement-probe-interval", default_value = "125ms", value_parser = parse_duration)]
+    pub probe_interval: Duration,
     /// How many sbatch/scancel run at once, and, apart from them, how many API writes.
     #[arg(long = "placement-parallelism", default_value_t = 16)]
     pub parallelism: usize,
@@ -167,6 +172,7 @@ impl Default for PlacementArgs {
             partition: None,
             command: "sleep infinity".to_owned(),
             poll_interval: Duration::from_millis(500),
+            probe_interval: Duration::from_millis(125),
             parallelism: 16,
             policy: "isthmus-placement-policy".to_owned(),
             owners: isthmus_api::placement_owners::CONFIGMAP.to_owned(),
@@ -387,6 +393,7 @@ mod tests {
         let d = PlacementArgs::default();
         assert_eq!(cli.placement.scheduler_name, d.scheduler_name);
         assert_eq!(cli.placement.poll_interval, d.poll_interval);
+        assert_eq!(cli.placement.probe_interval, d.probe_interval);
         assert_eq!(cli.placement.command, d.command);
         assert!(!cli.placement.enabled);
         let cli = <Cli as clap::Parser>::try_parse_from([

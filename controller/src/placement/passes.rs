@@ -27,6 +27,7 @@ use super::view::{Context, PodView};
 use super::{Outcome, PlacementArgs, action_name};
 use crate::nodesync::mapping::NodeMap;
 use crate::slurm::jobs::{self, Job};
+use crate::slurm::{SlurmClient, stats};
 
 /// The watched state.
 pub(super) struct Stores {
@@ -84,6 +85,65 @@ fn next_wait(last: Option<Duration>, busy: bool, interval: Duration) -> Option<D
         Some(interval / 4)
     } else {
         last.map(|d| d * 2).filter(|d| *d < interval)
+    }
+}
+
+/// Slurm's count of started jobs ([`stats`]), read between passes while a placeholder job is pending: a job
+/// Slurm starts between two passes is found by the next reading, not at the next poll interval. It costs slurmctld
+/// a look at its counters, where a pass's `squeue` has it pack its whole job list.
+struct Probe {
+    /// Between readings; zero: never read.
+    interval: Duration,
+    /// The last count read.
+    last: Option<u64>,
+    /// Off until then after a failed reading (no `sdiag`, refused, unreadable): meanwhile a pass every poll
+    /// interval, as without the probe.
+    off_until: Option<Instant>,
+}
+
+/// How long the probe stays off after a failed reading.
+const PROBE_RETRY: Duration = Duration::from_secs(300);
+
+/// A pass the probe brings on starts no sooner than this many times the previous pass's job list read after that
+/// pass started: on a queue so long that `squeue` is slow, the probe's passes keep slurmctld busy with the job list
+/// at most a quarter of the time (the poll interval's passes come as before).
+const PROBE_DUTY: u32 = 4;
+
+impl Probe {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            last: None,
+            off_until: None,
+        }
+    }
+
+    fn on(&self, now: Instant) -> bool {
+        !self.interval.is_zero() && self.off_until.is_none_or(|t| now >= t)
+    }
+
+    /// Read the count every interval until it differs from the reading before (the first reading only sets it), and
+    /// return then, but not before `not_before`. A failed reading turns the probe off for [`PROBE_RETRY`] and
+    /// never returns: the poll interval's pass comes.
+    async fn started(&mut self, slurm: &SlurmClient, not_before: Instant) {
+        loop {
+            tokio::time::sleep(self.interval).await;
+            match stats::jobs_started(slurm).await {
+                Ok(n) => {
+                    self.off_until = None;
+                    if self.last.replace(n).is_some_and(|before| before != n) {
+                        tokio::time::sleep_until(not_before.into()).await;
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "placement: cannot read Slurm's count of started jobs; \
+                        passes every poll interval for {} s", PROBE_RETRY.as_secs());
+                    self.off_until = Some(Instant::now() + PROBE_RETRY);
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
     }
 }
 
@@ -148,12 +208,20 @@ pub(super) async fn passes(
     let mut memory = Memory::default();
     let mut failures = 0u32;
     let mut quick: Option<Duration> = None;
+    let mut probe = Probe::new(args.probe_interval);
+    let mut last: Option<Passed> = None;
     loop {
         let wait = if failures == 0 {
             quick.unwrap_or(args.poll_interval)
         } else {
             RetryPolicy::placement_read().delay_after(failures)
         };
+        // The probe runs while the last pass, which read the jobs, saw a placeholder job pending.
+        let probing =
+            failures == 0 && last.as_ref().is_some_and(|p| p.waiting) && probe.on(Instant::now());
+        let not_before = last
+            .as_ref()
+            .map_or_else(Instant::now, |p| p.started + p.listed * PROBE_DUTY);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = changed.notified() => {
@@ -161,14 +229,18 @@ pub(super) async fn passes(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             _ = tokio::time::sleep(wait) => {}
+            () = probe.started(&exec.slurm, not_before), if probing => {
+                metrics::counter!("isthmus_controller_placement_probed_passes_total").increment(1);
+            }
         }
         if !exec.guard.fence.is_leading() {
             continue;
         }
         match pass(&stores, &exec, &queues, args, &mut memory).await {
-            Ok(busy) => {
+            Ok(passed) => {
                 failures = 0;
-                quick = next_wait(quick, busy, args.poll_interval);
+                quick = next_wait(quick, passed.busy, args.poll_interval);
+                last = Some(passed);
             }
             Err(e) => {
                 failures += 1;
@@ -339,14 +411,26 @@ async fn confirm_destructive(
     kept
 }
 
-/// One pass; whether it had work (a binding, a job just seen pending), after which the next comes sooner.
+/// What a pass saw.
+struct Passed {
+    /// It had work (a binding, a job just seen pending): the next comes sooner.
+    busy: bool,
+    /// A placeholder job was pending: the probe reads Slurm's count of started jobs until the next pass.
+    waiting: bool,
+    /// When it started.
+    started: Instant,
+    /// How long its job list took to read.
+    listed: Duration,
+}
+
+/// One pass.
 async fn pass(
     stores: &Stores,
     exec: &Executor,
     queues: &Queues,
     args: &PlacementArgs,
     memory: &mut Memory,
-) -> Result<bool, crate::slurm::SlurmError> {
+) -> Result<Passed, crate::slurm::SlurmError> {
     let kill_wait = kill_wait(exec, memory).await?;
     let started = Instant::now();
     let jobs = jobs::list(&exec.slurm).await?;
@@ -362,6 +446,7 @@ async fn pass(
     let pods = stores.pods.state();
     let world = World::now(stores, &pods, &jobs);
     let first_owned = owned(&jobs, &world.tenants);
+    let waiting = decide::placeholders(&jobs, &world.tenants).any(|(_, j)| j.state == "PENDING");
     let views = world.views(&pods, args);
     memory.baseline.seed(decide::bound_units(&views));
     let (destructive, mut actions): (Vec<Action>, Vec<Action>) = decide::decide(&Inputs {
@@ -429,7 +514,12 @@ async fn pass(
     tracing::debug!(squeue = ?listed, took = ?started.elapsed(), jobs = jobs.len(), binds = n, "placement: pass");
     metrics::histogram!("isthmus_controller_placement_pass_seconds")
         .record(started.elapsed().as_secs_f64());
-    Ok(n > 0 || !pending_new.is_empty())
+    Ok(Passed {
+        busy: n > 0 || !pending_new.is_empty(),
+        waiting,
+        started,
+        listed,
+    })
 }
 
 /// Count and remember what was done; a refused submission backs off and says why on its pods (`refused` gets

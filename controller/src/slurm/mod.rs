@@ -1,5 +1,5 @@
-//! The Slurm client commands the controller runs (`scontrol`, `squeue`, `sbatch`, `scancel`): one runner with a
-//! timeout, the site's `slurm.conf`, a clear error per failure and a metric per call. Everything that reads or
+//! The Slurm client commands the controller runs (`scontrol`, `squeue`, `sbatch`, `scancel`, `sdiag`): one runner
+//! with a timeout, the site's `slurm.conf`, a clear error per failure and a metric per call. Everything that reads or
 //! changes Slurm's state goes through [`SlurmClient::run`], so an idle loop can be proven to call nothing.
 
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 pub mod jobs;
 pub mod nodes;
 pub(crate) mod refusal;
+pub mod stats;
 
 /// Where the Slurm client tools are and how long one call may take.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,7 +21,7 @@ pub struct SlurmArgs {
     /// slurm.conf the client tools read (`SLURM_CONF`); default: theirs (configless sites find slurmctld by DNS).
     #[arg(long, env = "SLURM_CONF", value_name = "FILE")]
     pub slurm_conf: Option<PathBuf>,
-    /// Directory holding scontrol, squeue, sbatch and scancel; default: `PATH`.
+    /// Directory holding scontrol, squeue, sbatch, scancel and sdiag; default: `PATH`.
     #[arg(long, value_name = "DIR")]
     pub slurm_bin_dir: Option<PathBuf>,
     /// How long one Slurm command may take before it is killed and counted as failed.
