@@ -225,6 +225,11 @@ impl Cluster {
         self.slurmds.insert(name.to_owned(), child);
     }
 
+    /// The process id of each running slurmd (the release's wrapper execs it, so the id is the daemon's).
+    pub fn slurmd_pids(&self) -> Vec<u32> {
+        self.slurmds.values().map(std::process::Child::id).collect()
+    }
+
     /// Stop the slurmd of `name` (SIGTERM, then SIGKILL).
     pub fn stop_slurmd(&mut self, name: &str) {
         if let Some(child) = self.slurmds.remove(name) {

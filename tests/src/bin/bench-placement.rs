@@ -1,10 +1,11 @@
 //! Placement through Slurm, measured: a burst of pods against a real Slurm cluster and the real API server, the
 //! placement loop in-process as the controller's ServiceAccount. For every pod, the time from Slurm's allocation
 //! of its placeholder job (slurmctld's log: `sched: Allocate JobId=N` or `backfill: Started JobId=N`, millisecond
-//! timestamps) to the binding request on the API server (audit log), and the API writes per pod.
+//! timestamps) to the binding request on the API server (audit log), and the API writes per pod. The slurmd run at
+//! idle CPU priority (`ISTHMUS_BENCH_SLURMD_PRIORITY=normal`: at normal priority, as the control plane).
 //!
 //! ```text
-//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES] [PARALLELISM] [POLL_MS]
+//! cargo build --release -p isthmus-tests --bin bench-placement && target/release/bench-placement [PODS] [NODES] [PARALLELISM] [POLL_MS] [PROBE_MS]
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,6 +58,64 @@ fn allocations(log: &str) -> BTreeMap<u64, Timestamp> {
     out
 }
 
+/// Put every thread of process `pid` at idle CPU priority (`SCHED_IDLE`); the threads and processes they create
+/// inherit it.
+fn idle_priority(pid: u32) {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("threads of slurmd {pid}: {e}"));
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain system call on a thread id with a valid parameter block.
+        let rc = unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+        let e = std::io::Error::last_os_error();
+        // A thread that ended meanwhile has nothing to set.
+        assert!(
+            rc == 0 || e.raw_os_error() == Some(libc::ESRCH),
+            "SCHED_IDLE for slurmd {pid} thread {tid}: {e}"
+        );
+    }
+}
+
+/// A pause in Slurm's allocations longer than this begins a new wave.
+const WAVE_GAP_MS: i64 = 500;
+
+/// Slurm's waves of allocations: for each, how many pods, when its first allocation came (seconds after the
+/// first of all) and its slowest binding.
+fn waves(mut by_allocation: Vec<(i64, f64)>) -> String {
+    by_allocation.sort_by_key(|(at, _)| *at);
+    let Some(&(first, _)) = by_allocation.first() else {
+        return "none".to_owned();
+    };
+    let mut out: Vec<(i64, usize, f64)> = Vec::new();
+    let mut last = i64::MIN;
+    for (at, latency) in by_allocation {
+        match out.last_mut() {
+            Some((_, n, max)) if at - last <= WAVE_GAP_MS => {
+                *n += 1;
+                *max = max.max(latency);
+            }
+            _ => out.push((at, 1, latency)),
+        }
+        last = at;
+    }
+    out.iter()
+        .map(|(at, n, max)| {
+            format!(
+                "{n} at +{:.1} s (max {max:.3} s)",
+                (at - first) as f64 / 1000.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -85,6 +144,17 @@ fn bench() {
         })
         .collect();
     let cluster = Cluster::start(&specs, "");
+    // The slurmd stand for compute nodes, which in a cluster are other machines than the API server, etcd,
+    // slurmctld and the controller: a wave of jobs started at once makes them fork a slurmstepd (and its sleep) per
+    // job, work that here would take the control plane's cores. At idle priority (SCHED_IDLE, inherited by the job
+    // steps they fork) they get only the CPU nothing else wants. ISTHMUS_BENCH_SLURMD_PRIORITY=normal leaves them
+    // at normal priority, sharing the cores as before.
+    let slurmd_idle = std::env::var("ISTHMUS_BENCH_SLURMD_PRIORITY").as_deref() != Ok("normal");
+    if slurmd_idle {
+        for pid in cluster.slurmd_pids() {
+            idle_priority(pid);
+        }
+    }
     let api = ApiServer::start();
     let mut p = Placement::new(&api, &cluster, "bench-placement");
     // Several pods per node: they share their nodes (an exclusive job would hold a node alone).
@@ -97,6 +167,8 @@ fn bench() {
     p.args_mut().parallelism = parallelism;
     let poll_ms = arg(4, p.args_mut().poll_interval.as_millis() as usize);
     p.args_mut().poll_interval = Duration::from_millis(poll_ms as u64);
+    let probe_ms = arg(5, p.args_mut().probe_interval.as_millis() as usize);
+    p.args_mut().probe_interval = Duration::from_millis(probe_ms as u64);
     let scheduler = p.args_mut().scheduler_name.clone();
     p.start();
     std::thread::sleep(Duration::from_secs(1));
@@ -196,6 +268,8 @@ fn bench() {
     std::thread::sleep(Duration::from_secs(2));
     let requests = api.requests_by(&user, since);
     let mut latencies: Vec<f64> = Vec::new();
+    // (allocation in ms since the epoch, latency in s) per pod, for the waves.
+    let mut by_allocation: Vec<(i64, f64)> = Vec::new();
     for r in requests
         .iter()
         .filter(|r| r.subresource == "binding" && r.code < 300)
@@ -211,7 +285,9 @@ fn bench() {
             continue;
         };
         if let Some(alloc) = allocated.get(job) {
-            latencies.push((at.as_millisecond() - alloc.as_millisecond()) as f64 / 1000.0);
+            let latency = (at.as_millisecond() - alloc.as_millisecond()) as f64 / 1000.0;
+            latencies.push(latency);
+            by_allocation.push((alloc.as_millisecond(), latency));
         }
     }
     latencies.sort_by(f64::total_cmp);
@@ -228,7 +304,15 @@ fn bench() {
             .or_default() += 1;
     }
     println!(
-        "pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod; --placement-parallelism {parallelism}, --placement-poll-interval {poll_ms}ms"
+        "pods: {pods} on {nodes} Slurm nodes ({per_node} CPUs each), 1 CPU per pod; --placement-parallelism {parallelism}, --placement-poll-interval {poll_ms}ms, --placement-probe-interval {probe_ms}ms"
+    );
+    println!(
+        "slurmd and their job steps: {}",
+        if slurmd_idle {
+            "idle CPU priority (SCHED_IDLE)"
+        } else {
+            "normal CPU priority (ISTHMUS_BENCH_SLURMD_PRIORITY=normal)"
+        }
     );
     println!("created in {created:.2?}; all bound after {all_bound:.2?}");
     println!(
@@ -237,6 +321,10 @@ fn bench() {
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "waves (allocations more than {WAVE_GAP_MS} ms apart begin a new one): {}",
+        waves(by_allocation)
     );
     println!(
         "API writes by the controller: {} ({:.2} per pod): {by_kind:?}",
