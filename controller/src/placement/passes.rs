@@ -216,9 +216,12 @@ pub(super) async fn passes(
         } else {
             RetryPolicy::placement_read().delay_after(failures)
         };
-        // The probe runs while the last pass, which read the jobs, saw a placeholder job pending.
-        let probing =
-            failures == 0 && last.as_ref().is_some_and(|p| p.waiting) && probe.on(Instant::now());
+        // The probe runs while the last pass, which read the jobs, saw a placeholder job pending, and only while
+        // this replica leads (as every pass).
+        let probing = failures == 0
+            && last.as_ref().is_some_and(|p| p.waiting)
+            && exec.guard.fence.is_leading()
+            && probe.on(Instant::now());
         let not_before = last
             .as_ref()
             .map_or_else(Instant::now, |p| p.started + p.listed * PROBE_DUTY);
@@ -234,6 +237,7 @@ pub(super) async fn passes(
             }
         }
         if !exec.guard.fence.is_leading() {
+            last = None;
             continue;
         }
         match pass(&stores, &exec, &queues, args, &mut memory).await {
