@@ -25,6 +25,7 @@ use super::queue::{Hold, Queue};
 use super::recent::Recent;
 use super::view::{Context, PodView};
 use super::{Outcome, PlacementArgs, action_name};
+use crate::leader::fence::Fence;
 use crate::nodesync::mapping::NodeMap;
 use crate::slurm::jobs::{self, Job};
 use crate::slurm::{SlurmClient, stats};
@@ -124,10 +125,14 @@ impl Probe {
 
     /// Read the count every interval until it differs from the reading before (the first reading only sets it), and
     /// return then, but not before `not_before`. A failed reading turns the probe off for [`PROBE_RETRY`] and
-    /// never returns: the poll interval's pass comes.
-    async fn started(&mut self, slurm: &SlurmClient, not_before: Instant) {
+    /// never returns: the poll interval's pass comes. Nothing is read once `fence` says this replica no longer
+    /// leads (as no pass starts then).
+    async fn started(&mut self, slurm: &SlurmClient, fence: &Fence, not_before: Instant) {
         loop {
             tokio::time::sleep(self.interval).await;
+            if !fence.is_leading() {
+                std::future::pending::<()>().await;
+            }
             match stats::jobs_started(slurm).await {
                 Ok(n) => {
                     self.off_until = None;
@@ -232,7 +237,7 @@ pub(super) async fn passes(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             _ = tokio::time::sleep(wait) => {}
-            () = probe.started(&exec.slurm, not_before), if probing => {
+            () = probe.started(&exec.slurm, &exec.guard.fence, not_before), if probing => {
                 metrics::counter!("isthmus_controller_placement_probed_passes_total").increment(1);
             }
         }

@@ -85,10 +85,19 @@ fn returned(
     slurm: &SlurmClient,
     limit: Duration,
 ) -> bool {
-    rt.block_on(tokio::time::timeout(
-        limit,
-        probe.started(slurm, Instant::now()),
-    ))
+    returned_under(rt, probe, slurm, &Fence::unfenced(), limit)
+}
+
+fn returned_under(
+    rt: &tokio::runtime::Runtime,
+    probe: &mut Probe,
+    slurm: &SlurmClient,
+    fence: &Fence,
+    limit: Duration,
+) -> bool {
+    rt.block_on(async {
+        tokio::time::timeout(limit, probe.started(slurm, fence, Instant::now())).await
+    })
     .is_ok()
 }
 
@@ -139,4 +148,14 @@ fn the_probe_returns_when_the_count_moves_and_goes_off_when_it_cannot_read_it() 
     assert!(!probe.on(Instant::now()));
     // Interval zero: never on.
     assert!(!Probe::new(Duration::ZERO).on(Instant::now()));
+    // A replica that does not lead reads nothing: the count moved, but the probe neither read it nor returned.
+    count("7");
+    let mut probe = Probe::new(Duration::from_millis(10));
+    probe.last = Some(6);
+    let fence = Fence::new(Duration::from_secs(15), Duration::from_secs(10));
+    assert!(!returned_under(&rt, &mut probe, &slurm, &fence, short));
+    assert_eq!(probe.last, Some(6), "read while not leading");
+    fence.renewed(Instant::now());
+    assert!(returned_under(&rt, &mut probe, &slurm, &fence, long));
+    assert_eq!(probe.last, Some(7));
 }
