@@ -20,6 +20,7 @@ pub(crate) mod owners;
 mod passes;
 pub mod policy;
 pub(crate) mod policy_watch;
+mod probe;
 pub(crate) mod queue;
 pub(crate) mod recent;
 pub(crate) mod resources;
@@ -27,6 +28,7 @@ pub(crate) mod strip;
 pub mod submit;
 pub(crate) mod submit_method;
 pub(crate) mod view;
+mod world;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -329,7 +331,7 @@ pub async fn run(
         None,
         hold.clone(),
     );
-    let stores = passes::Stores {
+    let stores = world::Stores {
         pods: pod_store,
         nodes: node_store,
         namespaces: ns_store,

@@ -10,34 +10,20 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use isthmus_api::retry::RetryPolicy;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, ListParams, PartialObjectMeta};
-use kube::runtime::reflector::{ObjectRef, Store};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::comment::parse_comment;
 use super::confirm::{self, Baseline};
 use super::decide::{self, Action, InFlight, Inputs};
 use super::execute::{self, Executor};
-use super::policy_watch::PolicyCell;
+use super::probe::{PROBE_DUTY, Probe};
 use super::queue::{Hold, Queue};
 use super::recent::Recent;
-use super::view::{Context, PodView};
+use super::world::{Stores, World};
 use super::{Outcome, PlacementArgs, action_name};
-use crate::leader::fence::Fence;
-use crate::nodesync::mapping::NodeMap;
 use crate::slurm::jobs::{self, Job};
-use crate::slurm::{SlurmClient, stats};
-
-/// The watched state.
-pub(super) struct Stores {
-    pub(crate) pods: Store<Pod>,
-    pub(crate) nodes: Store<PartialObjectMeta<Node>>,
-    pub(crate) namespaces: Store<PartialObjectMeta<Namespace>>,
-    pub(crate) policy: PolicyCell,
-    pub(crate) policy_ready: Arc<Notify>,
-}
 
 /// The writes beside the passes.
 pub(super) struct Queues {
@@ -86,69 +72,6 @@ fn next_wait(last: Option<Duration>, busy: bool, interval: Duration) -> Option<D
         Some(interval / 4)
     } else {
         last.map(|d| d * 2).filter(|d| *d < interval)
-    }
-}
-
-/// Slurm's count of started jobs ([`stats`]), read between passes while a placeholder job is pending: a job
-/// Slurm starts between two passes is found by the next reading, not at the next poll interval. It costs slurmctld
-/// a look at its counters, where a pass's `squeue` has it pack its whole job list.
-struct Probe {
-    /// Between readings; zero: never read.
-    interval: Duration,
-    /// The last count read.
-    last: Option<u64>,
-    /// Off until then after a failed reading (no `sdiag`, refused, unreadable): meanwhile a pass every poll
-    /// interval, as without the probe.
-    off_until: Option<Instant>,
-}
-
-/// How long the probe stays off after a failed reading.
-const PROBE_RETRY: Duration = Duration::from_secs(300);
-
-/// A pass the probe brings on starts no sooner than this many times the previous pass's job list read after that
-/// pass started: on a queue so long that `squeue` is slow, the probe's passes keep slurmctld busy with the job list
-/// at most a quarter of the time (the poll interval's passes come as before).
-const PROBE_DUTY: u32 = 4;
-
-impl Probe {
-    fn new(interval: Duration) -> Self {
-        Self {
-            interval,
-            last: None,
-            off_until: None,
-        }
-    }
-
-    fn on(&self, now: Instant) -> bool {
-        !self.interval.is_zero() && self.off_until.is_none_or(|t| now >= t)
-    }
-
-    /// Read the count every interval until it differs from the reading before (the first reading only sets it), and
-    /// return then, but not before `not_before`. A failed reading turns the probe off for [`PROBE_RETRY`] and
-    /// never returns: the poll interval's pass comes. Nothing is read once `fence` says this replica no longer
-    /// leads (as no pass starts then).
-    async fn started(&mut self, slurm: &SlurmClient, fence: &Fence, not_before: Instant) {
-        loop {
-            tokio::time::sleep(self.interval).await;
-            if !fence.is_leading() {
-                std::future::pending::<()>().await;
-            }
-            match stats::jobs_started(slurm).await {
-                Ok(n) => {
-                    self.off_until = None;
-                    if self.last.replace(n).is_some_and(|before| before != n) {
-                        tokio::time::sleep_until(not_before.into()).await;
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "placement: cannot read Slurm's count of started jobs; \
-                        passes every poll interval for {} s", PROBE_RETRY.as_secs());
-                    self.off_until = Some(Instant::now() + PROBE_RETRY);
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
     }
 }
 
@@ -271,80 +194,6 @@ async fn run_all(exec: &Executor, actions: Vec<Action>, parallelism: usize) -> V
         .buffer_unordered(parallelism.max(1))
         .collect()
         .await
-}
-
-/// The Node map, the namespaces' labels and the policy, as watched now.
-struct World {
-    nodes: NodeMap,
-    /// Node → the job its lock annotation names.
-    locks: BTreeMap<String, u64>,
-    namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
-    policy: Result<Arc<super::policy::Policy>, String>,
-    /// The tenant of every namespace the jobs' comments name.
-    tenants: decide::Tenants,
-}
-
-impl World {
-    fn now(stores: &Stores, pods: &[Arc<Pod>], jobs: &[Job]) -> World {
-        let nodes = stores.nodes.state();
-        let locks = nodes
-            .iter()
-            .filter_map(|n| {
-                let v = n.metadata.annotations.as_ref()?.get(super::lock::LOCK)?;
-                Some((n.metadata.name.clone()?, super::lock::parse_lock(v)?))
-            })
-            .collect();
-        let nodes = NodeMap::build(
-            nodes
-                .iter()
-                .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()))),
-        );
-        let named: BTreeSet<String> = jobs
-            .iter()
-            .filter_map(|j| Some(parse_comment(&j.comment)?.namespace))
-            .collect();
-        let names: BTreeSet<&str> = pods
-            .iter()
-            .filter_map(|p| p.metadata.namespace.as_deref())
-            .chain(named.iter().map(String::as_str))
-            .collect();
-        let namespace_labels: BTreeMap<String, BTreeMap<String, String>> = names
-            .into_iter()
-            .filter_map(|ns| {
-                let n = stores.namespaces.get(&ObjectRef::new(ns))?;
-                Some((ns.to_owned(), n.metadata.labels.clone().unwrap_or_default()))
-            })
-            .collect();
-        let policy = stores.policy.current();
-        let tenants = named
-            .into_iter()
-            .map(|ns| {
-                let t = match &policy {
-                    Ok(p) => p.tenant_for(&ns, namespace_labels.get(&ns)).cloned(),
-                    Err(e) => Err(e.clone()),
-                };
-                (ns, t)
-            })
-            .collect();
-        World {
-            nodes,
-            locks,
-            namespace_labels,
-            policy,
-            tenants,
-        }
-    }
-
-    fn views(&self, pods: &[Arc<Pod>], args: &PlacementArgs) -> Vec<PodView> {
-        let cx = Context {
-            policy: self.policy.as_deref().map_err(String::as_str),
-            namespace_labels: &self.namespace_labels,
-            mig_gpu_type: args.mig_gpu_type.as_deref(),
-        };
-        pods.iter()
-            .filter_map(|p| PodView::from_pod(p, &cx))
-            .collect()
-    }
 }
 
 /// How many jobs the list holds that this controller would have submitted (placeholders that run as their
